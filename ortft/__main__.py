@@ -1,0 +1,3 @@
+from ortft.cli import main
+
+main()

@@ -1,0 +1,196 @@
+"""Checkpoints that describe themselves, written atomically.
+
+``step-000100/`` holds ``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng.pt``,
+``recipe.yaml``, ``state.json`` (step, position in the data, metrics) and ``manifest.json``
+(format version, every file's size and sha256). It is written into a temporary folder,
+fsynced, then renamed into place: a crash leaves either the whole checkpoint or none, and
+the previous checkpoints are pruned only after the new one is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ortft.errors import InputError
+
+log = logging.getLogger("ortft")
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PREFIX = "step-"
+
+
+@dataclass
+class TrainState:
+    """Where the loop is: enough to continue exactly where it stopped."""
+
+    step: int = 0  # optimizer steps done
+    micro_step: int = 0  # micro-batches consumed (data position)
+    epoch: int = 0
+    samples: int = 0
+    tokens: int = 0
+    train_time_s: float = 0.0
+    last_train_loss: float | None = None
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{PREFIX}{step:06d}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG the run uses, as plain tensors/ints so it loads with ``weights_only=True``."""
+    py_version, py_state, py_gauss = random.getstate()
+    _, np_key, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    return {
+        "python": [py_version, torch.tensor(py_state, dtype=torch.int64), py_gauss],
+        "numpy": [torch.from_numpy(np_key.astype(np.int64)), np_pos, np_has_gauss, np_gauss],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py_version, py_state, py_gauss = state["python"]
+    random.setstate((py_version, tuple(int(x) for x in py_state.tolist()), py_gauss))
+    np_key, np_pos, np_has_gauss, np_gauss = state["numpy"]
+    np.random.set_state(("MT19937", np_key.numpy().astype(np.uint32), np_pos, np_has_gauss, np_gauss))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(run_dir: Path, state: TrainState, model: torch.nn.Module, optimizer: Any,
+         scheduler: Any, recipe_yaml: str, keep_last: int) -> Path:
+    """Write ``step-NNNNNN/`` atomically, then prune to the newest ``keep_last``."""
+    from safetensors.torch import save_model
+
+    final = run_dir / checkpoint_name(state.step)
+    tmp = run_dir / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        (tmp / "recipe.yaml").write_text(recipe_yaml)
+        (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
+        files = {}
+        for f in sorted(tmp.iterdir()):
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+            files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        manifest = {"format_version": FORMAT_VERSION, "kind": "ortft-checkpoint",
+                    "step": state.step, "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        with open(tmp / MANIFEST, "rb") as fh:
+            os.fsync(fh.fileno())
+        if final.exists():  # same step saved twice (e.g. final save after a periodic one)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune(run_dir, keep_last)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    if not run_dir.is_dir():
+        return []
+    found = [p for p in run_dir.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
+             and p.name[len(PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def verify(path: Path, deep: bool = False) -> str | None:
+    """None if the checkpoint is complete (and, when ``deep``, its checksums match); else why not."""
+    mpath = path / MANIFEST
+    if not mpath.exists():
+        return "no manifest.json (incomplete or not an ortft checkpoint)"
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, json.JSONDecodeError):
+        return "manifest.json is unreadable"
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        return f"format_version {version} is not supported (this ortft reads {FORMAT_VERSION})"
+    for name, meta in manifest.get("files", {}).items():
+        f = path / name
+        if not f.exists() or f.stat().st_size != meta["bytes"]:
+            return f"{name} is missing or truncated"
+        if deep and _sha256(f) != meta["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def latest_good(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint; damaged ones are skipped with a warning."""
+    for path in reversed(list_checkpoints(run_dir)):
+        problem = verify(path)
+        if problem is None:
+            return path
+        log.warning("skipping checkpoint %s: %s", path, problem)
+    return None
+
+
+@dataclass
+class Loaded:
+    path: Path
+    state: TrainState
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    rng: dict[str, Any]
+
+
+def load(path: Path, model: torch.nn.Module) -> Loaded:
+    """Load weights into ``model`` and return the rest of the checkpoint."""
+    from safetensors.torch import load_model
+
+    problem = verify(path, deep=True)
+    if problem:
+        raise InputError(f"{path}: not a usable checkpoint: {problem}")
+    load_model(model, str(path / "model.safetensors"))
+    state = TrainState(**json.loads((path / "state.json").read_text()))
+    return Loaded(
+        path=path,
+        state=state,
+        optimizer=torch.load(path / "optimizer.pt", weights_only=True),
+        scheduler=torch.load(path / "scheduler.pt", weights_only=True),
+        rng=torch.load(path / "rng.pt", weights_only=True),
+    )

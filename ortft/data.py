@@ -1,0 +1,270 @@
+"""Data: read rows from files / folders / datasets, split, tokenize once (cached), batch.
+
+Everything the model sees is a fixed [batch_size, max_length] array, so ORTModule exports
+its graph once instead of on every new shape. Batch order comes from a seeded permutation
+per epoch, so a resumed run sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import hashlib
+import io
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortft.errors import InputError
+from ortft.recipe import DataSection
+from ortft.recipe_io import LoadedRecipe, looks_local
+from ortft.tasks import Encoded, Task
+
+CACHE_VERSION = 1
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ORTFT_CACHE", Path.home() / ".cache" / "ortft"))
+
+
+# --------------------------------------------------------------------------- reading rows
+
+
+def _infer_format(path: Path) -> str:
+    if path.is_dir():
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            return "disk"
+        return "folder"
+    suffixes = [s.lower() for s in path.suffixes if s.lower() not in {".bz2", ".gz"}]
+    ext = suffixes[-1].lstrip(".") if suffixes else ""
+    if ext in {"csv", "tsv", "json", "jsonl", "parquet", "txt"}:
+        return ext
+    raise InputError(f"{path}: cannot tell the data format from the name; set data.format")
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    name = path.name.lower()
+    if name.endswith(".bz2"):
+        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8", errors="replace")
+    if name.endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace", newline="")
+
+
+def _read_folder(path: Path, data: DataSection) -> list[dict[str, Any]]:
+    """A folder of class sub-folders, each holding one .txt document per example."""
+    rows = []
+    for label_dir in sorted(p for p in path.iterdir() if p.is_dir()):
+        for doc in sorted(label_dir.glob("*.txt")):
+            text = doc.read_text(encoding="utf-8", errors="replace").strip()
+            rows.append({data.text_column: text, data.label_column: label_dir.name})
+    if not rows:
+        raise InputError(f"{path}: no <label>/<doc>.txt files in this folder")
+    return rows
+
+
+def _read_file(path: Path, fmt: str, data: DataSection) -> list[dict[str, Any]]:
+    with _open_text(path) as fh:
+        if fmt in {"csv", "tsv"}:
+            return list(csv.DictReader(fh, delimiter="\t" if fmt == "tsv" else ","))
+        if fmt == "jsonl":
+            rows = []
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as err:
+                        raise InputError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+            return rows
+        if fmt == "json":
+            try:
+                obj = json.load(fh)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+            if isinstance(obj, dict) and "data" in obj:
+                obj = obj["data"]
+            if not isinstance(obj, list):
+                raise InputError(f"{path}: JSON data must be a list of objects")
+            return obj
+        if fmt == "txt":
+            # one example per blank-line-separated paragraph
+            paragraphs = [p.strip() for p in fh.read().split("\n\n")]
+            return [{data.text_column: p} for p in paragraphs if p]
+    raise InputError(f"{path}: unsupported format {fmt}")
+
+
+def _read_datasets(source: str, fmt: str, split: str, path: Path | None) -> list[dict[str, Any]]:
+    import datasets  # heavy: only for parquet, saved datasets and the Hub
+
+    try:
+        if fmt == "parquet":
+            ds = datasets.Dataset.from_parquet(str(path))
+        elif fmt == "disk":
+            ds = datasets.load_from_disk(str(path))
+        else:
+            ds = datasets.load_dataset(source, split=split)
+    except Exception as err:  # noqa: BLE001 - datasets raises many types; report one line
+        raise InputError(f"{source}: cannot load dataset ({type(err).__name__}: {err})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise InputError(f"{source}: no split '{split}' (has {', '.join(ds)})")
+        ds = ds[split]
+    return ds.to_list()
+
+
+def read_rows(loaded: LoadedRecipe, value: str, split: str) -> list[dict[str, Any]]:
+    data = loaded.recipe.data
+    fmt = data.format
+    if fmt == "hub" or (fmt == "auto" and not looks_local(value)
+                        and not loaded.resolve_path(value).exists()):
+        return _read_datasets(value, "hub", split, None)
+    path = loaded.resolve_path(value)
+    if not path.exists():
+        raise InputError(f"{path}: data file not found")
+    fmt = _infer_format(path) if fmt == "auto" else fmt
+    if fmt in {"parquet", "disk"}:
+        return _read_datasets(value, fmt, split, path)
+    if fmt == "folder":
+        return _read_folder(path, data)
+    return _read_file(path, fmt, data)
+
+
+def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, task: Task) -> None:
+    if not rows:
+        raise InputError(f"{source}: no rows")
+    needed = [data.text_column]
+    if data.text_pair_column:
+        needed.append(data.text_pair_column)
+    if task.needs_labels:
+        needed.append(data.label_column)
+    have = set(rows[0])
+    missing = [c for c in needed if c not in have]
+    if missing:
+        raise InputError(
+            f"{source}: missing column {', '.join(missing)} (has: {', '.join(sorted(have))}); "
+            "set data.text_column / data.label_column"
+        )
+
+
+@dataclass
+class RawSplits:
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
+    fingerprint: str  # identifies the inputs for the tokenization cache
+
+
+def _fingerprint(loaded: LoadedRecipe, values: list[str | None]) -> str:
+    h = hashlib.sha256()
+    for value in values:
+        if not value:
+            continue
+        h.update(value.encode())
+        try:
+            path = loaded.resolve_path(value)
+        except Exception:  # noqa: BLE001
+            continue
+        files = sorted(path.rglob("*")) if path.is_dir() else [path]
+        for f in files:
+            if f.is_file():
+                st = f.stat()
+                h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def load_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
+    r = loaded.recipe
+    data = r.data
+    train = read_rows(loaded, data.train, data.split)
+    _check_columns(train, data.train, data, task)
+    if data.eval:
+        evals = read_rows(loaded, data.eval, data.eval_split or "validation")
+        _check_columns(evals, data.eval, data, task)
+    elif data.format == "hub" and data.eval_split:
+        evals = read_rows(loaded, data.train, data.eval_split)
+    elif data.eval_fraction > 0:
+        # a seeded shuffle, then the tail is held out: the same split on every run
+        order = np.random.default_rng(r.training.seed).permutation(len(train))
+        n_eval = max(1, int(round(len(train) * data.eval_fraction)))
+        evals = [train[i] for i in order[:n_eval]]
+        train = [train[i] for i in order[n_eval:]]
+    else:
+        evals = []
+    if data.max_train_samples:
+        train = train[: data.max_train_samples]
+    if data.max_eval_samples:
+        evals = evals[: data.max_eval_samples]
+    fp = _fingerprint(loaded, [data.train, data.eval])
+    return RawSplits(train=train, eval=evals, fingerprint=fp)
+
+
+def label_names(rows: list[dict[str, Any]], data: DataSection) -> list[str]:
+    if data.label_names:
+        return list(data.label_names)
+    return sorted({str(r[data.label_column]) for r in rows})
+
+
+# --------------------------------------------------------------------------- tokenize (cached)
+
+
+def encode_cached(task: Task, rows: list[dict[str, Any]], tokenizer: Any, data: DataSection,
+                  label2id: dict[str, int] | None, key_parts: list[str]) -> tuple[Encoded, bool]:
+    """Tokenize rows, or load the arrays a previous run saved for identical inputs."""
+    h = hashlib.sha256()
+    tok_state = tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else repr(tokenizer)
+    for part in [str(CACHE_VERSION), task.name, data.model_dump_json(), json.dumps(label2id),
+                 hashlib.sha256(tok_state.encode()).hexdigest(), str(len(rows)), *key_parts]:
+        h.update(part.encode())
+    path = cache_root() / "tokenized" / f"{h.hexdigest()[:24]}.npz"
+    if path.exists():
+        try:
+            with np.load(path) as z:
+                return Encoded({k: z[k] for k in z.files}), True
+        except (OSError, ValueError):
+            path.unlink(missing_ok=True)  # a torn cache file: rebuild it
+    encoded = task.encode(rows, tokenizer, data, label2id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
+    np.savez(tmp, **encoded.arrays)
+    os.replace(tmp, path)
+    return encoded, False
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def batches_per_epoch(n: int, batch_size: int) -> int:
+    return n // batch_size  # drop the last partial batch: every step has the same shape
+
+
+def train_batches(encoded: Encoded, batch_size: int, seed: int, shuffle: bool,
+                  start_micro: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """Yield (epoch, batch) forever from micro-batch number ``start_micro`` on."""
+    per_epoch = batches_per_epoch(len(encoded), batch_size)
+    micro = start_micro
+    while True:
+        epoch, index = divmod(micro, per_epoch)
+        order = (np.random.default_rng(seed + epoch).permutation(len(encoded)) if shuffle
+                 else np.arange(len(encoded)))
+        for b in range(index, per_epoch):
+            yield epoch, encoded.take(order[b * batch_size : (b + 1) * batch_size])
+        micro = (epoch + 1) * per_epoch
+
+
+def eval_batches(encoded: Encoded, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """All eval rows in order; the last batch is padded with copies and marked by ``_valid``."""
+    n = len(encoded)
+    for start in range(0, n, batch_size):
+        idx = np.arange(start, min(start + batch_size, n))
+        valid = len(idx)
+        if valid < batch_size:  # keep the shape fixed: pad with the last row, ignore it after
+            idx = np.concatenate([idx, np.full(batch_size - valid, idx[-1])])
+        batch = encoded.take(idx)
+        batch["labels"][valid:] = -100  # padded rows are ignored by the loss
+        batch["_valid"] = np.array(valid)
+        yield batch

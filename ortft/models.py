@@ -1,0 +1,198 @@
+"""Models and tokenizers: load a pretrained one, or build one from a small config.
+
+Every model is built with ``attn_implementation="eager"`` when it will run under ORTModule:
+ORTModule cannot build gradients for transformers' default ``sdpa`` attention (measured on
+torch 2.6 / ORT 1.19). The ``TaskModule`` adapter returns plain ``(loss, logits)`` tensors,
+so ORTModule never meets a cache object or a ModelOutput it cannot flatten.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ortft.errors import InputError
+from ortft.recipe import FromConfig, ModelSection, TrainTokenizer
+from ortft.recipe_io import LoadedRecipe, looks_local
+
+log = logging.getLogger("ortft")
+
+SPECIAL_WORDPIECE = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+BPE_EOS = "<|endoftext|>"
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
+    """Train a tokenizer on the training texts (deterministic for the same texts)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if spec.kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=spec.vocab_size, min_frequency=spec.min_frequency,
+            special_tokens=SPECIAL_WORDPIECE,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+        )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+            sep_token="[SEP]", mask_token="[MASK]",
+        )
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size, min_frequency=spec.min_frequency,
+        special_tokens=[BPE_EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BPE_EOS, eos_token=BPE_EOS, unk_token=BPE_EOS,
+        pad_token=BPE_EOS,
+    )
+
+
+def _source(loaded: LoadedRecipe, value: str) -> str:
+    """A local path as a string, or the Hub id unchanged."""
+    path = loaded.resolve_path(value)
+    if path.exists() or looks_local(value):
+        if not path.exists():
+            raise InputError(f"{path}: model/tokenizer directory not found")
+        return str(path)
+    return value
+
+
+def load_tokenizer(loaded: LoadedRecipe, saved_dir: Path | None = None) -> Any:
+    """The tokenizer from ``saved_dir`` (a resumed run), the recipe's path, or the model's."""
+    from transformers import AutoTokenizer
+
+    spec: ModelSection = loaded.recipe.model
+    value = str(saved_dir) if saved_dir else (spec.tokenizer.path or spec.name_or_path)
+    if value is None:
+        return None  # to be trained
+    source = value if saved_dir else _source(loaded, value)
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except OSError as err:
+        raise InputError(f"{value}: cannot load tokenizer ({_first_line(err)})") from None
+    if tok.pad_token is None:  # GPT-2-style tokenizers have none; pad with EOS
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _config_from_spec(spec: FromConfig, tokenizer: Any, dropout: float | None) -> Any:
+    from transformers import BertConfig, GPT2Config
+
+    inter = spec.intermediate_size or 4 * spec.hidden_size
+    p = 0.1 if dropout is None else dropout
+    if spec.architecture == "bert":
+        return BertConfig(
+            vocab_size=len(tokenizer), hidden_size=spec.hidden_size,
+            num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+            intermediate_size=inter, max_position_embeddings=spec.max_position_embeddings,
+            hidden_dropout_prob=p, attention_probs_dropout_prob=p,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    return GPT2Config(
+        vocab_size=len(tokenizer), n_embd=spec.hidden_size, n_layer=spec.num_layers,
+        n_head=spec.num_heads, n_inner=inter, n_positions=spec.max_position_embeddings,
+        resid_pdrop=p, embd_pdrop=p, attn_pdrop=p, summary_first_dropout=p,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _set_dropout(config: Any, p: float) -> None:
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop",
+                 "embd_pdrop", "attn_pdrop", "summary_first_dropout", "classifier_dropout",
+                 "dropout", "attention_dropout"):
+        if hasattr(config, name):
+            setattr(config, name, p)
+
+
+def build_model(loaded: LoadedRecipe, task_auto_class: str, tokenizer: Any,
+                labels: list[str] | None, attn: str, weights_dir: Path | None = None) -> nn.Module:
+    """The Hugging Face model for the task (weights from ``weights_dir`` when resuming)."""
+    import transformers
+    from transformers import AutoConfig
+
+    spec = loaded.recipe.model
+    auto = getattr(transformers, task_auto_class)
+    label_kw: dict[str, Any] = {}
+    if labels is not None:
+        label_kw = {
+            "num_labels": len(labels),
+            "id2label": dict(enumerate(labels)),
+            "label2id": {name: i for i, name in enumerate(labels)},
+        }
+    if spec.from_config and weights_dir is None:
+        config = _config_from_spec(spec.from_config, tokenizer, spec.dropout)
+        for k, v in label_kw.items():
+            setattr(config, k, v)
+        config._attn_implementation = attn
+        torch.manual_seed(loaded.recipe.training.seed)
+        return auto.from_config(config, attn_implementation=attn)
+    source = str(weights_dir) if weights_dir else _source(loaded, spec.name_or_path or "")
+    try:
+        config = AutoConfig.from_pretrained(source, **label_kw)
+        if spec.dropout is not None:
+            _set_dropout(config, spec.dropout)
+        if config.pad_token_id is None and tokenizer is not None:
+            config.pad_token_id = tokenizer.pad_token_id
+        torch.manual_seed(loaded.recipe.training.seed)  # a fresh head is seeded too
+        return auto.from_pretrained(source, config=config, attn_implementation=attn)
+    except (OSError, ValueError, KeyError) as err:
+        raise InputError(f"{spec.name_or_path}: cannot load model ({_first_line(err)})") from None
+
+
+class TaskModule(nn.Module):
+    """What the backends wrap: a forward that returns just ``(loss, logits)``.
+
+    ``use_cache=False`` keeps decoders from returning a ``DynamicCache``, which ORTModule
+    cannot flatten (it would silently fall back to PyTorch).
+    """
+
+    def __init__(self, model: nn.Module, is_decoder: bool):
+        super().__init__()
+        self.model = model
+        self.is_decoder = is_decoder
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs: dict[str, Any] = {"use_cache": False} if self.is_decoder else {}
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                         return_dict=True, **kwargs)
+        return out.loss, out.logits
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_log_line(model: nn.Module, attn: str) -> str:
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", type(model).__name__)
+    n = count_parameters(model)
+    size = f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+    return f"model: {kind}, {size} parameters, attention={attn}"

@@ -1,0 +1,63 @@
+"""Progress and log lines on stderr (stdout stays for results).
+
+A Rich progress bar when stderr is a terminal; plain lines otherwise (CI logs).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from rich.console import Console
+
+_console = Console(stderr=True, highlight=False)
+
+
+class _Handler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        prefix = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        _console.print(f"[dim]ortft[/dim] {prefix}{record.getMessage()}", markup=True,
+                       highlight=False, soft_wrap=True)
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    log = logging.getLogger("ortft")
+    if not any(isinstance(h, _Handler) for h in log.handlers):
+        log.addHandler(_Handler())
+    log.setLevel(level)
+    log.propagate = False
+
+
+class Progress:
+    """Step counter with a live bar on terminals; ``log`` prints a line above it."""
+
+    def __init__(self, total: int, start: int = 0):
+        self.total, self.start = total, start
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Progress:
+        if _console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
+                                     console=_console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("train", total=self.total, completed=self.start,
+                                            loss="-")
+        return self
+
+    def update(self, step: int, loss: float) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, loss=f"{loss:.4f}")
+
+    def log(self, line: str) -> None:
+        _console.print(f"[dim]ortft[/dim] {line}", markup=True, highlight=False, soft_wrap=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        sys.stderr.flush()

@@ -1,0 +1,290 @@
+"""The recipe: a strict pydantic v2 model of everything a training run needs.
+
+A recipe never names code to import: every choice is an enum/Literal, so a YAML file from
+anywhere can be validated and run without executing anything it says.
+Loading (YAML + dotted overrides, errors with their YAML line) lives in ``recipe_io.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FORMAT_VERSION = 1
+
+TaskName = Literal["sequence-classification", "causal-lm"]
+BackendName = Literal["ort", "torch"]
+Architecture = Literal["bert", "gpt2"]
+Scheduler = Literal[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+]
+DataFormat = Literal["auto", "csv", "json", "jsonl", "parquet", "txt", "folder", "disk", "hub"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class FromConfig(Section):
+    """A randomly initialised model built from a small config (demos, tests, benchmarks)."""
+
+    architecture: Architecture = Field(description="Model family: bert (encoder) or gpt2 (decoder).")
+    hidden_size: PositiveInt = Field(128, description="Width of the hidden states.")
+    num_layers: PositiveInt = Field(2, description="Number of transformer blocks.")
+    num_heads: PositiveInt = Field(2, description="Attention heads; must divide hidden_size.")
+    intermediate_size: PositiveInt | None = Field(
+        None, description="Feed-forward width (default 4 × hidden_size)."
+    )
+    max_position_embeddings: PositiveInt = Field(512, description="Longest sequence the model accepts.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> FromConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+        return self
+
+
+class TrainTokenizer(Section):
+    """Train a tokenizer locally from the training texts (saved with the model)."""
+
+    kind: Literal["wordpiece", "byte-bpe"] = Field(
+        "wordpiece", description="wordpiece (BERT-style, lowercased) or byte-bpe (GPT-2-style)."
+    )
+    vocab_size: Annotated[int, Field(ge=64, le=200_000)] = Field(
+        2000, description="Target vocabulary size."
+    )
+    min_frequency: PositiveInt = Field(2, description="Ignore pieces seen fewer times than this.")
+
+
+class TokenizerSection(Section):
+    path: str | None = Field(
+        None,
+        description="Tokenizer directory or hub id; default: the model's own (model.name_or_path).",
+    )
+    train: TrainTokenizer | None = Field(
+        None, description="Train a tokenizer from the training data instead of loading one."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TokenizerSection:
+        if self.path and self.train:
+            raise ValueError("give either tokenizer.path or tokenizer.train, not both")
+        return self
+
+
+class ModelSection(Section):
+    name_or_path: str | None = Field(
+        None,
+        description=(
+            "Pretrained model: a local directory (relative to the recipe), "
+            "'pkg://<package>/<dir>' inside an installed Python package, or a Hub id (needs network)."
+        ),
+    )
+    from_config: FromConfig | None = Field(
+        None, description="Build a randomly initialised model instead of loading weights."
+    )
+    tokenizer: TokenizerSection = Field(default_factory=TokenizerSection)
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] | None = Field(
+        None, description="Override every dropout probability in the model (0 for exact parity)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        if bool(self.name_or_path) == bool(self.from_config):
+            raise ValueError("give exactly one of model.name_or_path or model.from_config")
+        if self.from_config and not self.tokenizer.path and not self.tokenizer.train:
+            raise ValueError(
+                "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
+            )
+        return self
+
+
+class TaskSection(Section):
+    name: TaskName = Field(description="What the model learns: sequence-classification or causal-lm.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+
+class DataSection(Section):
+    train: str = Field(
+        description=(
+            "Training data: a csv/json/jsonl/parquet/txt file, a folder of class sub-folders of "
+            ".txt files, a saved `datasets` directory, 'pkg://<package>/<path>', or a Hub dataset name."
+        )
+    )
+    eval: str | None = Field(None, description="Evaluation data (same forms as train).")
+    eval_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
+        0.1, description="Held-out share of train used for eval when `eval` is not given (0: no eval)."
+    )
+    format: DataFormat = Field("auto", description="Input format; auto infers it from the path.")
+    split: str = Field("train", description="Split to read from a Hub dataset or saved DatasetDict.")
+    eval_split: str | None = Field(None, description="Split for eval from a Hub dataset / DatasetDict.")
+    text_column: str = Field("text", description="Column holding the text.")
+    text_pair_column: str | None = Field(None, description="Second text column for pair tasks.")
+    label_column: str = Field("label", description="Column holding the label (classification).")
+    label_names: list[str] | None = Field(
+        None, description="Label names in id order; default: the sorted distinct labels of train."
+    )
+    max_length: Annotated[int, Field(ge=8, le=8192)] = Field(
+        128, description="Tokens per example; batches are padded to this fixed length."
+    )
+    packing: bool = Field(
+        True, description="causal-lm: concatenate texts and cut into max_length blocks."
+    )
+    shuffle: bool = Field(True, description="Shuffle the training order each epoch (seeded).")
+    max_train_samples: PositiveInt | None = Field(None, description="Use at most this many train rows.")
+    max_eval_samples: PositiveInt | None = Field(None, description="Use at most this many eval rows.")
+
+
+class TrainingSection(Section):
+    epochs: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="Passes over the training data (ignored when max_steps is set)."
+    )
+    max_steps: PositiveInt | None = Field(None, description="Optimizer steps to run.")
+    batch_size: PositiveInt = Field(8, description="Examples per device per micro-batch.")
+    gradient_accumulation_steps: PositiveInt = Field(1, description="Micro-batches per optimizer step.")
+    lr: Annotated[float, Field(gt=0, lt=1)] = Field(5e-5, description="Peak learning rate.")
+    scheduler: Scheduler = Field("linear", description="transformers.get_scheduler name.")
+    warmup_steps: Annotated[int, Field(ge=0)] = Field(0, description="Warm-up steps.")
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0, description="Warm-up as a share of all steps (used when warmup_steps is 0)."
+    )
+    weight_decay: Annotated[float, Field(ge=0)] = Field(0.0, description="AdamW weight decay.")
+    max_grad_norm: Annotated[float, Field(gt=0)] | None = Field(
+        1.0, description="Clip the gradient norm to this (null: no clipping)."
+    )
+    seed: int = Field(42, description="Seed for weights, data order, dropout and splits.")
+    log_every: PositiveInt = Field(10, description="Log train loss / lr / throughput every N steps.")
+    eval_every: PositiveInt | None = Field(
+        None, description="Evaluate every N steps (always at the end when there is eval data)."
+    )
+
+    @model_validator(mode="after")
+    def _length(self) -> TrainingSection:
+        if self.epochs is None and self.max_steps is None:
+            self.epochs = 1.0
+        return self
+
+
+class OptimizerSection(Section):
+    name: Literal["adamw", "adamw_ort_fused"] = Field(
+        "adamw",
+        description="adamw (torch; fused/foreach kernels) or adamw_ort_fused (ONNX Runtime FusedAdam, CUDA only).",
+    )
+    implementation: Literal["auto", "fused", "foreach", "for-loop"] = Field(
+        "auto", description="torch AdamW kernel: auto picks fused where torch has it."
+    )
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.999), description="Adam betas."
+    )
+    eps: Annotated[float, Field(gt=0)] = Field(1e-8, description="Adam epsilon.")
+
+
+class PrecisionSection(Section):
+    dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Training precision (fp32 only in this release)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"dtype": value} if isinstance(value, str) else value
+
+
+class HardwareSection(Section):
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda when a GPU is visible, else cpu."
+    )
+    threads: PositiveInt | None = Field(None, description="CPU threads for torch and ORT (default: all cores).")
+
+
+class BackendSection(Section):
+    name: BackendName = Field("ort", description="ort (ORTModule) or torch (eager PyTorch).")
+    allow_fallback: bool = Field(
+        False,
+        description="If ORTModule cannot export/run the model, train with PyTorch (loudly) instead of failing.",
+    )
+    log_level: Literal["VERBOSE", "INFO", "WARNING", "ERROR", "FATAL"] = Field(
+        "ERROR", description="ORTModule log level (WARNING shows its feature banner)."
+    )
+    save_onnx: bool = Field(
+        False, description="Save ORTModule's exported / optimized graphs to <run>/ort_graphs/ for debugging."
+    )
+    memory_optimization_level: Literal[0, 1, 2] = Field(
+        0, description="ORTModule memory optimizer: 0 off, 1 layer-wise recompute, 2 aggressive recompute."
+    )
+    compute_optimizer: bool = Field(True, description="ORTModule compute optimizer (label/embedding sparsity).")
+
+
+class CheckpointSection(Section):
+    output_dir: str | None = Field(
+        None, description="Run directory (default runs/<recipe stem>, relative to the working directory)."
+    )
+    save_every: PositiveInt | None = Field(None, description="Write a checkpoint every N steps.")
+    keep_last: PositiveInt = Field(2, description="Checkpoints kept (older ones are removed).")
+    resume: str = Field(
+        "auto",
+        description="auto (continue an unfinished run in output_dir), never, or a checkpoint path.",
+    )
+
+
+class ExportSection(Section):
+    enabled: bool = Field(True, description="Export ONNX to <run>/onnx/ at the end of training.")
+    opset: Annotated[int, Field(ge=14, le=20)] = Field(
+        17, description="ONNX opset (14–20; highest that torch 2.6's exporter and ORT 1.19 share: 20)."
+    )
+    tolerance: Annotated[float, Field(gt=0)] = Field(
+        1e-4, description="Max |ONNX − PyTorch| allowed on the parity check."
+    )
+
+
+class Recipe(Section):
+    model: ModelSection
+    task: TaskSection
+    data: DataSection
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    precision: PrecisionSection = Field(default_factory=PrecisionSection)
+    hardware: HardwareSection = Field(default_factory=HardwareSection)
+    deepspeed: str | dict[str, Any] | None = Field(
+        None, description="DeepSpeed config: a JSON path or an inline mapping (not wired yet)."
+    )
+    backend: BackendSection = Field(default_factory=BackendSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    export: ExportSection = Field(default_factory=ExportSection)
+
+    @model_validator(mode="after")
+    def _combinations(self) -> Recipe:
+        # Sections that are in the schema but not wired yet must fail loudly, never run as a no-op.
+        if self.precision.dtype != "fp32":
+            raise ValueError(
+                f"precision.dtype={self.precision.dtype} is not supported yet; use fp32"
+            )
+        if self.deepspeed is not None:
+            raise ValueError("deepspeed is not supported yet; remove the deepspeed section")
+        if self.optimizer.name == "adamw_ort_fused" and self.hardware.device == "cpu":
+            raise ValueError("optimizer.name=adamw_ort_fused needs CUDA; use adamw on cpu")
+        if self.optimizer.name == "adamw_ort_fused" and self.backend.name != "ort":
+            raise ValueError("optimizer.name=adamw_ort_fused needs backend.name=ort")
+        return self
+
+
+def default_output_dir(recipe_path: Path | None) -> Path:
+    stem = recipe_path.stem if recipe_path else "run"
+    return Path("runs") / stem

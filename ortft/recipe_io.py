@@ -1,0 +1,228 @@
+"""Reading recipes: YAML (with line numbers) + dotted overrides -> a validated ``Recipe``.
+
+Every problem is collected and reported at once, each with its dotted path, the YAML line it
+comes from and, for an unknown key, the closest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ortft.errors import RecipeError, UsageError
+from ortft.recipe import Recipe
+
+PKG_PREFIX = "pkg://"
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    recipe: Recipe
+    path: Path | None  # the YAML file, when there is one
+    base_dir: Path  # relative input paths resolve against this
+    raw: dict[str, Any]  # after overrides, before validation (what checkpoints store)
+
+    @property
+    def sha256(self) -> str:
+        text = yaml.safe_dump(self.recipe.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def resolve_path(self, value: str) -> Path:
+        """A recipe path as a real path: pkg:// in an installed package, else relative to the recipe."""
+        return resolve_input_path(value, self.base_dir)
+
+
+def resolve_input_path(value: str, base_dir: Path) -> Path:
+    if value.startswith(PKG_PREFIX):
+        package, _, rest = value[len(PKG_PREFIX) :].partition("/")
+        # find_spec on a top-level name locates the package without running its __init__.
+        spec = importlib.util.find_spec(package) if package.isidentifier() else None
+        if spec is None or not spec.submodule_search_locations:
+            raise RecipeError(
+                f"{value}: Python package '{package}' is not installed (run `make setup`)"
+            )
+        return Path(list(spec.submodule_search_locations)[0]) / rest
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (base_dir / path)
+
+
+def looks_local(value: str) -> bool:
+    """Whether a name_or_path/data value is meant as a file rather than a Hub id."""
+    return (
+        value.startswith((PKG_PREFIX, "/", "./", "../", "~"))
+        or value.count("/") > 1
+        or Path(value).suffix.lower() in {".csv", ".json", ".jsonl", ".parquet", ".txt", ".bz2", ".gz"}
+    )
+
+
+# --------------------------------------------------------------------------- YAML with lines
+
+
+def _line_map(node: yaml.Node, prefix: tuple[str, ...] = (), out: dict | None = None) -> dict:
+    """Map every dotted key path in a composed YAML document to its 1-based line."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            path = (*prefix, str(key_node.value))
+            out[path] = key_node.start_mark.line + 1
+            _line_map(value_node, path, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            path = (*prefix, str(i))
+            out[path] = item.start_mark.line + 1
+            _line_map(item, path, out)
+    return out
+
+
+def read_yaml(path: Path) -> tuple[dict[str, Any], dict]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: recipe file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path}: cannot read recipe ({err})") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise RecipeError(f"{where}malformed YAML: {err.problem}", source=str(path)) from None
+    if data is None:
+        raise RecipeError("the recipe is empty", source=str(path))
+    if not isinstance(data, dict):
+        raise RecipeError("a recipe must be a mapping of sections", source=str(path))
+    return data, (_line_map(node) if node is not None else {})
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Merge `a.b.c=value` strings into the raw mapping (values parsed as YAML scalars)."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise UsageError(f"override '{item}' must look like section.key=value")
+        parts = key.split(".")
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {} if child is None or not isinstance(child, str) else {"name": child}
+                node[part] = child
+            node = child
+        try:
+            parsed = yaml.safe_load(value) if value != "" else None
+        except yaml.YAMLError:
+            parsed = value
+        node[parts[-1]] = parsed
+    return data
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    """Valid field names of the section a pydantic error location points into."""
+    model: Any = Recipe
+    for part in loc[:-1]:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        ann = field.annotation
+        # unwrap Optional[Section]
+        args = getattr(ann, "__args__", None)
+        if args:
+            ann = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), ann)
+        model = ann
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def format_errors(err: ValidationError, lines: dict) -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        # pydantic adds the union member / model name to some locations; drop non-field parts
+        loc = tuple(p for p in loc if p not in {"str", "dict[str,any]", "TrainTokenizer"})
+        dotted = ".".join(loc) or "recipe"
+        line = None
+        for n in range(len(loc), 0, -1):
+            line = lines.get(loc[:n])
+            if line:
+                break
+        where = f" (line {line})" if line else ""
+        if e["type"] == "extra_forbidden":
+            valid = _fields_at(loc)
+            close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else (
+                f"; valid keys: {', '.join(valid)}" if valid else ""
+            )
+            problems.append(f"{dotted}{where}: unknown key{hint}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            problems.append(f"{dotted}{where}: {msg}")
+    return problems
+
+
+def check_paths(loaded: LoadedRecipe) -> list[str]:
+    """Input paths that are clearly local must exist (found at validation, not mid-run)."""
+    r = loaded.recipe
+    candidates = {
+        "model.name_or_path": r.model.name_or_path,
+        "model.tokenizer.path": r.model.tokenizer.path,
+        "data.train": r.data.train if r.data.format != "hub" else None,
+        "data.eval": r.data.eval if r.data.format != "hub" else None,
+    }
+    if isinstance(r.deepspeed, str):
+        candidates["deepspeed"] = r.deepspeed
+    problems = []
+    for field, value in candidates.items():
+        if not value:
+            continue
+        try:
+            path = loaded.resolve_path(value)
+        except RecipeError as err:
+            problems.append(f"{field}: {err.problems[0]}")
+            continue
+        if looks_local(value) or path.exists():
+            if not path.exists():
+                problems.append(f"{field}: {path} does not exist")
+    return problems
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None,
+         data: dict[str, Any] | None = None, check_files: bool = True) -> LoadedRecipe:
+    """Read, override and validate a recipe; raises RecipeError with every problem at once."""
+    lines: dict = {}
+    if path is not None:
+        path = Path(path)
+        data, lines = read_yaml(path)
+    data = apply_overrides(dict(data or {}), overrides or [])
+    source = str(path) if path else "recipe"
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(format_errors(err, lines), source=source) from None
+    base_dir = path.resolve().parent if path else Path.cwd()
+    loaded = LoadedRecipe(recipe=recipe, path=path, base_dir=base_dir, raw=data)
+    if check_files:
+        problems = check_paths(loaded)
+        if problems:
+            raise RecipeError(problems, source=source)
+    return loaded
+
+
+def dump(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

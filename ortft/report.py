@@ -1,0 +1,121 @@
+"""What a run writes about itself: ``metrics.jsonl`` rows, ``summary.json`` and the model card.
+
+summary.json (format_version 1) — written at the end of every run, also failed/interrupted:
+  format_version, status ("completed" | "failed" | "interrupted"), error (one line or null),
+  task, backend {requested, used, fallback, fallback_reason, ort_exports, notes},
+  steps, max_steps, epochs, samples, tokens,
+  metrics {train_loss, eval_loss, eval_accuracy, eval_f1_macro, eval_perplexity — those that apply},
+  throughput {samples_per_s, tokens_per_s}, wall_time_s, train_time_s,
+  paths {run_dir, final, onnx, checkpoints[], last_checkpoint},
+  export {parity report, or null}, provenance {ortft, python, platform, packages{}, recipe_sha256,
+  git_commit, started_at, finished_at, device, threads}.
+
+metrics.jsonl — one JSON object per line:
+  {"kind": "train", "step", "epoch", "loss", "lr", "samples_per_s", "tokens_per_s", "time_s"}
+  {"kind": "eval", "step", "epoch", "loss", and the task's metrics (accuracy, f1_macro | perplexity)}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+PACKAGES = ["ortft", "torch", "onnxruntime-training", "torch-ort", "onnx", "transformers",
+            "tokenizers", "datasets", "numpy"]
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit(path: Path) -> str | None:
+    try:
+        res = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def provenance(recipe_path: Path | None, recipe_sha256: str) -> dict[str, Any]:
+    where = recipe_path.resolve().parent if recipe_path else Path.cwd()
+    return {
+        "ortft": package_versions().get("ortft"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": package_versions(),
+        "recipe_sha256": recipe_sha256,
+        "git_commit": git_commit(where),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """Appends rows to metrics.jsonl (flushed per row, so a killed run keeps what it logged)."""
+
+    def __init__(self, path: Path, truncate_after_step: int | None = None):
+        self.path = path
+        if truncate_after_step is not None and path.exists():
+            # resuming: drop rows logged after the checkpoint we continue from
+            keep = []
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line).get("step", 0) <= truncate_after_step:
+                        keep.append(line)
+                except json.JSONDecodeError:
+                    continue
+            path.write_text("".join(f"{line}\n" for line in keep))
+        elif truncate_after_step is None and path.exists():
+            path.unlink()
+
+    def write(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+def model_card(summary: dict[str, Any], recipe: Any) -> str:
+    m = recipe.model
+    base = m.name_or_path or f"{m.from_config.architecture} built from config (random init)"
+    metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in summary["metrics"].items()
+                        if isinstance(v, float))
+    b = summary["backend"]
+    return f"""---
+library_name: transformers
+tags: [ortft, onnxruntime, {recipe.task.name}]
+---
+# Fine-tuned with ortft
+
+- **Base model:** {base}
+- **Task:** {recipe.task.name}
+- **Training data:** {recipe.data.train}{f" (eval: {recipe.data.eval})" if recipe.data.eval else ""}
+- **Backend:** {b["used"]} (requested {b["requested"]}; fallback: {"yes" if b["fallback"] else "no"})
+- **Steps:** {summary["steps"]} ({summary["epochs"]:.2f} epochs), batch size
+  {recipe.training.batch_size} × accumulation {recipe.training.gradient_accumulation_steps},
+  lr {recipe.training.lr} ({recipe.training.scheduler}), seed {recipe.training.seed}
+
+| metric | value |
+|---|---|
+{metrics}
+
+Recreate it with `ortft train recipe.yaml` using the `recipe.yaml` stored next to this card.
+"""

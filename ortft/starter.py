@@ -1,0 +1,116 @@
+"""Shipped recipes (``ortft recipes``) and the commented starter recipe (``ortft init``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ortft.errors import UsageError
+
+
+def recipes_dir() -> Path:
+    """The top-level recipes/ of a source checkout, else the copy installed with the package."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "recipes", here / "recipes"):
+        if candidate.is_dir():
+            return candidate
+    raise UsageError("no shipped recipes found (is ortft installed completely?)")
+
+
+def shipped_recipes() -> list[tuple[Path, str]]:
+    """(path, one-line description) for every shipped recipe, sorted."""
+    base = recipes_dir()
+    out = []
+    for path in sorted(base.rglob("*.yaml")):
+        summary = ""
+        for line in path.read_text().splitlines():
+            text = line.lstrip("# ").strip()
+            if line.startswith("#") and text and not text.startswith(("Run:", "Override", "ortft ")):
+                summary = text
+                break
+        out.append((path, summary))
+    return out
+
+
+_STARTERS = {
+    "sequence-classification": """\
+# A text classifier. Run:
+#   ortft train {name}
+# Override anything from the command line, e.g.:
+#   ortft train {name} training.max_steps=20 backend.name=torch
+
+model:
+  name_or_path: path/to/model   # a local Hugging Face model folder, pkg://<package>/<dir>, or a Hub id
+  dropout: null                 # set 0.0 for bit-for-bit comparable runs
+
+task: sequence-classification
+
+data:
+  train: data/train.csv         # csv / json / jsonl / parquet / txt / folder of class sub-folders
+  eval: null                    # or hold out a share of train:
+  eval_fraction: 0.1
+  text_column: text
+  label_column: label
+  max_length: 128               # every batch is padded to this: ORT exports its graph once
+
+training:
+  epochs: 1
+  batch_size: 16
+  lr: 5.0e-5
+  scheduler: linear
+  warmup_ratio: 0.1
+  log_every: 10
+  eval_every: 50
+
+backend:
+  name: ort                     # ort (ONNX Runtime ORTModule) or torch
+  allow_fallback: false         # never train on PyTorch silently
+
+checkpoint:
+  save_every: 100
+  keep_last: 2
+
+export:
+  enabled: true                 # ONNX model + parity check in <run>/onnx/
+""",
+    "causal-lm": """\
+# A small GPT-2-style language model trained from scratch. Run:
+#   ortft train {name}
+# Override anything from the command line, e.g.:
+#   ortft train {name} training.max_steps=20 backend.name=torch
+
+model:
+  from_config:
+    architecture: gpt2
+    hidden_size: 128
+    num_layers: 2
+    num_heads: 2
+  tokenizer:
+    train: {{kind: byte-bpe, vocab_size: 2000}}
+
+task: causal-lm
+
+data:
+  train: data/corpus.txt        # paragraphs separated by blank lines
+  eval_fraction: 0.1
+  max_length: 128
+  packing: true
+
+training:
+  max_steps: 200
+  batch_size: 8
+  lr: 1.0e-3
+  warmup_ratio: 0.05
+
+backend:
+  name: ort
+
+export:
+  enabled: true
+""",
+}
+
+
+def recipe_text(task: str, name: str = "recipe.yaml") -> str:
+    if task not in _STARTERS:
+        raise UsageError(f"--task must be one of: {', '.join(_STARTERS)} (got '{task}')")
+    return _STARTERS[task].format(name=name)

@@ -1,0 +1,62 @@
+"""sequence-classification: one label per text (or text pair); accuracy and macro-F1."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ortft.errors import InputError
+from ortft.tasks import Encoded
+
+
+class SequenceClassification:
+    name = "sequence-classification"
+    auto_class = "AutoModelForSequenceClassification"
+    needs_logits = True  # eval keeps logits only where a metric needs them
+    needs_labels = True
+
+    def encode(self, rows, tokenizer, data, label2id) -> Encoded:
+        texts = [str(r[data.text_column]) for r in rows]
+        pairs = [str(r[data.text_pair_column]) for r in rows] if data.text_pair_column else None
+        enc = tokenizer(
+            texts,
+            pairs,
+            max_length=data.max_length,
+            truncation=True,
+            padding="max_length",
+            return_tensors="np",
+        )
+        labels = np.empty(len(rows), dtype=np.int64)
+        for i, r in enumerate(rows):
+            key = str(r[data.label_column])
+            if key not in label2id:
+                raise InputError(
+                    f"row {i}: label '{key}' is not one of data.label_names {list(label2id)}"
+                )
+            labels[i] = label2id[key]
+        return Encoded(
+            {
+                "input_ids": enc["input_ids"].astype(np.int64),
+                "attention_mask": enc["attention_mask"].astype(np.int64),
+                "labels": labels,
+            }
+        )
+
+    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
+        pred = np.concatenate([lg.argmax(-1) for lg in logits])
+        gold = np.concatenate(labels)
+        f1s = []
+        for c in np.union1d(pred, gold):
+            tp = np.sum((pred == c) & (gold == c))
+            fp = np.sum((pred == c) & (gold != c))
+            fn = np.sum((pred != c) & (gold == c))
+            f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+        return {
+            "loss": loss,
+            "accuracy": float(np.mean(pred == gold)) if len(gold) else 0.0,
+            "f1_macro": float(np.mean(f1s)) if f1s else 0.0,
+        }
+
+
+TASK = SequenceClassification()

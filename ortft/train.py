@@ -1,0 +1,392 @@
+"""The training loop: read top to bottom.
+
+run(): resolve the run directory and whether to resume -> data -> tokenizer -> model ->
+backend.wrap -> optimizer + scheduler -> [resume state] -> loop (forward, backward,
+accumulate, clip, step, log, eval, save) -> final/ + ONNX export -> summary.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ortft import backends, checkpoint, data, models, report, runtime, tasks
+from ortft.errors import GateError, InputError, Interrupted, OrtftError, RunError
+from ortft.progress import Progress
+from ortft.recipe import default_output_dir
+from ortft.recipe_io import LoadedRecipe, dump
+
+log = logging.getLogger("ortft")
+
+
+class _Signals:
+    """First SIGINT/SIGTERM: finish the step, checkpoint, stop. Second: stop at once."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+        log.warning("signal %d: finishing this step, then saving a checkpoint (again to abort)", signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def resolve_run_dir(loaded: LoadedRecipe, output_dir: Path | None) -> Path:
+    if output_dir is not None:
+        return Path(output_dir)
+    if loaded.recipe.checkpoint.output_dir:
+        return Path(loaded.recipe.checkpoint.output_dir)
+    return default_output_dir(loaded.path)
+
+
+def _find_resume(loaded: LoadedRecipe, run_dir: Path) -> Path | None:
+    mode = loaded.recipe.checkpoint.resume
+    if mode == "never":
+        if checkpoint.list_checkpoints(run_dir):
+            raise InputError(
+                f"{run_dir} holds checkpoints of an earlier run and checkpoint.resume=never; "
+                "choose another --output-dir or remove it"
+            )
+        return None
+    if mode == "auto":
+        return checkpoint.latest_good(run_dir)
+    path = loaded.resolve_path(mode)
+    problem = checkpoint.verify(path) if path.is_dir() else "not a directory"
+    if problem:
+        raise InputError(f"checkpoint.resume: {path}: {problem}")
+    return path
+
+
+def _previous_summary(run_dir: Path) -> dict[str, Any] | None:
+    import json
+
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("format_version") != report.FORMAT_VERSION:
+        raise InputError(f"{path}: format_version {summary.get('format_version')} is not one this "
+                         f"ortft reads ({report.FORMAT_VERSION}); use another --output-dir")
+    return summary
+
+
+def build_optimizer(params: list[torch.nn.Parameter], recipe: Any, device: torch.device) -> Any:
+    o, t = recipe.optimizer, recipe.training
+    if o.name == "adamw_ort_fused":
+        from onnxruntime.training.optim import FusedAdam
+
+        return FusedAdam(params, lr=t.lr, betas=o.betas, eps=o.eps, weight_decay=t.weight_decay)
+    impl = o.implementation
+    kw: dict[str, Any] = {}
+    if impl in ("auto", "fused"):
+        kw["fused"] = True  # torch 2.6 has fused AdamW kernels for CPU and CUDA
+    elif impl == "foreach":
+        kw["foreach"] = True
+    else:
+        kw["foreach"] = False
+    # no weight decay on biases and LayerNorm weights (1-D tensors)
+    groups = [
+        {"params": [p for p in params if p.ndim > 1], "weight_decay": t.weight_decay},
+        {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=o.betas, eps=o.eps, **kw)
+
+
+def total_steps(recipe: Any, n_train: int) -> int:
+    t = recipe.training
+    if t.max_steps:
+        return t.max_steps
+    per_epoch = data.batches_per_epoch(n_train, t.batch_size) / t.gradient_accumulation_steps
+    return max(1, math.ceil((t.epochs or 1.0) * per_epoch))
+
+
+def _to_device(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")}
+
+
+def evaluate(wrapped: torch.nn.Module, encoded: tasks.Encoded, task: Any, batch_size: int,
+             device: torch.device) -> dict[str, float]:
+    """Loss over every eval row (label-weighted) plus the task's metrics."""
+    wrapped.eval()
+    total, weight, logits_all, labels_all = 0.0, 0, [], []
+    with torch.no_grad():
+        for batch in data.eval_batches(encoded, batch_size):
+            valid = int(batch["_valid"])
+            labels = batch["labels"]
+            counted = labels[:, 1:] if task.name == "causal-lm" else labels
+            n = int((counted != -100).sum())
+            loss, logits = wrapped(**_to_device(batch, device))
+            total += float(loss) * n
+            weight += n
+            if task.needs_logits:
+                logits_all.append(logits[:valid].float().cpu().numpy())
+                labels_all.append(labels[:valid])
+    wrapped.train()
+    return task.metrics(total / max(weight, 1), logits_all, labels_all)
+
+
+def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
+    r = loaded.recipe
+    t = r.training
+    run_dir = resolve_run_dir(loaded, output_dir)
+    previous = _previous_summary(run_dir)
+    if previous and previous.get("status") == "completed" and r.checkpoint.resume == "auto":
+        log.info("%s already holds a finished run; nothing to do "
+                 "(use another --output-dir to train again)", run_dir)
+        if previous.get("provenance", {}).get("recipe_sha256") != loaded.sha256:
+            log.warning("the recipe changed since that run finished")
+        return previous
+    resume_from = _find_resume(loaded, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    started = time.time()
+    rt = runtime.resolve(r.hardware)
+    runtime.seed_everything(t.seed)
+    task = tasks.get(r.task.name)
+    backend = backends.get(r.backend.name, r.backend)
+    log.info("device: %s (%s), %d threads", rt.device, rt.reason, rt.threads)
+
+    # ---- data and tokenizer (all input errors surface here, before any training)
+    raw = data.load_splits(loaded, task)
+    tok_dir = run_dir / "tokenizer"
+    tokenizer = models.load_tokenizer(loaded, saved_dir=tok_dir if tok_dir.exists() else None)
+    if tokenizer is None:
+        texts = [str(row[r.data.text_column]) for row in raw.train]
+        tokenizer = models.train_tokenizer(texts, r.model.tokenizer.train)
+        log.info("trained a %s tokenizer: %d tokens", r.model.tokenizer.train.kind, len(tokenizer))
+    if not tok_dir.exists():
+        tokenizer.save_pretrained(tok_dir)
+    labels = data.label_names(raw.train, r.data) if task.needs_labels else None
+    label2id = {name: i for i, name in enumerate(labels)} if labels else None
+    train_enc, hit = data.encode_cached(task, raw.train, tokenizer, r.data, label2id,
+                                        [raw.fingerprint, "train"])
+    eval_enc = (data.encode_cached(task, raw.eval, tokenizer, r.data, label2id,
+                                   [raw.fingerprint, "eval"])[0] if raw.eval else None)
+    log.info("data: %d train / %d eval examples of %d tokens%s", len(train_enc),
+             len(eval_enc) if eval_enc else 0, r.data.max_length,
+             " (tokenized earlier: cache hit)" if hit else "")
+    if data.batches_per_epoch(len(train_enc), t.batch_size) == 0:
+        raise InputError(f"data.train: {len(train_enc)} examples make no batch of "
+                         f"training.batch_size={t.batch_size}")
+
+    # ---- model, backend, optimizer
+    model = models.build_model(loaded, task.auto_class, tokenizer, labels,
+                               attn=backend.attn_implementation)
+    module = models.TaskModule(model, is_decoder=task.name == "causal-lm").to(rt.device)
+    log.info("%s", models.model_log_line(model, backend.attn_implementation))
+    if backend.name == "ort":
+        log.info("backend: ort (ORTModule); eager attention, since ORTModule cannot build "
+                 "gradients for sdpa attention")
+    steps = total_steps(r, len(train_enc))
+    optimizer = build_optimizer(list(module.parameters()), r, rt.device)
+    from transformers import get_scheduler
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    warmup = t.warmup_steps or int(t.warmup_ratio * steps)
+    scheduler = get_scheduler(t.scheduler, optimizer, num_warmup_steps=warmup,
+                              num_training_steps=steps)
+    state = checkpoint.TrainState()
+    if resume_from is not None:
+        ck = checkpoint.load(resume_from, module.model)
+        optimizer.load_state_dict(ck.optimizer)
+        scheduler.load_state_dict(ck.scheduler)
+        checkpoint.set_rng_state(ck.rng)
+        state = ck.state
+        log.info("resuming from %s (step %d)", resume_from, state.step)
+    wrapped = backend.wrap(module, run_dir)  # after loading weights: ORT shares these tensors
+    wrapped.train()
+
+    recipe_yaml = dump(r)
+    metrics_log = report.MetricsLog(run_dir / "metrics.jsonl",
+                                    truncate_after_step=state.step if resume_from else None)
+    summary: dict[str, Any] = {
+        "format_version": report.FORMAT_VERSION, "status": "running", "error": None,
+        "task": task.name, "max_steps": steps,
+        "provenance": {**report.provenance(loaded.path, loaded.sha256),
+                       "device": str(rt.device), "threads": rt.threads},
+        "paths": {"run_dir": str(run_dir), "final": None, "onnx": None, "checkpoints": [],
+                  "last_checkpoint": str(resume_from) if resume_from else None},
+        "export": None, "resumed_from": str(resume_from) if resume_from else None,
+    }
+    per_epoch = data.batches_per_epoch(len(train_enc), t.batch_size)
+    accum = t.gradient_accumulation_steps
+    batches = data.train_batches(train_enc, t.batch_size, t.seed, r.data.shuffle,
+                                 start_micro=state.micro_step)
+    params = [p for p in module.parameters() if p.requires_grad]
+    progress = Progress(total=steps, start=state.step)
+    last_ckpt = resume_from
+    # throughput over the steps after this process's first (which includes ORT's export)
+    steady: dict[str, float] = {"time": 0.0, "samples": 0, "tokens": 0, "first_step_s": 0.0}
+
+    def save_checkpoint() -> Path:
+        nonlocal last_ckpt
+        last_ckpt = checkpoint.save(run_dir, state, module.model, optimizer, scheduler,
+                                    recipe_yaml, r.checkpoint.keep_last)
+        summary["paths"]["last_checkpoint"] = str(last_ckpt)
+        return last_ckpt
+
+    def finish(status: str, error: str | None = None) -> dict[str, Any]:
+        steady_t = max(steady["time"], 1e-9)
+        metrics: dict[str, Any] = {"train_loss": state.last_train_loss}
+        metrics.update({f"eval_{k}": v for k, v in state.eval_metrics.items()})
+        summary.update({
+            "status": status, "error": error, "backend": backend.report().as_dict(),
+            "steps": state.step, "epochs": state.micro_step / per_epoch,
+            "samples": state.samples, "tokens": state.tokens, "metrics": metrics,
+            "throughput": {"samples_per_s": steady["samples"] / steady_t,
+                           "tokens_per_s": steady["tokens"] / steady_t,
+                           "first_step_s": steady["first_step_s"],
+                           "note": "steady state: every step of this process but its first"},
+            "train_time_s": state.train_time_s, "wall_time_s": time.time() - started,
+        })
+        summary["paths"]["checkpoints"] = [str(p) for p in checkpoint.list_checkpoints(run_dir)]
+        summary["provenance"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        report.write_json_atomic(run_dir / "summary.json", summary)
+        return summary
+
+    # ---- the loop
+    try:
+        with _Signals() as signals, progress:
+            window_t, window_samples, window_tokens = 0.0, 0, 0
+            first_step = True
+            while state.step < steps:
+                t0 = time.perf_counter()
+                loss_sum = torch.zeros((), device=rt.device)
+                step_tokens = 0
+                for _ in range(accum):
+                    epoch, batch = next(batches)
+                    inputs = _to_device(batch, rt.device)
+                    loss, _ = wrapped(**inputs)
+                    (loss / accum).backward()
+                    backend.after_step(wrapped)
+                    loss_sum += loss.detach()
+                    state.micro_step += 1
+                    state.epoch = epoch
+                    step_tokens += int(batch["attention_mask"].sum())
+                if t.max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                state.step += 1
+                loss_value = float(loss_sum) / accum  # the one CPU-GPU sync per step
+                dt = time.perf_counter() - t0
+                state.train_time_s += dt
+                window_t += dt
+                state.samples += t.batch_size * accum
+                state.tokens += step_tokens
+                window_samples += t.batch_size * accum
+                window_tokens += step_tokens
+                if first_step:  # holds ORT's export and graph build: reported apart
+                    steady["first_step_s"] = dt
+                    first_step = False
+                else:
+                    steady["time"] += dt
+                    steady["samples"] += t.batch_size * accum
+                    steady["tokens"] += step_tokens
+                if not math.isfinite(loss_value):
+                    where = f"; last good checkpoint: {last_ckpt}" if last_ckpt else ""
+                    raise RunError(f"loss is {loss_value} at step {state.step}{where}")
+                state.last_train_loss = loss_value
+                progress.update(state.step, loss=loss_value)
+                if state.step % t.log_every == 0 or state.step == steps:
+                    row = {"kind": "train", "step": state.step, "epoch": state.micro_step / per_epoch,
+                           "loss": loss_value, "lr": scheduler.get_last_lr()[0],
+                           "samples_per_s": window_samples / window_t,
+                           "tokens_per_s": window_tokens / window_t,
+                           "time_s": round(time.time() - started, 3)}
+                    metrics_log.write(row)
+                    progress.log(f"step {state.step}/{steps}  loss {loss_value:.4f}  "
+                                 f"lr {row['lr']:.2e}  {row['samples_per_s']:.1f} samples/s")
+                    window_t, window_samples, window_tokens = 0.0, 0, 0
+                if eval_enc is not None and (
+                    (t.eval_every and state.step % t.eval_every == 0) or state.step == steps
+                ):
+                    state.eval_metrics = evaluate(wrapped, eval_enc, task, t.batch_size, rt.device)
+                    metrics_log.write({"kind": "eval", "step": state.step,
+                                       "epoch": state.micro_step / per_epoch, **state.eval_metrics})
+                    progress.log("eval  " + "  ".join(f"{k} {v:.4f}"
+                                                      for k, v in state.eval_metrics.items()))
+                if r.checkpoint.save_every and state.step % r.checkpoint.save_every == 0:
+                    save_checkpoint()
+                if signals.received is not None:
+                    path = save_checkpoint()
+                    finish("interrupted", f"stopped by signal {signals.received} at step {state.step}")
+                    cmd = f"ortft train {loaded.path or 'RECIPE'} --output-dir {run_dir}"
+                    raise Interrupted(f"interrupted at step {state.step}; checkpoint {path}; "
+                                      f"resume with: {cmd}", signals.received)
+    except OrtftError as err:
+        if summary["status"] == "running":
+            finish("failed", str(err))
+        raise
+    except KeyboardInterrupt:
+        finish("interrupted", "stopped by a second signal")
+        raise
+    except Exception as err:
+        finish("failed", f"{type(err).__name__}: {err}")
+        raise RunError(f"training failed at step {state.step}: {type(err).__name__}: "
+                       f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from err
+
+    # ---- final model, export, summary
+    final_dir = _write_final(run_dir, module.model, tokenizer, recipe_yaml)
+    summary["paths"]["final"] = str(final_dir)
+    gate_error = None
+    if r.export.enabled:
+        from ortft import export
+
+        onnx_dir = run_dir / "onnx"
+        exp = export.export_model(module.model, tokenizer, task.name, onnx_dir, opset=r.export.opset,
+                                  tolerance=r.export.tolerance, samples=eval_enc or train_enc)
+        summary["export"] = exp
+        summary["paths"]["onnx"] = str(onnx_dir)
+        if not exp["parity"]["passed"]:
+            gate_error = (f"ONNX parity check failed: max |diff| {exp['parity']['max_abs_diff']:.2e} "
+                          f"> {r.export.tolerance:g}")
+    summary = finish("completed")
+    (final_dir / "README.md").write_text(report.model_card(summary, r))
+    report.write_json_atomic(final_dir / "summary.json", summary)
+    b = summary["backend"]
+    log.info("done: %d steps, backend %s%s, %d ORT export(s), %.1f samples/s", state.step, b["used"],
+             " (FALLBACK)" if b["fallback"] else "", b["ort_exports"],
+             summary["throughput"]["samples_per_s"])
+    if gate_error:
+        raise GateError(gate_error)
+    return summary
+
+
+def _write_final(run_dir: Path, model: torch.nn.Module, tokenizer: Any, recipe_yaml: str) -> Path:
+    """final/: a Hugging Face model folder + tokenizer + recipe, swapped in atomically."""
+    final = run_dir / "final"
+    tmp = run_dir / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "recipe.yaml").write_text(recipe_yaml)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
