@@ -197,6 +197,7 @@ def export(
     def body() -> None:
         from ortft import export as export_mod
 
+        _quiet_libraries()
         report = export_mod.export_source(source, output, opset=opset, tolerance=tolerance)
         typer.echo(json.dumps(report, indent=2) if as_json else report["model"])
 

@@ -47,6 +47,24 @@ def _samples(samples: Any, tokenizer: Any, n: int) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
 
+def _tracing_example(feeds: dict[str, np.ndarray], tokenizer: Any) -> tuple[torch.Tensor, ...]:
+    """Two rows, the second partly padded.
+
+    The exporter traces one path through the model: transformers skips building the attention
+    mask when a batch has no padding, and a graph traced that way would ignore
+    ``attention_mask`` for good. A padded row keeps the masking in the graph.
+    """
+    ids = feeds["input_ids"][:2].copy()
+    mask = feeds["attention_mask"][:2].copy()
+    if len(ids) < 2:
+        ids, mask = np.concatenate([ids, ids]), np.concatenate([mask, mask])
+    cut = max(1, ids.shape[1] // 2)
+    mask[1, cut:] = 0
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids[1, cut:] = pad
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
 def export_model(model: torch.nn.Module, tokenizer: Any, task: str, out_dir: Path, *, opset: int,
                  tolerance: float, samples: Any = None) -> dict[str, Any]:
     """Export ``model`` to ``out_dir/model.onnx``, check parity, write export.json."""
@@ -56,9 +74,11 @@ def export_model(model: torch.nn.Module, tokenizer: Any, task: str, out_dir: Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     model = model.eval().to("cpu")
     is_decoder = task == "causal-lm"
-    wrapper = _LogitsOnly(model, is_decoder)
+    # eval() on the wrapper itself: torch.onnx.export restores the wrapper's own mode after
+    # exporting, and a wrapper left in training mode would switch dropout back on.
+    wrapper = _LogitsOnly(model, is_decoder).eval()
     feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
-    example = (torch.from_numpy(feeds["input_ids"][:2]), torch.from_numpy(feeds["attention_mask"][:2]))
+    example = _tracing_example(feeds, tokenizer)
     path = out_dir / "model.onnx"
     tmp = out_dir / f".model.onnx.tmp-{os.getpid()}"
     t0 = time.perf_counter()
@@ -76,6 +96,7 @@ def export_model(model: torch.nn.Module, tokenizer: Any, task: str, out_dir: Pat
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(["logits"], feeds)[0]
+    wrapper.eval()
     with torch.no_grad():
         want = wrapper(torch.from_numpy(feeds["input_ids"]),
                        torch.from_numpy(feeds["attention_mask"])).numpy()

@@ -34,15 +34,28 @@ def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     if spec.kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece()
+        normalizer = normalizers.BertNormalizer(lowercase=True)
+        pre = pre_tokenizers.BertPreTokenizer()
+        # The trainer numbers "##x" continuation pieces in hash-map order, which changes from
+        # process to process (and with it the tie-breaks between merges). Registering every
+        # "##x" up front in sorted order makes training deterministic; the vocabulary is then
+        # rebuilt below so those pieces are ordinary entries, not special tokens.
+        chars: set[str] = set()
+        for text in texts:
+            for word, _ in pre.pre_tokenize_str(normalizer.normalize_str(text)):
+                chars.update(word)
+        fixed = SPECIAL_WORDPIECE + [f"##{c}" for c in sorted(chars)]
         trainer = trainers.WordPieceTrainer(
-            vocab_size=spec.vocab_size, min_frequency=spec.min_frequency,
-            special_tokens=SPECIAL_WORDPIECE,
+            vocab_size=max(spec.vocab_size, len(fixed) + len(chars)),
+            min_frequency=spec.min_frequency, special_tokens=fixed,
+            initial_alphabet=sorted(chars), show_progress=False,
         )
-        tok.train_from_iterator(texts, trainer=trainer)
+        draft = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        draft.normalizer, draft.pre_tokenizer = normalizer, pre
+        draft.train_from_iterator(texts, trainer=trainer)
+        tok = Tokenizer(models.WordPiece(vocab=draft.get_vocab(), unk_token="[UNK]"))
+        tok.normalizer, tok.pre_tokenizer = normalizer, pre
+        tok.decoder = decoders.WordPiece()
         cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
@@ -58,6 +71,7 @@ def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size, min_frequency=spec.min_frequency,
         special_tokens=[BPE_EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(

@@ -162,6 +162,9 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     started = time.time()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # ortft reports its own progress on stderr
     rt = runtime.resolve(r.hardware)
     runtime.seed_everything(t.seed)
     task = tasks.get(r.task.name)
@@ -202,9 +205,6 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
     steps = total_steps(r, len(train_enc))
     optimizer = build_optimizer(list(module.parameters()), r, rt.device)
     from transformers import get_scheduler
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
 
     warmup = t.warmup_steps or int(t.warmup_ratio * steps)
     scheduler = get_scheduler(t.scheduler, optimizer, num_warmup_steps=warmup,

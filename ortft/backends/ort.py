@@ -8,6 +8,8 @@ function, so a re-export on every step (a shape that keeps changing) shows in th
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 from pathlib import Path
@@ -75,7 +77,9 @@ class OrtBackend:
     def wrap(self, module: nn.Module, run_dir: Path) -> nn.Module:
         self._configure_env(run_dir)
         try:
-            from onnxruntime.training.ortmodule import DebugOptions, LogLevel, ORTModule
+            # torch's cpp_extension prints a CUDA_HOME notice on CPU machines: not ours to show
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                from onnxruntime.training.ortmodule import DebugOptions, LogLevel, ORTModule
         except Exception as err:  # noqa: BLE001 - an import failure is the most common setup bug
             raise BackendError(
                 f"cannot import ORTModule ({type(err).__name__}: {err}); run `ortft doctor`"

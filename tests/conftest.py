@@ -1,0 +1,86 @@
+"""Shared fixtures: tiny offline data and recipes (2 layers, hidden 32, tokenizers trained here)."""
+
+from __future__ import annotations
+
+import csv
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+POS = ["great fun movie", "loved the acting", "wonderful moving story", "a real delight",
+       "brilliant film superb cast"]
+NEG = ["boring and dull", "terrible plot", "awful acting bad script", "a waste of time",
+       "dreadful slow mess"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tokenized-data cache per test session, never the user's ~/.cache/ortft."""
+    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path_factory.getbasetemp() / "ortft-cache"))
+
+
+def write_classification_csv(path: Path, n: int = 160, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["text", "label"])
+        for _ in range(n):
+            label = rng.choice(["pos", "neg"])
+            base = rng.choice(POS if label == "pos" else NEG)
+            w.writerow([f"{base} {rng.choice(['indeed', 'really', 'so', 'truly'])}", label])
+    return path
+
+
+def write_corpus(path: Path, n: int = 80, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    words = "the cat sat on a mat while dogs ran in parks and birds sang over trees".split()
+    paras = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) for _ in range(n)]
+    path.write_text("\n\n".join(paras))
+    return path
+
+
+def tiny_classifier(data: str, backend: str = "ort", **training: object) -> dict:
+    return {
+        "model": {
+            "from_config": {"architecture": "bert", "hidden_size": 32, "num_layers": 2, "num_heads": 2},
+            "tokenizer": {"train": {"kind": "wordpiece", "vocab_size": 200}},
+            "dropout": 0.0,
+        },
+        "task": "sequence-classification",
+        "data": {"train": data, "max_length": 16},
+        "training": {"max_steps": 5, "batch_size": 8, "lr": 1e-3, "log_every": 1, **training},
+        "backend": {"name": backend},
+    }
+
+
+def tiny_causal_lm(data: str, backend: str = "ort", **training: object) -> dict:
+    return {
+        "model": {
+            "from_config": {"architecture": "gpt2", "hidden_size": 32, "num_layers": 2, "num_heads": 2},
+            "tokenizer": {"train": {"kind": "byte-bpe", "vocab_size": 300}},
+            "dropout": 0.0,
+        },
+        "task": "causal-lm",
+        "data": {"train": data, "max_length": 32},
+        "training": {"max_steps": 5, "batch_size": 4, "lr": 1e-3, "log_every": 1, **training},
+        "backend": {"name": backend},
+    }
+
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def cls_recipe(tmp_path: Path) -> Path:
+    write_classification_csv(tmp_path / "train.csv")
+    return write_recipe(tmp_path / "cls.yaml", tiny_classifier("train.csv"))
+
+
+@pytest.fixture
+def lm_recipe(tmp_path: Path) -> Path:
+    write_corpus(tmp_path / "corpus.txt")
+    return write_recipe(tmp_path / "lm.yaml", tiny_causal_lm("corpus.txt"))
