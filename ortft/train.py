@@ -348,8 +348,13 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
         raise
     except Exception as err:
         finish("failed", f"{type(err).__name__}: {err}")
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        hint = ""
+        if backend.name == "ort" and type(err).__module__.startswith("onnxruntime"):
+            hint = ("; ONNX Runtime could not run this model: try backend.name=torch, or "
+                    "backend.allow_fallback=true to fall back to PyTorch (recorded in the summary)")
         raise RunError(f"training failed at step {state.step}: {type(err).__name__}: "
-                       f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from err
+                       f"{first[:300]}{hint}") from err
 
     # ---- final model, export, summary
     final_dir = _write_final(run_dir, module.model, tokenizer, recipe_yaml)

@@ -60,12 +60,10 @@ class OrtBackend:
     def _configure_env(self, run_dir: Path) -> None:
         # ORTModule reads these when it is constructed; set them before importing it.
         o = self.options
-        os.environ["ORTMODULE_FALLBACK_POLICY"] = (
-            "FALLBACK_UNSUPPORTED_DEVICE|FALLBACK_UNSUPPORTED_DATA|FALLBACK_UNSUPPORTED_TORCH_MODEL|"
-            "FALLBACK_UNSUPPORTED_ONNX_MODEL|FALLBACK_FORCE_TORCH_FORWARD|FALLBACK_BAD_INITIALIZATION"
-            if o.allow_fallback
-            else "FALLBACK_DISABLE"
-        )
+        if o.allow_fallback:
+            os.environ.pop("ORTMODULE_FALLBACK_POLICY", None)  # ORTModule's default: fall back
+        else:
+            os.environ["ORTMODULE_FALLBACK_POLICY"] = "FALLBACK_DISABLE"
         os.environ["ORTMODULE_LOG_LEVEL"] = o.log_level
         os.environ["ORTMODULE_MEMORY_OPT_LEVEL"] = str(o.memory_optimization_level)
         os.environ["ORTMODULE_ENABLE_COMPUTE_OPTIMIZER"] = "1" if o.compute_optimizer else "0"
