@@ -143,13 +143,19 @@ def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, t
         needed.append(data.text_pair_column)
     if task.needs_labels:
         needed.append(data.label_column)
-    have = set(rows[0])
-    missing = [c for c in needed if c not in have]
-    if missing:
-        raise InputError(
-            f"{source}: missing column {', '.join(missing)} (has: {', '.join(sorted(have))}); "
-            "set data.text_column / data.label_column"
-        )
+    # every row, not just the first: a later row without a column would fail mid-run
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            kind = type(row).__name__
+            raise InputError(f"{source}: row {n} is a {kind}, not an object of columns")
+        missing = [c for c in needed if c not in row]
+        if missing:
+            where = f"row {n}: " if n > 1 else ""
+            raise InputError(
+                f"{source}: {where}missing column {', '.join(missing)} "
+                f"(has: {', '.join(sorted(map(str, row)))}); "
+                "set data.text_column / data.label_column"
+            )
 
 
 @dataclass

@@ -69,8 +69,13 @@ def _line_map(node: yaml.Node, prefix: tuple[str, ...] = (), out: dict | None = 
     """Map every dotted key path in a composed YAML document to its 1-based line."""
     out = {} if out is None else out
     if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
         for key_node, value_node in node.value:
             path = (*prefix, str(key_node.value))
+            if key_node.value in seen:  # YAML would silently keep the last one
+                raise yaml.MarkedYAMLError(
+                    problem=f"duplicate key '{'.'.join(path)}'", problem_mark=key_node.start_mark)
+            seen.add(key_node.value)
             out[path] = key_node.start_mark.line + 1
             _line_map(value_node, path, out)
     elif isinstance(node, yaml.SequenceNode):
@@ -91,6 +96,7 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict]:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
+        lines = _line_map(node) if node is not None else {}
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -99,7 +105,7 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict]:
         raise RecipeError("the recipe is empty", source=str(path))
     if not isinstance(data, dict):
         raise RecipeError("a recipe must be a mapping of sections", source=str(path))
-    return data, (_line_map(node) if node is not None else {})
+    return data, lines
 
 
 # --------------------------------------------------------------------------- overrides
@@ -150,29 +156,34 @@ def _fields_at(loc: tuple) -> list[str]:
     return []
 
 
-def format_errors(err: ValidationError, lines: dict) -> list[str]:
+def format_errors(err: ValidationError, lines: dict,
+                  overridden: frozenset[tuple[str, ...]] = frozenset()) -> list[str]:
     problems = []
     for e in err.errors():
         loc = tuple(str(p) for p in e["loc"] if not str(p).startswith("function-"))
         # pydantic adds the union member / model name to some locations; drop non-field parts
         loc = tuple(p for p in loc if p not in {"str", "dict[str,any]", "TrainTokenizer"})
-        dotted = ".".join(loc) or "recipe"
-        line = None
-        for n in range(len(loc), 0, -1):
-            line = lines.get(loc[:n])
-            if line:
-                break
-        where = f" (line {line})" if line else ""
+        dotted = ".".join(loc)
+        if any(loc[: len(o)] == o for o in overridden):
+            where = " (command-line override)"
+        else:
+            line = None
+            for n in range(len(loc), 0, -1):
+                line = lines.get(loc[:n])
+                if line:
+                    break
+            where = f" (line {line})" if line else ""
+        head = f"{dotted}{where}: " if dotted else ""
         if e["type"] == "extra_forbidden":
             valid = _fields_at(loc)
             close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{close[0]}'?" if close else (
                 f"; valid keys: {', '.join(valid)}" if valid else ""
             )
-            problems.append(f"{dotted}{where}: unknown key{hint}")
+            problems.append(f"{head}unknown key{hint}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            problems.append(f"{dotted}{where}: {msg}")
+            problems.append(f"{head}{msg}")
     return problems
 
 
@@ -214,7 +225,8 @@ def load(path: str | Path | None, overrides: list[str] | None = None,
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
-        raise RecipeError(format_errors(err, lines), source=source) from None
+        overridden = frozenset(tuple(o.partition("=")[0].split(".")) for o in overrides or [])
+        raise RecipeError(format_errors(err, lines, overridden), source=source) from None
     base_dir = path.resolve().parent if path else Path.cwd()
     loaded = LoadedRecipe(recipe=recipe, path=path, base_dir=base_dir, raw=data)
     if check_files:
