@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft.errors import InputError
+from ortft.errors import InputError, RunError
 
 log = logging.getLogger("ortft")
 
@@ -43,6 +43,11 @@ class TrainState:
     train_time_s: float = 0.0
     last_train_loss: float | None = None
     eval_metrics: dict[str, float] = field(default_factory=dict)
+    # best-model selection and early stopping (selection.py), carried across a resume
+    best_step: int | None = None  # the eval whose weights are in <run>/best/
+    best_value: float | None = None
+    stop_reference: float | None = None  # early stopping: what an eval must beat by min_delta
+    evals_without_improvement: int = 0
 
 
 def checkpoint_name(step: int) -> str:
@@ -94,10 +99,11 @@ def save(run_dir: Path, state: TrainState, model: torch.nn.Module, optimizer: An
 
     final = run_dir / checkpoint_name(state.step)
     tmp = run_dir / f".{final.name}.tmp-{os.getpid()}"
+    old = run_dir / f".{final.name}.old-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -114,10 +120,18 @@ def save(run_dir: Path, state: TrainState, model: torch.nn.Module, optimizer: An
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
         with open(tmp / MANIFEST, "rb") as fh:
             os.fsync(fh.fileno())
-        if final.exists():  # same step saved twice (e.g. final save after a periodic one)
-            shutil.rmtree(final)
+        if final.exists():  # same step saved twice (e.g. a signal right after a periodic save)
+            os.replace(final, old)  # set aside, not deleted, until the new one is in place
         os.replace(tmp, final)
         _fsync_dir(run_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as err:  # disk full, read-only, quota: the earlier checkpoints are untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not final.exists():
+            os.replace(old, final)
+        earlier = [p for p in list_checkpoints(run_dir) if p != final]
+        kept = f"; the last good checkpoint {earlier[-1]} is intact" if earlier else ""
+        raise RunError(f"could not write checkpoint {final}: {err.strerror or err}{kept}") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -185,7 +199,13 @@ def load(path: Path, model: torch.nn.Module) -> Loaded:
     problem = verify(path, deep=True)
     if problem:
         raise InputError(f"{path}: not a usable checkpoint: {problem}")
-    load_model(model, str(path / "model.safetensors"))
+    try:
+        load_model(model, str(path / "model.safetensors"))
+    except (RuntimeError, ValueError, KeyError) as err:  # another model's (or recipe's) weights
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if ln.startswith(("size mismatch", "Missing", "Unexpected"))),
+                      lines[0] if lines else type(err).__name__)
+        raise InputError(f"{path}: checkpoint does not fit this recipe's model ({detail[:300]})") from None
     state = TrainState(**json.loads((path / "state.json").read_text()))
     return Loaded(
         path=path,

@@ -61,6 +61,12 @@ def _quiet_libraries() -> None:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         warnings.filterwarnings("ignore")
+        # torch's cpp_extension prints a CUDA_HOME notice on GPU-less machines at import time
+        import contextlib
+        import io
+
+        with contextlib.redirect_stderr(io.StringIO()):
+            import torch.utils.cpp_extension  # noqa: F401
 
 
 def _version(value: bool) -> None:
@@ -93,20 +99,86 @@ def train(
         Path | None, typer.Option("--output-dir", "-o", help="Run directory (overrides the recipe).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON on stdout.")] = False,
+    gate: Annotated[
+        list[str] | None,
+        typer.Option("--gate", help="Quality gate, e.g. eval.accuracy>=0.9 (repeatable); exit 3 if it fails."),
+    ] = None,
+    report: Annotated[
+        list[Path] | None,
+        typer.Option("--report", help="Write a CI report: FILE.xml (JUnit) or FILE.md (Markdown); repeatable."),
+    ] = None,
 ) -> None:
     """Train a model from a recipe; writes checkpoints, final/ and the ONNX export."""
 
     def body() -> None:
-        from ortft import recipe_io
+        from ortft import ci_report, gates, recipe_io
         from ortft import train as train_mod
+        from ortft.errors import GateError
 
+        ci_report.check_paths(report or [])
+        for text in gate or []:
+            gates.parse(text)  # a malformed gate is a usage error before anything runs
         _quiet_libraries()
         loaded = recipe_io.load(recipe, overrides or [])
-        summary = train_mod.run(loaded, output_dir=output_dir)
+        run_dir = train_mod.resolve_run_dir(loaded, output_dir)
+        try:
+            summary = train_mod.run(loaded, output_dir=output_dir, extra_gates=gate or [])
+        except GateError as err:
+            _emit(err.summary or {}, as_json, report)
+            raise
+        except OrtftError:
+            if report and (run_dir / "summary.json").exists():  # failed/interrupted runs too
+                ci_report.write(report, json.loads((run_dir / "summary.json").read_text()))
+            raise
+        _emit(summary, as_json, report)
+
+    _run(body)
+
+
+def _emit(summary: dict[str, Any], as_json: bool, report: list[Path] | None) -> None:
+    """stdout: the summary JSON (--json) or the run path; plus any --report files."""
+    from ortft import ci_report
+
+    if report:
+        ci_report.write(report, summary)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    elif summary.get("paths"):
+        typer.echo(summary["paths"]["run_dir"])
+
+
+@app.command()
+def bench(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)],
+    backends: Annotated[
+        str,
+        typer.Option("--backends", help="Comma-separated: ort, torch, torch-eager-attn, torch-compile; "
+                     "each may add +key=value (a recipe key or an ORTFT_* variable)."),
+    ] = "ort,torch",
+    steps: Annotated[int, typer.Option("--steps", help="Training steps per run.")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", help="First steps of each run left untimed.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", help="Runs per backend, alternating.")] = 2,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed per run.")] = 900.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON on stdout.")] = False,
+    plot_path: Annotated[
+        Path | None, typer.Option("--plot", help="Write a PNG bar chart (needs matplotlib).")
+    ] = None,
+) -> None:
+    """Benchmark backends side by side on a recipe, each run in its own process; torch is the baseline."""
+
+    def body() -> None:
+        from ortft import bench as bench_mod
+        from ortft.errors import RunError
+
+        _quiet_libraries()
+        result = bench_mod.run(recipe, backends, steps, warmup, repeats, timeout)
+        bench_mod.print_table(result)
+        if plot_path is not None:
+            bench_mod.plot(result, plot_path)
         if as_json:
-            typer.echo(json.dumps(summary, indent=2))
-        else:
-            typer.echo(summary["paths"]["run_dir"])
+            typer.echo(json.dumps(result, indent=2))
+        if result["failed"]:
+            raise RunError(f"bench: {', '.join(result['failed'])} failed (see the table)")
 
     _run(body)
 

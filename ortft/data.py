@@ -51,10 +51,25 @@ def _infer_format(path: Path) -> str:
 def _open_text(path: Path) -> io.TextIOBase:
     name = path.name.lower()
     if name.endswith(".bz2"):
-        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8", errors="replace")
+        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8")
     if name.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace", newline="")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _not_utf8(path: Path) -> InputError:
+    """Strict decoding, never silent U+FFFD: name the file and the line of the first bad byte."""
+    name = path.name.lower()
+    opener = bz2.open if name.endswith(".bz2") else gzip.open if name.endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        raw = fh.read()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        return InputError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); "
+                          "convert the file to UTF-8")
+    return InputError(f"{path}: not UTF-8 text; convert the file to UTF-8")
 
 
 def _read_folder(path: Path, data: DataSection) -> list[dict[str, Any]]:
@@ -62,7 +77,10 @@ def _read_folder(path: Path, data: DataSection) -> list[dict[str, Any]]:
     rows = []
     for label_dir in sorted(p for p in path.iterdir() if p.is_dir()):
         for doc in sorted(label_dir.glob("*.txt")):
-            text = doc.read_text(encoding="utf-8", errors="replace").strip()
+            try:
+                text = doc.read_text(encoding="utf-8").strip()
+            except UnicodeDecodeError:
+                raise _not_utf8(doc) from None
             rows.append({data.text_column: text, data.label_column: label_dir.name})
     if not rows:
         raise InputError(f"{path}: no <label>/<doc>.txt files in this folder")
@@ -70,6 +88,13 @@ def _read_folder(path: Path, data: DataSection) -> list[dict[str, Any]]:
 
 
 def _read_file(path: Path, fmt: str, data: DataSection) -> list[dict[str, Any]]:
+    try:
+        return _parse_file(path, fmt, data)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+
+
+def _parse_file(path: Path, fmt: str, data: DataSection) -> list[dict[str, Any]]:
     with _open_text(path) as fh:
         if fmt in {"csv", "tsv"}:
             return list(csv.DictReader(fh, delimiter="\t" if fmt == "tsv" else ","))
@@ -143,12 +168,17 @@ def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, t
         needed.append(data.text_pair_column)
     if task.needs_labels:
         needed.append(data.label_column)
+    # with data.label_names given, every row's label must be one of them (checked per file, here)
+    allowed = dict.fromkeys(data.label_names) if task.needs_labels and data.label_names else None
     # every row, not just the first: a later row without a column would fail mid-run
     for n, row in enumerate(rows, 1):
         if not isinstance(row, dict):
             kind = type(row).__name__
             raise InputError(f"{source}: row {n} is a {kind}, not an object of columns")
         missing = [c for c in needed if c not in row]
+        if not missing and allowed is not None and str(row[data.label_column]) not in allowed:
+            raise InputError(f"{source}: row {n}: label '{row[data.label_column]}' is not one of "
+                             f"data.label_names {list(allowed)}")
         if missing:
             where = f"row {n}: " if n > 1 else ""
             raise InputError(

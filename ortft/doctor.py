@@ -19,6 +19,7 @@ import os
 import platform
 import re
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -80,7 +81,8 @@ def check_versions(versions: dict[str, str | None]) -> list[Check]:
     for name, pinned in EXTRAS.items():
         got = versions.get(name)
         if got is None:
-            checks.append(Check(name, INFO, "not installed (optional)", f"pip install {name}=={pinned}"))
+            fix = f"pip install {name}=={pinned}"
+            checks.append(Check(name, INFO, "not installed (optional)", fix))
         else:
             checks.append(Check(name, OK, got))
     for name in DATA_PACKAGES:
@@ -99,11 +101,11 @@ def _check_torch(got: str | None) -> Check:
     if got is None:
         return Check("torch", FAIL, "not installed", fix)
     have = release(got)
+    breaks = "breaks ORTModule's C++ extensions (undefined symbol PyNode)"
     if have >= (2, 9):
-        why = "breaks ORTModule's C++ extensions (undefined symbol PyNode) and its exporter"
-        return Check("torch", FAIL, f"{got}: {why}", fix)
+        return Check("torch", FAIL, f"{got}: {breaks} and its exporter", fix)
     if have >= (2, 7):
-        return Check("torch", FAIL, f"{got}: breaks ORTModule's C++ extensions (undefined symbol PyNode)", fix)
+        return Check("torch", FAIL, f"{got}: {breaks}", fix)
     if have < (2, 6):
         return Check("torch", FAIL, f"{got}: transformers 5 disables itself below torch 2.6", fix)
     if have[:3] != release(want):
@@ -126,7 +128,8 @@ def _check_ort(versions: dict[str, str | None]) -> Check:
         value = f"{got}, but {', '.join(clash)} is installed too and shadows it"
         return Check("onnxruntime-training", FAIL, value, fix)
     if release(got) != release(want):
-        return Check("onnxruntime-training", WARN, f"{got}: untested (known good: {want})", _pin("onnxruntime-training"))
+        value = f"{got}: untested (known good: {want})"
+        return Check("onnxruntime-training", WARN, value, _pin("onnxruntime-training"))
     return Check("onnxruntime-training", OK, got)
 
 
@@ -136,7 +139,7 @@ def _check_onnx(got: str | None) -> Check:
         return Check("onnx", FAIL, "not installed (ORTModule imports it)", _pin("onnx"))
     have = release(got)
     if have >= (1, 18):
-        value = f"{got}: writes IR versions that onnxruntime 1.19 refuses (max IR {ORT_MAX_IR_VERSION})"
+        value = f"{got}: writes IR versions onnxruntime 1.19 refuses (max IR {ORT_MAX_IR_VERSION})"
         return Check("onnx", FAIL, value, _pin("onnx"))
     if have != release(want):
         return Check("onnx", WARN, f"{got}: untested (known good: {want})", _pin("onnx"))
@@ -189,12 +192,11 @@ def _libc() -> str:
 
 def _cpu() -> str:
     name = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{name}, {usable} usable cores"
 
@@ -208,7 +210,8 @@ def probe_runtime(fix: bool = False) -> list[Check]:
     """Import torch / onnxruntime / ORTModule and look at what they can do. Never raises."""
     checks: list[Check] = []
     # torch and onnxruntime print banners on import (CUDA_HOME, cudart); keep stdout clean.
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         checks += _probe_torch()
         checks += _probe_ort()
         checks += _probe_extensions(fix)
@@ -240,8 +243,17 @@ def _probe_torch() -> list[Check]:
     return checks
 
 
+def _gpu_visible() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
 def _probe_ort() -> list[Check]:
-    fix = f"pip install --force-reinstall onnxruntime-training=={KNOWN_GOOD['onnxruntime-training']}"
+    fix = _pin("onnxruntime-training").replace("install", "install --force-reinstall", 1)
     try:
         import onnxruntime as ort
     except Exception as err:
@@ -252,6 +264,10 @@ def _probe_ort() -> list[Check]:
         checks.append(Check("execution providers", FAIL, ", ".join(providers) or "none", fix))
     else:
         checks.append(Check("execution providers", OK, ", ".join(providers)))
+    gpu_providers = {"CUDAExecutionProvider", "ROCMExecutionProvider"}
+    if _gpu_visible() and not gpu_providers & set(providers):
+        value = "a GPU is visible but onnxruntime has no CUDA/ROCm provider: ORT would run on CPU"
+        checks.append(Check("gpu provider", WARN, value, fix))
     try:
         from onnxruntime.training.ortmodule import ORTModule  # noqa: F401
     except Exception as err:
@@ -270,11 +286,13 @@ def _probe_extensions(fix: bool) -> list[Check]:
             extensions.ensure_built()
             state = extensions.status()
     except extensions.ExtensionError as err:
-        return [Check("ORTModule extensions", FAIL, f"--fix failed: {err}", "make setup")]
+        value = f"--fix failed: {err}"
+        return [Check("ORTModule extensions", FAIL, value, f"fix the cause above, then {EXT_FIX}")]
     except Exception as err:
         return [Check("ORTModule extensions", FAIL, _short(err), EXT_FIX)]
     if state.problem:
-        return [Check("ORTModule extensions", FAIL, state.problem, "pip install -r requirements/lock.txt")]
+        lock = "pip install -r requirements/lock.txt"
+        return [Check("ORTModule extensions", FAIL, state.problem, lock)]
     where = state.directory
     if state.stale:
         value = f"built for another torch/onnxruntime/python in {where}"
@@ -295,9 +313,11 @@ def _probe_onnx() -> list[Check]:
     except Exception as err:
         return [Check("onnx import", FAIL, _short(err), _pin("onnx"))]
     ir = int(onnx.IR_VERSION)
-    value = f"writes IR {ir}, default opset {onnx.defs.onnx_opset_version()}"
+    opset = onnx.defs.onnx_opset_version()
+    value = f"writes IR {ir}; newest opset {opset} (onnxruntime 1.19 runs opsets <= 21)"
     if ir > ORT_MAX_IR_VERSION:
-        return [Check("onnx IR", FAIL, f"{value}; onnxruntime 1.19 loads IR <= {ORT_MAX_IR_VERSION}", _pin("onnx"))]
+        value += f"; onnxruntime 1.19 loads IR <= {ORT_MAX_IR_VERSION}"
+        return [Check("onnx IR", FAIL, value, _pin("onnx"))]
     return [Check("onnx IR", OK, value)]
 
 
@@ -313,7 +333,23 @@ def collect(fix: bool = False, versions: dict[str, str | None] | None = None) ->
     checks += probe_runtime(fix=fix)
     for name in ("numpy", "protobuf"):
         checks.append(Check(name, INFO, versions.get(name) or "not installed"))
-    return checks
+    return _in_report_order(checks)
+
+
+REPORT_ORDER = [
+    "ortft", "python", "os", "cpu",
+    "torch", "torch import", "torch build", "gpu",
+    "onnxruntime-training", "onnxruntime import", "execution providers", "gpu provider",
+    "ORTModule import",
+    "ORTModule extensions", "torch-ort", "onnx", "onnx import", "onnx IR", "transformers",
+    "numpy", "protobuf",
+]  # fmt: skip
+
+
+def _in_report_order(checks: list[Check]) -> list[Check]:
+    """Each package's runtime lines next to its version line; extras and data last."""
+    rank = {name: i for i, name in enumerate(REPORT_ORDER)}
+    return sorted(checks, key=lambda c: rank.get(c.name, len(rank)))
 
 
 def exit_code(checks: list[Check]) -> int:

@@ -66,6 +66,10 @@ class GateError(OrtftError):
 
     exit_code = EXIT_GATE
 
+    def __init__(self, message: str, summary: dict | None = None):
+        super().__init__(message)
+        self.summary = summary  # the run's summary, for --json and --report
+
 
 class Interrupted(OrtftError):
     """SIGINT / SIGTERM stopped the run after a checkpoint was written."""

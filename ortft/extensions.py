@@ -192,7 +192,12 @@ def _say(message: str) -> None:
 
 
 def _write_marker(ext_dir: Path, key: str, inputs: dict, source: str) -> None:
-    info = {"key": key, "inputs": inputs, "source": source, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    info = {
+        "key": key,
+        "inputs": inputs,
+        "source": source,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     (ext_dir / MARKER).write_text(json.dumps(info, indent=2) + "\n")
 
 
@@ -211,6 +216,7 @@ def _save(ext_dir: Path, key: str, inputs: dict) -> Path | None:
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=dest.parent))
+        tmp.chmod(0o755)
         for so in _built_files(ext_dir):
             shutil.copyfile(so, tmp / so.name)
         (tmp / "inputs.json").write_text(json.dumps(inputs, indent=2) + "\n")
@@ -228,14 +234,15 @@ def _preflight() -> None:
     if shutil.which(os.environ.get("CXX", "c++")) is None and shutil.which("g++") is None:
         raise ExtensionError(
             "no C++ compiler found (c++ / g++), which ORTModule's extensions need; install one "
-            "(Debian/Ubuntu: apt-get install g++) and run `make setup` again"
+            "(Debian/Ubuntu: apt-get install g++) and run `make setup` (or `ortft doctor --fix`) "
+            "again"
         )
     include = sysconfig.get_paths().get("include", "")
     if not (Path(include) / "Python.h").is_file():
         raise ExtensionError(
             f"Python headers not found ({include}/Python.h); install them (Debian/Ubuntu: "
             f"apt-get install python{sys.version_info.major}.{sys.version_info.minor}-dev) "
-            "and run `make setup` again"
+            "and run `make setup` (or `ortft doctor --fix`) again"
         )
 
 
@@ -252,7 +259,7 @@ def _run_logged(cmd: list[str], cwd: Path, env: dict, log: Path, what: str) -> N
             hint = "install the Python headers (Debian/Ubuntu: apt-get install python3.11-dev)"
         raise ExtensionError(
             f"building {what} failed (exit {code}); full log: {log}. Fix: {hint}, then run "
-            "`make setup` again"
+            "`make setup` (or `ortft doctor --fix`) again"
         )
 
 
@@ -311,11 +318,14 @@ def ensure_built(force: bool = False, use_cache: bool = True) -> Status:
         raise ExtensionError(
             f"{ext_dir} is not writable; run this with the Python environment's owner"
         )
+    from_cache = use_cache and not force and cached.is_dir() and any(cached.glob("*.so"))
+    if not from_cache:
+        _preflight()  # before deleting anything: no compiler must not cost the old files
     for so in _built_files(ext_dir):  # never mix files from two builds
         so.unlink()
     (ext_dir / MARKER).unlink(missing_ok=True)
 
-    if use_cache and not force and cached.is_dir() and list(cached.glob("*.so")):
+    if from_cache:
         _restore(ext_dir, cached)
         problem = check_loads()
         if problem is None:
@@ -325,8 +335,8 @@ def ensure_built(force: bool = False, use_cache: bool = True) -> Status:
         _say(f"cached build in {cached} does not load ({problem}); rebuilding")
         for so in _built_files(ext_dir):
             so.unlink()
+        _preflight()
 
-    _preflight()
     log_dir = cache_root()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"build-{key}.log"
@@ -365,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if already built")
     parser.add_argument("--no-cache", action="store_true", help="do not restore from the cache")
-    parser.add_argument("--status", action="store_true", help="print the status as JSON; build nothing")
+    parser.add_argument(
+        "--status", action="store_true", help="print the status as JSON; build nothing"
+    )
     args = parser.parse_args(argv)
     if args.status:
         print(json.dumps(status().as_dict(), indent=2))

@@ -99,13 +99,22 @@ def load_tokenizer(loaded: LoadedRecipe, saved_dir: Path | None = None) -> Any:
     if value is None:
         return None  # to be trained
     source = value if saved_dir else _source(loaded, value)
+    if not saved_dir and not spec.tokenizer.path:
+        _check_model_dir(source)
     try:
-        tok = AutoTokenizer.from_pretrained(source)
-    except OSError as err:
+        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError, KeyError) as err:
         raise InputError(f"{value}: cannot load tokenizer ({_first_line(err)})") from None
     if tok.pad_token is None:  # GPT-2-style tokenizers have none; pad with EOS
         tok.pad_token = tok.eos_token
     return tok
+
+
+def _check_model_dir(source: str) -> None:
+    """A local model folder must hold config.json: say so, not a transformers error about it."""
+    path = Path(source)
+    if path.is_dir() and not (path / "config.json").exists():
+        raise InputError(f"model.name_or_path: {path} is not a model directory (no config.json)")
 
 
 def _first_line(err: Exception) -> str:
@@ -168,14 +177,18 @@ def build_model(loaded: LoadedRecipe, task_auto_class: str, tokenizer: Any,
         torch.manual_seed(loaded.recipe.training.seed)
         return auto.from_config(config, attn_implementation=attn)
     source = str(weights_dir) if weights_dir else _source(loaded, spec.name_or_path or "")
+    if weights_dir is None:
+        _check_model_dir(source)
+    remote = spec.trust_remote_code  # off unless the recipe sets it: Hub code never runs by default
     try:
-        config = AutoConfig.from_pretrained(source, **label_kw)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=remote, **label_kw)
         if spec.dropout is not None:
             _set_dropout(config, spec.dropout)
         if config.pad_token_id is None and tokenizer is not None:
             config.pad_token_id = tokenizer.pad_token_id
         torch.manual_seed(loaded.recipe.training.seed)  # a fresh head is seeded too
-        return auto.from_pretrained(source, config=config, attn_implementation=attn)
+        return auto.from_pretrained(source, config=config, attn_implementation=attn,
+                                    trust_remote_code=remote)
     except (OSError, ValueError, KeyError) as err:
         raise InputError(f"{spec.name_or_path}: cannot load model ({_first_line(err)})") from None
 

@@ -7,15 +7,16 @@ Loading (YAML + dotted overrides, errors with their YAML line) lives in ``recipe
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 FORMAT_VERSION = 1
 
 TaskName = Literal["sequence-classification", "causal-lm"]
-BackendName = Literal["ort", "torch"]
+BackendName = Literal["ort", "torch", "auto"]
 Architecture = Literal["bert", "gpt2"]
 Scheduler = Literal[
     "linear",
@@ -27,6 +28,13 @@ Scheduler = Literal[
     "inverse_sqrt",
 ]
 DataFormat = Literal["auto", "csv", "json", "jsonl", "parquet", "txt", "folder", "disk", "hub"]
+# Eval metrics as summary.json names them; which ones a task has is checked in Recipe.
+EvalMetric = Literal["eval_loss", "eval_accuracy", "eval_f1_macro", "eval_perplexity"]
+TASK_METRICS = {
+    "sequence-classification": ("eval_loss", "eval_accuracy", "eval_f1_macro"),
+    "causal-lm": ("eval_loss", "eval_perplexity"),
+}
+LOWER_IS_BETTER = ("eval_loss", "eval_perplexity")
 
 
 class Section(BaseModel):
@@ -100,6 +108,13 @@ class ModelSection(Section):
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] | None = Field(
         None, description="Override every dropout probability in the model (0 for exact parity)."
     )
+    trust_remote_code: bool = Field(
+        False,
+        description=(
+            "Let transformers run Python code shipped with a Hub model/tokenizer. Off unless the "
+            "recipe sets it: only for models whose code you have read."
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:
@@ -152,6 +167,19 @@ class DataSection(Section):
     max_eval_samples: PositiveInt | None = Field(None, description="Use at most this many eval rows.")
 
 
+class EarlyStopping(Section):
+    """Stop when the eval metric has not improved for `patience` evaluations in a row."""
+
+    metric: EvalMetric = Field("eval_loss", description="Eval metric to watch.")
+    mode: Literal["auto", "min", "max"] = Field(
+        "auto", description="min or max is better; auto: min for loss/perplexity, max otherwise."
+    )
+    patience: PositiveInt = Field(3, description="Evaluations without improvement before stopping.")
+    min_delta: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="An eval counts as an improvement only if it beats the best by more than this."
+    )
+
+
 class TrainingSection(Section):
     epochs: Annotated[float, Field(gt=0)] | None = Field(
         None, description="Passes over the training data (ignored when max_steps is set)."
@@ -174,6 +202,30 @@ class TrainingSection(Section):
     eval_every: PositiveInt | None = Field(
         None, description="Evaluate every N steps (always at the end when there is eval data)."
     )
+    early_stopping: EarlyStopping | None = Field(
+        None, description="Stop early when an eval metric stops improving (needs eval data and eval_every)."
+    )
+    max_time: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description=(
+            "Wall-clock budget in seconds (or '90s', '15m', '2h'): stop cleanly after the step "
+            "that crosses it, checkpoint, write final/ and mark the summary stopped (resumable)."
+        ),
+    )
+    deterministic: bool = Field(
+        False,
+        description="Deterministic algorithms on both backends (same commit, same machine → same metrics).",
+    )
+
+    @field_validator("max_time", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", value)
+            if not m:
+                raise ValueError("use seconds or a duration like '90s', '15m', '2h'")
+            return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+        return value
 
     @model_validator(mode="after")
     def _length(self) -> TrainingSection:
@@ -215,7 +267,11 @@ class HardwareSection(Section):
 
 
 class BackendSection(Section):
-    name: BackendName = Field("ort", description="ort (ORTModule) or torch (eager PyTorch).")
+    name: BackendName = Field(
+        "ort",
+        description="ort (ORTModule), torch (eager PyTorch), or auto (time a few steps of both on "
+        "the first batches, train with the faster; recorded in summary.json).",
+    )
     allow_fallback: bool = Field(
         False,
         description="If ORTModule cannot export/run the model, train with PyTorch (loudly) instead of failing.",
@@ -242,6 +298,16 @@ class CheckpointSection(Section):
         "auto",
         description="auto (continue an unfinished run in output_dir), never, or a checkpoint path.",
     )
+    final: Literal["last", "best"] = Field(
+        "last",
+        description="What final/ and the ONNX export hold: the last step's weights, or the best eval's "
+        "(kept in <run>/best/; needs eval data and training.eval_every).",
+    )
+    best_metric: EvalMetric | None = Field(
+        None,
+        description="Metric that picks the best eval for final: best (default: "
+        "training.early_stopping.metric, else eval_loss); lower is better for loss/perplexity.",
+    )
 
 
 class ExportSection(Section):
@@ -252,6 +318,120 @@ class ExportSection(Section):
     tolerance: Annotated[float, Field(gt=0)] = Field(
         1e-4, description="Max |ONNX − PyTorch| allowed on the parity check."
     )
+
+
+class LoggingSection(Section):
+    tensorboard: bool = Field(
+        False, description="Write TensorBoard event files to <run>/tensorboard/ (needs the tensorboard extra)."
+    )
+    plot: bool = Field(False, description="Write <run>/curves.png, loss and eval curves (needs matplotlib).")
+
+
+class HpoFloat(Section):
+    type: Literal["uniform", "loguniform"] = Field(description="uniform, or loguniform (log scale).")
+    low: float = Field(description="Lower bound (inclusive).")
+    high: float = Field(description="Upper bound (inclusive).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> HpoFloat:
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        if self.type == "loguniform" and self.low <= 0:
+            raise ValueError("loguniform needs low > 0")
+        return self
+
+
+class HpoInt(Section):
+    type: Literal["int"] = Field(description="An integer in [low, high].")
+    low: int = Field(description="Lower bound (inclusive).")
+    high: int = Field(description="Upper bound (inclusive).")
+    step: PositiveInt = Field(1, description="Spacing of the values.")
+    log: bool = Field(False, description="Sample on a log scale (needs low >= 1 and step 1).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> HpoInt:
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        if self.log and (self.low < 1 or self.step != 1):
+            raise ValueError("log needs low >= 1 and step 1")
+        return self
+
+
+class HpoCategorical(Section):
+    type: Literal["categorical"] = Field(description="One of a list of values.")
+    choices: Annotated[list[str | int | float | bool], Field(min_length=1)] = Field(
+        description="The values to choose from."
+    )
+
+
+HpoParam = Annotated[HpoFloat | HpoInt | HpoCategorical, Field(discriminator="type")]
+
+
+class HpoPruning(Section):
+    enabled: bool = Field(True, description="Median pruning on the metric at each eval (needs eval_every).")
+    startup_trials: Annotated[int, Field(ge=0)] = Field(
+        2, description="Trials that always run to the end before any is pruned."
+    )
+    warmup_evals: Annotated[int, Field(ge=0)] = Field(
+        0, description="Evals of a trial before it can be pruned."
+    )
+
+
+class HpoSection(Section):
+    """`ortft hpo`: the search space (dotted recipe keys) and the objective."""
+
+    metric: EvalMetric = Field("eval_loss", description="Objective: this eval metric of the trial's final/ model.")
+    direction: Literal["auto", "minimize", "maximize"] = Field(
+        "auto", description="auto: minimize loss/perplexity, maximize accuracy/f1_macro."
+    )
+    params: dict[str, HpoParam] = Field(
+        description="Search space: dotted recipe key (e.g. training.lr) -> "
+        "{type: uniform|loguniform|int|categorical, ...}."
+    )
+    pruning: HpoPruning = Field(default_factory=HpoPruning)
+    seed: int = Field(0, description="Seed of the TPE sampler.")
+
+    @model_validator(mode="after")
+    def _keys(self) -> HpoSection:
+        if not self.params:
+            raise ValueError("hpo.params needs at least one parameter")
+        bad = [k for k in self.params if not _is_tunable(k)]
+        if bad:
+            raise ValueError(f"not a tunable recipe key: {', '.join(bad)} "
+                             "(use a dotted key of a value, e.g. training.lr)")
+        return self
+
+
+def _is_tunable(key: str) -> bool:
+    """Whether `key` (dotted) names a plain value in the recipe schema (not a section, not hpo)."""
+    model: Any = Recipe
+    parts = key.split(".")
+    if parts[0] in ("hpo", "deepspeed"):
+        return False
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part) if isinstance(model, type) else None
+        if field is None:
+            return False
+        ann = field.annotation
+        section = next((a for a in (getattr(ann, "__args__", None) or (ann,))
+                        if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if i == len(parts) - 1:
+            return section is None
+        if section is None:
+            return False
+        model = section
+    return False
+
+
+def has_eval_data(data: DataSection) -> bool:
+    return bool(data.eval) or data.eval_fraction > 0 or (data.format == "hub" and bool(data.eval_split))
+
+
+def metric_mode(metric: str, mode: str = "auto") -> str:
+    """"min" or "max": which direction of `metric` is better."""
+    if mode != "auto":
+        return mode
+    return "min" if metric in LOWER_IS_BETTER else "max"
 
 
 class Recipe(Section):
@@ -268,6 +448,28 @@ class Recipe(Section):
     backend: BackendSection = Field(default_factory=BackendSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     export: ExportSection = Field(default_factory=ExportSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    hpo: HpoSection | None = Field(None, description="Search space and objective for `ortft hpo` (ignored by train).")
+    gates: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Quality gates checked at the end, e.g. 'eval.accuracy>=0.9', 'train.loss<=0.5', "
+            "'throughput.samples_per_s>=20'; a failed gate exits 3."
+        ),
+    )
+
+    @field_validator("gates")
+    @classmethod
+    def _gates_parse(cls, value: list[str]) -> list[str]:
+        from ortft import gates
+        from ortft.errors import UsageError
+
+        for text in value:
+            try:
+                gates.parse(text)
+            except UsageError as err:
+                raise ValueError(str(err)) from None
+        return value
 
     @model_validator(mode="after")
     def _combinations(self) -> Recipe:
@@ -283,6 +485,31 @@ class Recipe(Section):
         if self.optimizer.name == "adamw_ort_fused" and self.backend.name != "ort":
             raise ValueError("optimizer.name=adamw_ort_fused needs backend.name=ort")
         return self
+
+    @model_validator(mode="after")
+    def _eval_users(self) -> Recipe:
+        """Early stopping, best-model selection and hpo need evals with the task's metrics."""
+        t, users = self.training, []
+        if t.early_stopping:
+            users.append(("training.early_stopping", t.early_stopping.metric, True))
+        if self.checkpoint.final == "best":
+            users.append(("checkpoint.final=best", self.selection_metric(), True))
+        if self.hpo:
+            users.append(("hpo", self.hpo.metric, self.hpo.pruning.enabled))
+        for who, metric, needs_every in users:
+            if metric not in TASK_METRICS[self.task.name]:
+                raise ValueError(f"{who}: {metric} is not a metric of {self.task.name} "
+                                 f"(one of {', '.join(TASK_METRICS[self.task.name])})")
+            if not has_eval_data(self.data):
+                raise ValueError(f"{who} needs eval data: set data.eval or data.eval_fraction > 0")
+            if needs_every and not t.eval_every:
+                raise ValueError(f"{who} needs training.eval_every (evaluations during training)")
+        return self
+
+    def selection_metric(self) -> str:
+        """The metric that picks final: best."""
+        es = self.training.early_stopping
+        return self.checkpoint.best_metric or (es.metric if es else "eval_loss")
 
 
 def default_output_dir(recipe_path: Path | None) -> Path:

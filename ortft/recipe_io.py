@@ -28,6 +28,7 @@ class LoadedRecipe:
     path: Path | None  # the YAML file, when there is one
     base_dir: Path  # relative input paths resolve against this
     raw: dict[str, Any]  # after overrides, before validation (what checkpoints store)
+    overrides: tuple[str, ...] = ()  # as given on the command line (for the resume command)
 
     @property
     def sha256(self) -> str:
@@ -228,7 +229,8 @@ def load(path: str | Path | None, overrides: list[str] | None = None,
         overridden = frozenset(tuple(o.partition("=")[0].split(".")) for o in overrides or [])
         raise RecipeError(format_errors(err, lines, overridden), source=source) from None
     base_dir = path.resolve().parent if path else Path.cwd()
-    loaded = LoadedRecipe(recipe=recipe, path=path, base_dir=base_dir, raw=data)
+    loaded = LoadedRecipe(recipe=recipe, path=path, base_dir=base_dir, raw=data,
+                          overrides=tuple(overrides or []))
     if check_files:
         problems = check_paths(loaded)
         if problems:

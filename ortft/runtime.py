@@ -44,3 +44,15 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def make_deterministic() -> None:
+    """training.deterministic: deterministic kernels in torch, and ORTModule told so.
+
+    ORTModule reads torch's flag when it is imported, so this runs before the backend loads.
+    What stays nondeterministic across machines: thread counts (reduction order) and
+    ORT's kernel choices on another CPU; on one machine, runs repeat exactly.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # ORTModule copies this flag (ORTMODULE_IS_DETERMINISTIC) when it is first imported
+    torch.use_deterministic_algorithms(True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shlex
 import shutil
 import signal
 import time
@@ -18,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft import backends, checkpoint, data, models, report, runtime, tasks
+from ortft import backends, checkpoint, data, gates, models, report, runtime, tasks
 from ortft.errors import GateError, InputError, Interrupted, OrtftError, RunError
 from ortft.progress import Progress
 from ortft.recipe import default_output_dir
@@ -56,6 +58,18 @@ def resolve_run_dir(loaded: LoadedRecipe, output_dir: Path | None) -> Path:
     if loaded.recipe.checkpoint.output_dir:
         return Path(loaded.recipe.checkpoint.output_dir)
     return default_output_dir(loaded.path)
+
+
+def _make_run_dir(run_dir: Path) -> None:
+    """Create the run directory and prove it is writable, before any work is done."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise InputError(f"output dir {run_dir} is not writable ({err.strerror or err}); "
+                         "choose another --output-dir or checkpoint.output_dir") from None
 
 
 def _find_resume(loaded: LoadedRecipe, run_dir: Path) -> Path | None:
@@ -147,7 +161,8 @@ def evaluate(wrapped: torch.nn.Module, encoded: tasks.Encoded, task: Any, batch_
     return task.metrics(total / max(weight, 1), logits_all, labels_all)
 
 
-def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
+def run(loaded: LoadedRecipe, output_dir: Path | None = None,
+        extra_gates: list[str] | None = None) -> dict[str, Any]:
     r = loaded.recipe
     t = r.training
     run_dir = resolve_run_dir(loaded, output_dir)
@@ -157,9 +172,13 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
                  "(use another --output-dir to train again)", run_dir)
         if previous.get("provenance", {}).get("recipe_sha256") != loaded.sha256:
             log.warning("the recipe changed since that run finished")
+        if extra_gates:  # a CI re-run still gets its verdict, from the recorded summary
+            results = gates.check([gates.parse(g) for g in extra_gates], previous)
+            previous["gates"] = [*(previous.get("gates") or []), *gates.as_dicts(results)]
+            _raise_failed_gates(results, previous)
         return previous
     resume_from = _find_resume(loaded, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    _make_run_dir(run_dir)
 
     started = time.time()
     from transformers.utils import logging as hf_logging
@@ -167,8 +186,12 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
     hf_logging.disable_progress_bar()  # ortft reports its own progress on stderr
     rt = runtime.resolve(r.hardware)
     runtime.seed_everything(t.seed)
+    if t.deterministic:
+        runtime.make_deterministic()
     task = tasks.get(r.task.name)
-    backend = backends.get(r.backend.name, r.backend)
+    # backend.name=auto is resolved by a short measured probe once the data is ready (below)
+    backend_name: str = r.backend.name
+    backend_extra: dict[str, Any] = {}
     log.info("device: %s (%s), %d threads", rt.device, rt.reason, rt.threads)
 
     # ---- data and tokenizer (all input errors surface here, before any training)
@@ -193,6 +216,14 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
     if data.batches_per_epoch(len(train_enc), t.batch_size) == 0:
         raise InputError(f"data.train: {len(train_enc)} examples make no batch of "
                          f"training.batch_size={t.batch_size}")
+
+    if backend_name == "auto":  # time a few steps of each backend, keep the faster
+        from ortft import probe
+
+        backend_name, backend_extra["probe"] = probe.choose(loaded, task, tokenizer, labels,
+                                                            train_enc, rt.device, build_optimizer)
+        backend_extra["requested"] = "auto"
+    backend = backends.get(backend_name, r.backend)
 
     # ---- model, backend, optimizer
     model = models.build_model(loaded, task.auto_class, tokenizer, labels,
@@ -225,7 +256,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
                                     truncate_after_step=state.step if resume_from else None)
     summary: dict[str, Any] = {
         "format_version": report.FORMAT_VERSION, "status": "running", "error": None,
-        "task": task.name, "max_steps": steps,
+        "task": task.name, "max_steps": steps, "parameters": models.count_parameters(module.model),
         "provenance": {**report.provenance(loaded.path, loaded.sha256),
                        "device": str(rt.device), "threads": rt.threads},
         "paths": {"run_dir": str(run_dir), "final": None, "onnx": None, "checkpoints": [],
@@ -239,6 +270,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
     params = [p for p in module.parameters() if p.requires_grad]
     progress = Progress(total=steps, start=state.step)
     last_ckpt = resume_from
+    stop_reason: str | None = None  # "max_time" when the wall-clock budget ended the run
     # throughput over the steps after this process's first (which includes ORT's export)
     steady: dict[str, float] = {"time": 0.0, "samples": 0, "tokens": 0, "first_step_s": 0.0}
 
@@ -249,12 +281,12 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
         summary["paths"]["last_checkpoint"] = str(last_ckpt)
         return last_ckpt
 
-    def finish(status: str, error: str | None = None) -> dict[str, Any]:
+    def finish(status: str, error: str | None = None, write: bool = True) -> dict[str, Any]:
         steady_t = max(steady["time"], 1e-9)
         metrics: dict[str, Any] = {"train_loss": state.last_train_loss}
         metrics.update({f"eval_{k}": v for k, v in state.eval_metrics.items()})
         summary.update({
-            "status": status, "error": error, "backend": backend.report().as_dict(),
+            "status": status, "error": error, "backend": {**backend.report().as_dict(), **backend_extra},
             "steps": state.step, "epochs": state.micro_step / per_epoch,
             "samples": state.samples, "tokens": state.tokens, "metrics": metrics,
             "throughput": {"samples_per_s": steady["samples"] / steady_t,
@@ -265,7 +297,14 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
         })
         summary["paths"]["checkpoints"] = [str(p) for p in checkpoint.list_checkpoints(run_dir)]
         summary["provenance"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        report.write_json_atomic(run_dir / "summary.json", summary)
+        if write:
+            try:
+                report.write_json_atomic(run_dir / "summary.json", summary)
+            except OSError as err:  # e.g. disk full: keep the run's own error, not this one
+                if status == "completed":
+                    raise RunError(f"could not write {run_dir / 'summary.json'}: "
+                                   f"{err.strerror or err}") from err
+                log.warning("could not write summary.json: %s", err)
         return summary
 
     # ---- the loop
@@ -318,6 +357,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
                            "loss": loss_value, "lr": scheduler.get_last_lr()[0],
                            "samples_per_s": window_samples / window_t,
                            "tokens_per_s": window_tokens / window_t,
+                           "step_time_s": round(dt, 6),  # this step alone (ortft bench reads it)
                            "time_s": round(time.time() - started, 3)}
                     metrics_log.write(row)
                     progress.log(f"step {state.step}/{steps}  loss {loss_value:.4f}  "
@@ -333,10 +373,19 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
                                                       for k, v in state.eval_metrics.items()))
                 if r.checkpoint.save_every and state.step % r.checkpoint.save_every == 0:
                     save_checkpoint()
+                if t.max_time and time.time() - started >= t.max_time:
+                    # the CI slot's budget: stop cleanly, resumable, final/ still written
+                    stop_reason = "max_time"
+                    progress.log(f"training.max_time ({t.max_time:g}s) reached at step {state.step}")
+                    save_checkpoint()
+                    break
                 if signals.received is not None:
                     path = save_checkpoint()
                     finish("interrupted", f"stopped by signal {signals.received} at step {state.step}")
-                    cmd = f"ortft train {loaded.path or 'RECIPE'} --output-dir {run_dir}"
+                    # the overrides too (a resume must see the same recipe), minus resume=never
+                    again = [o for o in loaded.overrides if not o.startswith("checkpoint.resume=")]
+                    cmd = shlex.join(["ortft", "train", str(loaded.path or "RECIPE"), *again,
+                                      "--output-dir", str(run_dir)])
                     raise Interrupted(f"interrupted at step {state.step}; checkpoint {path}; "
                                       f"resume with: {cmd}", signals.received)
     except OrtftError as err:
@@ -356,10 +405,11 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
         raise RunError(f"training failed at step {state.step}: {type(err).__name__}: "
                        f"{first[:300]}{hint}") from err
 
-    # ---- final model, export, summary
+    # ---- final model, export, gates, summary
     final_dir = _write_final(run_dir, module.model, tokenizer, recipe_yaml)
     summary["paths"]["final"] = str(final_dir)
-    gate_error = None
+    summary["stop_reason"] = stop_reason
+    gate_list = [gates.parse(g) for g in [*r.gates, *(extra_gates or [])]]
     if r.export.enabled:
         from ortft import export
 
@@ -368,19 +418,29 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None) -> dict[str, Any]:
                                   tolerance=r.export.tolerance, samples=eval_enc or train_enc)
         summary["export"] = exp
         summary["paths"]["onnx"] = str(onnx_dir)
-        if not exp["parity"]["passed"]:
-            gate_error = (f"ONNX parity check failed: max |diff| {exp['parity']['max_abs_diff']:.2e} "
-                          f"> {r.export.tolerance:g}")
-    summary = finish("completed")
+        # the parity check is a gate like any other: recorded, reported, exit 3 on failure
+        gate_list.append(gates.Gate("export.max_abs_diff", "<=", r.export.tolerance))
+    results = gates.check(gate_list, finish("completed", write=False))
+    summary["gates"] = gates.as_dicts(results)
+    summary = finish("stopped" if stop_reason else "completed")
     (final_dir / "README.md").write_text(report.model_card(summary, r))
     report.write_json_atomic(final_dir / "summary.json", summary)
     b = summary["backend"]
     log.info("done: %d steps, backend %s%s, %d ORT export(s), %.1f samples/s", state.step, b["used"],
              " (FALLBACK)" if b["fallback"] else "", b["ort_exports"],
              summary["throughput"]["samples_per_s"])
-    if gate_error:
-        raise GateError(gate_error)
+    _raise_failed_gates(results, summary)
     return summary
+
+
+def _raise_failed_gates(results: list[gates.GateResult], summary: dict[str, Any]) -> None:
+    """One line per gate on stderr; GateError (exit 3) if any failed."""
+    for res in results:
+        (log.info if res.passed else log.error)("%s", res.line())
+    failed = [res for res in results if not res.passed]
+    if failed:
+        raise GateError(f"{len(failed)} of {len(results)} quality gate(s) failed: "
+                        + ", ".join(res.gate for res in failed), summary=summary)
 
 
 def _write_final(run_dir: Path, model: torch.nn.Module, tokenizer: Any, recipe_yaml: str) -> Path:

@@ -4,6 +4,15 @@ ORTModule quietly runs plain PyTorch when it cannot export a model or flatten it
 Here that is an error unless ``backend.allow_fallback`` is set; then it is a loud warning and
 is recorded in the run summary. Exports are counted by wrapping ORTModule's own export
 function, so a re-export on every step (a shape that keeps changing) shows in the summary.
+
+ORTModule builds its ``SessionOptions`` itself and exposes no knob for threads or spinning.
+ortft wraps that one method to apply the session settings below (measured by ``ortft bench``;
+the defaults are in ``SESSION_DEFAULTS``). Each can be overridden for a measurement with an
+environment variable, which is how the bench compares them side by side:
+
+- ``ORTFT_ORT_INTRA_OP_THREADS``: intra-op threads (0: ORT's own choice, the physical cores).
+- ``ORTFT_ORT_SPINNING``: 1/0, whether idle intra-op threads spin-wait for work.
+- ``ORTFT_ORT_OPT_LEVEL``: disable | basic | extended | all, ORT's graph optimization level.
 """
 
 from __future__ import annotations
@@ -23,6 +32,54 @@ from ortft.errors import BackendError
 log = logging.getLogger("ortft")
 
 _EXPORTS = {"count": 0}
+
+# What ortft sets on ORTModule's sessions unless an ORTFT_ORT_* variable says otherwise.
+# None keeps ORTModule's own setting.
+SESSION_DEFAULTS: dict[str, str | None] = {
+    "ORTFT_ORT_INTRA_OP_THREADS": None,
+    "ORTFT_ORT_SPINNING": None,
+    "ORTFT_ORT_OPT_LEVEL": None,
+}
+
+
+def session_settings() -> dict[str, str]:
+    """The session settings in force: defaults overridden by the environment."""
+    out = {}
+    for key, default in SESSION_DEFAULTS.items():
+        value = os.environ.get(key, default)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _install_session_tweaks() -> None:
+    """Apply ``session_settings()`` to every session ORTModule creates (once per process)."""
+    from onnxruntime import GraphOptimizationLevel
+    from onnxruntime.training.ortmodule import _graph_execution_manager as gem
+
+    cls = gem.GraphExecutionManager
+    if getattr(cls._get_session_config, "_ortft_tweaked", False):
+        return
+    original = cls._get_session_config
+    levels = {"disable": GraphOptimizationLevel.ORT_DISABLE_ALL,
+              "basic": GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "extended": GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              "all": GraphOptimizationLevel.ORT_ENABLE_ALL}
+
+    def tweaked(self: Any) -> Any:
+        session_options, providers, provider_options = original(self)
+        settings = session_settings()
+        if "ORTFT_ORT_INTRA_OP_THREADS" in settings:
+            session_options.intra_op_num_threads = int(settings["ORTFT_ORT_INTRA_OP_THREADS"])
+        if "ORTFT_ORT_SPINNING" in settings:
+            session_options.add_session_config_entry(
+                "session.intra_op.allow_spinning", settings["ORTFT_ORT_SPINNING"])
+        if "ORTFT_ORT_OPT_LEVEL" in settings:
+            session_options.graph_optimization_level = levels[settings["ORTFT_ORT_OPT_LEVEL"]]
+        return session_options, providers, provider_options
+
+    tweaked._ortft_tweaked = True  # type: ignore[attr-defined]
+    cls._get_session_config = tweaked
 
 
 def _install_export_counter() -> None:
@@ -83,6 +140,8 @@ class OrtBackend:
                 f"cannot import ORTModule ({type(err).__name__}: {err}); run `ortft doctor`"
             ) from None
         _install_export_counter()
+        _install_session_tweaks()
+        self._report.notes.extend(f"{k}={v}" for k, v in sorted(session_settings().items()))
         self._start_exports = export_count()
         debug = DebugOptions(
             log_level=getattr(LogLevel, self.options.log_level),

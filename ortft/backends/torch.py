@@ -1,7 +1,16 @@
-"""Eager PyTorch: the baseline, with transformers' default (sdpa) attention."""
+"""Eager PyTorch: the baseline, with transformers' default (sdpa) attention.
+
+Two bench-only variants are switched on by environment variables that ``ortft bench`` sets
+for its worker processes (they are not recipe fields: a recipe describes a training run,
+these describe a measurement):
+
+- ``ORTFT_TORCH_ATTN=eager``: eager attention, the same model code ORTModule runs.
+- ``ORTFT_TORCH_COMPILE=1``: ``torch.compile`` the module (inductor).
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from torch import nn
@@ -11,13 +20,27 @@ from ortft.backends import BackendReport
 
 class TorchBackend:
     name = "torch"
-    attn_implementation = "sdpa"
+
+    def __init__(self) -> None:
+        self.attn_implementation = os.environ.get("ORTFT_TORCH_ATTN", "sdpa")
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"ORTFT_TORCH_ATTN={self.attn_implementation}: use sdpa or eager")
+        self.compile = os.environ.get("ORTFT_TORCH_COMPILE", "0") == "1"
 
     def wrap(self, module: nn.Module, run_dir: Path) -> nn.Module:
+        if self.compile:
+            import torch
+
+            return torch.compile(module)  # type: ignore[return-value]
         return module
 
     def after_step(self, wrapped: nn.Module) -> None:
         return None
 
     def report(self) -> BackendReport:
-        return BackendReport(requested="torch", used="torch")
+        notes = []
+        if self.attn_implementation != "sdpa":
+            notes.append(f"attention={self.attn_implementation} (ORTFT_TORCH_ATTN)")
+        if self.compile:
+            notes.append("torch.compile (ORTFT_TORCH_COMPILE)")
+        return BackendReport(requested="torch", used="torch", notes=notes)

@@ -1,0 +1,350 @@
+"""``ortft bench``: the same recipe on several backends, side by side, each run in its own process.
+
+Every run is ``python -m ortft train RECIPE backend.name=... training.max_steps=N ...`` in a fresh
+process (no export, no checkpoints, no eval, a metrics row per step), run in alternation
+(A B A B ... for ``--repeats``) so that drift in a shared machine's load hits every backend alike.
+The baseline is ``torch``: what a PyTorch user would run (sdpa attention, fused AdamW); every
+ratio is against it, taken as the median of the per-repeat ratios (each pair ran back to back).
+
+A backend entry is a ``backend.name`` value or a bench-only variant (``VARIANTS``), optionally
+followed by ``+key=value`` settings: a dotted recipe key (``ort+backend.compute_optimizer=false``)
+or an ``ORTFT_*`` environment variable read by a backend (``ort+ORTFT_ORT_SPINNING=0``). That is
+how the speed levers are measured against each other in one run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ortft.errors import RunError, UsageError
+
+log = logging.getLogger("ortft")
+
+BASELINE = "torch"
+# bench-only variants: (recipe overrides, environment for the worker process)
+VARIANTS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    "ort": ({"backend.name": "ort"}, {}),
+    "torch": ({"backend.name": "torch"}, {}),
+    "torch-eager-attn": ({"backend.name": "torch"}, {"ORTFT_TORCH_ATTN": "eager"}),
+    "torch-compile": ({"backend.name": "torch"}, {"ORTFT_TORCH_COMPILE": "1"}),
+}
+# A variant that may fail or time out without failing the bench (recorded as skipped).
+OPTIONAL = {"torch-compile"}
+# What makes a training run a measurement: no export, checkpoints or eval; a row per step.
+BENCH_OVERRIDES = {
+    "export.enabled": "false", "checkpoint.save_every": "null", "checkpoint.resume": "never",
+    "data.eval": "null", "data.eval_fraction": "0", "training.eval_every": "null",
+    "training.log_every": "1",
+}
+_ENV_KEY = re.compile(r"^ORTFT_[A-Z0-9_]+$")
+
+
+@dataclass
+class Variant:
+    label: str
+    overrides: dict[str, str]
+    env: dict[str, str]
+
+
+@dataclass
+class RunResult:
+    label: str
+    repeat: int
+    ok: bool
+    error: str | None = None
+    step_times: list[float] = field(default_factory=list)
+    first_step_s: float | None = None
+    loss: float | None = None
+    rss_mb: float | None = None
+    wall_s: float = 0.0
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_variants(spec: str) -> list[Variant]:
+    out = []
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        base, *settings = item.split("+")
+        if base not in VARIANTS:
+            raise UsageError(f"--backends: unknown backend {base!r}; choose from "
+                             f"{', '.join(VARIANTS)} (optionally +key=value)")
+        overrides, env = dict(VARIANTS[base][0]), dict(VARIANTS[base][1])
+        for setting in settings:
+            key, sep, value = setting.partition("=")
+            if not sep:
+                raise UsageError(f"--backends: {setting!r} in {item!r} is not key=value")
+            if _ENV_KEY.match(key):
+                env[key] = value
+            elif "." in key:
+                overrides[key] = value
+            else:
+                raise UsageError(f"--backends: {key!r} in {item!r} is neither a dotted recipe key "
+                                 "nor an ORTFT_* environment variable")
+        out.append(Variant(item, overrides, env))
+    if not out:
+        raise UsageError("--backends: give at least one backend")
+    if len({v.label for v in out}) != len(out):
+        raise UsageError("--backends: a backend is listed twice")
+    return out
+
+
+def _overrides(variant: Variant, steps: int) -> list[str]:
+    merged = {**BENCH_OVERRIDES, "training.max_steps": str(steps), **variant.overrides}
+    return [f"{k}={v}" for k, v in merged.items()]
+
+
+def measure_peak_flops(device: str, threads: int) -> dict[str, Any]:
+    """The best fp32 matrix-multiply rate this machine reaches now (the MFU denominator)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    n, reps = (2048, 8) if device == "cpu" else (8192, 20)
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    best = float("inf")
+    for _ in range(4):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return {"flops": 2 * n**3 * reps / best, "device": device, "threads": threads,
+            "how": f"best of 4 × {reps} fp32 {n}×{n} torch.matmul on {threads} thread(s), "
+                   "measured just before the runs (an achievable peak, not the datasheet one)"}
+
+
+def _run_one(recipe: Path, variant: Variant, steps: int, repeat: int, timeout: float,
+             workdir: Path) -> RunResult:
+    out_dir = workdir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', variant.label)}-{repeat}"
+    cmd = [sys.executable, "-m", "ortft", "train", str(recipe), *_overrides(variant, steps),
+           "--output-dir", str(out_dir), "--json"]
+    env = {**os.environ, **variant.env, "NO_COLOR": "1"}
+    stdout_path, stderr_path = out_dir.with_suffix(".out"), out_dir.with_suffix(".err")
+    t0 = time.perf_counter()
+    with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            # wait4 gives this child's own resource usage: its peak RSS
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    res = RunResult(variant.label, repeat, ok=False, wall_s=time.perf_counter() - t0,
+                    rss_mb=usage.ru_maxrss / 1024)  # Linux reports kilobytes
+    if proc.returncode != 0:
+        tail = [ln for ln in stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
+        why = "timed out" if proc.returncode == -9 else f"exit {proc.returncode}"
+        res.error = f"{why}: {tail[-1][:300] if tail else 'no output'}"
+        return res
+    summary = json.loads(stdout_path.read_text())
+    rows = [json.loads(ln) for ln in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    res.step_times = [r["step_time_s"] for r in rows if r["kind"] == "train"]
+    res.first_step_s = summary["throughput"]["first_step_s"]
+    res.loss = summary["metrics"]["train_loss"]
+    res.summary = summary
+    res.ok = True
+    return res
+
+
+def _machine() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version()}
+
+
+def _load_avg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def run(recipe: Path, backends: str, steps: int, warmup: int, repeats: int,
+        timeout: float = 900.0) -> dict[str, Any]:
+    from ortft import recipe_io
+
+    if steps <= warmup:
+        raise UsageError(f"--steps ({steps}) must be larger than --warmup ({warmup})")
+    if repeats < 1 or warmup < 1:
+        raise UsageError("--repeats and --warmup must be at least 1 (the first step holds ORT's export)")
+    variants = parse_variants(backends)
+    # validate every variant's recipe here, so a typo is exit 2 before anything runs
+    loaded = {v.label: recipe_io.load(recipe, _overrides(v, steps)) for v in variants}
+    r = next(iter(loaded.values())).recipe
+    t = r.training
+    samples_per_step = t.batch_size * t.gradient_accumulation_steps
+    padded_tokens_per_step = samples_per_step * r.data.max_length
+    import torch
+
+    cuda = r.hardware.device != "cpu" and torch.cuda.is_available()
+    threads = r.hardware.threads or (os.cpu_count() or 1)
+    peak = measure_peak_flops("cuda" if cuda else "cpu", threads)
+    log.info("bench: %s, %d steps (first %d not timed) × %d repeat(s) of %s; peak %.1f GFLOP/s",
+             recipe, steps, warmup, repeats, ", ".join(v.label for v in variants),
+             peak["flops"] / 1e9)
+    load_before = _load_avg()
+    runs: list[RunResult] = []
+    with tempfile.TemporaryDirectory(prefix="ortft-bench-") as tmp:
+        for rep in range(repeats):
+            for v in variants:
+                res = _run_one(recipe, v, steps, rep, timeout, Path(tmp))
+                runs.append(res)
+                if res.ok:
+                    med = statistics.median(res.step_times[warmup:])
+                    log.info("bench: %-20s repeat %d: %.1f ms/step, first step %.2f s, loss %.4f",
+                             v.label, rep + 1, med * 1000, res.first_step_s, res.loss)
+                else:
+                    log.warning("bench: %s repeat %d failed: %s", v.label, rep + 1, res.error)
+    results = {v.label: _aggregate(v, [x for x in runs if x.label == v.label], warmup,
+                                   samples_per_step, padded_tokens_per_step, peak["flops"])
+               for v in variants}
+    _add_ratios(results, runs, warmup)
+    failed = [lbl for lbl, res in results.items()
+              if res["status"] == "failed" and lbl.split("+")[0] not in OPTIONAL]
+    return {
+        "format_version": 1, "recipe": str(recipe), "steps": steps, "warmup": warmup,
+        "repeats": repeats, "baseline": BASELINE,
+        "batch": {"samples_per_step": samples_per_step, "max_length": r.data.max_length,
+                  "padded_tokens_per_step": padded_tokens_per_step},
+        "machine": {**_machine(), "device": peak["device"], "threads": threads,
+                    "load_avg_before": load_before, "load_avg_after": _load_avg()},
+        "peak": {"flops": peak["flops"], "how": peak["how"]},
+        "mfu_formula": "6 × parameters × padded tokens per step / median step time / peak "
+                       "(attention score FLOPs left out)",
+        "ratio_formula": "median over repeats of (baseline median step time / this median step "
+                         "time), each pair run back to back: > 1 is faster than the baseline",
+        "backends": results, "failed": failed,
+    }
+
+
+def _aggregate(v: Variant, runs: list[RunResult], warmup: int, samples_per_step: int,
+               padded_tokens: int, peak: float) -> dict[str, Any]:
+    good = [x for x in runs if x.ok]
+    out: dict[str, Any] = {"overrides": v.overrides, "env": v.env, "runs": len(runs)}
+    if not good:
+        status = "skipped" if v.label.split("+")[0] in OPTIONAL else "failed"
+        return {**out, "status": status, "error": runs[0].error if runs else "not run"}
+    steady = [s for x in good for s in x.step_times[warmup:]]
+    med = statistics.median(steady)
+    s0 = good[0].summary
+    tokens_per_step = s0["tokens"] / max(s0["steps"], 1)  # non-padding tokens, as train reports
+    params = s0.get("parameters")
+    b = s0["backend"]
+    return {
+        **out, "status": "ok" if len(good) == len(runs) else "partial",
+        "error": next((x.error for x in runs if not x.ok), None),
+        "backend_used": b["used"], "fallback": b["fallback"], "notes": b.get("notes", []),
+        "ort_exports": max(x.summary["backend"]["ort_exports"] for x in good),
+        "first_step_s": statistics.median(x.first_step_s or 0.0 for x in good),
+        "step_s": {"median": med, "min": min(steady), "max": max(steady)},
+        "samples_per_s": samples_per_step / med, "tokens_per_s": tokens_per_step / med,
+        "peak_rss_mb": max(x.rss_mb or 0.0 for x in good),
+        "loss": good[0].loss, "losses": [x.loss for x in good],
+        "parameters": params,
+        "mfu": (6 * params * padded_tokens / med / peak) if params else None,
+        "per_repeat_median_step_s": [statistics.median(x.step_times[warmup:]) for x in good],
+    }
+
+
+def _add_ratios(results: dict[str, Any], runs: list[RunResult], warmup: int) -> None:
+    base = results.get(BASELINE)
+    base_runs = {x.repeat: x for x in runs if x.label == BASELINE and x.ok}
+    for label, res in results.items():
+        if "step_s" not in res or not base_runs:
+            res["ratio_vs_torch"] = None
+            continue
+        ratios = [statistics.median(base_runs[x.repeat].step_times[warmup:])
+                  / statistics.median(x.step_times[warmup:])
+                  for x in runs if x.label == label and x.ok and x.repeat in base_runs]
+        res["ratio_vs_torch"] = statistics.median(ratios) if ratios else None
+        res["ratios_per_repeat"] = ratios
+        if base and base.get("loss") is not None and res.get("loss") is not None:
+            res["loss_diff_vs_torch"] = res["loss"] - base["loss"]
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    m = result["machine"]
+    title = (f"ortft bench {result['recipe']}: {result['steps']} steps "
+             f"(first {result['warmup']} untimed) × {result['repeats']}, "
+             f"{result['batch']['samples_per_step']}×{result['batch']['max_length']} tokens/step")
+    table = Table(title=title, title_justify="left", caption_justify="left", caption=f"{m['cpu']}, {m['threads']} threads, load avg "
+                  f"{m['load_avg_before']} → {m['load_avg_after']}; peak "
+                  f"{result['peak']['flops'] / 1e9:.0f} GFLOP/s (measured matmul)")
+    for col in ("backend", "vs torch", "step ms", "min–max", "samples/s", "tokens/s",
+                "1st step s", "RSS MB", "loss", "Δloss", "exports", "MFU"):
+        table.add_column(col, justify="left" if col == "backend" else "right")
+    for label, r in result["backends"].items():
+        if "step_s" not in r:
+            table.add_row(label, r["status"], (r.get("error") or "")[:80], *[""] * 9)
+            continue
+        s = r["step_s"]
+        ratio = r.get("ratio_vs_torch")
+        diff = r.get("loss_diff_vs_torch")
+        table.add_row(
+            label + ("" if r["status"] == "ok" else f" ({r['status']})"),
+            f"{ratio:.2f}×" if ratio is not None else "—",
+            f"{s['median'] * 1000:.0f}", f"{s['min'] * 1000:.0f}–{s['max'] * 1000:.0f}",
+            f"{r['samples_per_s']:.1f}", f"{r['tokens_per_s']:.0f}", f"{r['first_step_s']:.2f}",
+            f"{r['peak_rss_mb']:.0f}", f"{r['loss']:.5f}",
+            f"{diff:+.1e}" if diff is not None else "—", str(r["ort_exports"]),
+            f"{r['mfu'] * 100:.1f}%" if r.get("mfu") is not None else "—",
+        )
+    # a wide table even in CI logs, where rich would otherwise assume 80 columns
+    Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 150).print(table)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
+    rows = [(lbl, r) for lbl, r in result["backends"].items() if "step_s" in r]
+    if not rows:
+        raise RunError("--plot: no backend finished, nothing to plot")
+    fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(rows)), 3.5))
+    spp = result["batch"]["samples_per_step"]
+    heights = [r["samples_per_s"] for _, r in rows]
+    lo = [h - spp / r["step_s"]["max"] for h, (_, r) in zip(heights, rows)]
+    hi = [spp / r["step_s"]["min"] - h for h, (_, r) in zip(heights, rows)]
+    bars = ax.bar([lbl for lbl, _ in rows], heights, yerr=[lo, hi], capsize=4,
+                  color=["#888" if lbl == BASELINE else "#3a7" for lbl, _ in rows])
+    for bar, (_, r) in zip(bars, rows):
+        if r.get("ratio_vs_torch") is not None:
+            ax.annotate(f"{r['ratio_vs_torch']:.2f}×", (bar.get_x() + bar.get_width() / 2, 0),
+                        xytext=(0, 4), textcoords="offset points", ha="center", color="white")
+    ax.set_ylabel("samples/s (bars: min–max step)")
+    ax.set_title(f"{Path(result['recipe']).name}: {result['machine']['cpu'][:40]}", fontsize=9)
+    plt.xticks(rotation=20, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

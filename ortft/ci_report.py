@@ -1,0 +1,109 @@
+"""Reports for CI systems: JUnit XML (each gate a test case) and a Markdown job summary.
+
+`--report FILE` picks the format from the suffix: `.xml` → JUnit, `.md` → Markdown.
+Both are written for failed and interrupted runs too, so the CI page always says why.
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from ortft.errors import UsageError
+
+FORMATS = {".xml": "junit", ".md": "markdown"}
+
+
+def check_paths(paths: list[Path]) -> None:
+    """Refuse unknown report formats before anything runs."""
+    for p in paths:
+        if p.suffix.lower() not in FORMATS:
+            raise UsageError(f"--report {p}: use a .xml (JUnit) or .md (Markdown) file name")
+
+
+def _gate_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(summary.get("gates") or [])
+
+
+def junit(summary: dict[str, Any], name: str = "ortft") -> str:
+    gates = _gate_rows(summary)
+    status = summary.get("status", "unknown")
+    suite = ET.Element("testsuite", name=name)
+    failures = errors = 0
+    run_case = ET.SubElement(suite, "testcase", classname=f"{name}.run", name="training run",
+                             time=f"{summary.get('wall_time_s') or 0:.3f}")
+    if status not in ("completed", "stopped"):
+        errors += 1
+        err = ET.SubElement(run_case, "error", message=str(summary.get("error") or status),
+                            type=status)
+        err.text = str(summary.get("error") or "")
+    for g in gates:
+        case = ET.SubElement(suite, "testcase", classname=f"{name}.gates", name=g["gate"], time="0")
+        shown = "missing" if g["value"] is None else f"{g['value']:.6g}"
+        if not g["passed"]:
+            failures += 1
+            fail = ET.SubElement(case, "failure", type="gate",
+                                 message=f"{g['metric']} = {shown}, needs {g['op']} {g['threshold']:g}")
+            fail.text = g.get("reason") or ""
+        else:
+            ET.SubElement(case, "system-out").text = f"{g['metric']} = {shown}"
+    suite.set("tests", str(1 + len(gates)))
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    suite.set("time", f"{summary.get('wall_time_s') or 0:.3f}")
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "—" if value is None else str(value)
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    b = summary.get("backend") or {}
+    t = summary.get("throughput") or {}
+    prov = summary.get("provenance") or {}
+    pk = prov.get("packages") or {}
+    lines = [f"## ortft run: {summary.get('status', 'unknown')}", ""]
+    if summary.get("error"):
+        lines += [f"**Error:** {summary['error']}", ""]
+    gates = _gate_rows(summary)
+    if gates:
+        lines += ["| gate | value | result |", "|---|---|---|"]
+        for g in gates:
+            lines.append(f"| `{g['gate']}` | {_fmt(g['value'])} | "
+                         f"{'✅ pass' if g['passed'] else '❌ fail'} |")
+        lines.append("")
+    lines += ["| metric | value |", "|---|---|"]
+    for k, v in (summary.get("metrics") or {}).items():
+        lines.append(f"| {k} | {_fmt(v)} |")
+    lines += [
+        "",
+        f"- **Backend:** {b.get('used', '—')} (requested {b.get('requested', '—')}; "
+        f"fallback {'yes' if b.get('fallback') else 'no'}; ORT exports {b.get('ort_exports', 0)})",
+        f"- **Steps:** {summary.get('steps', '—')}; wall time {_fmt(summary.get('wall_time_s'))} s",
+        f"- **Throughput:** {_fmt(t.get('samples_per_s'))} samples/s, "
+        f"{_fmt(t.get('tokens_per_s'))} tokens/s",
+        f"- **Versions:** ortft {pk.get('ortft', '—')}, torch {pk.get('torch', '—')}, "
+        f"onnxruntime-training {pk.get('onnxruntime-training', '—')}, "
+        f"transformers {pk.get('transformers', '—')}",
+        f"- **Recipe sha256:** `{prov.get('recipe_sha256', '—')}`; git commit "
+        f"`{prov.get('git_commit') or '—'}`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(paths: list[Path], summary: dict[str, Any]) -> None:
+    for p in paths:
+        text = junit(summary) if FORMATS[p.suffix.lower()] == "junit" else markdown(summary)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, p)

@@ -1,0 +1,104 @@
+"""Quality gates: `eval.accuracy>=0.90`, checked against a run summary.
+
+A gate names a metric, a comparison and a threshold. Metric names:
+  eval.<m>        summary.metrics.eval_<m>   (accuracy, f1_macro, loss, perplexity)
+  train.loss      summary.metrics.train_loss
+  throughput.<m>  summary.throughput.<m>     (samples_per_s, tokens_per_s, first_step_s)
+  export.<m>      summary.export.parity.<m>  (max_abs_diff, prediction_agreement)
+  <dotted path>   any other number in summary.json (e.g. wall_time_s, steps)
+A failed gate makes the command exit 3; the results are recorded in summary.json.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ortft.errors import UsageError
+
+_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
+        "==": operator.eq, "!=": operator.ne}
+_GATE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|==|!=|>|<)\s*([-+0-9.eE]+|inf|-inf)\s*$")
+
+
+@dataclass(frozen=True)
+class Gate:
+    metric: str
+    op: str
+    threshold: float
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.threshold:g}"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    gate: str
+    metric: str
+    op: str
+    threshold: float
+    value: float | None
+    passed: bool
+    reason: str | None = None
+
+    def line(self) -> str:
+        mark = "PASS" if self.passed else "FAIL"
+        shown = "missing" if self.value is None else f"{self.value:.6g}"
+        why = f" ({self.reason})" if self.reason else ""
+        return f"gate {mark}  {self.metric} = {shown}  (needs {self.op} {self.threshold:g}){why}"
+
+
+def parse(text: str) -> Gate:
+    m = _GATE.match(text)
+    if not m:
+        raise UsageError(
+            f"gate '{text}' must look like metric>=number, e.g. eval.accuracy>=0.9 "
+            f"(operators: {' '.join(_OPS)})"
+        )
+    try:
+        threshold = float(m.group(3))
+    except ValueError:
+        raise UsageError(f"gate '{text}': '{m.group(3)}' is not a number") from None
+    return Gate(metric=m.group(1), op=m.group(2), threshold=threshold)
+
+
+def lookup(summary: dict[str, Any], metric: str) -> float | None:
+    head, _, rest = metric.partition(".")
+    metrics = summary.get("metrics") or {}
+    if head == "eval" and rest:
+        value: Any = metrics.get(f"eval_{rest}")
+    elif head == "train" and rest:
+        value = metrics.get(f"train_{rest}")
+    elif head == "throughput" and rest:
+        value = (summary.get("throughput") or {}).get(rest)
+    elif head == "export" and rest:
+        value = ((summary.get("export") or {}).get("parity") or {}).get(rest)
+    else:
+        value = summary
+        for part in metric.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def check(gates: list[Gate], summary: dict[str, Any]) -> list[GateResult]:
+    results = []
+    for g in gates:
+        value = lookup(summary, g.metric)
+        if value is None:
+            results.append(GateResult(str(g), g.metric, g.op, g.threshold, None, False,
+                                      "the run did not produce this metric"))
+        elif math.isnan(value):
+            results.append(GateResult(str(g), g.metric, g.op, g.threshold, value, False, "NaN"))
+        else:
+            results.append(GateResult(str(g), g.metric, g.op, g.threshold, value,
+                                      bool(_OPS[g.op](value, g.threshold))))
+    return results
+
+
+def as_dicts(results: list[GateResult]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in results]

@@ -1,0 +1,292 @@
+"""What ortft does to an exported ONNX model: optimize it, convert it to fp16, quantize it to
+int8, judge and time the result against the fp32 model, and build on-device training artifacts.
+
+Measured on torch 2.6 (TorchScript exporter) / ONNX Runtime 1.19.2 / onnx 1.17, for BERT and
+GPT-2 alike:
+
+- Inference: opsets 14–20 export and run; torch 2.6's TorchScript exporter stops at 20.
+- Training artifacts: from opset 17 the exporter writes ``LayerNormalization`` as one op with
+  only its ``Y`` output, and ORT 1.19's gradient builder for it reads the optional ``Mean`` /
+  ``InvStdDev`` outputs, so ``generate_artifacts`` fails (``GradientBuilderBase::O ... i <
+  node_->OutputDefs().size()``). At opset 16 the exporter decomposes layer norm into basic ops
+  and the gradient graph builds. Hence ``TRAINING_OPSET = 16``, whatever the inference opset.
+- ``onnxruntime.transformers``' optimizer needs ``coloredlogs``, which onnxruntime-training does
+  not install; ORT's own session-level optimization (``ORT_ENABLE_EXTENDED``, saved to file)
+  does the same CPU fusions (Gelu, FusedMatMul, FusedGemm, LayerNormalization) without it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import statistics
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ortft.errors import InputError
+
+TRAINING_OPSET = 16  # the highest opset whose training graph ORT 1.19 can differentiate (see above)
+TRAINING_ARCHITECTURES = ("bert", "gpt2")  # measured; others may work but are not promised
+IGNORE = -100  # the label transformers' losses skip
+LARGE = 2**31 - 2**27  # just under protobuf's 2 GB limit: beyond it, weights go to external data
+
+
+# --------------------------------------------------------------------------- running and judging
+
+
+def session(path: Path, threads: int = 0) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    sess = session(path)
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0].astype(np.float32)
+
+
+def predictions(logits: np.ndarray, feeds: dict[str, np.ndarray], task: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(predicted ids, labels or None) at the positions that count for ``task``.
+
+    Classification: one prediction per row. Causal LM: the next-token prediction at every
+    position whose next token is a real (unpadded) label.
+    """
+    labels = feeds.get("labels")
+    if task != "causal-lm":
+        return logits.argmax(-1), labels
+    pred = logits[:, :-1].argmax(-1)
+    target = labels[:, 1:] if labels is not None else feeds["input_ids"][:, 1:]
+    keep = feeds["attention_mask"][:, 1:].astype(bool) & (target != IGNORE)
+    return pred[keep], (target[keep] if labels is not None else None)
+
+
+def judge(got: np.ndarray, ref: np.ndarray, feeds: dict[str, np.ndarray], task: str) -> dict[str, Any]:
+    """Prediction agreement with ``ref`` and the accuracy delta, against labels when there are
+    any, else against ``ref``'s predictions (then the delta is just agreement - 1)."""
+    p_got, labels = predictions(got, feeds, task)
+    p_ref, _ = predictions(ref, feeds, task)
+    truth = labels if labels is not None else p_ref
+    acc_got, acc_ref = float(np.mean(p_got == truth)), float(np.mean(p_ref == truth))
+    return {"max_abs_diff": float(np.max(np.abs(got - ref))),
+            "prediction_agreement": float(np.mean(p_got == p_ref)),
+            "accuracy": round(acc_got, 6), "accuracy_fp32": round(acc_ref, 6),
+            "accuracy_delta": round(acc_got - acc_ref, 6),
+            "accuracy_against": "labels" if labels is not None else "fp32 predictions"}
+
+
+def latency_ms(paths: dict[str, Path], feeds: dict[str, np.ndarray], repeats: int = 20) -> dict[str, float]:
+    """Median ms per batch, the models run in turn (interleaved) on one thread so that a busy
+    machine slows them alike."""
+    sessions = {k: session(p, threads=1) for k, p in paths.items()}
+    inputs = {k: {i.name: feeds[i.name] for i in s.get_inputs()} for k, s in sessions.items()}
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    for i in range(repeats + 2):
+        for k, s in sessions.items():
+            t0 = time.perf_counter()
+            s.run(None, inputs[k])
+            if i >= 2:  # the first runs allocate
+                times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: round(statistics.median(v), 3) for k, v in times.items()}
+
+
+def _load(path: Path) -> Any:
+    import onnx
+
+    return onnx.load(str(path))
+
+
+def _save(model: Any, path: Path) -> None:
+    import onnx
+
+    large = sum(t.ByteSize() for t in model.graph.initializer) > LARGE
+    onnx.save(model, str(path), save_as_external_data=large, location=f"{path.name}.data")
+
+
+def op_counts(path: Path) -> Counter[str]:
+    return Counter(n.op_type for n in _load(path).graph.node)
+
+
+# --------------------------------------------------------------------------- variants
+
+
+def optimize(src: Path, dst: Path) -> dict[str, Any]:
+    """ORT's offline graph optimization: the session's ``ORT_ENABLE_EXTENDED`` graph, saved.
+
+    The saved graph uses ORT's contrib ops (com.microsoft) fused for the CPU provider; run it
+    with ONNX Runtime on CPU.
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(dst)
+    so.log_severity_level = 3
+    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    before, after = op_counts(src), op_counts(dst)
+    fused = {op: n for op, n in sorted(after.items()) if n > before.get(op, 0)}
+    return {"method": "onnxruntime session optimization ORT_ENABLE_EXTENDED (CPU), saved to file",
+            "nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
+            "new_or_more_ops": fused}
+
+
+def to_fp16(src: Path, dst: Path) -> dict[str, Any]:
+    """fp16 weights and compute; inputs and the ``logits`` output stay as they were (int64 / fp32)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    _save(convert_float_to_float16(_load(src), keep_io_types=True), dst)
+    return {"method": "onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)"}
+
+
+def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
+    """Dynamic quantization: int8 weights, activations quantized per batch at run time."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    large = sum(f.stat().st_size for f in src.parent.iterdir() if f.is_file()) > LARGE
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, use_external_data_format=large)
+    return {"method": "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8)"}
+
+
+# --------------------------------------------------------------------------- on-device training
+
+
+class _LossOnly(torch.nn.Module):
+    """The model's own loss (transformers' shift-and-mask for causal LM), as the graph output:
+    on-device training then optimizes exactly what PyTorch training did."""
+
+    def __init__(self, model: torch.nn.Module, is_decoder: bool):
+        super().__init__()
+        self.model, self.is_decoder = model, is_decoder
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        kw = {"use_cache": False} if self.is_decoder else {}
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                          return_dict=True, **kw).loss
+
+
+def training_feeds(feeds: dict[str, np.ndarray], task: str, num_labels: int) -> dict[str, np.ndarray]:
+    """``feeds`` with labels: the given ones, else synthetic (next token / seeded random class)."""
+    out = {"input_ids": feeds["input_ids"], "attention_mask": feeds["attention_mask"]}
+    if "labels" in feeds:
+        out["labels"] = feeds["labels"]
+    elif task == "causal-lm":
+        out["labels"] = np.where(feeds["attention_mask"] == 1, feeds["input_ids"], IGNORE).astype(np.int64)
+    else:
+        out["labels"] = np.random.default_rng(0).integers(0, num_labels, len(feeds["input_ids"]), dtype=np.int64)
+    return out
+
+
+def select_trainable(names: Sequence[str], trainable: Sequence[str] | None) -> list[str]:
+    """Parameter names matched by any glob in ``trainable`` (all of them when None)."""
+    if trainable is None:
+        return list(names)
+    chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in trainable)]
+    unmatched = [p for p in trainable if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    if unmatched or not chosen:
+        sample = ", ".join(list(names)[:3])
+        raise InputError(f"--trainable {' '.join(unmatched) or ' '.join(trainable)} matches no parameter "
+                         f"(names look like: {sample}, ...)")
+    return chosen
+
+
+def generate_training_artifacts(model: torch.nn.Module, task: str, out_dir: Path, example: dict[str, np.ndarray],
+                                *, trainable: Sequence[str] | None = None, opset: int = TRAINING_OPSET,
+                                ) -> dict[str, Any]:
+    """Write ``training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx`` (AdamW) and
+    ``checkpoint`` to ``out_dir`` for ``onnxruntime.training.api``.
+
+    ``example`` holds input_ids, attention_mask and labels (see ``training_feeds``); its last
+    row must be padded so the exported graph keeps the attention mask. ``trainable`` holds glob
+    patterns over the model's parameter names (``classifier.*``, ``bert.encoder.layer.1.*``);
+    the others are frozen (kept in the checkpoint, no gradient). Parameters keep their Hugging
+    Face names in the graph and checkpoint.
+    """
+    import onnx
+    from onnxruntime.training import artifacts
+
+    model_type = getattr(model.config, "model_type", "?")
+    if model_type not in TRAINING_ARCHITECTURES:
+        raise InputError(f"training artifacts are built and tested for {', '.join(TRAINING_ARCHITECTURES)} "
+                         f"models, not {model_type}")
+    if opset > TRAINING_OPSET:
+        raise InputError(f"training graphs need opset <= {TRAINING_OPSET} on ORT 1.19 (layer norm gradient)")
+    names = [n for n, _ in model.named_parameters()]
+    chosen = select_trainable(names, trainable)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = out_dir / ".base.onnx"
+    wrapper = _LossOnly(model, task == "causal-lm")
+    args = tuple(torch.from_numpy(example[k]) for k in ("input_ids", "attention_mask", "labels"))
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
+            "labels": {0: "batch", 1: "sequence"} if task == "causal-lm" else {0: "batch"}}
+    was_training = model.training
+    try:
+        # TRAINING mode keeps dropout in the graph; no constant folding keeps every parameter an
+        # initializer under its own name.
+        torch.onnx.export(wrapper, args, str(base), input_names=list(axes), output_names=["loss"],
+                          opset_version=opset, dynamo=False, do_constant_folding=False,
+                          training=torch.onnx.TrainingMode.TRAINING, dynamic_axes=axes)
+    finally:
+        model.train(was_training)
+    graph = onnx.load(str(base))
+    base.unlink()
+    # "model.<name>" (the wrapper's attribute) back to the Hugging Face name.
+    rename = {i.name: i.name.removeprefix("model.") for i in graph.graph.initializer}
+    for init in graph.graph.initializer:
+        init.name = rename[init.name]
+    for node in graph.graph.node:
+        node.input[:] = [rename.get(x, x) for x in node.input]
+    in_graph = {i.name for i in graph.graph.initializer}
+    params = [n for n in names if n in in_graph]  # tied weights appear once
+    requires = [n for n in params if n in chosen]
+    frozen = [n for n in params if n not in chosen]
+    if not requires:
+        raise InputError("--trainable leaves no parameter of the exported graph to train")
+    artifacts.generate_artifacts(graph, requires_grad=requires, frozen_params=frozen, loss=None,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(out_dir))
+    files = sorted(p.name for p in out_dir.iterdir())
+    return {"opset": opset, "optimizer": "AdamW", "loss": "the model's own loss (graph output 'loss')",
+            "inputs": list(axes), "trainable_patterns": list(trainable) if trainable else None,
+            "trainable_parameters": len(requires), "frozen_parameters": len(frozen),
+            "trainable_values": int(sum(p.numel() for n, p in model.named_parameters() if n in requires)),
+            "files": files}
+
+
+def check_training_artifacts(art_dir: Path, feeds: dict[str, np.ndarray], *, steps: int = 3,
+                             lr: float = 1e-3) -> dict[str, Any]:
+    """Train ``steps`` steps on one batch with ``onnxruntime.training.api``; the loss must fall.
+
+    Nothing is saved: the artifacts stay as generated.
+    """
+    from onnxruntime.training import api
+
+    state = api.CheckpointState.load_checkpoint(str(art_dir / "checkpoint"))
+    module = api.Module(str(art_dir / "training_model.onnx"), state, str(art_dir / "eval_model.onnx"),
+                        device="cpu")
+    optimizer = api.Optimizer(str(art_dir / "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(lr)
+    args = [feeds["input_ids"], feeds["attention_mask"], feeds["labels"]]
+    module.train()
+    losses = []
+    for _ in range(steps):
+        losses.append(float(module(*args)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    module.eval()
+    after = float(module(*args))
+    return {"steps": steps, "lr": lr, "batch": int(len(feeds["input_ids"])),
+            "losses": [round(x, 6) for x in losses], "eval_loss_after": round(after, 6),
+            "passed": bool(losses[-1] < losses[0])}
+
+
+def dir_bytes(path: Path, stem: str) -> int:
+    """A model's size: its .onnx file plus any external data written next to it."""
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file() and f.name.startswith(stem))
+

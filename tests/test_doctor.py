@@ -1,0 +1,143 @@
+"""`ortft doctor`: verdicts against the known-good matrix (versions patched), and the real run."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from ortft import doctor
+from ortft.cli import app
+
+runner = CliRunner()
+
+
+def good_versions(**changes: str | None) -> dict[str, str | None]:
+    versions: dict[str, str | None] = dict(doctor.KNOWN_GOOD)
+    versions.update({name: None for name in doctor.EXTRAS})
+    versions.update({name: "1.0" for name in doctor.DATA_PACKAGES})
+    versions.update({name: None for name in doctor.CONFLICTING_ORT})
+    versions.update(changes)
+    return versions
+
+
+def verdicts(versions: dict[str, str | None]) -> dict[str, doctor.Check]:
+    return {check.name: check for check in doctor.check_versions(versions)}
+
+
+def test_known_good_stack_is_ok():
+    checks = verdicts(good_versions())
+    for name in doctor.KNOWN_GOOD:
+        assert checks[name].verdict == doctor.OK, checks[name]
+    assert doctor.exit_code(list(checks.values())) == 0
+
+
+def test_local_version_suffix_is_still_known_good():
+    assert verdicts(good_versions(torch="2.6.0+cu124"))["torch"].verdict == doctor.OK
+
+
+@pytest.mark.parametrize("version", ["2.7.0", "2.8.0+cpu"])
+def test_torch_27_breaks_the_extensions(version):
+    check = verdicts(good_versions(torch=version))["torch"]
+    assert check.verdict == doctor.FAIL
+    assert "PyNode" in check.value
+    assert check.fix == "pip install torch==2.6.0 && ortft doctor --fix"
+    assert doctor.exit_code([check]) == 1
+
+
+def test_torch_29_also_breaks_the_exporter():
+    check = verdicts(good_versions(torch="2.9.1"))["torch"]
+    assert check.verdict == doctor.FAIL
+    assert "exporter" in check.value
+
+
+def test_torch_below_26_fails_for_transformers():
+    check = verdicts(good_versions(torch="2.5.1"))["torch"]
+    assert check.verdict == doctor.FAIL
+    assert "transformers" in check.value
+
+
+def test_missing_torch_fails_with_the_install_command():
+    check = verdicts(good_versions(torch=None))["torch"]
+    assert check.verdict == doctor.FAIL
+    assert "pip install torch==2.6.0" in (check.fix or "")
+
+
+def test_onnx_118_writes_ir_versions_ort_refuses():
+    check = verdicts(good_versions(onnx="1.18.0"))["onnx"]
+    assert check.verdict in (doctor.FAIL, doctor.WARN)
+    assert "IR" in check.value
+    assert check.fix == "pip install onnx==1.17.0"
+
+
+def test_other_transformers_is_a_warning_with_the_pin():
+    check = verdicts(good_versions(transformers="5.25.0"))["transformers"]
+    assert check.verdict == doctor.WARN
+    assert check.fix == "pip install transformers==5.24.0"
+
+
+def test_plain_onnxruntime_next_to_the_training_build_fails():
+    check = verdicts(good_versions(onnxruntime="1.22.0"))["onnxruntime-training"]
+    assert check.verdict == doctor.FAIL
+    assert "pip uninstall -y onnxruntime" in (check.fix or "")
+
+
+def test_missing_optional_extra_is_info_not_a_warning():
+    checks = verdicts(good_versions())
+    for name in doctor.EXTRAS:
+        assert checks[name].verdict == doctor.INFO
+        assert checks[name].fix and name in checks[name].fix
+    assert verdicts(good_versions(peft="0.21.2"))["peft"].verdict == doctor.OK
+
+
+def test_platform_checks():
+    assert {c.verdict for c in doctor.check_platform((3, 11), "Linux", "x86_64")} == {doctor.OK}
+    py312 = doctor.check_platform((3, 12), "Linux", "x86_64")[0]
+    assert py312.verdict == doctor.FAIL and py312.fix
+    mac = doctor.check_platform((3, 11), "Darwin", "arm64")[1]
+    assert mac.verdict == doctor.FAIL
+
+
+def test_render_puts_the_fix_under_the_line():
+    text = doctor.render(doctor.check_versions(good_versions(torch="2.7.0")))
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("fail  torch"))
+    assert lines[at + 1].strip() == "fix: pip install torch==2.6.0 && ortft doctor --fix"
+    assert lines[-1].startswith("summary:") and "1 fail" in lines[-1]
+
+
+def test_a_missing_package_is_reported_not_raised(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnx", None)  # makes `import onnx` raise ImportError
+    checks = {c.name: c for c in doctor._probe_onnx()}
+    assert checks["onnx import"].verdict == doctor.FAIL
+    assert checks["onnx import"].fix == "pip install onnx==1.17.0"
+
+
+# --------------------------------------------------------------------------- the real machine
+
+
+@pytest.fixture(scope="module")
+def real_report():
+    result = runner.invoke(app, ["doctor", "--json"])
+    return result
+
+
+def test_real_doctor_json_parses_and_passes(real_report):
+    assert real_report.exit_code == 0, real_report.output
+    report = json.loads(real_report.stdout)
+    assert report["exit_code"] == 0
+    bad = [c for c in report["checks"] if c["verdict"] in (doctor.WARN, doctor.FAIL)]
+    assert bad == [], bad
+    names = {c["name"] for c in report["checks"]}
+    assert {"torch", "onnxruntime-training", "ORTModule extensions", "onnx IR", "gpu"} <= names
+
+
+def test_real_doctor_text_has_no_warning_or_failure():
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert not [line for line in lines if line.startswith(("warn", "fail"))]
+    assert any(line.startswith("ok    ORTModule extensions") for line in lines)
+    assert lines[-1].endswith("0 warn, 0 fail: ORT training should work here")
