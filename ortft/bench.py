@@ -8,8 +8,8 @@ ratio is against it, taken as the median of the per-repeat ratios (each pair ran
 
 A backend entry is a ``backend.name`` value or a bench-only variant (``VARIANTS``), optionally
 followed by ``+key=value`` settings: a dotted recipe key (``ort+backend.compute_optimizer=false``)
-or an ``ORTFT_*`` environment variable read by a backend (``ort+ORTFT_ORT_SPINNING=0``). That is
-how the speed levers are measured against each other in one run.
+or an ``ORTFT_*`` / ``OMP_*`` / ``MKL_*`` environment variable (``ort+ORTFT_ORT_SPINNING=0``).
+That is how the speed levers are measured against each other in one run.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ BENCH_OVERRIDES = {
     "data.eval": "null", "data.eval_fraction": "0", "training.eval_every": "null",
     "training.log_every": "1",
 }
-_ENV_KEY = re.compile(r"^ORTFT_[A-Z0-9_]+$")
+# environment a variant may set: ortft's own knobs and the thread runtimes' (OpenMP, MKL)
+_ENV_KEY = re.compile(r"^(ORTFT|OMP|MKL)_[A-Z0-9_]+$")
 
 
 @dataclass
@@ -91,7 +92,7 @@ def parse_variants(spec: str) -> list[Variant]:
                 overrides[key] = value
             else:
                 raise UsageError(f"--backends: {key!r} in {item!r} is neither a dotted recipe key "
-                                 "nor an ORTFT_* environment variable")
+                                 "nor an ORTFT_*, OMP_* or MKL_* environment variable")
         out.append(Variant(item, overrides, env))
     if not out:
         raise UsageError("--backends: give at least one backend")
@@ -190,7 +191,8 @@ def run(recipe: Path, backends: str, steps: int, warmup: int, repeats: int,
     if steps <= warmup:
         raise UsageError(f"--steps ({steps}) must be larger than --warmup ({warmup})")
     if repeats < 1 or warmup < 1:
-        raise UsageError("--repeats and --warmup must be at least 1 (the first step holds ORT's export)")
+        raise UsageError("--repeats and --warmup must be at least 1 "
+                         "(the first step holds ORT's export)")
     variants = parse_variants(backends)
     # validate every variant's recipe here, so a typo is exit 2 before anything runs
     loaded = {v.label: recipe_io.load(recipe, _overrides(v, steps)) for v in variants}
@@ -294,9 +296,10 @@ def print_table(result: dict[str, Any]) -> None:
     title = (f"ortft bench {result['recipe']}: {result['steps']} steps "
              f"(first {result['warmup']} untimed) × {result['repeats']}, "
              f"{result['batch']['samples_per_step']}×{result['batch']['max_length']} tokens/step")
-    table = Table(title=title, title_justify="left", caption_justify="left", caption=f"{m['cpu']}, {m['threads']} threads, load avg "
-                  f"{m['load_avg_before']} → {m['load_avg_after']}; peak "
-                  f"{result['peak']['flops'] / 1e9:.0f} GFLOP/s (measured matmul)")
+    caption = (f"{m['cpu']}, {m['threads']} threads, load avg {m['load_avg_before']} → "
+               f"{m['load_avg_after']}; peak {result['peak']['flops'] / 1e9:.0f} GFLOP/s "
+               "(measured matmul)")
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for col in ("backend", "vs torch", "step ms", "min–max", "samples/s", "tokens/s",
                 "1st step s", "RSS MB", "loss", "Δloss", "exports", "MFU"):
         table.add_column(col, justify="left" if col == "backend" else "right")
@@ -334,11 +337,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(rows)), 3.5))
     spp = result["batch"]["samples_per_step"]
     heights = [r["samples_per_s"] for _, r in rows]
-    lo = [h - spp / r["step_s"]["max"] for h, (_, r) in zip(heights, rows)]
-    hi = [spp / r["step_s"]["min"] - h for h, (_, r) in zip(heights, rows)]
+    lo = [h - spp / r["step_s"]["max"] for h, (_, r) in zip(heights, rows, strict=True)]
+    hi = [spp / r["step_s"]["min"] - h for h, (_, r) in zip(heights, rows, strict=True)]
     bars = ax.bar([lbl for lbl, _ in rows], heights, yerr=[lo, hi], capsize=4,
                   color=["#888" if lbl == BASELINE else "#3a7" for lbl, _ in rows])
-    for bar, (_, r) in zip(bars, rows):
+    for bar, (_, r) in zip(bars, rows, strict=True):
         if r.get("ratio_vs_torch") is not None:
             ax.annotate(f"{r['ratio_vs_torch']:.2f}×", (bar.get_x() + bar.get_width() / 2, 0),
                         xytext=(0, 4), textcoords="offset points", ha="center", color="white")

@@ -17,17 +17,20 @@ import random
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ortft.errors import InputError, RunError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("ortft")
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+ADAPTER_WEIGHTS = "adapter.safetensors"  # a LoRA run's checkpoints: trainable weights only
 PREFIX = "step-"
 
 
@@ -72,6 +75,8 @@ def _fsync_dir(path: Path) -> None:
 
 def rng_state() -> dict[str, Any]:
     """Every RNG the run uses, as plain tensors/ints so it loads with ``weights_only=True``."""
+    import torch  # lazily: the ort-ondevice loop uses this module's helpers without PyTorch
+
     py_version, py_state, py_gauss = random.getstate()
     _, np_key, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     return {
@@ -83,6 +88,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
     py_version, py_state, py_gauss = state["python"]
     random.setstate((py_version, tuple(int(x) for x in py_state.tolist()), py_gauss))
     np_key, np_pos, np_has_gauss, np_gauss = state["numpy"]
@@ -95,6 +102,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save(run_dir: Path, state: TrainState, model: torch.nn.Module, optimizer: Any,
          scheduler: Any, recipe_yaml: str, keep_last: int) -> Path:
     """Write ``step-NNNNNN/`` atomically, then prune to the newest ``keep_last``."""
+    import torch
     from safetensors.torch import save_model
 
     final = run_dir / checkpoint_name(state.step)
@@ -104,7 +112,10 @@ def save(run_dir: Path, state: TrainState, model: torch.nn.Module, optimizer: An
         shutil.rmtree(tmp)
     try:
         tmp.mkdir(parents=True)
-        save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
+        if hasattr(model, "peft_config"):  # LoRA: only the trained (adapter + head) weights
+            save_trainable(model, tmp / ADAPTER_WEIGHTS)
+        else:
+            save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_state(), tmp / "rng.pt")
@@ -137,6 +148,34 @@ def save(run_dir: Path, state: TrainState, model: torch.nn.Module, optimizer: An
         raise
     prune(run_dir, keep_last)
     return final
+
+
+def save_trainable(model: torch.nn.Module, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({n: p.detach().contiguous().cpu() for n, p in model.named_parameters() if p.requires_grad},
+              str(path))
+
+
+def load_trainable(model: torch.nn.Module, path: Path) -> None:
+    """Load the trainable weights of a LoRA checkpoint; every one of them must be there."""
+    import torch
+    from safetensors.torch import load_file
+
+    if not hasattr(model, "peft_config"):
+        raise ValueError("Unexpected adapter weights: this recipe has no adapter section")
+    if not path.exists():
+        raise ValueError("Missing adapter weights: the checkpoint holds a full model, the recipe an adapter")
+    weights = load_file(str(path))
+    want = {n for n, p in model.named_parameters() if p.requires_grad}
+    if set(weights) != want:
+        raise ValueError(f"Missing/Unexpected adapter weights: {sorted(want ^ set(weights))[:3]}")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            if params[name].shape != value.shape:
+                raise ValueError(f"size mismatch for {name}: {tuple(value.shape)} vs {tuple(params[name].shape)}")
+            params[name].copy_(value)
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -194,14 +233,18 @@ class Loaded:
 
 def load(path: Path, model: torch.nn.Module) -> Loaded:
     """Load weights into ``model`` and return the rest of the checkpoint."""
+    import torch
     from safetensors.torch import load_model
 
     problem = verify(path, deep=True)
     if problem:
         raise InputError(f"{path}: not a usable checkpoint: {problem}")
     try:
-        load_model(model, str(path / "model.safetensors"))
-    except (RuntimeError, ValueError, KeyError) as err:  # another model's (or recipe's) weights
+        if (path / ADAPTER_WEIGHTS).exists() or hasattr(model, "peft_config"):
+            load_trainable(model, path / ADAPTER_WEIGHTS)
+        else:
+            load_model(model, str(path / "model.safetensors"))
+    except (RuntimeError, ValueError, KeyError, FileNotFoundError) as err:  # another model's (or recipe's) weights
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
         detail = next((ln for ln in lines if ln.startswith(("size mismatch", "Missing", "Unexpected"))),
                       lines[0] if lines else type(err).__name__)

@@ -48,8 +48,10 @@ def _run(fn, *args: Any, **kwargs: Any) -> Any:
         raise typer.Exit(130) from None
 
 
-def _quiet_libraries() -> None:
-    """Our own progress on stderr; the libraries' chatter only with --debug."""
+def _quiet_libraries(with_torch: bool = True) -> None:
+    """Our own progress on stderr; the libraries' chatter only with --debug.
+
+    ``with_torch=False``: leave PyTorch unimported (backend.name=ort-ondevice trains without it)."""
     import logging
     import os
     import warnings
@@ -65,8 +67,9 @@ def _quiet_libraries() -> None:
         import contextlib
         import io
 
-        with contextlib.redirect_stderr(io.StringIO()):
-            import torch.utils.cpp_extension  # noqa: F401
+        if with_torch:
+            with contextlib.redirect_stderr(io.StringIO()):
+                import torch.utils.cpp_extension  # noqa: F401
 
 
 def _version(value: bool) -> None:
@@ -112,14 +115,18 @@ def train(
 
     def body() -> None:
         from ortft import ci_report, gates, recipe_io
-        from ortft import train as train_mod
         from ortft.errors import GateError
 
         ci_report.check_paths(report or [])
         for text in gate or []:
             gates.parse(text)  # a malformed gate is a usage error before anything runs
-        _quiet_libraries()
         loaded = recipe_io.load(recipe, overrides or [])
+        ondevice = loaded.recipe.backend.name == "ort-ondevice"
+        _quiet_libraries(with_torch=not ondevice)
+        if ondevice:  # its loop imports no PyTorch (the artifacts' build does, lazily)
+            from ortft import train_ondevice as train_mod
+        else:
+            from ortft import train as train_mod  # type: ignore[no-redef]
         run_dir = train_mod.resolve_run_dir(loaded, output_dir)
         try:
             summary = train_mod.run(loaded, output_dir=output_dir, extra_gates=gate or [])
@@ -260,18 +267,115 @@ def doctor(
 def export(
     source: Annotated[Path, typer.Argument(help="Run dir, checkpoint or saved HF model dir.", show_default=False)],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output folder (default SOURCE/onnx).")] = None,
-    opset: Annotated[int, typer.Option("--opset", help="ONNX opset.")] = 17,
+    opset: Annotated[int, typer.Option("--opset", min=14, max=20, help="ONNX opset (14-20).")] = 20,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Max |ONNX - PyTorch| allowed.")] = 1e-4,
+    optimize: Annotated[bool, typer.Option("--optimize", help="Also write model.opt.onnx (ORT graph optimization).")] = False,
+    fp16: Annotated[bool, typer.Option("--fp16", help="Also write model.fp16.onnx.")] = False,
+    quantize: Annotated[
+        str | None, typer.Option("--quantize", help="Also write model.int8.onnx (dynamic quantization): int8.")
+    ] = None,
+    training_artifacts: Annotated[
+        bool, typer.Option("--training-artifacts", help="Also write on-device training artifacts to OUT/training/.")
+    ] = False,
+    trainable: Annotated[
+        list[str] | None,
+        typer.Option("--trainable", help="Glob over parameter names to train on device (repeatable; "
+                     "default all), e.g. 'classifier.*'."),
+    ] = None,
+    merge_adapters: Annotated[
+        bool, typer.Option("--merge-adapters", help="Fold a LoRA run's adapter (final/adapter/) into the "
+                           "base model before export.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print export.json on stdout.")] = False,
 ) -> None:
     """Export a trained model to ONNX and check it against PyTorch."""
 
     def body() -> None:
         from ortft import export as export_mod
+        from ortft.errors import UsageError
+
+        if trainable and not training_artifacts:
+            raise UsageError("--trainable needs --training-artifacts")
+        if quantize not in (None, "int8"):
+            raise UsageError(f"--quantize {quantize}: the choice is int8")
+        _quiet_libraries()
+        report = export_mod.export_source(
+            source, output, opset=opset, tolerance=tolerance, optimize=optimize, fp16=fp16,
+            quantize=quantize, training_artifacts=training_artifacts, trainable=trainable,
+            merge_adapters=merge_adapters)
+        typer.echo(json.dumps(report, indent=2) if as_json else report["dir"])
+
+    _run(body)
+
+
+@app.command("eval")
+def eval_cmd(
+    source: Annotated[Path, typer.Argument(help="Run dir, saved HF model dir, or ONNX export folder.",
+                                           show_default=False)],
+    data_file: Annotated[Path | None, typer.Option(
+        "--data", help="Data to score (any format training reads); default: the run's eval split.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Examples per forward.")] = 32,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+) -> None:
+    """Evaluate a saved model (PyTorch or its ONNX export) with the metrics training reports."""
+
+    def body() -> None:
+        from ortft import evaluate
 
         _quiet_libraries()
-        report = export_mod.export_source(source, output, opset=opset, tolerance=tolerance)
-        typer.echo(json.dumps(report, indent=2) if as_json else report["model"])
+        result = evaluate.run(source, data_file, batch_size)
+        typer.echo(json.dumps(result, indent=2) if as_json else evaluate.format_result(result))
+
+    _run(body)
+
+
+@app.command()
+def predict(
+    source: Annotated[Path, typer.Argument(help="Run dir, saved HF model dir, or ONNX export folder.",
+                                           show_default=False)],
+    input_path: Annotated[str, typer.Option(
+        "--input", "-i", help="Texts, one per line or JSONL with a 'text' field; - for stdin.")] = "-",
+    max_new_tokens: Annotated[int, typer.Option(
+        "--max-new-tokens", min=1, help="causal-lm: tokens to generate (greedy).")] = 32,
+    max_length: Annotated[int | None, typer.Option(
+        "--max-length", min=1, help="classification: truncate inputs (default: the training length).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per input on stdout.")] = False,
+) -> None:
+    """Run a trained model on texts: label + scores (classification) or generated text (causal LM)."""
+
+    def body() -> None:
+        from ortft import predict as predict_mod
+
+        _quiet_libraries()
+        for result in predict_mod.run(source, input_path, max_new_tokens=max_new_tokens,
+                                      max_length=max_length):
+            typer.echo(json.dumps(result) if as_json else predict_mod.format_line(result))
+
+    _run(body)
+
+
+@app.command()
+def hpo(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file with an hpo: section.", show_default=False)],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Dotted overrides applied to every trial.")
+    ] = None,
+    trials: Annotated[int, typer.Option("--trials", "-n", min=1, help="Finished trials wanted in the study.")] = 10,
+    study: Annotated[str | None, typer.Option("--study", help="Study name (default: the recipe stem).")] = None,
+    storage: Annotated[str | None, typer.Option(
+        "--storage", help="Optuna storage URL (default: sqlite:///<output-dir>/study.db).")] = None,
+    output_dir: Annotated[Path | None, typer.Option(
+        "--output-dir", "-o", help="Folder for trial runs (default: runs/<stem>-hpo).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the study as JSON on stdout.")] = False,
+) -> None:
+    """Search hyperparameters with Optuna (median pruning; resumable SQLite study)."""
+
+    def body() -> None:
+        from ortft import hpo as hpo_mod
+
+        _quiet_libraries()
+        result = hpo_mod.run(recipe, overrides or [], trials, study, storage, output_dir)
+        typer.echo(json.dumps(result, indent=2) if as_json else hpo_mod.format_table(result))
 
     _run(body)
 

@@ -48,13 +48,13 @@ def _infer_format(path: Path) -> str:
     raise InputError(f"{path}: cannot tell the data format from the name; set data.format")
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+def _open_text(path: Path, errors: str) -> io.TextIOBase:
     name = path.name.lower()
     if name.endswith(".bz2"):
-        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8")
+        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8", errors=errors)
     if name.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8", newline="")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors=errors)
+    return open(path, encoding="utf-8", errors=errors, newline="")
 
 
 def _not_utf8(path: Path) -> InputError:
@@ -68,8 +68,9 @@ def _not_utf8(path: Path) -> InputError:
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
         return InputError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); "
-                          "convert the file to UTF-8")
-    return InputError(f"{path}: not UTF-8 text; convert the file to UTF-8")
+                          "convert the file to UTF-8 or set data.decode_errors=replace")
+    return InputError(f"{path}: not UTF-8 text; convert the file to UTF-8 "
+                      "or set data.decode_errors=replace")
 
 
 def _read_folder(path: Path, data: DataSection) -> list[dict[str, Any]]:
@@ -78,7 +79,7 @@ def _read_folder(path: Path, data: DataSection) -> list[dict[str, Any]]:
     for label_dir in sorted(p for p in path.iterdir() if p.is_dir()):
         for doc in sorted(label_dir.glob("*.txt")):
             try:
-                text = doc.read_text(encoding="utf-8").strip()
+                text = doc.read_text(encoding="utf-8", errors=data.decode_errors).strip()
             except UnicodeDecodeError:
                 raise _not_utf8(doc) from None
             rows.append({data.text_column: text, data.label_column: label_dir.name})
@@ -95,7 +96,7 @@ def _read_file(path: Path, fmt: str, data: DataSection) -> list[dict[str, Any]]:
 
 
 def _parse_file(path: Path, fmt: str, data: DataSection) -> list[dict[str, Any]]:
-    with _open_text(path) as fh:
+    with _open_text(path, data.decode_errors) as fh:
         if fmt in {"csv", "tsv"}:
             return list(csv.DictReader(fh, delimiter="\t" if fmt == "tsv" else ","))
         if fmt == "jsonl":
@@ -163,13 +164,17 @@ def read_rows(loaded: LoadedRecipe, value: str, split: str) -> list[dict[str, An
 def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, task: Task) -> None:
     if not rows:
         raise InputError(f"{source}: no rows")
+    own_columns = getattr(task, "columns", None)  # tasks with their own columns (task.* options)
     needed = [data.text_column]
     if data.text_pair_column:
         needed.append(data.text_pair_column)
     if task.needs_labels:
         needed.append(data.label_column)
+    if own_columns is not None:
+        needed = own_columns(data)
     # with data.label_names given, every row's label must be one of them (checked per file, here)
-    allowed = dict.fromkeys(data.label_names) if task.needs_labels and data.label_names else None
+    allowed = (dict.fromkeys(data.label_names) if task.needs_labels and data.label_names
+               and own_columns is None else None)
     # every row, not just the first: a later row without a column would fail mid-run
     for n, row in enumerate(rows, 1):
         if not isinstance(row, dict):
@@ -184,7 +189,8 @@ def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, t
             raise InputError(
                 f"{source}: {where}missing column {', '.join(missing)} "
                 f"(has: {', '.join(sorted(map(str, row)))}); "
-                "set data.text_column / data.label_column"
+                + ("set the task's column options (task.*_column)" if own_columns is not None
+                   else "set data.text_column / data.label_column")
             )
 
 
@@ -253,7 +259,8 @@ def encode_cached(task: Task, rows: list[dict[str, Any]], tokenizer: Any, data: 
     """Tokenize rows, or load the arrays a previous run saved for identical inputs."""
     h = hashlib.sha256()
     tok_state = tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else repr(tokenizer)
-    for part in [str(CACHE_VERSION), task.name, data.model_dump_json(), json.dumps(label2id),
+    for part in [str(CACHE_VERSION), task.name + getattr(task, "options_key", ""),
+                 data.model_dump_json(), json.dumps(label2id),
                  hashlib.sha256(tok_state.encode()).hexdigest(), str(len(rows)), *key_parts]:
         h.update(part.encode())
     path = cache_root() / "tokenized" / f"{h.hexdigest()[:24]}.npz"

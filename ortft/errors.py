@@ -77,3 +77,9 @@ class Interrupted(OrtftError):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.exit_code = EXIT_SIGINT if signum == 2 else EXIT_SIGTERM
+
+
+class Stopped(OrtftError):
+    """A caller's hook ended the run on purpose (``ortft hpo`` pruning a trial)."""
+
+    run_status = "pruned"  # what summary.json records as the run's status

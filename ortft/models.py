@@ -125,10 +125,19 @@ def _first_line(err: Exception) -> str:
 
 
 def _config_from_spec(spec: FromConfig, tokenizer: Any, dropout: float | None) -> Any:
-    from transformers import BertConfig, GPT2Config
+    from transformers import BertConfig, GPT2Config, T5Config
 
     inter = spec.intermediate_size or 4 * spec.hidden_size
     p = 0.1 if dropout is None else dropout
+    if spec.architecture == "t5":
+        # the tokenizer's end-of-text ([SEP] for wordpiece) ends targets; decoding starts from pad
+        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+        return T5Config(
+            vocab_size=len(tokenizer), d_model=spec.hidden_size, d_kv=spec.hidden_size // spec.num_heads,
+            d_ff=inter, num_layers=spec.num_layers, num_decoder_layers=spec.num_layers,
+            num_heads=spec.num_heads, dropout_rate=p, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos, decoder_start_token_id=tokenizer.pad_token_id,
+        )
     if spec.architecture == "bert":
         return BertConfig(
             vocab_size=len(tokenizer), hidden_size=spec.hidden_size,
@@ -200,21 +209,83 @@ class TaskModule(nn.Module):
     cannot flatten (it would silently fall back to PyTorch).
     """
 
-    def __init__(self, model: nn.Module, is_decoder: bool):
+    def __init__(self, model: nn.Module, is_decoder: bool, task: Any = None):
         super().__init__()
         self.model = model
         self.is_decoder = is_decoder
+        # a task that calls its model differently (question answering's start/end positions)
+        self._task_forward = getattr(task, "forward", None)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                labels: torch.Tensor, **extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._task_forward is not None:
+            return self._task_forward(self.model, input_ids, attention_mask, labels, **extra)
         kwargs: dict[str, Any] = {"use_cache": False} if self.is_decoder else {}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-                         return_dict=True, **kwargs)
+                         return_dict=True, **extra, **kwargs)
         return out.loss, out.logits
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+# --------------------------------------------------------------------------- LoRA adapters
+
+# The attention projections LoRA adapts when adapter.target_modules is not given (measured to
+# train through ORTModule: bert query/value, gpt2 c_attn, t5 q/v).
+DEFAULT_TARGETS = {"bert": ["query", "value"], "gpt2": ["c_attn"], "t5": ["q", "v"],
+                   "bart": ["q_proj", "v_proj"], "llama": ["q_proj", "v_proj"],
+                   "mistral": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"]}
+HEADS = ("classifier", "score", "qa_outputs")  # new task heads trained in full with train_head
+
+
+def apply_adapter(model: nn.Module, spec: Any) -> nn.Module:
+    """Wrap ``model`` in a PEFT LoRA model: only the adapter (and the new head) train."""
+    try:
+        import peft
+    except ImportError as err:
+        raise InputError(f"adapter.kind=lora needs the peft extra ({err}); "
+                         "pip install -c requirements/lock.txt -r requirements/extras.txt") from None
+    kind = getattr(model.config, "model_type", "")
+    targets = spec.target_modules or DEFAULT_TARGETS.get(kind)
+    if not targets:
+        raise InputError(f"adapter.target_modules: no default for model type {kind}; "
+                         "name the modules to adapt, e.g. [q_proj, v_proj]")
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [t for t in targets if t not in names]
+    if missing:
+        raise InputError(f"adapter.target_modules: {', '.join(missing)} matches no module of this "
+                         f"{kind} model (it has e.g. {', '.join(sorted(names - {''})[:8])})")
+    heads = [h for h in HEADS if h in names] if spec.train_head else []
+    config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                             target_modules=list(targets), modules_to_save=heads or None,
+                             fan_in_fan_out=kind == "gpt2")  # GPT-2's Conv1D stores W transposed
+    return peft.get_peft_model(model, config)
+
+
+def is_adapted(model: nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def merged_copy(model: nn.Module) -> nn.Module:
+    """A plain transformers model with the adapter folded into its weights (``model`` unchanged)."""
+    import copy
+
+    return copy.deepcopy(model).merge_and_unload() if is_adapted(model) else model
+
+
+def freeze(model: nn.Module, patterns: list[str]) -> None:
+    """backend.trainable: only parameters whose name matches a glob train; the rest are frozen."""
+    import fnmatch
+
+    names = [n for n, _ in model.named_parameters()]
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    if unmatched:
+        raise InputError(f"backend.trainable: {', '.join(unmatched)} matches no parameter of this "
+                         f"model (names look like: {', '.join(names[:2])}, ..., {names[-1]})")
+    for name, p in model.named_parameters():
+        p.requires_grad_(any(fnmatch.fnmatchcase(name, pat) for pat in patterns))
+
+
+def count_parameters(model: nn.Module, trainable: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
 
 
 def model_log_line(model: nn.Module, attn: str) -> str:

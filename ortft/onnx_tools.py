@@ -17,21 +17,24 @@ GPT-2 alike:
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import logging
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ortft.errors import InputError
+from ortft.errors import InputError, RunError
 
 TRAINING_OPSET = 16  # the highest opset whose training graph ORT 1.19 can differentiate (see above)
 TRAINING_ARCHITECTURES = ("bert", "gpt2")  # measured; others may work but are not promised
+TRAINING_TASKS = ("sequence-classification", "causal-lm")  # measured
 IGNORE = -100  # the label transformers' losses skip
 LARGE = 2**31 - 2**27  # just under protobuf's 2 GB limit: beyond it, weights go to external data
 
@@ -51,42 +54,70 @@ def session(path: Path, threads: int = 0) -> Any:
 def run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
     sess = session(path)
     names = {i.name for i in sess.get_inputs()}
-    return sess.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0].astype(np.float32)
+    return sess.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0].astype(
+        np.float32
+    )
 
 
-def predictions(logits: np.ndarray, feeds: dict[str, np.ndarray], task: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """(predicted ids, labels or None) at the positions that count for ``task``.
+def predictions(
+    logits: np.ndarray, feeds: dict[str, np.ndarray], positions: str
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(predicted ids, labels or None) at the positions that count.
 
-    Classification: one prediction per row. Causal LM: the next-token prediction at every
-    position whose next token is a real (unpadded) label.
+    ``positions``: "row" (one prediction per row: classification), "token" (every position with a
+    label, else every unpadded one) or "next-token" (causal LM: the prediction at t against the
+    label at t + 1, where that label is real).
     """
     labels = feeds.get("labels")
-    if task != "causal-lm":
+    if positions == "row":
         return logits.argmax(-1), labels
+    if positions == "token":
+        keep = feeds["attention_mask"].astype(bool)
+        if labels is not None:
+            keep &= labels != IGNORE
+        return logits.argmax(-1)[keep], (labels[keep] if labels is not None else None)
     pred = logits[:, :-1].argmax(-1)
     target = labels[:, 1:] if labels is not None else feeds["input_ids"][:, 1:]
     keep = feeds["attention_mask"][:, 1:].astype(bool) & (target != IGNORE)
     return pred[keep], (target[keep] if labels is not None else None)
 
 
-def judge(got: np.ndarray, ref: np.ndarray, feeds: dict[str, np.ndarray], task: str) -> dict[str, Any]:
+def judge(
+    got: np.ndarray, ref: np.ndarray, feeds: dict[str, np.ndarray], positions: str
+) -> dict[str, Any]:
     """Prediction agreement with ``ref`` and the accuracy delta, against labels when there are
     any, else against ``ref``'s predictions (then the delta is just agreement - 1)."""
-    p_got, labels = predictions(got, feeds, task)
-    p_ref, _ = predictions(ref, feeds, task)
+    p_got, labels = predictions(got, feeds, positions)
+    p_ref, _ = predictions(ref, feeds, positions)
+    if labels is not None and labels.shape != p_ref.shape:  # labels of another kind (e.g. spans)
+        labels = None
     truth = labels if labels is not None else p_ref
     acc_got, acc_ref = float(np.mean(p_got == truth)), float(np.mean(p_ref == truth))
-    return {"max_abs_diff": float(np.max(np.abs(got - ref))),
-            "prediction_agreement": float(np.mean(p_got == p_ref)),
-            "accuracy": round(acc_got, 6), "accuracy_fp32": round(acc_ref, 6),
-            "accuracy_delta": round(acc_got - acc_ref, 6),
-            "accuracy_against": "labels" if labels is not None else "fp32 predictions"}
+    return {
+        "max_abs_diff": float(np.max(np.abs(got - ref))),
+        "prediction_agreement": float(np.mean(p_got == p_ref)),
+        "accuracy": round(acc_got, 6),
+        "accuracy_fp32": round(acc_ref, 6),
+        "accuracy_delta": round(acc_got - acc_ref, 6),
+        "accuracy_against": "labels" if labels is not None else "fp32 predictions",
+    }
 
 
-def latency_ms(paths: dict[str, Path], feeds: dict[str, np.ndarray], repeats: int = 20) -> dict[str, float]:
-    """Median ms per batch, the models run in turn (interleaved) on one thread so that a busy
-    machine slows them alike."""
-    sessions = {k: session(p, threads=1) for k, p in paths.items()}
+def latency_ms(
+    paths: dict[str, Path], feeds: dict[str, np.ndarray], repeats: int = 20
+) -> dict[str, dict[str, float]]:
+    """Median ms per batch ("run") and session creation ms ("load"), the models taken in turn
+    (interleaved) on one thread so that a busy machine slows them alike.
+
+    Sessions use ORT's default options, as a user's would: ORT then applies its online graph
+    optimizations to every model, so an offline-optimized file mostly saves load time.
+    """
+    load: dict[str, float] = {}
+    sessions = {}
+    for k, p in paths.items():
+        t0 = time.perf_counter()
+        sessions[k] = session(p, threads=1)
+        load[k] = round((time.perf_counter() - t0) * 1e3, 1)
     inputs = {k: {i.name: feeds[i.name] for i in s.get_inputs()} for k, s in sessions.items()}
     times: dict[str, list[float]] = {k: [] for k in paths}
     for i in range(repeats + 2):
@@ -95,7 +126,8 @@ def latency_ms(paths: dict[str, Path], feeds: dict[str, np.ndarray], repeats: in
             s.run(None, inputs[k])
             if i >= 2:  # the first runs allocate
                 times[k].append((time.perf_counter() - t0) * 1e3)
-    return {k: round(statistics.median(v), 3) for k, v in times.items()}
+    run = {k: round(statistics.median(v), 3) for k, v in times.items()}
+    return {"run": run, "load": load}
 
 
 def _load(path: Path) -> Any:
@@ -132,18 +164,25 @@ def optimize(src: Path, dst: Path) -> dict[str, Any]:
     so.log_severity_level = 3
     ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
     before, after = op_counts(src), op_counts(dst)
-    fused = {op: n for op, n in sorted(after.items()) if n > before.get(op, 0)}
-    return {"method": "onnxruntime session optimization ORT_ENABLE_EXTENDED (CPU), saved to file",
-            "nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
-            "new_or_more_ops": fused}
+    added = {op: n for op, n in sorted(after.items()) if op not in before}
+    return {
+        "method": "onnxruntime session optimization ORT_ENABLE_EXTENDED (CPU), saved to file",
+        "nodes_before": sum(before.values()),
+        "nodes_after": sum(after.values()),
+        "ops_added": added,
+        "ops_before": dict(before.most_common()),
+        "ops_after": dict(after.most_common()),
+    }
 
 
 def to_fp16(src: Path, dst: Path) -> dict[str, Any]:
-    """fp16 weights and compute; inputs and the ``logits`` output stay as they were (int64 / fp32)."""
+    """fp16 weights and compute; the inputs and ``logits`` keep their types (int64 / fp32)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     _save(convert_float_to_float16(_load(src), keep_io_types=True), dst)
-    return {"method": "onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)"}
+    return {
+        "method": "onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)"
+    }
 
 
 def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
@@ -151,7 +190,15 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     large = sum(f.stat().st_size for f in src.parent.iterdir() if f.is_file()) > LARGE
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, use_external_data_format=large)
+    # it warns on the root logger to run its pre-processing first; ortft quantizes the plain
+    # export and judges the result by its predictions instead (see export.THRESHOLDS)
+    logging.disable(logging.WARNING)
+    try:
+        quantize_dynamic(
+            str(src), str(dst), weight_type=QuantType.QInt8, use_external_data_format=large
+        )
+    finally:
+        logging.disable(logging.NOTSET)
     return {"method": "onnxruntime.quantization.quantize_dynamic(weight_type=QInt8)"}
 
 
@@ -159,28 +206,43 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
 
 
 class _LossOnly(torch.nn.Module):
-    """The model's own loss (transformers' shift-and-mask for causal LM), as the graph output:
-    on-device training then optimizes exactly what PyTorch training did."""
+    """The model's own loss (transformers' shift-and-mask for causal LM), as the graph's first
+    output: on-device training then optimizes exactly what PyTorch training did. ``logits`` is
+    the second output: eval metrics read it, and ``export_model_for_inferencing`` keeps it."""
 
     def __init__(self, model: torch.nn.Module, is_decoder: bool):
         super().__init__()
         self.model, self.is_decoder = model, is_decoder
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         kw = {"use_cache": False} if self.is_decoder else {}
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-                          return_dict=True, **kw).loss
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            labels=labels,
+            return_dict=True,
+            **kw,
+        )
+        return out.loss, out.logits
 
 
-def training_feeds(feeds: dict[str, np.ndarray], task: str, num_labels: int) -> dict[str, np.ndarray]:
+def training_feeds(
+    feeds: dict[str, np.ndarray], task: str, num_labels: int
+) -> dict[str, np.ndarray]:
     """``feeds`` with labels: the given ones, else synthetic (next token / seeded random class)."""
     out = {"input_ids": feeds["input_ids"], "attention_mask": feeds["attention_mask"]}
     if "labels" in feeds:
         out["labels"] = feeds["labels"]
     elif task == "causal-lm":
-        out["labels"] = np.where(feeds["attention_mask"] == 1, feeds["input_ids"], IGNORE).astype(np.int64)
+        out["labels"] = np.where(feeds["attention_mask"] == 1, feeds["input_ids"], IGNORE).astype(
+            np.int64
+        )
     else:
-        out["labels"] = np.random.default_rng(0).integers(0, num_labels, len(feeds["input_ids"]), dtype=np.int64)
+        out["labels"] = np.random.default_rng(0).integers(
+            0, num_labels, len(feeds["input_ids"]), dtype=np.int64
+        )
     return out
 
 
@@ -192,14 +254,23 @@ def select_trainable(names: Sequence[str], trainable: Sequence[str] | None) -> l
     unmatched = [p for p in trainable if not any(fnmatch.fnmatchcase(n, p) for n in names)]
     if unmatched or not chosen:
         sample = ", ".join(list(names)[:3])
-        raise InputError(f"--trainable {' '.join(unmatched) or ' '.join(trainable)} matches no parameter "
-                         f"(names look like: {sample}, ...)")
+        raise InputError(
+            f"--trainable {' '.join(unmatched) or ' '.join(trainable)} matches no parameter "
+            f"(names look like: {sample}, ...)"
+        )
     return chosen
 
 
-def generate_training_artifacts(model: torch.nn.Module, task: str, out_dir: Path, example: dict[str, np.ndarray],
-                                *, trainable: Sequence[str] | None = None, opset: int = TRAINING_OPSET,
-                                ) -> dict[str, Any]:
+def generate_training_artifacts(
+    model: torch.nn.Module,
+    task: str,
+    out_dir: Path,
+    example: dict[str, np.ndarray],
+    *,
+    trainable: Sequence[str] | None = None,
+    opset: int = TRAINING_OPSET,
+    optimizer: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Write ``training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx`` (AdamW) and
     ``checkpoint`` to ``out_dir`` for ``onnxruntime.training.api``.
 
@@ -207,32 +278,57 @@ def generate_training_artifacts(model: torch.nn.Module, task: str, out_dir: Path
     row must be padded so the exported graph keeps the attention mask. ``trainable`` holds glob
     patterns over the model's parameter names (``classifier.*``, ``bert.encoder.layer.1.*``);
     the others are frozen (kept in the checkpoint, no gradient). Parameters keep their Hugging
-    Face names in the graph and checkpoint.
+    Face names in the graph and checkpoint. The graphs output ``loss`` and ``logits``.
+    ``optimizer``: AdamW settings baked into the optimizer graph (``betas``, ``eps``,
+    ``weight_decay``, ``max_grad_norm``); default ORT's AdamW (eps 1e-6, no decay, no clipping).
     """
     import onnx
-    from onnxruntime.training import artifacts
+    import onnxruntime as ort
+    from onnxruntime.training import artifacts, onnxblock
 
+    ort.set_default_logger_severity(3)  # else the gradient graph builder logs at info level
     model_type = getattr(model.config, "model_type", "?")
+    if task not in TRAINING_TASKS:
+        raise InputError(
+            f"training artifacts are built and tested for {', '.join(TRAINING_TASKS)}, not {task}"
+        )
     if model_type not in TRAINING_ARCHITECTURES:
-        raise InputError(f"training artifacts are built and tested for {', '.join(TRAINING_ARCHITECTURES)} "
-                         f"models, not {model_type}")
+        raise InputError(
+            f"training artifacts are built and tested for {', '.join(TRAINING_ARCHITECTURES)} "
+            f"models, not {model_type}"
+        )
     if opset > TRAINING_OPSET:
-        raise InputError(f"training graphs need opset <= {TRAINING_OPSET} on ORT 1.19 (layer norm gradient)")
+        raise InputError(
+            f"training graphs need opset <= {TRAINING_OPSET} on ORT 1.19 (layer norm gradient)"
+        )
     names = [n for n, _ in model.named_parameters()]
     chosen = select_trainable(names, trainable)
     out_dir.mkdir(parents=True, exist_ok=True)
     base = out_dir / ".base.onnx"
     wrapper = _LossOnly(model, task == "causal-lm")
     args = tuple(torch.from_numpy(example[k]) for k in ("input_ids", "attention_mask", "labels"))
-    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
-            "labels": {0: "batch", 1: "sequence"} if task == "causal-lm" else {0: "batch"}}
+    axes = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "sequence"},
+        "labels": {0: "batch", 1: "sequence"} if task == "causal-lm" else {0: "batch"},
+        "logits": {0: "batch", 1: "sequence"} if task == "causal-lm" else {0: "batch"},
+    }
     was_training = model.training
     try:
         # TRAINING mode keeps dropout in the graph; no constant folding keeps every parameter an
         # initializer under its own name.
-        torch.onnx.export(wrapper, args, str(base), input_names=list(axes), output_names=["loss"],
-                          opset_version=opset, dynamo=False, do_constant_folding=False,
-                          training=torch.onnx.TrainingMode.TRAINING, dynamic_axes=axes)
+        torch.onnx.export(
+            wrapper,
+            args,
+            str(base),
+            input_names=list(axes)[:3],
+            output_names=["loss", "logits"],
+            opset_version=opset,
+            dynamo=False,
+            do_constant_folding=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+            dynamic_axes=axes,
+        )
     finally:
         model.train(was_training)
     graph = onnx.load(str(base))
@@ -249,44 +345,124 @@ def generate_training_artifacts(model: torch.nn.Module, task: str, out_dir: Path
     frozen = [n for n in params if n not in chosen]
     if not requires:
         raise InputError("--trainable leaves no parameter of the exported graph to train")
-    artifacts.generate_artifacts(graph, requires_grad=requires, frozen_params=frozen, loss=None,
-                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(out_dir))
+    opt = dict(optimizer or {})
+    clip = opt.pop("max_grad_norm", None)
+    block = onnxblock.optim.AdamW(
+        **opt, clip_grad=onnxblock.optim.ClipGradNorm(clip) if clip else None
+    )
+    artifacts.generate_artifacts(
+        graph,
+        requires_grad=requires,
+        frozen_params=frozen,
+        loss=None,  # the graph's own "loss" output; "logits" rides along
+        loss_input_names=["loss"],
+        additional_output_names=["logits"],
+        optimizer=block,
+        artifact_directory=str(out_dir),
+    )
     files = sorted(p.name for p in out_dir.iterdir())
-    return {"opset": opset, "optimizer": "AdamW", "loss": "the model's own loss (graph output 'loss')",
-            "inputs": list(axes), "trainable_patterns": list(trainable) if trainable else None,
-            "trainable_parameters": len(requires), "frozen_parameters": len(frozen),
-            "trainable_values": int(sum(p.numel() for n, p in model.named_parameters() if n in requires)),
-            "files": files}
+    return {
+        "opset": opset,
+        "optimizer": {"name": "AdamW", "eps": 1e-6, "weight_decay": 0.0, **(optimizer or {})},
+        "loss": "the model's own loss (graph output 'loss')",
+        "inputs": list(axes)[:3],
+        "outputs": ["loss", "logits"],
+        "trainable_patterns": list(trainable) if trainable else None,
+        "trainable_parameters": len(requires),
+        "frozen_parameters": len(frozen),
+        "trainable_values": int(
+            sum(p.numel() for n, p in model.named_parameters() if n in requires)
+        ),
+        "files": files,
+    }
 
 
-def check_training_artifacts(art_dir: Path, feeds: dict[str, np.ndarray], *, steps: int = 3,
-                             lr: float = 1e-3) -> dict[str, Any]:
+def check_training_artifacts(
+    art_dir: Path, feeds: dict[str, np.ndarray], *, steps: int = 3, lr: float = 1e-3
+) -> dict[str, Any]:
     """Train ``steps`` steps on one batch with ``onnxruntime.training.api``; the loss must fall.
 
     Nothing is saved: the artifacts stay as generated.
     """
+    import onnxruntime as ort
     from onnxruntime.training import api
 
+    ort.set_default_logger_severity(3)  # the training session warns about every unused initializer
     state = api.CheckpointState.load_checkpoint(str(art_dir / "checkpoint"))
-    module = api.Module(str(art_dir / "training_model.onnx"), state, str(art_dir / "eval_model.onnx"),
-                        device="cpu")
+    module = api.Module(
+        str(art_dir / "training_model.onnx"), state, str(art_dir / "eval_model.onnx"), device="cpu"
+    )
     optimizer = api.Optimizer(str(art_dir / "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(lr)
     args = [feeds["input_ids"], feeds["attention_mask"], feeds["labels"]]
     module.train()
     losses = []
     for _ in range(steps):
-        losses.append(float(module(*args)))
+        losses.append(float(module(*args)[0]))  # (loss, logits)
         optimizer.step()
         module.lazy_reset_grad()
     module.eval()
-    after = float(module(*args))
-    return {"steps": steps, "lr": lr, "batch": int(len(feeds["input_ids"])),
-            "losses": [round(x, 6) for x in losses], "eval_loss_after": round(after, 6),
-            "passed": bool(losses[-1] < losses[0])}
+    after = float(module(*args)[0])
+    return {
+        "steps": steps,
+        "lr": lr,
+        "batch": int(len(feeds["input_ids"])),
+        "losses": [round(x, 6) for x in losses],
+        "eval_loss_after": round(after, 6),
+        "passed": bool(losses[-1] < losses[0]),
+    }
 
 
 def dir_bytes(path: Path, stem: str) -> int:
     """A model's size: its .onnx file plus any external data written next to it."""
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file() and f.name.startswith(stem))
 
+
+@contextlib.contextmanager
+def standard_symbolics() -> Iterator[None]:
+    """Export with torch's own ONNX symbolics, not the ones ORTModule registered.
+
+    ORTModule registers custom symbolics process-wide when it wraps a model (ATen fallbacks
+    for ops such as embedding, and com.microsoft contrib ops). An inference export made later
+    in the same process would pick them up, and its ATen nodes only run where ORTModule's
+    ATen executor is loaded: the parity check in this process passes, a deployment fails.
+    """
+    import sys
+
+    if "onnxruntime.training.ortmodule.ortmodule" not in sys.modules:
+        yield
+        return
+    import logging as _logging
+
+    from torch.onnx import unregister_custom_op_symbolic
+
+    from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+
+    torch_logger = _logging.getLogger("torch.onnx")
+    level = torch_logger.level
+    torch_logger.setLevel(_logging.ERROR)  # unregistering an opset never registered warns
+    try:
+        for name in list(CustomOpSymbolicRegistry._SYMBOLICS):
+            for opset in range(7, 21):
+                unregister_custom_op_symbolic(name, opset)
+        try:
+            from onnxruntime.tools import pytorch_export_contrib_ops
+
+            pytorch_export_contrib_ops.unregister()
+        except Exception:  # noqa: BLE001 - best effort; check_portable has the last word
+            pass
+    finally:
+        torch_logger.setLevel(level)
+    yield  # ORTModule registers them again whenever it wraps another model
+
+
+def check_portable(path: Path) -> None:
+    """Refuse a graph that needs ORTModule's runtime (ATen fallback nodes)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    aten = [n.name or n.op_type for n in model.graph.node
+            if n.op_type == "ATen" or n.domain == "org.pytorch.aten"]
+    if aten:
+        raise RunError(f"{path}: the export contains {len(aten)} ATen fallback node(s) "
+                       f"({', '.join(aten[:3])}), which plain ONNX Runtime cannot run")

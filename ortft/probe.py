@@ -32,11 +32,16 @@ CANDIDATES = ("torch", "ort")  # torch first: ORT's spinning thread pool would s
 def _time_backend(name: str, loaded: LoadedRecipe, task: Any, tokenizer: Any,
                   labels: list[str] | None, encoded: Any, device: torch.device,
                   build_optimizer: Callable[..., Any], scratch: Path) -> list[float]:
+    """Wall time of each of ``PROBE_STEPS`` optimizer steps (one micro-batch each)."""
     r = loaded.recipe
     backend = backends.get(name, r.backend)
+    # the same model train.run builds (keep the two in step)
     model = models.build_model(loaded, task.auto_class, tokenizer, labels,
                                attn=backend.attn_implementation)
-    module = models.TaskModule(model, is_decoder=task.name == "causal-lm").to(device)
+    if r.adapter is not None:
+        model = models.apply_adapter(model, r.adapter)
+    module = models.TaskModule(model, is_decoder=getattr(task, "is_decoder", False),
+                               task=task).to(device)
     wrapped = backend.wrap(module, scratch / name)
     wrapped.train()
     params = [p for p in module.parameters() if p.requires_grad]
@@ -46,7 +51,8 @@ def _time_backend(name: str, loaded: LoadedRecipe, task: Any, tokenizer: Any,
     for _ in range(PROBE_STEPS):
         t0 = time.perf_counter()
         _, batch = next(batches)
-        inputs = {k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")}
+        inputs = {k: torch.from_numpy(v).to(device) for k, v in batch.items()
+                  if not k.startswith("_")}
         loss, _ = wrapped(**inputs)
         loss.backward()
         backend.after_step(wrapped)

@@ -43,16 +43,24 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
+                                     TextColumn("loss {task.fields[loss]}"),
+                                     TextColumn("{task.fields[eval]}"), TimeRemainingColumn(),
                                      console=_console, transient=True)
             self._bar.start()
             self._task = self._bar.add_task("train", total=self.total, completed=self.start,
-                                            loss="-")
+                                            loss="-", eval="")
         return self
 
     def update(self, step: int, loss: float) -> None:
         if self._bar is not None:
             self._bar.update(self._task, completed=step, loss=f"{loss:.4f}")
+
+    def eval(self, metrics: dict[str, float]) -> None:
+        """An eval: one line in the log, and its metrics (not the loss) kept on the bar."""
+        self.log("eval  " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        if self._bar is not None:
+            shown = {k: v for k, v in metrics.items() if k != "loss"} or metrics
+            self._bar.update(self._task, eval="eval " + " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
 
     def log(self, line: str) -> None:
         _console.print(f"[dim]ortft[/dim] {line}", markup=True, highlight=False, soft_wrap=True)

@@ -15,9 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 FORMAT_VERSION = 1
 
-TaskName = Literal["sequence-classification", "causal-lm"]
-BackendName = Literal["ort", "torch", "auto"]
-Architecture = Literal["bert", "gpt2"]
+TaskName = Literal["sequence-classification", "causal-lm", "token-classification", "masked-lm",
+                   "seq2seq", "question-answering", "instruction"]
+BackendName = Literal["ort", "torch", "auto", "ort-ondevice"]
+Architecture = Literal["bert", "gpt2", "t5"]
 Scheduler = Literal[
     "linear",
     "cosine",
@@ -29,10 +30,24 @@ Scheduler = Literal[
 ]
 DataFormat = Literal["auto", "csv", "json", "jsonl", "parquet", "txt", "folder", "disk", "hub"]
 # Eval metrics as summary.json names them; which ones a task has is checked in Recipe.
-EvalMetric = Literal["eval_loss", "eval_accuracy", "eval_f1_macro", "eval_perplexity"]
+EvalMetric = Literal["eval_loss", "eval_accuracy", "eval_f1_macro", "eval_perplexity", "eval_f1",
+                     "eval_exact_match", "eval_token_f1"]
 TASK_METRICS = {
     "sequence-classification": ("eval_loss", "eval_accuracy", "eval_f1_macro"),
     "causal-lm": ("eval_loss", "eval_perplexity"),
+    "token-classification": ("eval_loss", "eval_accuracy", "eval_f1", "eval_f1_macro"),
+    "masked-lm": ("eval_loss", "eval_perplexity"),
+    "seq2seq": ("eval_loss", "eval_perplexity", "eval_exact_match", "eval_token_f1"),
+    "question-answering": ("eval_loss", "eval_exact_match", "eval_f1"),
+    "instruction": ("eval_loss", "eval_perplexity"),
+}
+# Which task options (TaskSection fields) belong to which task; setting another task's is an error.
+TASK_OPTIONS = {
+    "token-classification": ("tokens_column", "tags_column"),
+    "masked-lm": ("mlm_probability",),
+    "seq2seq": ("source_column", "target_column", "max_target_length", "generate_samples"),
+    "question-answering": ("question_column", "context_column", "answer_column", "answer_start_column"),
+    "instruction": ("prompt_column", "response_column", "messages_column", "template"),
 }
 LOWER_IS_BETTER = ("eval_loss", "eval_perplexity")
 
@@ -47,7 +62,9 @@ PositiveInt = Annotated[int, Field(ge=1)]
 class FromConfig(Section):
     """A randomly initialised model built from a small config (demos, tests, benchmarks)."""
 
-    architecture: Architecture = Field(description="Model family: bert (encoder) or gpt2 (decoder).")
+    architecture: Architecture = Field(
+        description="Model family: bert (encoder), gpt2 (decoder) or t5 (encoder-decoder, for seq2seq)."
+    )
     hidden_size: PositiveInt = Field(128, description="Width of the hidden states.")
     num_layers: PositiveInt = Field(2, description="Number of transformer blocks.")
     num_heads: PositiveInt = Field(2, description="Attention heads; must divide hidden_size.")
@@ -128,12 +145,77 @@ class ModelSection(Section):
 
 
 class TaskSection(Section):
-    name: TaskName = Field(description="What the model learns: sequence-classification or causal-lm.")
+    name: TaskName = Field(
+        description="What the model learns: sequence-classification, token-classification, "
+        "question-answering, masked-lm, causal-lm, instruction or seq2seq."
+    )
+    # token-classification: one tag per word; the first sub-token of a word carries its tag
+    tokens_column: str = Field("tokens", description="token-classification: column with the list of words.")
+    tags_column: str = Field("tags", description="token-classification: column with one tag per word.")
+    # masked-lm
+    mlm_probability: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        0.15, description="masked-lm: share of tokens selected for prediction (80% [MASK], 10% random, "
+        "10% unchanged), drawn anew each epoch from the seed."
+    )
+    # seq2seq
+    source_column: str = Field("source", description="seq2seq: column with the input text.")
+    target_column: str = Field("target", description="seq2seq: column with the output text.")
+    max_target_length: Annotated[int, Field(ge=4, le=4096)] = Field(
+        64, description="seq2seq: target tokens per example (padded/truncated to this)."
+    )
+    generate_samples: Annotated[int, Field(ge=0)] = Field(
+        8, description="seq2seq: eval rows decoded with generate() for exact match / token F1 (0: none)."
+    )
+    # question-answering (extractive, SQuAD-style)
+    question_column: str = Field("question", description="question-answering: column with the question.")
+    context_column: str = Field("context", description="question-answering: column with the passage.")
+    answer_column: str = Field("answer_text", description="question-answering: column with the answer text.")
+    answer_start_column: str = Field(
+        "answer_start", description="question-answering: character offset of the answer in the context."
+    )
+    # instruction (chat tuning of a causal LM)
+    prompt_column: str = Field("prompt", description="instruction: column with the prompt.")
+    response_column: str = Field("response", description="instruction: column with the response.")
+    messages_column: str = Field(
+        "messages", description="instruction: column with a chat ([{role, content}, ...]); used when present."
+    )
+    template: Literal["auto", "simple"] = Field(
+        "auto", description="instruction: auto uses the tokenizer's chat template when it has one, else "
+        "the simple '### Instruction / ### Response' template; simple always uses the latter."
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _from_string(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _own_options(self) -> TaskSection:
+        mine = set(TASK_OPTIONS.get(self.name, ()))
+        # a default value is fine anywhere (a dumped recipe spells out every field)
+        foreign = sorted(k for k in self.model_fields_set - {"name"} if k not in mine
+                         and getattr(self, k) != type(self).model_fields[k].default)
+        if foreign:
+            owners = {k: t for t, keys in TASK_OPTIONS.items() for k in keys}
+            raise ValueError(", ".join(f"task.{k} is an option of {owners[k]}" for k in foreign)
+                             + f", not of {self.name}")
+        return self
+
+
+class AdapterSection(Section):
+    """Parameter-efficient fine-tuning: train small adapter matrices, freeze the base model."""
+
+    kind: Literal["lora"] = Field("lora", description="Adapter kind: lora (needs the peft extra).")
+    rank: PositiveInt = Field(8, description="LoRA rank r.")
+    alpha: Annotated[float, Field(gt=0)] = Field(16.0, description="LoRA alpha (the update is scaled by alpha/r).")
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.0, description="Dropout on the LoRA input.")
+    target_modules: Annotated[list[str], Field(min_length=1)] | None = Field(
+        None, description="Module names to adapt (e.g. [query, value]); default: the attention "
+        "projections of the architecture (bert: query/value, gpt2: c_attn, t5: q/v)."
+    )
+    train_head: bool = Field(
+        True, description="Also train the new task head (classifier / qa_outputs) in full; the base stays frozen."
+    )
 
 
 class DataSection(Section):
@@ -150,6 +232,11 @@ class DataSection(Section):
     format: DataFormat = Field("auto", description="Input format; auto infers it from the path.")
     split: str = Field("train", description="Split to read from a Hub dataset or saved DatasetDict.")
     eval_split: str | None = Field(None, description="Split for eval from a Hub dataset / DatasetDict.")
+    decode_errors: Literal["strict", "replace"] = Field(
+        "strict",
+        description="Bytes that are not UTF-8: strict stops with the file and line; replace "
+        "substitutes U+FFFD (for corpora with a few stray legacy-encoded bytes).",
+    )
     text_column: str = Field("text", description="Column holding the text.")
     text_pair_column: str | None = Field(None, description="Second text column for pair tasks.")
     label_column: str = Field("label", description="Column holding the label (classification).")
@@ -269,8 +356,16 @@ class HardwareSection(Section):
 class BackendSection(Section):
     name: BackendName = Field(
         "ort",
-        description="ort (ORTModule), torch (eager PyTorch), or auto (time a few steps of both on "
-        "the first batches, train with the faster; recorded in summary.json).",
+        description="ort (ORTModule), torch (eager PyTorch), auto (time a few steps of both on "
+        "the first batches, train with the faster; recorded in summary.json), or ort-ondevice "
+        "(export once to ONNX training artifacts, then train in onnxruntime.training.api: no "
+        "PyTorch in the loop).",
+    )
+    trainable: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = Field(
+        None,
+        description="Glob patterns over the model's parameter names (e.g. ['classifier.*', "
+        "'bert.encoder.layer.5.*']): only matching parameters train, the rest are frozen. "
+        "Default: every parameter. Works on every backend; a pattern matching nothing is an error.",
     )
     allow_fallback: bool = Field(
         False,
@@ -313,7 +408,8 @@ class CheckpointSection(Section):
 class ExportSection(Section):
     enabled: bool = Field(True, description="Export ONNX to <run>/onnx/ at the end of training.")
     opset: Annotated[int, Field(ge=14, le=20)] = Field(
-        17, description="ONNX opset (14–20; highest that torch 2.6's exporter and ORT 1.19 share: 20)."
+        20, description="ONNX opset (14–20). 20 is the highest that torch 2.6's TorchScript exporter writes "
+        "and ORT 1.19 runs (measured for BERT and GPT-2)."
     )
     tolerance: Annotated[float, Field(gt=0)] = Field(
         1e-4, description="Max |ONNX − PyTorch| allowed on the parity check."
@@ -423,6 +519,30 @@ def _is_tunable(key: str) -> bool:
     return False
 
 
+ONDEVICE_TASKS = ("sequence-classification", "causal-lm")  # onnx_tools.TRAINING_TASKS
+ONDEVICE_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
+
+
+def _check_ondevice(r: Recipe) -> None:
+    """What backend.name=ort-ondevice supports; the rest is a recipe error, never a no-op."""
+    problems = []
+    if r.task.name not in ONDEVICE_TASKS:
+        problems.append(f"task {r.task.name} (supported: {', '.join(ONDEVICE_TASKS)})")
+    if r.model.from_config and r.model.from_config.architecture == "t5":
+        problems.append("model.from_config.architecture=t5 (bert and gpt2 are measured)")
+    if r.adapter is not None:
+        problems.append("adapter (use backend.trainable to train part of the model)")
+    if r.training.scheduler not in ONDEVICE_SCHEDULERS:
+        problems.append(f"training.scheduler={r.training.scheduler} "
+                        f"(supported: {', '.join(ONDEVICE_SCHEDULERS)})")
+    if r.training.early_stopping is not None or r.checkpoint.final == "best":
+        problems.append("training.early_stopping / checkpoint.final=best")
+    if r.optimizer.name != "adamw":
+        problems.append(f"optimizer.name={r.optimizer.name} (ORT's AdamW graph is used)")
+    if problems:
+        raise ValueError("backend.name=ort-ondevice does not support " + "; ".join(problems))
+
+
 def has_eval_data(data: DataSection) -> bool:
     return bool(data.eval) or data.eval_fraction > 0 or (data.format == "hub" and bool(data.eval_split))
 
@@ -446,6 +566,9 @@ class Recipe(Section):
         None, description="DeepSpeed config: a JSON path or an inline mapping (not wired yet)."
     )
     backend: BackendSection = Field(default_factory=BackendSection)
+    adapter: AdapterSection | None = Field(
+        None, description="Train a LoRA adapter instead of every weight (needs the peft extra)."
+    )
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     export: ExportSection = Field(default_factory=ExportSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
@@ -484,6 +607,19 @@ class Recipe(Section):
             raise ValueError("optimizer.name=adamw_ort_fused needs CUDA; use adamw on cpu")
         if self.optimizer.name == "adamw_ort_fused" and self.backend.name != "ort":
             raise ValueError("optimizer.name=adamw_ort_fused needs backend.name=ort")
+        if self.backend.name == "ort-ondevice":
+            _check_ondevice(self)
+        if self.adapter is not None and self.backend.trainable:
+            raise ValueError("backend.trainable and adapter both choose what trains; use one of them")
+        if self.adapter is not None and self.backend.name == "auto":
+            raise ValueError("adapter: backend.name=auto times full fine-tuning, not the adapter; "
+                             "choose backend.name=ort or torch")
+        fc, task = self.model.from_config, self.task.name
+        if fc and (fc.architecture == "t5") != (task == "seq2seq"):
+            raise ValueError(f"model.from_config.architecture={fc.architecture} cannot learn {task}: "
+                             "seq2seq needs t5, every other task bert or gpt2")
+        if fc and task == "masked-lm" and fc.architecture != "bert":
+            raise ValueError("masked-lm needs an encoder: model.from_config.architecture=bert")
         return self
 
     @model_validator(mode="after")

@@ -102,6 +102,10 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict]:
         mark = err.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise RecipeError(f"{where}malformed YAML: {err.problem}", source=str(path)) from None
+    except yaml.YAMLError as err:  # ReaderError: a control character, found by property tests
+        first = str(err).strip().splitlines()[0]
+        at = f" at character {err.position + 1}" if isinstance(err, yaml.reader.ReaderError) else ""
+        raise RecipeError(f"malformed YAML{at}: {first}", source=str(path)) from None
     if data is None:
         raise RecipeError("the recipe is empty", source=str(path))
     if not isinstance(data, dict):
@@ -165,7 +169,8 @@ def format_errors(err: ValidationError, lines: dict,
         # pydantic adds the union member / model name to some locations; drop non-field parts
         loc = tuple(p for p in loc if p not in {"str", "dict[str,any]", "TrainTokenizer"})
         dotted = ".".join(loc)
-        if any(loc[: len(o)] == o for o in overridden):
+        # an override's own key, or a section it created that the YAML does not have
+        if any(loc[: len(o)] == o or (o[: len(loc)] == loc and loc not in lines) for o in overridden):
             where = " (command-line override)"
         else:
             line = None

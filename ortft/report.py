@@ -1,17 +1,24 @@
 """What a run writes about itself: ``metrics.jsonl`` rows, ``summary.json`` and the model card.
 
 summary.json (format_version 1) — written at the end of every run, also failed/interrupted:
-  format_version, status ("completed" | "failed" | "interrupted"), error (one line or null),
-  task, backend {requested, used, fallback, fallback_reason, ort_exports, notes},
+  format_version, status ("completed" | "failed" | "interrupted" | "stopped" | "pruned" — the
+  last an `ortft hpo` trial ended by the median rule), error (one line or null),
+  task, parameters, backend {requested, used, fallback, fallback_reason, ort_exports, notes,
+  and with backend.name=auto: probe {steps, backends{name: step times}, chosen}},
   steps, max_steps, epochs, samples, tokens,
-  metrics {train_loss, eval_loss, eval_accuracy, eval_f1_macro, eval_perplexity — those that apply},
+  metrics {train_loss, eval_loss, eval_accuracy, eval_f1_macro, eval_perplexity — those that apply;
+  the eval metrics are those of the step final/ holds},
+  final ("last" | "best"), final_step, best_metric {name, mode, value, step} or null,
+  stopped_early, stopped_at_step (training.early_stopping; stop_reason "early_stopping"),
   throughput {samples_per_s, tokens_per_s}, wall_time_s, train_time_s,
-  paths {run_dir, final, onnx, checkpoints[], last_checkpoint},
+  paths {run_dir, final, recipe (the recipe file, absolute), onnx, checkpoints[],
+  last_checkpoint},
   export {parity report, or null}, provenance {ortft, python, platform, packages{}, recipe_sha256,
   git_commit, started_at, finished_at, device, threads}.
 
 metrics.jsonl — one JSON object per line:
-  {"kind": "train", "step", "epoch", "loss", "lr", "samples_per_s", "tokens_per_s", "time_s"}
+  {"kind": "train", "step", "epoch", "loss", "lr", "samples_per_s", "tokens_per_s", "step_time_s",
+   "time_s"}
   {"kind": "eval", "step", "epoch", "loss", and the task's metrics (accuracy, f1_macro | perplexity)}
 """
 

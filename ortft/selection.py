@@ -34,7 +34,7 @@ def improved(value: float, reference: float | None, mode: str, min_delta: float 
 
 
 class Selector:
-    """Watches evals: keeps track of the best one and says when early stopping should end the run."""
+    """Watches evals: tracks the best one and says when early stopping should end the run."""
 
     def __init__(self, recipe: Recipe):
         self.keep_best = recipe.checkpoint.final == "best"
@@ -72,7 +72,7 @@ class Selector:
                 f"{state.stop_reference:.4f} for {self.es.patience} evaluation(s)")
 
     def load_final(self, run_dir: Path, model: torch.nn.Module, state: TrainState) -> None:
-        """For ``final: best``, load best/'s weights into ``model``; else final/ is the last step."""
+        """``final: best``: load best/ into ``model``; otherwise final/ is the last step."""
         self.final_step = state.step
         if not self.keep_best or state.best_step is None:
             return

@@ -35,7 +35,7 @@ def check(spec: LoggingSection) -> None:
 
 
 class Tracker:
-    """``write(row)`` like ``report.MetricsLog``, fanned out to TensorBoard; ``close()`` at the end."""
+    """``write(row)`` like ``report.MetricsLog``, also to TensorBoard; ``close()`` at the end."""
 
     def __init__(self, run_dir: Path, spec: LoggingSection, truncate_after_step: int | None):
         check(spec)

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from ortft.errors import GateError, InputError, Interrupted, OrtftError, RunErro
 from ortft.progress import Progress
 from ortft.recipe import default_output_dir
 from ortft.recipe_io import LoadedRecipe, dump
+from ortft.selection import Selector, save_best
+from ortft.tracking import Tracker
 
 log = logging.getLogger("ortft")
 
@@ -141,15 +144,20 @@ def _to_device(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, 
 
 
 def evaluate(wrapped: torch.nn.Module, encoded: tasks.Encoded, task: Any, batch_size: int,
-             device: torch.device) -> dict[str, float]:
-    """Loss over every eval row (label-weighted) plus the task's metrics."""
+             device: torch.device, seed: int = 0, model: torch.nn.Module | None = None,
+             tokenizer: Any = None) -> dict[str, float]:
+    """Loss over every eval row (label-weighted) plus the task's metrics; a task with
+    ``generate_metrics`` also decodes a few rows with the plain PyTorch ``model``."""
     wrapped.eval()
     total, weight, logits_all, labels_all = 0.0, 0, [], []
+    collate = getattr(task, "collate", None)
     with torch.no_grad():
         for batch in data.eval_batches(encoded, batch_size):
+            if collate is not None:
+                batch = collate(batch, None, seed)  # None: the task's fixed eval variant
             valid = int(batch["_valid"])
             labels = batch["labels"]
-            counted = labels[:, 1:] if task.name == "causal-lm" else labels
+            counted = labels[:, 1:] if getattr(task, "shift_labels", False) else labels
             n = int((counted != -100).sum())
             loss, logits = wrapped(**_to_device(batch, device))
             total += float(loss) * n
@@ -158,12 +166,22 @@ def evaluate(wrapped: torch.nn.Module, encoded: tasks.Encoded, task: Any, batch_
                 logits_all.append(logits[:valid].float().cpu().numpy())
                 labels_all.append(labels[:valid])
     wrapped.train()
-    return task.metrics(total / max(weight, 1), logits_all, labels_all)
+    metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)
+    if hasattr(task, "generate_metrics") and model is not None:
+        metrics.update(task.generate_metrics(model, tokenizer, encoded))
+    return metrics
 
 
 def run(loaded: LoadedRecipe, output_dir: Path | None = None,
-        extra_gates: list[str] | None = None) -> dict[str, Any]:
+        extra_gates: list[str] | None = None,
+        on_eval: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Train ``loaded``; ``on_eval(step, metrics)`` is called after every eval (ortft hpo's hook:
+    it may raise ``errors.Stopped`` to end the run, recorded as status "pruned")."""
     r = loaded.recipe
+    if r.backend.name == "ort-ondevice":  # its own loop, in onnxruntime.training.api
+        from ortft import train_ondevice
+
+        return train_ondevice.run(loaded, output_dir, extra_gates, on_eval)
     t = r.training
     run_dir = resolve_run_dir(loaded, output_dir)
     previous = _previous_summary(run_dir)
@@ -188,7 +206,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     runtime.seed_everything(t.seed)
     if t.deterministic:
         runtime.make_deterministic()
-    task = tasks.get(r.task.name)
+    task = tasks.get(r.task.name, r.task)
     # backend.name=auto is resolved by a short measured probe once the data is ready (below)
     backend_name: str = r.backend.name
     backend_extra: dict[str, Any] = {}
@@ -199,12 +217,14 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     tok_dir = run_dir / "tokenizer"
     tokenizer = models.load_tokenizer(loaded, saved_dir=tok_dir if tok_dir.exists() else None)
     if tokenizer is None:
-        texts = [str(row[r.data.text_column]) for row in raw.train]
+        texts = (task.texts(raw.train, r.data) if hasattr(task, "texts")
+                 else [str(row[r.data.text_column]) for row in raw.train])
         tokenizer = models.train_tokenizer(texts, r.model.tokenizer.train)
         log.info("trained a %s tokenizer: %d tokens", r.model.tokenizer.train.kind, len(tokenizer))
     if not tok_dir.exists():
         tokenizer.save_pretrained(tok_dir)
-    labels = data.label_names(raw.train, r.data) if task.needs_labels else None
+    labels = (task.label_names(raw.train, r.data) if hasattr(task, "label_names")
+              else data.label_names(raw.train, r.data) if task.needs_labels else None)
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
     train_enc, hit = data.encode_cached(task, raw.train, tokenizer, r.data, label2id,
                                         [raw.fingerprint, "train"])
@@ -228,13 +248,23 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     # ---- model, backend, optimizer
     model = models.build_model(loaded, task.auto_class, tokenizer, labels,
                                attn=backend.attn_implementation)
-    module = models.TaskModule(model, is_decoder=task.name == "causal-lm").to(rt.device)
+    if r.adapter is not None:  # LoRA: the base is frozen, only adapter (+ head) weights train
+        model = models.apply_adapter(model, r.adapter)
+        log.info("adapter: lora r=%d alpha=%g; %d of %d parameters train", r.adapter.rank,
+                 r.adapter.alpha, models.count_parameters(model, trainable=True),
+                 models.count_parameters(model))
+    if r.backend.trainable:  # the rest of the model is frozen (no gradient, not in the optimizer)
+        models.freeze(model, r.backend.trainable)
+        log.info("backend.trainable: %d of %d parameters train",
+                 models.count_parameters(model, trainable=True), models.count_parameters(model))
+    module = models.TaskModule(model, is_decoder=getattr(task, "is_decoder", False),
+                               task=task).to(rt.device)
     log.info("%s", models.model_log_line(model, backend.attn_implementation))
     if backend.name == "ort":
         log.info("backend: ort (ORTModule); eager attention, since ORTModule cannot build "
                  "gradients for sdpa attention")
     steps = total_steps(r, len(train_enc))
-    optimizer = build_optimizer(list(module.parameters()), r, rt.device)
+    optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], r, rt.device)
     from transformers import get_scheduler
 
     warmup = t.warmup_steps or int(t.warmup_ratio * steps)
@@ -252,14 +282,16 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     wrapped.train()
 
     recipe_yaml = dump(r)
-    metrics_log = report.MetricsLog(run_dir / "metrics.jsonl",
-                                    truncate_after_step=state.step if resume_from else None)
+    metrics_log = Tracker(run_dir, r.logging,  # metrics.jsonl (+ TensorBoard, plot)
+                          truncate_after_step=state.step if resume_from else None)
     summary: dict[str, Any] = {
         "format_version": report.FORMAT_VERSION, "status": "running", "error": None,
         "task": task.name, "max_steps": steps, "parameters": models.count_parameters(module.model),
+        "trainable_parameters": models.count_parameters(module.model, trainable=True),
         "provenance": {**report.provenance(loaded.path, loaded.sha256),
                        "device": str(rt.device), "threads": rt.threads},
-        "paths": {"run_dir": str(run_dir), "final": None, "onnx": None, "checkpoints": [],
+        "paths": {"run_dir": str(run_dir), "final": None,
+                  "recipe": str(loaded.path.resolve()) if loaded.path else None, "onnx": None, "checkpoints": [],
                   "last_checkpoint": str(resume_from) if resume_from else None},
         "export": None, "resumed_from": str(resume_from) if resume_from else None,
     }
@@ -268,9 +300,11 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     batches = data.train_batches(train_enc, t.batch_size, t.seed, r.data.shuffle,
                                  start_micro=state.micro_step)
     params = [p for p in module.parameters() if p.requires_grad]
+    collate = getattr(task, "collate", None)
     progress = Progress(total=steps, start=state.step)
     last_ckpt = resume_from
     stop_reason: str | None = None  # "max_time" when the wall-clock budget ended the run
+    selector = Selector(r)  # early stopping, and the best eval for checkpoint.final=best
     # throughput over the steps after this process's first (which includes ORT's export)
     steady: dict[str, float] = {"time": 0.0, "samples": 0, "tokens": 0, "first_step_s": 0.0}
 
@@ -284,7 +318,8 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     def finish(status: str, error: str | None = None, write: bool = True) -> dict[str, Any]:
         steady_t = max(steady["time"], 1e-9)
         metrics: dict[str, Any] = {"train_loss": state.last_train_loss}
-        metrics.update({f"eval_{k}": v for k, v in state.eval_metrics.items()})
+        # final: best -> the metrics of the eval final/ holds, else the last eval's
+        metrics.update(selector.final_eval or {f"eval_{k}": v for k, v in state.eval_metrics.items()})
         summary.update({
             "status": status, "error": error, "backend": {**backend.report().as_dict(), **backend_extra},
             "steps": state.step, "epochs": state.micro_step / per_epoch,
@@ -296,8 +331,10 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
             "train_time_s": state.train_time_s, "wall_time_s": time.time() - started,
         })
         summary["paths"]["checkpoints"] = [str(p) for p in checkpoint.list_checkpoints(run_dir)]
+        summary.update(selector.report(state, stop_reason))
         summary["provenance"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if write:
+            metrics_log.close()  # flush TensorBoard, draw curves.png
             try:
                 report.write_json_atomic(run_dir / "summary.json", summary)
             except OSError as err:  # e.g. disk full: keep the run's own error, not this one
@@ -318,6 +355,8 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                 step_tokens = 0
                 for _ in range(accum):
                     epoch, batch = next(batches)
+                    if collate is not None:  # e.g. masked-lm: this epoch's masking of these rows
+                        batch = collate(batch, epoch, t.seed)
                     inputs = _to_device(batch, rt.device)
                     loss, _ = wrapped(**inputs)
                     (loss / accum).backward()
@@ -366,13 +405,21 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                 if eval_enc is not None and (
                     (t.eval_every and state.step % t.eval_every == 0) or state.step == steps
                 ):
-                    state.eval_metrics = evaluate(wrapped, eval_enc, task, t.batch_size, rt.device)
+                    state.eval_metrics = evaluate(wrapped, eval_enc, task, t.batch_size, rt.device,
+                                                  t.seed, module.model, tokenizer)
                     metrics_log.write({"kind": "eval", "step": state.step,
                                        "epoch": state.micro_step / per_epoch, **state.eval_metrics})
-                    progress.log("eval  " + "  ".join(f"{k} {v:.4f}"
-                                                      for k, v in state.eval_metrics.items()))
+                    progress.eval(state.eval_metrics)
+                    if selector.observe(state):  # a new best eval: keep its weights in best/
+                        save_best(run_dir, module.model, state)
+                    if on_eval is not None:  # ortft hpo: report the eval, maybe prune the trial
+                        on_eval(state.step, state.eval_metrics)
                 if r.checkpoint.save_every and state.step % r.checkpoint.save_every == 0:
                     save_checkpoint()
+                if selector.should_stop(state):  # early stopping: a normal, completed end
+                    stop_reason = "early_stopping"
+                    progress.log(selector.stop_message(state))
+                    break
                 if t.max_time and time.time() - started >= t.max_time:
                     # the CI slot's budget: stop cleanly, resumable, final/ still written
                     stop_reason = "max_time"
@@ -390,7 +437,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                                       f"resume with: {cmd}", signals.received)
     except OrtftError as err:
         if summary["status"] == "running":
-            finish("failed", str(err))
+            finish(getattr(err, "run_status", "failed"), str(err))
         raise
     except KeyboardInterrupt:
         finish("interrupted", "stopped by a second signal")
@@ -406,23 +453,30 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                        f"{first[:300]}{hint}") from err
 
     # ---- final model, export, gates, summary
+    selector.load_final(run_dir, module.model, state)  # final: best -> the best eval's weights
     final_dir = _write_final(run_dir, module.model, tokenizer, recipe_yaml)
     summary["paths"]["final"] = str(final_dir)
     summary["stop_reason"] = stop_reason
     gate_list = [gates.parse(g) for g in [*r.gates, *(extra_gates or [])]]
-    if r.export.enabled:
+    skip = getattr(task, "export_skip", None)
+    if r.export.enabled and skip:  # a task the exporter cannot write: say so, do not fail
+        log.info("ONNX export skipped for %s: %s", task.name, skip)
+        summary["export"] = {"skipped": skip}
+    elif r.export.enabled:
         from ortft import export
 
         onnx_dir = run_dir / "onnx"
-        exp = export.export_model(module.model, tokenizer, task.name, onnx_dir, opset=r.export.opset,
+        # a LoRA model is exported merged: the adapter folded into the base weights
+        exp = export.export_model(models.merged_copy(module.model), tokenizer, task.name, onnx_dir,
+                                  opset=r.export.opset,
                                   tolerance=r.export.tolerance, samples=eval_enc or train_enc)
         summary["export"] = exp
-        summary["paths"]["onnx"] = str(onnx_dir)
+        summary["paths"]["onnx"] = exp["dir"]  # <run>/onnx.failed when a check failed
         # the parity check is a gate like any other: recorded, reported, exit 3 on failure
         gate_list.append(gates.Gate("export.max_abs_diff", "<=", r.export.tolerance))
     results = gates.check(gate_list, finish("completed", write=False))
     summary["gates"] = gates.as_dicts(results)
-    summary = finish("stopped" if stop_reason else "completed")
+    summary = finish("stopped" if stop_reason == "max_time" else "completed")
     (final_dir / "README.md").write_text(report.model_card(summary, r))
     report.write_json_atomic(final_dir / "summary.json", summary)
     b = summary["backend"]
@@ -444,11 +498,21 @@ def _raise_failed_gates(results: list[gates.GateResult], summary: dict[str, Any]
 
 
 def _write_final(run_dir: Path, model: torch.nn.Module, tokenizer: Any, recipe_yaml: str) -> Path:
-    """final/: a Hugging Face model folder + tokenizer + recipe, swapped in atomically."""
+    """final/: a Hugging Face model folder + tokenizer + recipe, swapped in atomically.
+
+    A LoRA run's final/ holds the base model (frozen weights, trained head) and, in
+    final/adapter/, the adapter in PEFT's format; `ortft export --merge-adapters` merges them.
+    """
     final = run_dir / "final"
     tmp = run_dir / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    if models.is_adapted(model):
+        import copy
+
+        copy.deepcopy(model).unload().save_pretrained(tmp)
+        model.save_pretrained(tmp / "adapter")
+    else:
+        model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "recipe.yaml").write_text(recipe_yaml)
     if final.exists():

@@ -75,6 +75,16 @@ def test_run_directory_layout(cls_recipe: Path, tmp_path: Path) -> None:
     assert config["id2label"] == {"0": "neg", "1": "pos"}
     onnx_dir = {p.name for p in (run / "onnx").iterdir()}
     assert {"model.onnx", "export.json", "tokenizer.json", "config.json"} <= onnx_dir
+    # the export made after ORTModule training is plain ONNX: it runs in a fresh process
+    # without ORTModule (ORTModule's ATen symbolics must not leak into it)
+    check = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, numpy as np, onnx, onnxruntime as ort\n"
+         "m = onnx.load(sys.argv[1]); assert not [n for n in m.graph.node if n.domain], 'custom ops'\n"
+         "s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+         "x = np.ones((2, 16), dtype=np.int64); print(s.run(None, {'input_ids': x, 'attention_mask': x})[0].shape)",
+         str(run / "onnx" / "model.onnx")], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
     export = json.loads((run / "onnx" / "export.json").read_text())
     assert export["parity"]["passed"] and export["parity"]["max_abs_diff"] < 1e-4
     s = summary(run)

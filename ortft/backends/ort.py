@@ -99,6 +99,25 @@ def _install_export_counter() -> None:
     cls._export_model = staticmethod(counted)
 
 
+def _install_label_hook_fix() -> None:
+    """ORT 1.19.2 bug: with the compute optimizer off, ``_add_check_label_sparsity_hook`` returns
+    None and the export then iterates over it (``TypeError: 'NoneType' object is not iterable``),
+    so ``backend.compute_optimizer: false`` could never train. Return no hooks instead."""
+    from onnxruntime.training.ortmodule import _graph_transition_manager as gtm
+
+    cls = gtm.GraphTransitionManager
+    original = cls._add_check_label_sparsity_hook
+    if getattr(original, "_ortft_fixed", False):
+        return
+
+    def fixed(*args: Any, **kwargs: Any) -> Any:
+        handles = original(*args, **kwargs)
+        return [] if handles is None else handles
+
+    fixed._ortft_fixed = True  # type: ignore[attr-defined]
+    cls._add_check_label_sparsity_hook = staticmethod(fixed)
+
+
 def export_count() -> int:
     return _EXPORTS["count"]
 
@@ -141,6 +160,7 @@ class OrtBackend:
             ) from None
         _install_export_counter()
         _install_session_tweaks()
+        _install_label_hook_fix()
         self._report.notes.extend(f"{k}={v}" for k, v in sorted(session_settings().items()))
         self._start_exports = export_count()
         debug = DebugOptions(

@@ -23,6 +23,8 @@ class CausalLM:
     auto_class = "AutoModelForCausalLM"
     needs_logits = False  # eval keeps logits only where a metric needs them
     needs_labels = False
+    is_decoder = True  # called with use_cache=False: ORTModule cannot flatten a KV cache
+    shift_labels = True  # position t predicts labels[t + 1]
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         texts = [str(r[data.text_column]) for r in rows if str(r[data.text_column]).strip()]

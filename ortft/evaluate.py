@@ -1,0 +1,233 @@
+"""``ortft eval``: score a saved model on a dataset with the metrics training reports.
+
+The model is a run directory (its ``final/``), a saved Hugging Face model directory, or an
+ONNX export folder (``model.onnx`` + tokenizer + config), which runs in an onnxruntime
+``InferenceSession``. Both kinds go through the same code: the model gives logits, and the
+loss and metrics are computed from them here, so a PyTorch model and its ONNX export report
+the same numbers (to float rounding). The default data is the eval split the run's recipe used
+(``final/recipe.yaml``); ``--data`` scores another file in any format ``data.py`` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ortft import data as data_mod
+from ortft import tasks
+from ortft.errors import InputError, RecipeError
+from ortft.recipe import Recipe, TaskSection
+from ortft.recipe_io import LoadedRecipe
+
+log = logging.getLogger("ortft")
+
+IGNORE = -100
+
+
+@dataclass
+class SavedModel:
+    """A trained model ready to give logits, with what is known about how it was trained."""
+
+    runtime: str  # "pytorch" or "onnxruntime"
+    path: Path  # the model directory or the ONNX folder
+    task: str
+    config: Any
+    tokenizer: Any
+    recipe_yaml: Path | None  # the recipe it was trained with, when it is known
+    run_dir: Path | None
+    _model: Any = None
+
+    def logits(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        if self.runtime == "onnxruntime":
+            feeds = {"input_ids": input_ids.astype(np.int64),
+                     "attention_mask": attention_mask.astype(np.int64)}
+            return self._model.run(["logits"], feeds)[0]
+        import torch
+
+        kw = {"use_cache": False} if self.task == "causal-lm" else {}
+        with torch.no_grad():
+            out = self._model(input_ids=torch.from_numpy(input_ids),
+                              attention_mask=torch.from_numpy(attention_mask),
+                              return_dict=True, **kw)
+        return out.logits.float().numpy()
+
+    def labels(self) -> list[str] | None:
+        if self.task != "sequence-classification":
+            return None
+        id2label = self.config.id2label
+        return [str(id2label[i]) for i in range(len(id2label))]
+
+    def max_positions(self) -> int | None:
+        for name in ("max_position_embeddings", "n_positions"):
+            value = getattr(self.config, name, None)
+            if isinstance(value, int):
+                return value
+        return None
+
+
+def _task_of(config: Any) -> str:
+    from ortft.export import _task_of as task_of
+
+    return task_of(config)
+
+
+def open_model(source: Path) -> SavedModel:
+    """A run dir (its final/), a saved HF model dir, or an ONNX export folder."""
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stdout/stderr stay ortft's
+    source = Path(source)
+    if not source.is_dir():
+        raise InputError(f"{source}: not a directory "
+                         "(give a run dir, a model dir or an ONNX folder)")
+    run_dir = None
+    if (source / "final" / "config.json").exists():
+        run_dir, source = source, source / "final"
+    elif (source.parent / "summary.json").exists():
+        run_dir = source.parent  # <run>/final or <run>/onnx
+    onnx_file = source / "model.onnx"
+    if not onnx_file.exists() and not (source / "config.json").exists():
+        raise InputError(f"{source}: no final/, config.json or model.onnx here "
+                         "(give a run dir, a saved Hugging Face model or an ONNX export folder)")
+    try:
+        config = AutoConfig.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise InputError(f"{source}: cannot load config/tokenizer ({err})") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    task = _task_of(config)
+    recipe_yaml = next((p for p in (source / "recipe.yaml",
+                                    run_dir / "final" / "recipe.yaml" if run_dir else None)
+                        if p is not None and p.exists()), None)
+    if onnx_file.exists():
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+        return SavedModel("onnxruntime", source, task, config, tokenizer, recipe_yaml, run_dir,
+                          session)
+    import transformers
+
+    auto = getattr(transformers, tasks.get(task).auto_class)
+    model = auto.from_pretrained(source).eval()
+    return SavedModel("pytorch", source, task, config, tokenizer, recipe_yaml, run_dir, model)
+
+
+def training_recipe(m: SavedModel) -> LoadedRecipe | None:
+    """The recipe the model was trained with; relative paths resolve against its original folder."""
+    from ortft import recipe_io
+
+    if m.recipe_yaml is None:
+        return None
+    try:
+        loaded = recipe_io.load(m.recipe_yaml, check_files=False)
+    except RecipeError as err:
+        # a dumped recipe lists every task option, also other tasks' defaults: keep only the
+        # ones that differ from the defaults and validate again
+        raw = yaml.safe_load(m.recipe_yaml.read_text())
+        task = raw.get("task") if isinstance(raw, dict) else None
+        try:
+            if not isinstance(task, dict):
+                raise err
+            defaults = TaskSection.model_validate({"name": task["name"]}).model_dump(mode="json")
+            raw["task"] = {k: v for k, v in task.items() if k == "name" or defaults.get(k) != v}
+            loaded = recipe_io.load(None, data=raw, check_files=False)
+        except (RecipeError, ValueError, KeyError):
+            log.warning("ignoring %s: %s", m.recipe_yaml, err)
+            return None
+    base = Path.cwd()
+    summary = (m.run_dir / "summary.json") if m.run_dir else None
+    if summary is not None and summary.exists():
+        recorded = json.loads(summary.read_text()).get("paths", {}).get("recipe")
+        if recorded:
+            base = Path(recorded).parent
+    return dataclasses.replace(loaded, base_dir=base)
+
+
+def load_rows(m: SavedModel, data_file: Path | None) -> tuple[list[dict[str, Any]], Any, str]:
+    """(rows, the data section to encode them with, a description of where they came from)."""
+    task = tasks.get(m.task)
+    loaded = training_recipe(m)
+    if data_file is None:
+        if loaded is None:
+            raise InputError(f"{m.path}: no recipe.yaml tells which eval data it was trained "
+                             "with; pass --data FILE")
+        rows = data_mod.load_splits(loaded, task).eval
+        if not rows:
+            raise InputError(f"{m.recipe_yaml}: the recipe has no eval data; pass --data FILE")
+        return rows, loaded.recipe.data, f"the eval split of {m.recipe_yaml}"
+    if loaded is None:  # no recipe: the data section's defaults (text/label columns, 128 tokens)
+        recipe = Recipe.model_validate({"model": {"name_or_path": str(m.path)}, "task": m.task,
+                                        "data": {"train": str(data_file)}})
+        loaded = LoadedRecipe(recipe=recipe, path=None, base_dir=Path.cwd(), raw={})
+    spec = loaded.recipe.data.model_copy(update={"format": "auto", "max_eval_samples": None})
+    loaded = dataclasses.replace(
+        loaded, recipe=loaded.recipe.model_copy(update={"data": spec}), base_dir=Path.cwd())
+    rows = data_mod.read_rows(loaded, str(data_file), spec.eval_split or spec.split)
+    data_mod._check_columns(rows, str(data_file), spec, task)
+    return rows, spec, str(data_file)
+
+
+def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray, causal: bool) -> tuple[float, int]:
+    """Summed cross-entropy over the counted positions (labels != -100), and how many there were.
+
+    For causal LM the logits at position t predict token t+1, as in transformers' loss.
+    """
+    if causal:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    flat = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
+    gold = labels.reshape(-1)
+    keep = gold != IGNORE
+    flat, gold = flat[keep], gold[keep]
+    if not len(gold):
+        return 0.0, 0
+    top = flat.max(-1, keepdims=True)
+    logz = np.log(np.exp(flat - top).sum(-1)) + top[:, 0]
+    return float((logz - flat[np.arange(len(gold)), gold]).sum()), int(len(gold))
+
+
+def score(m: SavedModel, encoded: tasks.Encoded, batch_size: int = 32) -> dict[str, float]:
+    """Loss (mean over every counted label) and the task's metrics, from the model's logits."""
+    task = tasks.get(m.task)
+    total, weight, logits_all, labels_all = 0.0, 0, [], []
+    for start in range(0, len(encoded), batch_size):
+        batch = encoded.take(np.arange(start, min(start + batch_size, len(encoded))))
+        logits = m.logits(batch["input_ids"], batch["attention_mask"])
+        s, n = cross_entropy_sum(logits, batch["labels"], causal=m.task == "causal-lm")
+        total, weight = total + s, weight + n
+        if task.needs_logits:
+            logits_all.append(logits)
+            labels_all.append(batch["labels"])
+    return task.metrics(total / max(weight, 1), logits_all, labels_all)
+
+
+def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    m = open_model(source)
+    rows, spec, where = load_rows(m, data_file)
+    labels = m.labels()
+    label2id = {name: i for i, name in enumerate(labels)} if labels else None
+    encoded = tasks.get(m.task).encode(rows, m.tokenizer, spec, label2id)
+    log.info("eval: %s (%s) on %s: %d examples of %d tokens", m.path, m.runtime, where,
+             len(encoded), spec.max_length)
+    metrics = score(m, encoded, batch_size)
+    return {"model": str(m.path), "runtime": m.runtime, "task": m.task, "data": where,
+            "examples": len(encoded), "max_length": spec.max_length,
+            "metrics": {k: float(v) for k, v in metrics.items()},
+            "eval_s": round(time.perf_counter() - t0, 3)}
+
+
+def format_result(result: dict[str, Any]) -> str:
+    lines = [f"model     {result['model']} ({result['runtime']})",
+             f"data      {result['data']} ({result['examples']} examples)"]
+    lines += [f"{k:<9} {v:.4f}" for k, v in result["metrics"].items()]
+    return "\n".join(lines)

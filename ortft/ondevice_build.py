@@ -1,0 +1,113 @@
+"""The PyTorch half of ``backend.name: ort-ondevice``: build the model once and write its
+on-device training artifacts. The loop (``train_ondevice.py``) then trains them without PyTorch.
+
+``<run>/ondevice/artifacts/`` holds ``training_model.onnx``, ``eval_model.onnx``,
+``optimizer_model.onnx`` (AdamW with the recipe's betas, eps, weight decay and gradient
+clipping baked in), ``checkpoint`` (the initial weights), the tokenizer, ``config.json`` and
+``artifacts.json`` (what was built, and from what). It is written into a temporary folder and
+renamed into place, so a crash never leaves half of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ortft import models, onnx_tools
+from ortft.recipe_io import LoadedRecipe
+
+log = logging.getLogger("ortft")
+
+FORMAT_VERSION = 1
+MARKER = "artifacts.json"
+
+
+def _example(task: Any, rows: list[dict[str, Any]], tokenizer: Any, loaded: LoadedRecipe,
+             label2id: dict[str, int] | None) -> dict[str, np.ndarray]:
+    """Two training rows, the second half padded: the exporter traces one path, and a batch
+    without padding would leave the attention mask out of the graph for good."""
+    enc = task.encode(rows[:8], tokenizer, loaded.recipe.data, label2id)
+    batch = enc.take(np.arange(2) % len(enc))
+    ids, mask = batch["input_ids"].copy(), batch["attention_mask"].copy()
+    cut = max(1, ids.shape[1] // 2)
+    mask[1, cut:] = 0
+    ids[1, cut:] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if task.name == "causal-lm":
+        labels = np.where(mask == 1, ids, onnx_tools.IGNORE).astype(np.int64)
+    else:
+        labels = batch["labels"].astype(np.int64)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+@contextlib.contextmanager
+def _native_stderr_quiet() -> Iterator[None]:
+    """Send file descriptor 2 (where ORT's C++ logger writes) to a temporary file; replay its
+    last lines if the block fails, so an error still shows its cause."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            sys.stderr.write(b"\n".join(sink.read().splitlines()[-20:]).decode(errors="replace") + "\n")
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def build(loaded: LoadedRecipe, task: Any, train_rows: list[dict[str, Any]],
+          labels: list[str] | None, saved_tokenizer: Path | None, art_dir: Path) -> dict[str, Any]:
+    """Write ``art_dir`` (see the module docstring); return artifacts.json's content."""
+    r = loaded.recipe
+    tokenizer = models.load_tokenizer(loaded, saved_dir=saved_tokenizer)
+    if tokenizer is None:
+        texts = (task.texts(train_rows, r.data) if hasattr(task, "texts")
+                 else [str(row[r.data.text_column]) for row in train_rows])
+        tokenizer = models.train_tokenizer(texts, r.model.tokenizer.train)
+        log.info("trained a %s tokenizer: %d tokens", r.model.tokenizer.train.kind, len(tokenizer))
+    model = models.build_model(loaded, task.auto_class, tokenizer, labels, attn="eager")
+    if r.backend.trainable:
+        models.freeze(model, r.backend.trainable)  # validates the patterns with a recipe message
+    log.info("%s", models.model_log_line(model, "eager"))
+    label2id = {name: i for i, name in enumerate(labels)} if labels else None
+    example = _example(task, train_rows, tokenizer, loaded, label2id)
+    t, o = r.training, r.optimizer
+    tmp = art_dir.with_name(f".{art_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with _native_stderr_quiet():  # the gradient builder logs every graph pass at info level
+            report = onnx_tools.generate_training_artifacts(
+                model, task.name, tmp, example, trainable=r.backend.trainable,
+                optimizer={"betas": tuple(o.betas), "eps": o.eps, "weight_decay": t.weight_decay,
+                           "max_grad_norm": t.max_grad_norm})
+        tokenizer.save_pretrained(tmp)
+        model.config.save_pretrained(tmp)
+        meta = {"format_version": FORMAT_VERSION, "kind": "ortft-ondevice-artifacts",
+                "task": task.name, "labels": labels, "torch": torch.__version__, **report}
+        (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
+        if art_dir.exists():
+            shutil.rmtree(art_dir)
+        art_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(art_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("on-device training artifacts: %s (%d of %d parameter tensors train)", art_dir,
+             report["trainable_parameters"],
+             report["trainable_parameters"] + report["frozen_parameters"])
+    return meta

@@ -1,0 +1,76 @@
+"""masked-lm: BERT-style masked language modelling; loss and perplexity (over masked tokens).
+
+Each text is one example, padded to max_length. Masking happens per batch, not at
+tokenization: every epoch a fresh ``task.mlm_probability`` share of each row's tokens is
+picked (80% become [MASK], 10% a random token, 10% stay), drawn from a generator seeded by
+(seed, epoch, row), so a run, and a resumed run, masks identically. Eval uses one fixed
+masking. Special tokens and padding are never picked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ortft.errors import InputError
+from ortft.tasks import Encoded
+
+IGNORE = -100
+EVAL_EPOCH = 1_000_003  # the fixed "epoch" of the eval masking
+
+
+@dataclass
+class MaskedLM:
+    probability: float = 0.15
+    name = "masked-lm"
+    auto_class = "AutoModelForMaskedLM"
+    needs_labels = False
+    needs_logits = False
+
+    @property
+    def options_key(self) -> str:
+        return f"{self.probability}"
+
+    def encode(self, rows, tokenizer, data, label2id) -> Encoded:
+        if tokenizer.mask_token_id is None:
+            raise InputError("masked-lm needs a tokenizer with a mask token (e.g. a wordpiece one)")
+        texts = [str(r[data.text_column]) for r in rows if str(r[data.text_column]).strip()]
+        enc = tokenizer(texts, max_length=data.max_length, truncation=True, padding="max_length",
+                        return_special_tokens_mask=True, return_tensors="np")
+        ids = enc["input_ids"].astype(np.int64)
+        mask = enc["attention_mask"].astype(np.int64)
+        pickable = (mask == 1) & (enc["special_tokens_mask"] == 0)
+        n = len(ids)
+        return Encoded({
+            "input_ids": ids, "attention_mask": mask,
+            # the candidates: the original token where it may be masked, else -100
+            "labels": np.where(pickable, ids, IGNORE),
+            "_row": np.arange(n, dtype=np.int64),
+            "_special": np.tile(np.array([tokenizer.mask_token_id, len(tokenizer)], dtype=np.int64), (n, 1)),
+        })
+
+    def collate(self, batch: dict[str, np.ndarray], epoch: int | None, seed: int) -> dict[str, np.ndarray]:
+        """Mask this batch: the same row in the same epoch always gets the same masking
+        (``epoch`` None: the eval masking)."""
+        epoch = EVAL_EPOCH if epoch is None else epoch
+        ids, candidates = batch["input_ids"].copy(), batch["labels"]
+        mask_id, vocab = (int(v) for v in batch["_special"][0])
+        labels = np.full_like(candidates, IGNORE)
+        for i, row in enumerate(batch["_row"]):
+            rng = np.random.default_rng([seed, epoch, int(row)])
+            u, kind, rand = rng.random(ids.shape[1]), rng.random(ids.shape[1]), rng.integers(0, vocab, ids.shape[1])
+            picked = (candidates[i] != IGNORE) & (u < self.probability)
+            labels[i] = np.where(picked, candidates[i], IGNORE)
+            ids[i] = np.where(picked & (kind < 0.8), mask_id, ids[i])
+            ids[i] = np.where(picked & (kind >= 0.8) & (kind < 0.9), rand, ids[i])
+        return {**batch, "input_ids": ids, "labels": labels}
+
+    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+
+def build(section: Any) -> MaskedLM:
+    return MaskedLM(probability=section.mlm_probability)

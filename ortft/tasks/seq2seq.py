@@ -1,0 +1,108 @@
+"""seq2seq: encoder-decoder text-to-text (translation, summarization); loss, perplexity, and
+exact match / token F1 of generated outputs.
+
+Data: rows with a ``source`` and a ``target`` text (column names under ``task:``). Sources are
+padded to ``data.max_length``, targets to ``task.max_target_length``; padded target positions
+get -100. The model builds its decoder inputs from the labels itself (T5 and BART shift them
+right), so a batch is just input_ids, attention_mask and labels.
+
+Eval: the loss over every eval row, then ``model.generate`` (greedy, plain PyTorch: generation
+runs outside ORTModule) on the first ``task.generate_samples`` rows. ``exact_match`` compares
+the decoded output with the decoded target (whitespace-normalised, case-insensitive);
+``token_f1`` is SQuAD's bag-of-words F1 between the two.
+
+ONNX: not exported by ``ortft train``: an encoder-decoder needs an encoder graph and a decoder
+graph with its own inputs, which the exporter (one graph of input_ids, attention_mask ->
+logits) does not write. The run records ``export: {"skipped": ...}``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ortft.tasks import Encoded
+
+IGNORE = -100
+
+
+@dataclass
+class Seq2Seq:
+    source_column: str = "source"
+    target_column: str = "target"
+    max_target_length: int = 64
+    generate_samples: int = 8
+    name = "seq2seq"
+    auto_class = "AutoModelForSeq2SeqLM"
+    needs_labels = False
+    needs_logits = False
+    is_decoder = True  # use_cache=False: no past_key_values through ORTModule
+    export_skip = ("encoder-decoder models need separate encoder and decoder ONNX graphs, which "
+                   "this exporter does not write; final/ holds the trained model")
+
+    @property
+    def options_key(self) -> str:
+        return f"{self.source_column}|{self.target_column}|{self.max_target_length}"
+
+    def columns(self, data: Any) -> list[str]:
+        return [self.source_column, self.target_column]
+
+    def texts(self, rows: list[dict[str, Any]], data: Any) -> list[str]:
+        return [str(r[c]) for r in rows for c in (self.source_column, self.target_column)]
+
+    def encode(self, rows, tokenizer, data, label2id) -> Encoded:
+        src = tokenizer([str(r[self.source_column]) for r in rows], max_length=data.max_length,
+                        truncation=True, padding="max_length", return_tensors="np")
+        tgt = tokenizer([str(r[self.target_column]) for r in rows], max_length=self.max_target_length,
+                        truncation=True, padding="max_length", return_tensors="np")
+        labels = np.where(tgt["attention_mask"] == 1, tgt["input_ids"], IGNORE).astype(np.int64)
+        return Encoded({"input_ids": src["input_ids"].astype(np.int64),
+                        "attention_mask": src["attention_mask"].astype(np.int64), "labels": labels})
+
+    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+    def generate_metrics(self, model: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
+        n = min(self.generate_samples, len(encoded))
+        if n == 0:
+            return {}
+        rows = encoded.take(np.arange(n))
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.from_numpy(rows["input_ids"]).to(device),
+                                 attention_mask=torch.from_numpy(rows["attention_mask"]).to(device),
+                                 max_new_tokens=self.max_target_length, do_sample=False, num_beams=1)
+        model.train(was_training)
+        preds = tokenizer.batch_decode(out.cpu().numpy(), skip_special_tokens=True)
+        golds = tokenizer.batch_decode([[t for t in row if t != IGNORE] for row in rows["labels"]],
+                                       skip_special_tokens=True)
+        return {"exact_match": float(np.mean([_norm(p) == _norm(g) for p, g in zip(preds, golds)])),
+                "token_f1": float(np.mean([token_f1(p, g) for p, g in zip(preds, golds)]))}
+
+
+def _norm(text: str) -> list[str]:
+    return text.lower().split()
+
+
+def token_f1(pred: str, gold: str) -> float:
+    """SQuAD's F1: the harmonic mean of precision and recall of the shared words."""
+    p, g = _norm(pred), _norm(gold)
+    if not p or not g:
+        return float(p == g)
+    common = sum((Counter(p) & Counter(g)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def build(section: Any) -> Seq2Seq:
+    return Seq2Seq(section.source_column, section.target_column, section.max_target_length,
+                   section.generate_samples)

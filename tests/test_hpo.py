@@ -1,0 +1,91 @@
+"""`ortft hpo`: the search space is validated, a tiny 3-trial study runs, and it resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import tiny_classifier, write_classification_csv, write_recipe
+
+pytest.importorskip("optuna")
+
+from ortft import hpo, recipe_io  # noqa: E402
+from ortft.errors import RecipeError  # noqa: E402
+
+SPACE = {
+    "training.lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2},
+    "training.batch_size": {"type": "categorical", "choices": [8, 16]},
+    "training.warmup_ratio": {"type": "uniform", "low": 0.0, "high": 0.2},
+}
+
+
+def hpo_recipe(tmp_path: Path, **space: dict) -> Path:
+    write_classification_csv(tmp_path / "train.csv")
+    r = tiny_classifier("train.csv", backend="torch", max_steps=4, eval_every=2)
+    r["export"] = {"enabled": True}  # trials skip the export all the same
+    r["hpo"] = {"metric": "eval_loss", "pruning": {"startup_trials": 1}, "params": space or SPACE}
+    return write_recipe(tmp_path / "search.yaml", r)
+
+
+def run_hpo(recipe: Path, out: Path, trials: int) -> dict:
+    res = subprocess.run([sys.executable, "-m", "ortft", "hpo", str(recipe),
+                          "--trials", str(trials), "--output-dir", str(out), "--json"],
+                         capture_output=True, text=True, timeout=600, check=False,
+                         env={**os.environ, "NO_COLOR": "1"})
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_search_space_bounds_must_make_valid_recipes(tmp_path: Path) -> None:
+    path = hpo_recipe(tmp_path, **{"training.lr": {"type": "uniform", "low": 1e-4, "high": 2.0}})
+    loaded = recipe_io.load(path)
+    with pytest.raises(RecipeError, match=r"hpo.params.training.lr: 2.0 gives: training.lr"):
+        hpo.check_space(path, [], loaded.recipe.hpo)
+
+
+def test_search_space_keys_are_recipe_values(tmp_path: Path) -> None:
+    path = hpo_recipe(tmp_path, **{"training": {"type": "int", "low": 1, "high": 2}})
+    with pytest.raises(RecipeError, match="not a tunable recipe key: training"):
+        recipe_io.load(path)
+
+
+def test_literal_round_trips_through_yaml() -> None:
+    import yaml
+
+    for value in (1e-05, 0.001, 3.5e-4, 16, True, "cosine"):
+        assert yaml.safe_load(hpo._literal(value)) == value
+
+
+def test_three_trials_then_resume(tmp_path: Path) -> None:
+    recipe, out = hpo_recipe(tmp_path), tmp_path / "search-hpo"
+    first = run_hpo(recipe, out, trials=2)
+    assert (out / "study.db").exists()
+    assert [t["number"] for t in first["trials"]] == [0, 1]
+    # the same storage again, asking for 3: only the missing trial runs
+    second = run_hpo(recipe, out, trials=3)
+    trials = second["trials"]
+    assert [t["number"] for t in trials] == [0, 1, 2]
+    assert trials[:2] == first["trials"]  # the first two were loaded, not rerun
+    assert all(t["state"] in ("complete", "pruned") for t in trials)
+    for t in trials:
+        run = Path(t["run_dir"])
+        assert run.name == f"trial-{t['number']:03d}" and run.parent == out
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == ("completed" if t["state"] == "complete" else "pruned")
+        assert not (run / "onnx").exists()  # trials skip the export
+        if t["state"] == "complete":
+            assert t["value"] == pytest.approx(summary["metrics"]["eval_loss"])
+    best = second["best"]
+    assert best["value"] == min(t["value"] for t in trials if t["state"] == "complete")
+    # the best recipe trains as is: the best values, no hpo section, absolute data path
+    loaded = recipe_io.load(Path(best["recipe"]))
+    assert loaded.recipe.hpo is None
+    assert loaded.recipe.training.lr == pytest.approx(best["params"]["training.lr"])
+    assert loaded.recipe.training.batch_size == best["params"]["training.batch_size"]
+    assert Path(loaded.recipe.data.train).is_absolute()
+    # asking again for 3 runs nothing
+    assert run_hpo(recipe, out, trials=3)["trials"] == trials
