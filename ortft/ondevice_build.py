@@ -96,6 +96,7 @@ def build(loaded: LoadedRecipe, task: Any, train_rows: list[dict[str, Any]],
                 optimizer={"betas": tuple(o.betas), "eps": o.eps, "weight_decay": t.weight_decay,
                            "max_grad_norm": t.max_grad_norm})
         tokenizer.save_pretrained(tmp)
+        model.config.architectures = [type(model).__name__]  # what ortft eval / export read
         model.config.save_pretrained(tmp)
         meta = {"format_version": FORMAT_VERSION, "kind": "ortft-ondevice-artifacts",
                 "task": task.name, "labels": labels, "torch": torch.__version__, **report}

@@ -243,5 +243,22 @@ def load(path: str | Path | None, overrides: list[str] | None = None,
     return loaded
 
 
-def dump(recipe: Recipe) -> str:
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+def dump(recipe: Recipe, base_dir: Path | None = None) -> str:
+    """The resolved recipe as YAML; with ``base_dir``, local input paths become absolute so
+    the copy saved in a run folder validates and re-runs from anywhere."""
+    data = recipe.model_dump(mode="json")
+    if base_dir is not None:
+        def absolute(value: str | None) -> str | None:
+            if not value or value.startswith(PKG_PREFIX):
+                return value
+            path = resolve_input_path(value, base_dir)
+            return str(path.resolve()) if path.exists() or looks_local(value) else value
+
+        data["model"]["name_or_path"] = absolute(data["model"]["name_or_path"])
+        data["model"]["tokenizer"]["path"] = absolute(data["model"]["tokenizer"]["path"])
+        if data["data"]["format"] != "hub":
+            data["data"]["train"] = absolute(data["data"]["train"])
+            data["data"]["eval"] = absolute(data["data"]["eval"])
+        if isinstance(data.get("deepspeed"), str):
+            data["deepspeed"] = absolute(data["deepspeed"])
+    return yaml.safe_dump(data, sort_keys=False)

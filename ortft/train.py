@@ -281,7 +281,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     wrapped = backend.wrap(module, run_dir)  # after loading weights: ORT shares these tensors
     wrapped.train()
 
-    recipe_yaml = dump(r)
+    recipe_yaml = dump(r, base_dir=loaded.base_dir)
     metrics_log = Tracker(run_dir, r.logging,  # metrics.jsonl (+ TensorBoard, plot)
                           truncate_after_step=state.step if resume_from else None)
     summary: dict[str, Any] = {

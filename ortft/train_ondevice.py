@@ -138,13 +138,40 @@ def _check_labels(config: Any, labels: list[str] | None, art_dir: Path) -> None:
                          f"{labels} (set data.label_names to match, or rebuild the artifacts)")
 
 
+def training_api() -> Any:
+    """``onnxruntime.training.api``, without running ``onnxruntime/training/__init__.py``.
+
+    In ORT 1.19 that ``__init__`` imports ``onnxruntime.training.optim``, which imports PyTorch
+    (and fails where it is not installed), though the on-device API (``api/``) needs only ORT's
+    C++ bindings. When the package is not imported yet, it is registered bare (its path, no
+    ``__init__``) so that ``api`` loads alone; when it is (this process built the artifacts with
+    PyTorch), the normal import is used.
+    """
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    if "onnxruntime.training" not in sys.modules:
+        import onnxruntime  # noqa: F401 - the parent package, which does not import PyTorch
+
+        spec = importlib.util.find_spec("onnxruntime.training")
+        if spec is None or not spec.submodule_search_locations:
+            raise RunError("backend.name=ort-ondevice needs onnxruntime-training (not installed)")
+        bare = types.ModuleType("onnxruntime.training")
+        bare.__path__ = list(spec.submodule_search_locations)
+        bare.__spec__, bare.__file__ = spec, spec.origin
+        sys.modules["onnxruntime.training"] = bare
+    return importlib.import_module("onnxruntime.training.api")
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 
 def _save(run_dir: Path, state: TrainState, ckpt: Any, recipe_yaml: str, keep_last: int) -> Path:
     """``step-NNNNNN/``: ORT's checkpoint (weights + optimizer state), recipe.yaml, state.json and
     manifest.json, written into a temporary folder, fsynced, renamed (as checkpoint.save)."""
-    from onnxruntime.training import api
+    api = training_api()
 
     final = run_dir / checkpoint.checkpoint_name(state.step)
     tmp = run_dir / f".{final.name}.tmp-{os.getpid()}"
@@ -291,8 +318,8 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
 
     # ---- ONNX Runtime training session: the weights (and AdamW state) live in the checkpoint
     import onnxruntime as ort
-    from onnxruntime.training import api
 
+    api = training_api()
     ort.set_default_logger_severity(3)  # the session warns about every frozen initializer
     # auto: cuda only with a GPU present (a CUDA build of ORT lists its provider regardless)
     device = "cuda" if (r.hardware.device == "cuda" or (
@@ -318,7 +345,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
 
     steps = max(1, t.max_steps or math.ceil((t.epochs or 1.0) * per_epoch
                                             / t.gradient_accumulation_steps))
-    recipe_yaml = dump(r)
+    recipe_yaml = dump(r, base_dir=loaded.base_dir)
     metrics_log = Tracker(run_dir, r.logging, truncate_after_step=state.step if resume_from else None)
     summary: dict[str, Any] = {
         "format_version": report.FORMAT_VERSION, "status": "running", "error": None,

@@ -99,3 +99,14 @@ def test_auto_picks_a_backend_and_trains_as_it_would(cls_recipe: Path, tmp_path:
                 "--output-dir", str(tmp_path / "plain"))
     assert plain.returncode == 0, plain.stderr
     assert _losses(tmp_path / "auto") == pytest.approx(_losses(tmp_path / "plain"), rel=1e-6)
+
+
+def test_ort_trains_with_the_compute_optimizer_off(cls_recipe: Path, tmp_path: Path) -> None:
+    """ORT 1.19.2 crashes at export with it off ('NoneType' object is not iterable); ortft patches
+    that, so the recipe option (and the bench lever) works and matches the default's losses."""
+    off, on = tmp_path / "off", tmp_path / "on"
+    for run_dir, value in ((off, "false"), (on, "true")):
+        res = cli("train", str(cls_recipe), f"backend.compute_optimizer={value}",
+                  "training.max_steps=3", "export.enabled=false", "--output-dir", str(run_dir))
+        assert res.returncode == 0, res.stderr
+    assert _losses(off) == pytest.approx(_losses(on), rel=1e-5)

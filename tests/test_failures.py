@@ -62,8 +62,11 @@ def test_non_finite_loss_stops_with_the_step_and_last_good_checkpoint(
 def test_non_finite_loss_through_the_cli_is_one_line_exit_1(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     forward = models.TaskModule.forward
-    monkeypatch.setattr(models.TaskModule, "forward",
-                        lambda self, *a, **k: (torch.tensor(float("nan")), forward(self, *a, **k)[1]))
+    def nan_loss(self, *args, **kwargs):
+        loss, logits = forward(self, *args, **kwargs)
+        return loss * float("nan"), logits
+
+    monkeypatch.setattr(models.TaskModule, "forward", nan_loss)
     result = CliRunner().invoke(app, ["train", str(make_recipe(tmp_path)), "-o", str(tmp_path / "run")])
     assert result.exit_code == EXIT_FAILED
     assert "Traceback" not in result.output

@@ -71,6 +71,10 @@ def test_run_directory_layout(cls_recipe: Path, tmp_path: Path) -> None:
     final = {p.name for p in (run / "final").iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "recipe.yaml", "README.md",
             "summary.json"} <= final
+    # the saved recipe re-validates from anywhere (input paths were made absolute)
+    check = subprocess.run([sys.executable, "-m", "ortft", "validate", str(run / "final" / "recipe.yaml")],
+                           capture_output=True, text=True, cwd="/", check=False)
+    assert check.returncode == 0, check.stderr
     config = json.loads((run / "final" / "config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "pos"}
     onnx_dir = {p.name for p in (run / "onnx").iterdir()}
