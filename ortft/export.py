@@ -372,6 +372,8 @@ def export_source(source: Path, output: Path | None, *, opset: int, tolerance: f
             raise InputError(f"{source}: exporting a checkpoint needs its run's final/ for the config")
     if not (model_dir / "config.json").exists():
         raise InputError(f"{model_dir}: no config.json (not a run, checkpoint or saved Hugging Face model)")
+    if (model_dir / "model.onnx").exists() and not any(model_dir.glob("*.safetensors")):
+        return _export_onnx_source(model_dir, out, tolerance=tolerance, **options)  # ort-ondevice
     try:
         config = AutoConfig.from_pretrained(model_dir)
         task = _task_of(config)
@@ -399,4 +401,82 @@ def export_source(source: Path, output: Path | None, *, opset: int, tolerance: f
     if not result["passed"]:
         raise GateError(f"export check failed: {'; '.join(result['failures'])} "
                         f"(report: {Path(result['dir']) / 'export.json'})")
+    return result
+
+
+def _export_onnx_source(model_dir: Path, out: Path, *, tolerance: float, optimize: bool = False,
+                        fp16: bool = False, quantize: str | None = None,
+                        training_artifacts: bool = False, trainable: Sequence[str] | None = None,
+                        ) -> dict[str, Any]:
+    """An ONNX final/ (``backend.name: ort-ondevice``): there is no PyTorch model to compare
+    with, so the copy and its variants are checked against the trained ONNX model itself."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if training_artifacts:
+        raise InputError(f"--training-artifacts: {model_dir} was trained on device; its training "
+                         "artifacts are in the run's ondevice/artifacts/")
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise InputError(f"--quantize {quantize}: choose one of {', '.join(QUANTIZE_CHOICES)}")
+    try:
+        config, tokenizer = AutoConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError) as err:
+        raise InputError(f"{model_dir}: cannot load config/tokenizer: {_first_line(err)}") from None
+    task = _task_of(config)
+    positions = ("next-token" if task in DECODER_TASKS else "token" if task in PER_TOKEN_TASKS
+                 else "row")
+    samples = _recipe_samples(model_dir, tokenizer, task, config)
+    feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
+    inputs = {k: feeds[k] for k in ("input_ids", "attention_mask")}
+    src = model_dir / "model.onnx"
+    want = tools.run(src, inputs)
+    tmp = _staging(out)
+    try:
+        for f in model_dir.iterdir():
+            if f.is_file() and f.name.startswith("model.onnx"):  # + external data, if any
+                shutil.copy2(f, tmp / f.name)
+        path = tmp / "model.onnx"
+        j = tools.judge(tools.run(path, inputs), want, feeds, positions)
+        parity = {"samples": int(len(inputs["input_ids"])),
+                  "source": "eval data" if samples is not None and len(samples) else "synthetic",
+                  "against": f"the trained ONNX model {src} (no PyTorch model: ort-ondevice run)",
+                  "max_abs_diff": j["max_abs_diff"], "prediction_agreement": j["prediction_agreement"],
+                  "tolerance": tolerance, "passed": bool(j["max_abs_diff"] <= tolerance)}
+        failures = [] if parity["passed"] else [f"parity: max |diff| {j['max_abs_diff']:.2e}"]
+        tokenizer.save_pretrained(tmp)
+        config.save_pretrained(tmp)
+        result: dict[str, Any] = {
+            "format_version": EXPORT_FORMAT_VERSION, "task": task,
+            "model_type": getattr(config, "model_type", None), "opset": tools.TRAINING_OPSET,
+            "files": {"model": "model.onnx"}, "bytes": tools.dir_bytes(tmp, "model.onnx"),
+            "inputs": ["input_ids", "attention_mask"], "outputs": ["logits"], "parity": parity,
+        }
+        kinds = [("optimize", optimize, tools.optimize, "model.opt.onnx"),
+                 ("fp16", fp16, tools.to_fp16, "model.fp16.onnx"),
+                 ("int8", quantize == "int8", tools.quantize_int8, "model.int8.onnx")]
+        for kind, enabled, convert, name in kinds:
+            if not enabled:
+                continue
+            rep = convert(path, tmp / name)
+            rep.update(tools.judge(tools.run(tmp / name, inputs), want, feeds, positions))
+            limit = THRESHOLDS.get(kind)
+            rep["passed"] = bool(rep["max_abs_diff"] <= tolerance if limit is None else
+                                 rep["prediction_agreement"] >= limit["min_agreement"])
+            if not rep["passed"]:
+                failures.append(f"{kind}: max |diff| {rep['max_abs_diff']:.2e}, agreement "
+                                f"{rep['prediction_agreement']:.3f}")
+            result[kind] = rep
+            result["files"]["optimized" if kind == "optimize" else kind] = name
+        result["failures"], result["passed"] = failures, not failures
+        (tmp / "export.json").write_text(json.dumps(result, indent=2) + "\n")
+        final = out if result["passed"] else out.with_name(out.name + ".failed")
+        _promote(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result.update(dir=str(final), model=str(final / "model.onnx"))
+    log.info("exported %s (parity against the trained ONNX model: max |diff| %.2e)", final,
+             parity["max_abs_diff"])
+    if not result["passed"]:
+        raise GateError(f"export check failed: {'; '.join(failures)} "
+                        f"(report: {final / 'export.json'})")
     return result

@@ -97,6 +97,8 @@ def best_recipe_text(loaded: recipe_io.LoadedRecipe, params: dict[str, Any], hea
 
 def default_dir(loaded: recipe_io.LoadedRecipe) -> Path:
     run_dir = train.resolve_run_dir(loaded, None)
+    if run_dir.name.endswith("-hpo"):  # recipes/quickstart-hpo.yaml → runs/quickstart-hpo
+        return run_dir
     return run_dir.with_name(f"{run_dir.name}-hpo")
 
 

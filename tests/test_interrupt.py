@@ -48,15 +48,16 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ortft", "train", *args]
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cli(*args), capture_output=True, text=True, env=ENV, timeout=600, check=False)
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cli(*args), capture_output=True, text=True, env=ENV, timeout=600,
+                          check=False, cwd=cwd)
 
 
-def start(tmp: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+def start(tmp: Path, *args: str, cwd: Path | None = None) -> tuple[subprocess.Popen, Path]:
     """Start a run in the background; its stderr goes to a file (a pipe could fill and block it)."""
     err = tmp / f"stderr-{time.monotonic_ns()}.txt"
     with open(err, "w") as fh:
-        proc = subprocess.Popen(cli(*args), stdout=subprocess.DEVNULL, stderr=fh, env=ENV)
+        proc = subprocess.Popen(cli(*args), stdout=subprocess.DEVNULL, stderr=fh, env=ENV, cwd=cwd)
     return proc, err
 
 
@@ -90,18 +91,21 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path: Path, ba
     recipe = make_recipe(tmp_path, backend, dropout)
     args = [str(recipe), f"training.max_steps={STEPS}"]
     full, cut = tmp_path / "full", tmp_path / "cut"
-    res = run(*args, "--output-dir", str(full))
+    cwd = tmp_path / "cwd"  # a run writes only under its output dir: nothing lands here
+    cwd.mkdir()
+    res = run(*args, "--output-dir", str(full), cwd=cwd)
     assert res.returncode == 0, res.stderr
 
-    proc, err = start(tmp_path, *args, "--output-dir", str(cut))
+    proc, err = start(tmp_path, *args, "--output-dir", str(cut), cwd=cwd)
     wait_for(cut / "step-000004" / checkpoint.MANIFEST, proc, err)
     proc.send_signal(signal.SIGKILL)  # no handler, no cleanup: the process just stops
     assert proc.wait(timeout=60) == -signal.SIGKILL
     assert not (cut / "summary.json").exists() or summary(cut)["status"] != "completed"
 
-    res = run(*args, "--output-dir", str(cut))
+    res = run(*args, "--output-dir", str(cut), cwd=cwd)
     assert res.returncode == 0, res.stderr
     assert "resuming from" in res.stderr
+    assert list(cwd.iterdir()) == []
     resumed_from = summary(cut)["resumed_from"]
     assert int(resumed_from.rsplit("-", 1)[1]) >= 4
     expected, got = train_losses(full), train_losses(cut)
