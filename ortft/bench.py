@@ -38,6 +38,8 @@ BASELINE = "torch"
 VARIANTS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
     "ort": ({"backend.name": "ort"}, {}),
     "torch": ({"backend.name": "torch"}, {}),
+    # trains in onnxruntime.training.api; its process imports PyTorch only to build the artifacts
+    "ort-ondevice": ({"backend.name": "ort-ondevice"}, {}),
     "torch-eager-attn": ({"backend.name": "torch"}, {"ORTFT_TORCH_ATTN": "eager"}),
     "torch-compile": ({"backend.name": "torch"}, {"ORTFT_TORCH_COMPILE": "1"}),
 }

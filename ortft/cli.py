@@ -110,8 +110,25 @@ def train(
         list[Path] | None,
         typer.Option("--report", help="Write a CI report: FILE.xml (JUnit) or FILE.md (Markdown); repeatable."),
     ] = None,
+    nproc: Annotated[
+        int, typer.Option("--nproc", min=1, help="Data-parallel processes on this machine: runs "
+                          "`python -m torch.distributed.run --nproc_per_node N -m ortft train ...`.")
+    ] = 1,
 ) -> None:
     """Train a model from a recipe; writes checkpoints, final/ and the ONNX export."""
+    if nproc > 1:  # torchrun starts the processes; each one runs this command without --nproc
+        import os
+        import subprocess
+
+        if "WORLD_SIZE" in os.environ:
+            _err("--nproc inside torchrun: drop --nproc (torchrun already started the processes)")
+            raise typer.Exit(EXIT_USAGE)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "ortft", *(["--debug"] if _state["debug"] else []), "train", str(recipe),
+               *(overrides or []), *(["--output-dir", str(output_dir)] if output_dir else []),
+               *(["--json"] if as_json else []), *[f"--gate={g}" for g in gate or []],
+               *[f"--report={p}" for p in report or []]]
+        raise typer.Exit(subprocess.call(cmd))
 
     def body() -> None:
         from ortft import ci_report, gates, recipe_io
@@ -137,6 +154,11 @@ def train(
             if report and (run_dir / "summary.json").exists():  # failed/interrupted runs too
                 ci_report.write(report, json.loads((run_dir / "summary.json").read_text()))
             raise
+        if not ondevice:  # ort-ondevice: one process, no PyTorch (distributed imports it)
+            from ortft import distributed
+
+            if not distributed.is_main():  # under torchrun, one process prints the result
+                return
         _emit(summary, as_json, report)
 
     _run(body)

@@ -337,7 +337,9 @@ class OptimizerSection(Section):
 
 class PrecisionSection(Section):
     dtype: Literal["fp32", "bf16", "fp16"] = Field(
-        "fp32", description="Training precision (fp32 only in this release)."
+        "fp32",
+        description="Training precision: fp32; bf16 (autocast; on cpu with backend.name=torch only); "
+        "fp16 (autocast + loss scaling; CUDA only, skipped steps counted in the summary).",
     )
 
     @model_validator(mode="before")
@@ -350,7 +352,13 @@ class HardwareSection(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: cuda when a GPU is visible, else cpu."
     )
-    threads: PositiveInt | None = Field(None, description="CPU threads for torch and ORT (default: all cores).")
+    threads: PositiveInt | None = Field(
+        None, description="CPU threads for torch and ORT (default: all cores, shared by torchrun's processes)."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="backend.name=torch: recompute activations in the backward (transformers' "
+        "gradient checkpointing) to save memory; the ort backend uses backend.memory_optimization_level.",
+    )
 
 
 class BackendSection(Section):
@@ -563,7 +571,8 @@ class Recipe(Section):
     precision: PrecisionSection = Field(default_factory=PrecisionSection)
     hardware: HardwareSection = Field(default_factory=HardwareSection)
     deepspeed: str | dict[str, Any] | None = Field(
-        None, description="DeepSpeed config: a JSON path or an inline mapping (not wired yet)."
+        None, description="DeepSpeed config (ZeRO stage 1/2; needs the deepspeed extra and torchrun): a "
+        "JSON path or an inline mapping; batch sizes and fp16/bf16 must agree with the recipe.",
     )
     backend: BackendSection = Field(default_factory=BackendSection)
     adapter: AdapterSection | None = Field(
@@ -596,13 +605,29 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _combinations(self) -> Recipe:
-        # Sections that are in the schema but not wired yet must fail loudly, never run as a no-op.
-        if self.precision.dtype != "fp32":
-            raise ValueError(
-                f"precision.dtype={self.precision.dtype} is not supported yet; use fp32"
-            )
-        if self.deepspeed is not None:
-            raise ValueError("deepspeed is not supported yet; remove the deepspeed section")
+        # A combination that cannot run is an error here, never a silent fallback (fp32, no-op).
+        # hardware.device=auto is checked again once resolved (runtime.check_precision).
+        dtype, device, backend = self.precision.dtype, self.hardware.device, self.backend.name
+        if dtype == "fp16" and device == "cpu":
+            raise ValueError("precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training on cpu; "
+                             "use bf16 (backend.name=torch) or fp32")
+        if dtype == "bf16" and device == "cpu" and backend in ("ort", "auto"):
+            raise ValueError("precision.dtype=bf16 on cpu needs backend.name=torch: ONNX Runtime's CPU "
+                             "provider has no bf16 MatMul")
+        if dtype != "fp32" and backend == "ort-ondevice":
+            raise ValueError(f"precision.dtype={dtype}: backend.name=ort-ondevice trains in fp32 only")
+        if self.hardware.gradient_checkpointing and backend != "torch":
+            raise ValueError("hardware.gradient_checkpointing is for backend.name=torch: ORTModule builds "
+                             "its own backward graph, so it would save nothing; use "
+                             "backend.memory_optimization_level=1 (or 2) instead")
+        if isinstance(self.deepspeed, dict):
+            from ortft import zero
+
+            problems = zero.check(self.deepspeed, self)
+            if problems:
+                raise ValueError("deepspeed: " + "; ".join(problems))
+        elif isinstance(self.deepspeed, str) and not self.deepspeed.endswith(".json"):
+            raise ValueError(f"deepspeed: {self.deepspeed!r} is not a .json file path")
         if self.optimizer.name == "adamw_ort_fused" and self.hardware.device == "cpu":
             raise ValueError("optimizer.name=adamw_ort_fused needs CUDA; use adamw on cpu")
         if self.optimizer.name == "adamw_ort_fused" and self.backend.name != "ort":

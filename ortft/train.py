@@ -7,6 +7,7 @@ accumulate, clip, step, log, eval, save) -> final/ + ONNX export -> summary.json
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft import backends, checkpoint, data, gates, models, report, runtime, tasks
+from ortft import backends, checkpoint, data, distributed, gates, models, report, runtime, tasks
 from ortft.errors import GateError, InputError, Interrupted, OrtftError, RunError
 from ortft.progress import Progress
 from ortft.recipe import default_output_dir
@@ -131,11 +132,11 @@ def build_optimizer(params: list[torch.nn.Parameter], recipe: Any, device: torch
     return torch.optim.AdamW(groups, lr=t.lr, betas=o.betas, eps=o.eps, **kw)
 
 
-def total_steps(recipe: Any, n_train: int) -> int:
+def total_steps(recipe: Any, n_train: int, world: int = 1) -> int:
     t = recipe.training
     if t.max_steps:
         return t.max_steps
-    per_epoch = data.batches_per_epoch(n_train, t.batch_size) / t.gradient_accumulation_steps
+    per_epoch = data.batches_per_epoch(n_train, t.batch_size * world) / t.gradient_accumulation_steps
     return max(1, math.ceil((t.epochs or 1.0) * per_epoch))
 
 
@@ -203,6 +204,14 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
 
     hf_logging.disable_progress_bar()  # ortft reports its own progress on stderr
     rt = runtime.resolve(r.hardware)
+    runtime.check_precision(r.precision.dtype, r.backend.name, rt.device)  # device=auto is known now
+    # ---- DDP under torchrun: join the process group (a no-op in one process); cuda:LOCAL_RANK
+    rt = dataclasses.replace(rt, device=distributed.setup(rt.device))
+    world = distributed.world_size()
+    global_batch = t.batch_size * world  # every rank trains on its slice of one global batch
+    if world > 1 and r.backend.name == "auto":
+        raise InputError("backend.name=auto times backends in one process; under torchrun choose "
+                         "backend.name=ort or torch")
     runtime.seed_everything(t.seed)
     if t.deterministic:
         runtime.make_deterministic()
@@ -215,6 +224,8 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     # ---- data and tokenizer (all input errors surface here, before any training)
     raw = data.load_splits(loaded, task)
     tok_dir = run_dir / "tokenizer"
+    if not distributed.is_main():  # DDP: rank 0 trains and saves the tokenizer, the others load it
+        distributed.barrier()
     tokenizer = models.load_tokenizer(loaded, saved_dir=tok_dir if tok_dir.exists() else None)
     if tokenizer is None:
         texts = (task.texts(raw.train, r.data) if hasattr(task, "texts")
@@ -223,6 +234,8 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
         log.info("trained a %s tokenizer: %d tokens", r.model.tokenizer.train.kind, len(tokenizer))
     if not tok_dir.exists():
         tokenizer.save_pretrained(tok_dir)
+    if distributed.is_main():
+        distributed.barrier()  # the saved tokenizer is there for the other ranks
     labels = (task.label_names(raw.train, r.data) if hasattr(task, "label_names")
               else data.label_names(raw.train, r.data) if task.needs_labels else None)
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
@@ -233,9 +246,9 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     log.info("data: %d train / %d eval examples of %d tokens%s", len(train_enc),
              len(eval_enc) if eval_enc else 0, r.data.max_length,
              " (tokenized earlier: cache hit)" if hit else "")
-    if data.batches_per_epoch(len(train_enc), t.batch_size) == 0:
+    if data.batches_per_epoch(len(train_enc), global_batch) == 0:
         raise InputError(f"data.train: {len(train_enc)} examples make no batch of "
-                         f"training.batch_size={t.batch_size}")
+                         f"training.batch_size={t.batch_size}" + (f" x {world} processes" if world > 1 else ""))
 
     if backend_name == "auto":  # time a few steps of each backend, keep the faster
         from ortft import probe
@@ -248,6 +261,9 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     # ---- model, backend, optimizer
     model = models.build_model(loaded, task.auto_class, tokenizer, labels,
                                attn=backend.attn_implementation)
+    if r.hardware.gradient_checkpointing:  # torch backend only (recipe check): recompute in backward
+        model.gradient_checkpointing_enable()
+        log.info("gradient checkpointing: activations are recomputed in the backward")
     if r.adapter is not None:  # LoRA: the base is frozen, only adapter (+ head) weights train
         model = models.apply_adapter(model, r.adapter)
         log.info("adapter: lora r=%d alpha=%g; %d of %d parameters train", r.adapter.rank,
@@ -263,7 +279,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     if backend.name == "ort":
         log.info("backend: ort (ORTModule); eager attention, since ORTModule cannot build "
                  "gradients for sdpa attention")
-    steps = total_steps(r, len(train_enc))
+    steps = total_steps(r, len(train_enc), world)
     optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], r, rt.device)
     from transformers import get_scheduler
 
@@ -280,10 +296,14 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
         log.info("resuming from %s (step %d)", resume_from, state.step)
     wrapped = backend.wrap(module, run_dir)  # after loading weights: ORT shares these tensors
     wrapped.train()
+    forward = distributed.wrap(wrapped, rt.device)  # DDP around ORTModule (never the reverse)
+    # fp16: loss scaling; for fp32/bf16 the scaler is disabled and each call below is a no-op
+    scaler = torch.amp.GradScaler(rt.device.type, enabled=r.precision.dtype == "fp16")
 
     recipe_yaml = dump(r, base_dir=loaded.base_dir)
-    metrics_log = Tracker(run_dir, r.logging,  # metrics.jsonl (+ TensorBoard, plot)
-                          truncate_after_step=state.step if resume_from else None)
+    metrics_log = (Tracker(run_dir, r.logging,  # metrics.jsonl (+ TensorBoard, plot)
+                           truncate_after_step=state.step if resume_from else None)
+                   if distributed.is_main() else _NoTracker())
     summary: dict[str, Any] = {
         "format_version": report.FORMAT_VERSION, "status": "running", "error": None,
         "task": task.name, "max_steps": steps, "parameters": models.count_parameters(module.model),
@@ -294,10 +314,13 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                   "recipe": str(loaded.path.resolve()) if loaded.path else None, "onnx": None, "checkpoints": [],
                   "last_checkpoint": str(resume_from) if resume_from else None},
         "export": None, "resumed_from": str(resume_from) if resume_from else None,
+        "precision": {"dtype": r.precision.dtype, "skipped_steps": 0},  # fp16 overflow steps
+        "distributed": distributed.summary(),
     }
-    per_epoch = data.batches_per_epoch(len(train_enc), t.batch_size)
+    per_epoch = data.batches_per_epoch(len(train_enc), global_batch)
     accum = t.gradient_accumulation_steps
-    batches = data.train_batches(train_enc, t.batch_size, t.seed, r.data.shuffle,
+    # the same seeded order in every process, cut into global batches (DDP: shard() below)
+    batches = data.train_batches(train_enc, global_batch, t.seed, r.data.shuffle,
                                  start_micro=state.micro_step)
     params = [p for p in module.parameters() if p.requires_grad]
     collate = getattr(task, "collate", None)
@@ -310,10 +333,11 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
 
     def save_checkpoint() -> Path:
         nonlocal last_ckpt
-        last_ckpt = checkpoint.save(run_dir, state, module.model, optimizer, scheduler,
-                                    recipe_yaml, r.checkpoint.keep_last)
-        summary["paths"]["last_checkpoint"] = str(last_ckpt)
-        return last_ckpt
+        if distributed.is_main():  # one writer; every rank resumes from the same folder
+            last_ckpt = checkpoint.save(run_dir, state, module.model, optimizer, scheduler,
+                                        recipe_yaml, r.checkpoint.keep_last)
+            summary["paths"]["last_checkpoint"] = str(last_ckpt)
+        return last_ckpt  # type: ignore[return-value]
 
     def finish(status: str, error: str | None = None, write: bool = True) -> dict[str, Any]:
         steady_t = max(steady["time"], 1e-9)
@@ -333,7 +357,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
         summary["paths"]["checkpoints"] = [str(p) for p in checkpoint.list_checkpoints(run_dir)]
         summary.update(selector.report(state, stop_reason))
         summary["provenance"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        if write:
+        if write and distributed.is_main():
             metrics_log.close()  # flush TensorBoard, draw curves.png
             try:
                 report.write_json_atomic(run_dir / "summary.json", summary)
@@ -357,34 +381,43 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                     epoch, batch = next(batches)
                     if collate is not None:  # e.g. masked-lm: this epoch's masking of these rows
                         batch = collate(batch, epoch, t.seed)
+                    step_tokens += int(batch["attention_mask"].sum())  # of the global batch
+                    batch = distributed.shard(batch)  # DDP: this rank's rows; else the batch
                     inputs = _to_device(batch, rt.device)
-                    loss, _ = wrapped(**inputs)
-                    (loss / accum).backward()
+                    with runtime.autocast(r.precision.dtype, rt.device):  # disabled for fp32
+                        loss, _ = forward(**inputs)
+                    scaler.scale(loss / accum).backward()  # DDP all-reduces (averages) gradients here
                     backend.after_step(wrapped)
-                    loss_sum += loss.detach()
+                    loss_sum += loss.detach().float()
                     state.micro_step += 1
                     state.epoch = epoch
-                    step_tokens += int(batch["attention_mask"].sum())
+                scaler.unscale_(optimizer)  # fp16: clip the true gradients, not the scaled ones
                 if t.max_grad_norm:
                     torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
+                scale = scaler.get_scale()
+                scaler.step(optimizer)  # fp16: skipped when a gradient overflowed
+                scaler.update()
+                if scaler.get_scale() < scale:  # the scale shrank: this step was skipped
+                    summary["precision"]["skipped_steps"] += 1
+                else:
+                    scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 state.step += 1
-                loss_value = float(loss_sum) / accum  # the one CPU-GPU sync per step
+                # the one CPU-GPU sync per step; DDP: the mean over ranks (= the global batch's loss)
+                loss_value = float(distributed.all_reduce_mean(loss_sum)) / accum
                 dt = time.perf_counter() - t0
                 state.train_time_s += dt
                 window_t += dt
-                state.samples += t.batch_size * accum
+                state.samples += global_batch * accum
                 state.tokens += step_tokens
-                window_samples += t.batch_size * accum
+                window_samples += global_batch * accum
                 window_tokens += step_tokens
                 if first_step:  # holds ORT's export and graph build: reported apart
                     steady["first_step_s"] = dt
                     first_step = False
                 else:
                     steady["time"] += dt
-                    steady["samples"] += t.batch_size * accum
+                    steady["samples"] += global_batch * accum
                     steady["tokens"] += step_tokens
                 if not math.isfinite(loss_value):
                     where = f"; last good checkpoint: {last_ckpt}" if last_ckpt else ""
@@ -410,7 +443,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                     metrics_log.write({"kind": "eval", "step": state.step,
                                        "epoch": state.micro_step / per_epoch, **state.eval_metrics})
                     progress.eval(state.eval_metrics)
-                    if selector.observe(state):  # a new best eval: keep its weights in best/
+                    if selector.observe(state) and distributed.is_main():  # a new best: best/
                         save_best(run_dir, module.model, state)
                     if on_eval is not None:  # ortft hpo: report the eval, maybe prune the trial
                         on_eval(state.step, state.eval_metrics)
@@ -420,21 +453,25 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                     stop_reason = "early_stopping"
                     progress.log(selector.stop_message(state))
                     break
-                if t.max_time and time.time() - started >= t.max_time:
+                # DDP: every rank must stop at the same step, so these flags are OR-ed over ranks
+                out_of_time, signalled = distributed.any_rank(
+                    bool(t.max_time and time.time() - started >= t.max_time), signals.received is not None)
+                if out_of_time:
                     # the CI slot's budget: stop cleanly, resumable, final/ still written
                     stop_reason = "max_time"
                     progress.log(f"training.max_time ({t.max_time:g}s) reached at step {state.step}")
                     save_checkpoint()
                     break
-                if signals.received is not None:
+                if signalled:
+                    sig = signals.received or signal.SIGTERM  # another rank got it
                     path = save_checkpoint()
-                    finish("interrupted", f"stopped by signal {signals.received} at step {state.step}")
+                    finish("interrupted", f"stopped by signal {sig} at step {state.step}")
                     # the overrides too (a resume must see the same recipe), minus resume=never
                     again = [o for o in loaded.overrides if not o.startswith("checkpoint.resume=")]
                     cmd = shlex.join(["ortft", "train", str(loaded.path or "RECIPE"), *again,
                                       "--output-dir", str(run_dir)])
                     raise Interrupted(f"interrupted at step {state.step}; checkpoint {path}; "
-                                      f"resume with: {cmd}", signals.received)
+                                      f"resume with: {cmd}", sig)
     except OrtftError as err:
         if summary["status"] == "running":
             finish(getattr(err, "run_status", "failed"), str(err))
@@ -451,6 +488,11 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                     "backend.allow_fallback=true to fall back to PyTorch (recorded in the summary)")
         raise RunError(f"training failed at step {state.step}: {type(err).__name__}: "
                        f"{first[:300]}{hint}") from err
+
+    # ---- DDP: the collectives are over; rank 0 alone writes final/, the export and the summary
+    distributed.teardown()
+    if not distributed.is_main():
+        return summary
 
     # ---- final model, export, gates, summary
     selector.load_final(run_dir, module.model, state)  # final: best -> the best eval's weights
@@ -485,6 +527,16 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
              summary["throughput"]["samples_per_s"])
     _raise_failed_gates(results, summary)
     return summary
+
+
+class _NoTracker:
+    """Ranks other than 0 under torchrun write no metrics."""
+
+    def write(self, row: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _raise_failed_gates(results: list[gates.GateResult], summary: dict[str, Any]) -> None:

@@ -47,8 +47,14 @@ def in_process(*args: str) -> tuple[int, str, str]:
 
 
 def subprocess_cli(*args: str) -> tuple[int, str, str]:
-    res = subprocess.run([sys.executable, "-m", "ortft", "train", *args], capture_output=True,
-                         text=True, env={**os.environ, "NO_COLOR": "1"}, timeout=300, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=300,
+        check=False,
+    )
     return res.returncode, res.stdout, res.stderr
 
 
@@ -132,7 +138,9 @@ def checkpoint_newer_format(tmp: Path) -> list[str]:
 
 def summary_newer_format(tmp: Path) -> list[str]:
     (tmp / "run").mkdir()
-    (tmp / "run" / "summary.json").write_text(json.dumps({"format_version": 99, "status": "running"}))
+    (tmp / "run" / "summary.json").write_text(
+        json.dumps({"format_version": 99, "status": "running"})
+    )
     return [str(base_recipe(tmp)), "-o", str(tmp / "run")]
 
 
@@ -223,71 +231,188 @@ def checkpoint_of_another_model(tmp: Path) -> list[str]:
     from ortft import train as train_mod
 
     path = base_recipe(tmp, checkpoint={"save_every": 2})
-    train_mod.run(recipe_io.load(path), output_dir=tmp / "small")  # torch backend: in-process is fine
-    return [str(path), "model.from_config.hidden_size=64",
-            "checkpoint.resume=small/step-000002", "-o", str(tmp / "run")]
+    train_mod.run(
+        recipe_io.load(path), output_dir=tmp / "small"
+    )  # torch backend: in-process is fine
+    return [
+        str(path),
+        "model.from_config.hidden_size=64",
+        "checkpoint.resume=small/step-000002",
+        "-o",
+        str(tmp / "run"),
+    ]
 
 
 IN_PROCESS, SUBPROCESS = "in-process", "subprocess"
 
 # (setup, how to run it, exit code, what the one line must contain; {tmp} is the test folder)
 ROWS: dict[str, tuple[Callable[[Path], list[str]], str, int, list[str]]] = {
-    "wrong-type-override": (wrong_type_override, IN_PROCESS, 2,
-                            ["training.max_steps (command-line override)", "valid integer"]),
-    "wrong-type-yaml": (wrong_type_in_yaml, IN_PROCESS, 2, ["training.batch_size (line", "integer"]),
+    "wrong-type-override": (
+        wrong_type_override,
+        IN_PROCESS,
+        2,
+        ["training.max_steps (command-line override)", "valid integer"],
+    ),
+    "wrong-type-yaml": (
+        wrong_type_in_yaml,
+        IN_PROCESS,
+        2,
+        ["training.batch_size (line", "integer"],
+    ),
     "wrong-type-bool": (wrong_type_bool, IN_PROCESS, 2, ["model.trust_remote_code", "boolean"]),
-    "out-of-range-max-length": (out_of_range_length, IN_PROCESS, 2,
-                                ["data.max_length", "greater than or equal to 8"]),
-    "out-of-range-warmup-ratio": (out_of_range_ratio, IN_PROCESS, 2, ["training.warmup_ratio", "less than 1"]),
+    "out-of-range-max-length": (
+        out_of_range_length,
+        IN_PROCESS,
+        2,
+        ["data.max_length", "greater than or equal to 8"],
+    ),
+    "out-of-range-warmup-ratio": (
+        out_of_range_ratio,
+        IN_PROCESS,
+        2,
+        ["training.warmup_ratio", "less than 1"],
+    ),
     "out-of-range-dropout": (out_of_range_dropout, IN_PROCESS, 2, ["model.dropout", "less than 1"]),
-    "contradicting-model-sources": (contradicting_model_sources, IN_PROCESS, 2,
-                                    ["exactly one of model.name_or_path or model.from_config"]),
-    "contradicting-heads": (contradicting_heads, IN_PROCESS, 2,
-                            ["num_heads (3) must divide hidden_size (32)"]),
-    "contradicting-resume-never": (contradicting_resume_never, IN_PROCESS, 2,
-                                   ["{tmp}/run holds checkpoints", "checkpoint.resume=never"]),
-    "missing-eval-file": (missing_eval_file, IN_PROCESS, 2, ["data.eval: {tmp}/held/out.csv does not exist"]),
-    "missing-resume-checkpoint": (missing_resume_checkpoint, IN_PROCESS, 2,
-                                  ["checkpoint.resume: {tmp}/gone/step-000004", "not a directory"]),
-    "resume-not-a-checkpoint": (resume_path_not_a_checkpoint, IN_PROCESS, 2,
-                                ["checkpoint.resume: {tmp}/notckpt", "no manifest.json"]),
-    "checkpoint-newer-format": (checkpoint_newer_format, IN_PROCESS, 2,
-                                ["checkpoint.resume: {tmp}/step-000002", "format_version 99"]),
-    "summary-newer-format": (summary_newer_format, IN_PROCESS, 2,
-                             ["{tmp}/run/summary.json", "format_version 99"]),
-    "output-dir-under-a-file": (output_dir_under_a_file, IN_PROCESS, 2,
-                                ["output dir {tmp}/plain-file/run is not writable"]),
-    "output-dir-is-a-file": (output_dir_is_a_file, IN_PROCESS, 2,
-                             ["output dir {tmp}/plain-file is not writable"]),
-    "override-without-equals": (override_without_equals, IN_PROCESS, 2,
-                                ["override 'training.max_steps' must look like section.key=value"]),
-    "override-empty-key-part": (override_empty_key_part, IN_PROCESS, 2,
-                                ["override 'training..lr=1e-3' must look like section.key=value"]),
-    "override-unknown-section": (override_unknown_section, IN_PROCESS, 2,
-                                 ["trainig (command-line override): unknown key; did you mean 'training'?"]),
-    "missing-model-dir": (missing_model_dir, IN_PROCESS, 2,
-                          ["model.name_or_path: {tmp}/models/bert-tiny does not exist"]),
+    "contradicting-model-sources": (
+        contradicting_model_sources,
+        IN_PROCESS,
+        2,
+        ["exactly one of model.name_or_path or model.from_config"],
+    ),
+    "contradicting-heads": (
+        contradicting_heads,
+        IN_PROCESS,
+        2,
+        ["num_heads (3) must divide hidden_size (32)"],
+    ),
+    "contradicting-resume-never": (
+        contradicting_resume_never,
+        IN_PROCESS,
+        2,
+        ["{tmp}/run holds checkpoints", "checkpoint.resume=never"],
+    ),
+    "missing-eval-file": (
+        missing_eval_file,
+        IN_PROCESS,
+        2,
+        ["data.eval: {tmp}/held/out.csv does not exist"],
+    ),
+    "missing-resume-checkpoint": (
+        missing_resume_checkpoint,
+        IN_PROCESS,
+        2,
+        ["checkpoint.resume: {tmp}/gone/step-000004", "not a directory"],
+    ),
+    "resume-not-a-checkpoint": (
+        resume_path_not_a_checkpoint,
+        IN_PROCESS,
+        2,
+        ["checkpoint.resume: {tmp}/notckpt", "no manifest.json"],
+    ),
+    "checkpoint-newer-format": (
+        checkpoint_newer_format,
+        IN_PROCESS,
+        2,
+        ["checkpoint.resume: {tmp}/step-000002", "format_version 99"],
+    ),
+    "summary-newer-format": (
+        summary_newer_format,
+        IN_PROCESS,
+        2,
+        ["{tmp}/run/summary.json", "format_version 99"],
+    ),
+    "output-dir-under-a-file": (
+        output_dir_under_a_file,
+        IN_PROCESS,
+        2,
+        ["output dir {tmp}/plain-file/run is not writable"],
+    ),
+    "output-dir-is-a-file": (
+        output_dir_is_a_file,
+        IN_PROCESS,
+        2,
+        ["output dir {tmp}/plain-file is not writable"],
+    ),
+    "override-without-equals": (
+        override_without_equals,
+        IN_PROCESS,
+        2,
+        ["override 'training.max_steps' must look like section.key=value"],
+    ),
+    "override-empty-key-part": (
+        override_empty_key_part,
+        IN_PROCESS,
+        2,
+        ["override 'training..lr=1e-3' must look like section.key=value"],
+    ),
+    "override-unknown-section": (
+        override_unknown_section,
+        IN_PROCESS,
+        2,
+        ["trainig (command-line override): unknown key; did you mean 'training'?"],
+    ),
+    "missing-model-dir": (
+        missing_model_dir,
+        IN_PROCESS,
+        2,
+        ["model.name_or_path: {tmp}/models/bert-tiny does not exist"],
+    ),
     "empty-dataset": (empty_dataset, SUBPROCESS, 2, ["train.csv: no rows"]),
-    "too-few-rows": (too_few_rows_for_a_batch, SUBPROCESS, 2,
-                     ["data.train: 3 examples make no batch of training.batch_size=8"]),
-    "missing-text-column": (missing_text_column, SUBPROCESS, 2,
-                            ["train.csv: missing column body (has: label, text)"]),
-    "label-outside-label-names": (label_outside_label_names, SUBPROCESS, 2,
-                                  ["train.csv: row ", "is not one of data.label_names ['pos', 'neutral']"]),
-    "non-utf8-csv": (non_utf8_csv, SUBPROCESS, 2, ["{tmp}/train.csv:3: not UTF-8 text (byte 0xef)"]),
-    "non-utf8-gzip": (non_utf8_gzip_corpus, SUBPROCESS, 2, ["{tmp}/corpus.txt.gz:3: not UTF-8 text"]),
-    "non-utf8-folder-doc": (non_utf8_class_folder, SUBPROCESS, 2, ["{tmp}/docs/neg/a.txt:1: not UTF-8 text"]),
-    "model-dir-without-config": (model_dir_without_config, SUBPROCESS, 2,
-                                 ["model.name_or_path: {tmp}/model is not a model directory (no config.json)"]),
-    "checkpoint-of-another-model": (checkpoint_of_another_model, SUBPROCESS, 2,
-                                    ["{tmp}/small/step-000002: checkpoint does not fit this recipe's model",
-                                     "size mismatch"]),
+    "too-few-rows": (
+        too_few_rows_for_a_batch,
+        SUBPROCESS,
+        2,
+        ["data.train: 3 examples make no batch of training.batch_size=8"],
+    ),
+    "missing-text-column": (
+        missing_text_column,
+        SUBPROCESS,
+        2,
+        ["train.csv: missing column body (has: label, text)"],
+    ),
+    "label-outside-label-names": (
+        label_outside_label_names,
+        SUBPROCESS,
+        2,
+        ["train.csv: row ", "is not one of data.label_names ['pos', 'neutral']"],
+    ),
+    "non-utf8-csv": (
+        non_utf8_csv,
+        SUBPROCESS,
+        2,
+        ["{tmp}/train.csv:3: not UTF-8 text (byte 0xef)"],
+    ),
+    "non-utf8-gzip": (
+        non_utf8_gzip_corpus,
+        SUBPROCESS,
+        2,
+        ["{tmp}/corpus.txt.gz:3: not UTF-8 text"],
+    ),
+    "non-utf8-folder-doc": (
+        non_utf8_class_folder,
+        SUBPROCESS,
+        2,
+        ["{tmp}/docs/neg/a.txt:1: not UTF-8 text"],
+    ),
+    "model-dir-without-config": (
+        model_dir_without_config,
+        SUBPROCESS,
+        2,
+        ["model.name_or_path: {tmp}/model is not a model directory (no config.json)"],
+    ),
+    "checkpoint-of-another-model": (
+        checkpoint_of_another_model,
+        SUBPROCESS,
+        2,
+        ["{tmp}/small/step-000002: checkpoint does not fit this recipe's model", "size mismatch"],
+    ),
 }
 
 
 @pytest.mark.parametrize("name", list(ROWS))
-def test_bad_input_is_one_line_and_the_right_exit_code(name: str, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_input_is_one_line_and_the_right_exit_code(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     setup, how, expected_code, needles = ROWS[name]
     tmp = tmp_path.resolve()
     monkeypatch.chdir(tmp)  # relative --output-dir / resume paths, as a user in that folder
@@ -302,8 +427,13 @@ def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     """--debug is the one way to see where a bad input was caught."""
     monkeypatch.chdir(tmp_path)
     args = output_dir_under_a_file(tmp_path.resolve())
-    res = subprocess.run([sys.executable, "-m", "ortft", "--debug", "train", *args],
-                         capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"},
-                         timeout=300, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "--debug", "train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=300,
+        check=False,
+    )
     assert res.returncode != 0
     assert "Traceback" in res.stderr and "InputError" in res.stderr

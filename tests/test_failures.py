@@ -59,23 +59,28 @@ def test_non_finite_loss_stops_with_the_step_and_last_good_checkpoint(
     assert [p.name for p in checkpoint.list_checkpoints(run_dir)] == ["step-000002"]  # no NaN saved
 
 
-def test_non_finite_loss_through_the_cli_is_one_line_exit_1(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_non_finite_loss_through_the_cli_is_one_line_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     forward = models.TaskModule.forward
+
     def nan_loss(self, *args, **kwargs):
         loss, logits = forward(self, *args, **kwargs)
         return loss * float("nan"), logits
 
     monkeypatch.setattr(models.TaskModule, "forward", nan_loss)
-    result = CliRunner().invoke(app, ["train", str(make_recipe(tmp_path)), "-o", str(tmp_path / "run")])
+    result = CliRunner().invoke(
+        app, ["train", str(make_recipe(tmp_path)), "-o", str(tmp_path / "run")]
+    )
     assert result.exit_code == EXIT_FAILED
     assert "Traceback" not in result.output
     last = result.stderr.rstrip("\n").splitlines()[-1]
     assert last == "error: loss is nan at step 1"  # no checkpoint yet: none is named
 
 
-def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ENOSPC in the second save: step 2 stays whole, no temp folder is left, one line, exit 1."""
     saves = {"n": 0}
     real_save = torch.save
@@ -94,8 +99,10 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path: Path,
     assert "Traceback" not in result.output
     last = result.stderr.rstrip("\n").splitlines()[-1]
     step2 = run_dir / "step-000002"
-    assert last == (f"error: could not write checkpoint {run_dir / 'step-000004'}: No space left on "
-                    f"device; the last good checkpoint {step2} is intact")
+    assert last == (
+        f"error: could not write checkpoint {run_dir / 'step-000004'}: No space left on "
+        f"device; the last good checkpoint {step2} is intact"
+    )
     assert checkpoint.list_checkpoints(run_dir) == [step2]
     assert checkpoint.verify(step2, deep=True) is None
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".step-")]  # temp dir removed
@@ -125,7 +132,9 @@ def test_disk_full_in_safetensors_write(tmp_path: Path, monkeypatch: pytest.Monk
     assert summary(run_dir)["status"] == "failed"
 
 
-def test_resaving_the_same_step_never_loses_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resaving_the_same_step_never_loses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A save of a step that already has a checkpoint (a signal right after a periodic save)
     that fails half-way leaves the earlier copy of that step in place."""
     model = torch.nn.Linear(2, 2)

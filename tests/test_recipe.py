@@ -235,10 +235,10 @@ def test_num_heads_must_divide_hidden_size(tmp_path):
 @pytest.mark.parametrize(
     "overrides, needle",
     [
-        (["precision=bf16"], "precision.dtype=bf16 is not supported yet"),
-        (["precision.dtype=fp16"], "precision.dtype=fp16 is not supported yet"),
-        (["deepspeed.zero_optimization.stage=2"], "deepspeed is not supported yet"),
-        (["deepspeed=ds.json"], "deepspeed is not supported yet"),
+        (["precision=bf16", "hardware.device=cpu"], "precision.dtype=bf16 on cpu needs backend.name=torch"),
+        (["precision.dtype=fp16", "hardware.device=cpu"], "precision.dtype=fp16 needs CUDA"),
+        (["deepspeed.zero_optimization.stage=3"], "ortft supports ZeRO stages 0, 1 and 2"),
+        (["deepspeed=ds.yaml"], "is not a .json file path"),
     ],
 )
 def test_unwired_features_fail_loudly(tmp_path, overrides, needle):
@@ -369,7 +369,8 @@ def test_duplicate_yaml_key_is_an_error(tmp_path: Path) -> None:
 
 def test_whole_recipe_errors_have_no_doubled_prefix() -> None:
     data = {"model": {"name_or_path": "m"}, "task": "causal-lm", "data": {"train": "x.txt"},
-            "precision": "bf16"}
+            "precision": "fp16", "hardware": {"device": "cpu"}}
     with pytest.raises(RecipeError) as info:
         recipe_io.load(None, data=data, check_files=False)
-    assert str(info.value) == "recipe: precision.dtype=bf16 is not supported yet; use fp32"
+    assert str(info.value) == ("recipe: precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training "
+                               "on cpu; use bf16 (backend.name=torch) or fp32")

@@ -29,8 +29,9 @@ MINIMAL = {
     "data": {"train": "train.csv"},
 }
 
-SETTINGS = settings(max_examples=100, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,9 @@ def test_an_override_lands_at_its_dotted_place(parts: list[str], value: object) 
         node = node[part]
     assert node == {parts[-1]: value}
     got = node[parts[-1]]
-    assert type(got) is type(value) and (got == value or (isinstance(got, float) and math.isnan(got)))
+    assert type(got) is type(value) and (
+        got == value or (isinstance(got, float) and math.isnan(got))
+    )
 
 
 @SETTINGS
@@ -92,7 +95,9 @@ def test_only_the_first_equals_sign_splits(parts: list[str], rest: str) -> None:
 def test_later_overrides_win_and_siblings_stay(parts: list[str], first: int, second: int) -> None:
     key = ".".join(parts)
     sibling = [*parts[:-1], parts[-1] + "_x"]
-    data = recipe_io.apply_overrides({}, [f"{key}={first}", ".".join(sibling) + "=1", f"{key}={second}"])
+    data = recipe_io.apply_overrides(
+        {}, [f"{key}={first}", ".".join(sibling) + "=1", f"{key}={second}"]
+    )
     node = data
     for part in parts[:-1]:
         node = node[part]
@@ -139,9 +144,23 @@ junk_override = st.one_of(
     junk,
     st.builds(lambda k, v: f"{k}={v}", junk, junk),
     st.builds(lambda k, v: f"{'.'.join(k)}={v}", dotted_key, junk),
-    st.builds(lambda s, v: f"{s}={v}", st.sampled_from(
-        ["training.max_steps", "data.train", "model.name_or_path", "task", "backend",
-         "checkpoint.resume", "data.label_names", "model", "training"]), junk),
+    st.builds(
+        lambda s, v: f"{s}={v}",
+        st.sampled_from(
+            [
+                "training.max_steps",
+                "data.train",
+                "model.name_or_path",
+                "task",
+                "backend",
+                "checkpoint.resume",
+                "data.label_names",
+                "model",
+                "training",
+            ]
+        ),
+        junk,
+    ),
 )
 
 
@@ -151,20 +170,37 @@ def test_junk_overrides_are_only_ever_user_errors(recipe_path: Path, overrides: 
     _load_or_user_error(recipe_path, overrides)
 
 
-yaml_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
-                      st.text(max_size=15))
+yaml_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=15)
+)
 yaml_value = st.recursive(
     yaml_leaf,
-    lambda children: st.one_of(st.lists(children, max_size=3),
-                               st.dictionaries(st.text(max_size=10), children, max_size=4)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=12,
 )
-section_names = st.sampled_from(["model", "task", "data", "training", "optimizer", "precision",
-                                 "hardware", "deepspeed", "backend", "checkpoint", "export"])
+section_names = st.sampled_from(
+    [
+        "model",
+        "task",
+        "data",
+        "training",
+        "optimizer",
+        "precision",
+        "hardware",
+        "deepspeed",
+        "backend",
+        "checkpoint",
+        "export",
+    ]
+)
 
 
 @SETTINGS
-@given(mapping=st.dictionaries(st.one_of(section_names, st.text(max_size=10)), yaml_value, max_size=6))
+@given(
+    mapping=st.dictionaries(st.one_of(section_names, st.text(max_size=10)), yaml_value, max_size=6)
+)
 def test_arbitrary_yaml_mappings_are_only_ever_user_errors(tmp_path: Path, mapping: dict) -> None:
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(mapping))
@@ -182,7 +218,9 @@ def test_a_valid_recipe_with_arbitrary_sections_replaced(tmp_path: Path, changes
 
 @SETTINGS
 @given(text=st.text(max_size=200))
-def test_arbitrary_text_as_a_recipe_file_is_only_ever_a_user_error(tmp_path: Path, text: str) -> None:
+def test_arbitrary_text_as_a_recipe_file_is_only_ever_a_user_error(
+    tmp_path: Path, text: str
+) -> None:
     path = tmp_path / "r.yaml"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     _load_or_user_error(path, [])

@@ -1,0 +1,123 @@
+"""Data-parallel training under torchrun: process group setup/teardown and rank logic.
+
+torchrun (``python -m torch.distributed.run``) starts one process per device and sets RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and the rendezvous address in each one's environment.
+This module reads them; it launches nothing and talks only through ``torch.distributed``.
+Without torchrun (no WORLD_SIZE) every helper is the single-process identity.
+
+How the loop uses it: every rank draws the same seeded permutation of the data with the
+*global* batch (batch_size × world size) and keeps its slice (``shard``), so a run on N
+processes sees the same examples per step as one process with that global batch; DDP
+averages the gradients; ``all_reduce_mean`` averages the logged loss. Only rank 0 logs,
+writes checkpoints, final/, the export and summary.json.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger("ortft")
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def is_main() -> bool:
+    """Rank 0: the one process that logs and writes files (true without torchrun)."""
+    return rank() == 0
+
+
+def active() -> bool:
+    return world_size() > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def setup(device: torch.device) -> torch.device:
+    """Join the process group (gloo on CPU, nccl on CUDA); return this rank's device.
+
+    A no-op without torchrun. Ranks other than 0 stay quiet: their log lines would repeat rank 0's.
+    """
+    if world_size() == 1:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not torch.distributed.is_initialized():
+        # env:// rendezvous: MASTER_ADDR/MASTER_PORT (or torchrun's c10d store) from the environment
+        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        atexit.register(teardown)  # a failed run still leaves the group cleanly
+    if not is_main():
+        from ortft import progress
+
+        progress._console.quiet = True  # log lines and progress: rank 0 only
+        log.setLevel(logging.ERROR)
+    log.info("distributed: %d processes (%s), global batch = batch_size x accumulation x %d",
+             world_size(), torch.distributed.get_backend(), world_size())
+    return device
+
+
+def teardown() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def wrap(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DistributedDataParallel around the backend's module (ORTModule first, then DDP)."""
+    if not active():
+        return module
+    ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
+
+
+def shard(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """This rank's contiguous slice of a global batch (every row-indexed array)."""
+    n = world_size()
+    if n == 1:
+        return batch
+    rows = len(batch["input_ids"])
+    if rows % n:
+        raise ValueError(f"a global batch of {rows} rows does not split over {n} processes")
+    per, r = rows // n, rank()
+    return {k: (v[r * per:(r + 1) * per] if isinstance(v, np.ndarray) and v.ndim and len(v) == rows else v)
+            for k, v in batch.items()}
+
+
+def barrier() -> None:
+    if active():
+        torch.distributed.barrier()
+
+
+def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
+    """The mean of ``value`` over all ranks (a copy; the identity in one process)."""
+    if not active():
+        return value
+    out = value.detach().clone()
+    torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
+    return out / world_size()
+
+
+def any_rank(*flags: bool) -> tuple[bool, ...]:
+    """Each flag true if it is true on any rank, so that every rank stops at the same step."""
+    if not active():
+        return flags
+    on = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"  # nccl reduces on the GPU
+    t = torch.tensor([float(f) for f in flags], device=on)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return tuple(bool(v) for v in t.tolist())
+
+
+def summary() -> dict[str, Any]:
+    if world_size() == 1:
+        return {"world_size": 1}
+    backend = torch.distributed.get_backend() if active() else None
+    return {"world_size": world_size(), "backend": backend}

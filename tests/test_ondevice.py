@@ -1,0 +1,190 @@
+"""backend.name=ort-ondevice: a tiny BERT classifier trained in onnxruntime.training.api.
+
+Every training run is a `python -m ortft train` subprocess. One run (`trained`, 6 steps, a
+checkpoint every 3) is shared by the tests; the others resume from it or check what it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_classifier, write_classification_csv, write_recipe
+
+# torch poisoned before ortft loads: `import torch` fails, and transformers sees no torch
+NO_TORCH = (
+    "import sys; sys.modules['torch'] = None; sys.argv = ['ortft', *sys.argv[1:]]\n"
+    "from ortft.cli import main\n"
+    "try:\n    main()\nfinally:\n"
+    "    loaded = [m for m in sys.modules if m.startswith('torch.') or (m == 'torch' and sys.modules[m])]\n"
+    "    print('TORCH_MODULES', len(loaded), file=sys.stderr)\n"
+)
+
+
+def _train(recipe: Path, out: Path, *overrides: str, torch: bool = True) -> subprocess.CompletedProcess:
+    head = ["-m", "ortft"] if torch else ["-c", NO_TORCH]
+    return subprocess.run([sys.executable, *head, "train", str(recipe), *overrides, "--output-dir",
+                           str(out), "--json"], capture_output=True, text=True, timeout=600)
+
+
+def _losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    tmp = tmp_path_factory.mktemp("ondevice")
+    write_classification_csv(tmp / "train.csv")
+    recipe = tiny_classifier("train.csv", backend="ort-ondevice", max_steps=6, lr=5e-3,
+                             eval_every=3)
+    recipe["checkpoint"] = {"save_every": 3, "keep_last": 2}
+    path = write_recipe(tmp / "cls.yaml", recipe)
+    res = _train(path, tmp / "run")
+    assert res.returncode == 0, res.stderr[-2000:]
+    return path, tmp / "run", json.loads(res.stdout)
+
+
+def test_trains_and_writes_a_run(trained):
+    _, run, summary = trained
+    assert summary["status"] == "completed" and summary["steps"] == 6
+    assert summary["backend"]["used"] == "ort-ondevice" and summary["backend"]["ort_exports"] == 1
+    assert summary["backend"]["peak_rss_mb"] > 0
+    assert {"checkpoint", "training_model.onnx", "eval_model.onnx", "optimizer_model.onnx",
+            "artifacts.json", "config.json"} <= {p.name for p in (run / "ondevice/artifacts").iterdir()}
+    assert {p.name for p in run.glob("step-*")} == {"step-000003", "step-000006"}
+    assert {"checkpoint", "state.json", "recipe.yaml", "manifest.json"} <= {
+        p.name for p in (run / "step-000006").iterdir()}
+    assert {"model.onnx", "config.json", "tokenizer.json", "recipe.yaml", "README.md"} <= {
+        p.name for p in (run / "final").iterdir()}
+    assert summary["export"]["parity"]["max_abs_diff"] <= 1e-5
+    assert "eval_accuracy" in summary["metrics"]
+
+
+def test_loss_falls(tmp_path):
+    write_classification_csv(tmp_path / "train.csv")
+    path = write_recipe(tmp_path / "cls.yaml", tiny_classifier(
+        "train.csv", backend="ort-ondevice", max_steps=20, lr=5e-3))
+    res = _train(path, tmp_path / "run", "data.eval_fraction=0")
+    assert res.returncode == 0, res.stderr[-2000:]
+    losses = list(_losses(tmp_path / "run").values())
+    assert len(losses) == 20 and max(losses[-3:]) < losses[0] - 0.05, losses
+
+
+def test_same_losses_as_pytorch_with_the_same_frozen_set(tmp_path):
+    """Only the head and the last layer train; the first step is the same model and batch, so
+    the same loss; then ORT's AdamW graph and torch's AdamW agree closely (not bit for bit)."""
+    write_classification_csv(tmp_path / "train.csv")
+    path = write_recipe(tmp_path / "cls.yaml", tiny_classifier("train.csv", max_steps=4, lr=5e-3))
+    got = {}
+    for backend in ("ort-ondevice", "torch"):
+        res = _train(path, tmp_path / backend, f"backend.name={backend}", "data.eval_fraction=0",
+                     "backend.trainable=[classifier.*,bert.encoder.layer.1.*]")
+        assert res.returncode == 0, res.stderr[-2000:]
+        got[backend] = list(_losses(tmp_path / backend).values())
+        summary = json.loads(res.stdout)
+        assert summary["trainable_parameters"] < summary["parameters"]
+    assert got["ort-ondevice"][0] == pytest.approx(got["torch"][0], rel=1e-6)
+    assert got["ort-ondevice"] == pytest.approx(got["torch"], rel=2e-3)
+
+
+def test_inference_model_holds_the_trained_weights(trained):
+    import onnx
+    import onnxruntime as ort
+
+    from ortft.train_ondevice import training_api
+
+    _, run, _ = trained
+    api = training_api()
+    final = onnx.load(str(run / "final/model.onnx"))
+    weights = {i.name: onnx.numpy_helper.to_array(i) for i in final.graph.initializer}
+    state = api.CheckpointState.load_checkpoint(str(run / "step-000006/checkpoint"))
+    start = api.CheckpointState.load_checkpoint(str(run / "ondevice/artifacts/checkpoint"))
+    name = "classifier.weight"
+    trained_w = state.parameters[name].data
+    assert not np.allclose(trained_w, start.parameters[name].data)  # it did train
+    np.testing.assert_array_equal(weights[name], trained_w)
+    # the same logits as the eval graph with the last checkpoint's weights
+    art = run / "ondevice/artifacts"
+    module = api.Module(str(art / "training_model.onnx"), state, str(art / "eval_model.onnx"))
+    module.eval()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 100, (4, 16)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 8:] = 0
+    _, want = module(ids, mask, np.zeros(4, dtype=np.int64))
+    sess = ort.InferenceSession(str(run / "final/model.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_resume_auto_continues_at_the_right_step_without_torch(trained, tmp_path):
+    """A run dir holding the 3-step checkpoint resumes at step 4 and reproduces the
+    uninterrupted run's losses; the artifacts come from model.name_or_path (the edge
+    workflow), so the process never loads PyTorch."""
+    recipe, run, _ = trained
+    shutil.copytree(run / "step-000003", tmp_path / "step-000003")
+    res = _train(recipe, tmp_path, "model.from_config=null", "model.tokenizer.train=null",
+                 f"model.name_or_path={run / 'ondevice/artifacts'}", torch=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "TORCH_MODULES 0" in res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["resumed_from"].endswith("step-000003") and summary["steps"] == 6
+    assert summary["backend"]["ort_exports"] == 0
+    resumed, straight = _losses(tmp_path), _losses(run)
+    assert sorted(resumed) == [4, 5, 6]
+    assert [resumed[s] for s in (4, 5, 6)] == pytest.approx([straight[s] for s in (4, 5, 6)], rel=1e-5)
+
+
+def test_ortft_eval_and_export_accept_the_onnx_final(trained, tmp_path):
+    _, run, summary = trained
+    res = subprocess.run([sys.executable, "-m", "ortft", "eval", str(run), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    ev = json.loads(res.stdout)
+    assert ev["runtime"] == "onnxruntime"
+    assert ev["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["eval_accuracy"])
+    res = subprocess.run([sys.executable, "-m", "ortft", "export", str(run), "-o",
+                          str(tmp_path / "onnx"), "--json"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rep = json.loads((tmp_path / "onnx/export.json").read_text())
+    assert rep["passed"] and rep["parity"]["max_abs_diff"] == 0.0
+    assert "trained ONNX model" in rep["parity"]["against"]
+
+
+def test_the_loop_module_imports_no_torch():
+    import ast
+
+    import ortft.train_ondevice as loop
+
+    tree = ast.parse(Path(loop.__file__).read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {n for n in names if n.split(".")[0] == "torch"}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("adapter.rank=4", "does not support adapter"),
+    ("training.scheduler=polynomial", "training.scheduler=polynomial"),
+    ("task=masked-lm", "task masked-lm"),
+])
+def test_unsupported_combinations_are_recipe_errors(tmp_path, override, message):
+    from ortft import recipe_io
+    from ortft.errors import RecipeError
+
+    write_classification_csv(tmp_path / "train.csv")
+    path = write_recipe(tmp_path / "cls.yaml", tiny_classifier("train.csv", backend="ort-ondevice"))
+    with pytest.raises(RecipeError, match=message):
+        recipe_io.load(path, [override])
+
+
+def test_trainable_pattern_matching_nothing_is_an_input_error(tmp_path):
+    write_classification_csv(tmp_path / "train.csv")
+    path = write_recipe(tmp_path / "cls.yaml", tiny_classifier("train.csv", backend="ort-ondevice"))
+    res = _train(path, tmp_path / "run", "backend.trainable=[clasifier.*]")
+    assert res.returncode == 2 and "clasifier.* matches no parameter" in res.stderr
