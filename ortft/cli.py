@@ -111,12 +111,12 @@ def train(
         typer.Option("--report", help="Write a CI report: FILE.xml (JUnit) or FILE.md (Markdown); repeatable."),
     ] = None,
     nproc: Annotated[
-        int, typer.Option("--nproc", min=1, help="Data-parallel processes on this machine: runs "
-                          "`python -m torch.distributed.run --nproc_per_node N -m ortft train ...`.")
-    ] = 1,
+        int | None, typer.Option("--nproc", min=1, help="Data-parallel processes on this machine: runs "
+                                 "`python -m torch.distributed.run --nproc_per_node N -m ortft train ...`.")
+    ] = None,
 ) -> None:
     """Train a model from a recipe; writes checkpoints, final/ and the ONNX export."""
-    if nproc > 1:  # torchrun starts the processes; each one runs this command without --nproc
+    if nproc is not None:  # torchrun starts the processes; each one runs this command without --nproc
         import os
         import subprocess
 

@@ -39,15 +39,17 @@ def is_main() -> bool:
 
 
 def active() -> bool:
+    """More than one process, in a process group."""
     return world_size() > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def setup(device: torch.device) -> torch.device:
     """Join the process group (gloo on CPU, nccl on CUDA); return this rank's device.
 
-    A no-op without torchrun. Ranks other than 0 stay quiet: their log lines would repeat rank 0's.
+    A no-op without torchrun (a group of one under `torchrun --nproc_per_node 1`, which DeepSpeed
+    needs). Ranks other than 0 stay quiet: their log lines would repeat rank 0's.
     """
-    if world_size() == 1:
+    if "WORLD_SIZE" not in os.environ:
         return device
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

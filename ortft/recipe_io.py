@@ -216,6 +216,13 @@ def check_paths(loaded: LoadedRecipe) -> list[str]:
         if looks_local(value) or path.exists():
             if not path.exists():
                 problems.append(f"{field}: {path} does not exist")
+    if isinstance(r.deepspeed, str) and loaded.resolve_path(r.deepspeed).is_file():
+        from ortft import zero  # the JSON file gets the checks an inline mapping gets
+
+        try:
+            problems += [f"deepspeed: {p}" for p in zero.check(zero.read(r.deepspeed, loaded.base_dir), r)]
+        except ValueError as err:
+            problems.append(f"deepspeed: {err}")
     return problems
 
 

@@ -296,9 +296,18 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
         log.info("resuming from %s (step %d)", resume_from, state.step)
     wrapped = backend.wrap(module, run_dir)  # after loading weights: ORT shares these tensors
     wrapped.train()
-    forward = distributed.wrap(wrapped, rt.device)  # DDP around ORTModule (never the reverse)
+    engine = None  # DeepSpeed's engine, when the recipe has a deepspeed section
+    if r.deepspeed is not None:  # ZeRO 1/2 around ORTModule; the engine does DDP's job too
+        from ortft import zero
+
+        engine = zero.start(wrapped, optimizer, scheduler, r, loaded.base_dir, world)
+        forward: torch.nn.Module = engine
+    else:
+        forward = distributed.wrap(wrapped, rt.device)  # DDP around ORTModule (never the reverse)
+    # DeepSpeed runs fp16/bf16 by casting the model itself; otherwise autocast around the forward
+    amp_dtype = "fp32" if engine is not None else r.precision.dtype
     # fp16: loss scaling; for fp32/bf16 the scaler is disabled and each call below is a no-op
-    scaler = torch.amp.GradScaler(rt.device.type, enabled=r.precision.dtype == "fp16")
+    scaler = torch.amp.GradScaler(rt.device.type, enabled=amp_dtype == "fp16")
 
     recipe_yaml = dump(r, base_dir=loaded.base_dir)
     metrics_log = (Tracker(run_dir, r.logging,  # metrics.jsonl (+ TensorBoard, plot)
@@ -333,7 +342,10 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
 
     def save_checkpoint() -> Path:
         nonlocal last_ckpt
-        if distributed.is_main():  # one writer; every rank resumes from the same folder
+        if engine is not None:  # ZeRO partitions the optimizer state over the ranks
+            log.warning("no checkpoint at step %d: DeepSpeed runs write no resumable checkpoints yet",
+                        state.step)
+        elif distributed.is_main():  # one writer; every rank resumes from the same folder
             last_ckpt = checkpoint.save(run_dir, state, module.model, optimizer, scheduler,
                                         recipe_yaml, r.checkpoint.keep_last)
             summary["paths"]["last_checkpoint"] = str(last_ckpt)
@@ -384,24 +396,22 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                     step_tokens += int(batch["attention_mask"].sum())  # of the global batch
                     batch = distributed.shard(batch)  # DDP: this rank's rows; else the batch
                     inputs = _to_device(batch, rt.device)
-                    with runtime.autocast(r.precision.dtype, rt.device):  # disabled for fp32
+                    with runtime.autocast(amp_dtype, rt.device):  # disabled for fp32
                         loss, _ = forward(**inputs)
-                    scaler.scale(loss / accum).backward()  # DDP all-reduces (averages) gradients here
+                    if engine is not None:  # DeepSpeed scales, accumulates and reduces gradients
+                        engine.backward(loss)
+                        engine.step()  # clip + optimizer + scheduler at the accumulation boundary only
+                    else:
+                        scaler.scale(loss / accum).backward()  # DDP all-reduces (averages) gradients here
                     backend.after_step(wrapped)
                     loss_sum += loss.detach().float()
                     state.micro_step += 1
                     state.epoch = epoch
-                scaler.unscale_(optimizer)  # fp16: clip the true gradients, not the scaled ones
-                if t.max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
-                scale = scaler.get_scale()
-                scaler.step(optimizer)  # fp16: skipped when a gradient overflowed
-                scaler.update()
-                if scaler.get_scale() < scale:  # the scale shrank: this step was skipped
-                    summary["precision"]["skipped_steps"] += 1
-                else:
-                    scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                if engine is None:
+                    applied = _optimizer_step(optimizer, scheduler, scaler, params, t.max_grad_norm)
+                else:  # DeepSpeed stepped in engine.step() above
+                    applied = engine.was_step_applied()
+                summary["precision"]["skipped_steps"] += not applied  # fp16 overflow: not an error
                 state.step += 1
                 # the one CPU-GPU sync per step; DDP: the mean over ranks (= the global batch's loss)
                 loss_value = float(distributed.all_reduce_mean(loss_sum)) / accum
@@ -527,6 +537,22 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
              summary["throughput"]["samples_per_s"])
     _raise_failed_gates(results, summary)
     return summary
+
+
+def _optimizer_step(optimizer: Any, scheduler: Any, scaler: torch.amp.GradScaler,
+                    params: list[torch.nn.Parameter], max_grad_norm: float | None) -> bool:
+    """Clip, step, schedule, zero the gradients; False when fp16 loss scaling skipped the step."""
+    scaler.unscale_(optimizer)  # fp16: clip the true gradients, not the scaled ones
+    if max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    scale = scaler.get_scale()
+    scaler.step(optimizer)  # fp16: skipped when a gradient overflowed (inf/nan)
+    scaler.update()
+    applied = scaler.get_scale() >= scale  # the scale shrinks only after a skipped step
+    if applied:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return applied
 
 
 class _NoTracker:

@@ -77,6 +77,9 @@ def check(cfg: dict[str, Any], recipe: Any, world: int | None = None) -> list[st
     for key in ("optimizer", "scheduler"):
         if key in cfg:
             problems.append(f"{key}: ortft builds the {key} from the recipe; remove it from the config")
+    if recipe.checkpoint.save_every:
+        problems.append("checkpoint.save_every: DeepSpeed runs write no resumable checkpoints yet "
+                        "(ZeRO partitions the optimizer state); unset it")
     return problems
 
 
@@ -94,8 +97,25 @@ def config(cfg: dict[str, Any], recipe: Any, world: int) -> dict[str, Any]:
     out["fp16"] = {**(cfg.get("fp16") or {}), "enabled": dtype == "fp16"}
     out["bf16"] = {**(cfg.get("bf16") or {}), "enabled": dtype == "bf16"}
     out.setdefault("zero_optimization", {"stage": 0})
+    out.setdefault("zero_allow_untested_optimizer", True)  # ortft's torch AdamW, not a DeepSpeed one
     out.setdefault("steps_per_print", 10**9)  # ortft logs; DeepSpeed stays quiet
     return out
+
+
+def start(model: Any, optimizer: Any, scheduler: Any, recipe: Any, base_dir: Path, world: int) -> Any:
+    """The engine for ``recipe.deepspeed``, once torchrun's process group is up."""
+    import torch
+
+    from ortft.errors import InputError
+
+    if not torch.distributed.is_initialized():
+        raise InputError("deepspeed runs under torchrun: `ortft train RECIPE --nproc N` or "
+                         "`torchrun --nproc_per_node N -m ortft train RECIPE`")
+    try:
+        cfg = config(read(recipe.deepspeed, base_dir), recipe, world)
+    except ValueError as err:
+        raise InputError(f"deepspeed: {err}") from None
+    return engine(model, optimizer, scheduler, cfg)
 
 
 def engine(model: Any, optimizer: Any, scheduler: Any, cfg: dict[str, Any]) -> Any:

@@ -50,8 +50,9 @@ def cli(*args: str) -> list[str]:
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(cli(*args), capture_output=True, text=True, env=ENV, timeout=600,
-                          check=False, cwd=cwd)
+    return subprocess.run(
+        cli(*args), capture_output=True, text=True, env=ENV, timeout=600, check=False, cwd=cwd
+    )
 
 
 def start(tmp: Path, *args: str, cwd: Path | None = None) -> tuple[subprocess.Popen, Path]:
@@ -66,8 +67,10 @@ def wait_for(path: Path, proc: subprocess.Popen, err: Path, timeout: float = 300
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
-            pytest.fail(f"the run ended (exit {proc.returncode}) before {path} appeared:\n"
-                        + err.read_text())
+            pytest.fail(
+                f"the run ended (exit {proc.returncode}) before {path} appeared:\n"
+                + err.read_text()
+            )
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"{path} did not appear within {timeout}s")
@@ -87,8 +90,9 @@ def summary(run_dir: Path) -> dict:
 
 
 @pytest.mark.parametrize("backend, dropout", [("torch", 0.1), ("ort", 0.0)])
-def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path: Path, backend: str,
-                                                              dropout: float) -> None:
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(
+    tmp_path: Path, backend: str, dropout: float
+) -> None:
     recipe = make_recipe(tmp_path, backend, dropout)
     args = [str(recipe), f"training.max_steps={STEPS}"]
     full, cut = tmp_path / "full", tmp_path / "cut"
@@ -116,7 +120,9 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path: Path, ba
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_checkpoints_and_prints_the_resume_command(tmp_path: Path, sig: int, code: int) -> None:
+def test_signal_checkpoints_and_prints_the_resume_command(
+    tmp_path: Path, sig: int, code: int
+) -> None:
     recipe = make_recipe(tmp_path, "torch", 0.1)
     overrides = [f"training.max_steps={STEPS}", "training.log_every=1"]
     run_dir = tmp_path / "run"
@@ -144,8 +150,14 @@ def test_signal_checkpoints_and_prints_the_resume_command(tmp_path: Path, sig: i
 
     argv = shlex.split(last.rsplit("resume with: ", 1)[1])
     assert argv[:2] == ["ortft", "train"]
-    res = subprocess.run([sys.executable, "-m", "ortft", *argv[1:]], capture_output=True, text=True,
-                         env=ENV, timeout=600, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", *argv[1:]],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     assert f"resuming from {ckpt} (step {stopped})" in res.stderr
     assert summary(run_dir)["status"] == "completed"
@@ -155,7 +167,9 @@ def test_signal_checkpoints_and_prints_the_resume_command(tmp_path: Path, sig: i
 def test_second_sigint_stops_at_once_and_leaves_only_complete_checkpoints(tmp_path: Path) -> None:
     recipe = make_recipe(tmp_path, "torch", 0.0)
     run_dir = tmp_path / "run"
-    proc, err = start(tmp_path, str(recipe), f"training.max_steps={STEPS}", "--output-dir", str(run_dir))
+    proc, err = start(
+        tmp_path, str(recipe), f"training.max_steps={STEPS}", "--output-dir", str(run_dir)
+    )
     wait_for(run_dir / "step-000004" / checkpoint.MANIFEST, proc, err)
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGINT)
@@ -185,7 +199,10 @@ def test_resume_auto_skips_a_corrupt_latest_checkpoint(tmp_path: Path) -> None:
 
     res = run(*args, "--output-dir", str(run_dir))
     assert res.returncode == 0, res.stderr
-    assert f"skipping checkpoint {run_dir / 'step-000006'}: model.safetensors is missing or truncated" in res.stderr
+    assert (
+        f"skipping checkpoint {run_dir / 'step-000006'}: model.safetensors is missing or truncated"
+        in res.stderr
+    )
     assert f"resuming from {run_dir / 'step-000004'} (step 4)" in res.stderr
     assert train_losses(run_dir) == expected
     assert checkpoint.verify(run_dir / "step-000006", deep=True) is None  # rewritten whole
