@@ -178,6 +178,13 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
             params[name].copy_(value)
 
 
+def remove_stale_temp(run_dir: Path) -> None:
+    """Temp folders of saves that a kill -9 interrupted: never a checkpoint, safe to drop."""
+    if run_dir.is_dir():
+        for tmp in run_dir.glob(f".{PREFIX}*.tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     if not run_dir.is_dir():
         return []

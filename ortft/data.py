@@ -49,12 +49,14 @@ def _infer_format(path: Path) -> str:
 
 
 def _open_text(path: Path, errors: str) -> io.TextIOBase:
+    # utf-8-sig: a byte-order mark (common in spreadsheet exports) must not become part of
+    # the first column's name
     name = path.name.lower()
     if name.endswith(".bz2"):
-        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8", errors=errors)
+        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8-sig", errors=errors)
     if name.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors=errors)
-    return open(path, encoding="utf-8", errors=errors, newline="")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", errors=errors)
+    return open(path, encoding="utf-8-sig", errors=errors, newline="")
 
 
 def _not_utf8(path: Path) -> InputError:

@@ -198,6 +198,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
         return previous
     resume_from = _find_resume(loaded, run_dir)
     _make_run_dir(run_dir)
+    checkpoint.remove_stale_temp(run_dir)  # leftovers of a save that kill -9 interrupted
 
     started = time.time()
     from transformers.utils import logging as hf_logging
@@ -381,8 +382,9 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
         return summary
 
     # ---- the loop
+    signals = _Signals()
     try:
-        with _Signals() as signals, progress:
+        with signals, progress:
             window_t, window_samples, window_tokens = 0.0, 0, 0
             first_step = True
             while state.step < steps:
@@ -487,8 +489,11 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
             finish(getattr(err, "run_status", "failed"), str(err))
         raise
     except KeyboardInterrupt:
-        finish("interrupted", "stopped by a second signal")
-        raise
+        # a second signal (or Ctrl-C outside our handler): no checkpoint, exit code by signal
+        signum = signals.received if signals.received is not None else signal.SIGINT
+        finish("interrupted", f"stopped at once by a second signal at step {state.step}")
+        last = f"; last checkpoint: {last_ckpt}" if last_ckpt else ""
+        raise Interrupted(f"stopped at once at step {state.step}{last}", signum) from None
     except Exception as err:
         finish("failed", f"{type(err).__name__}: {err}")
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""

@@ -15,6 +15,7 @@ parameters (ORT 1.19 documents stages 1 and 2 with ORTModule), so stage 3 is ref
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -103,14 +104,16 @@ def config(cfg: dict[str, Any], recipe: Any, world: int) -> dict[str, Any]:
 
 
 def start(model: Any, optimizer: Any, scheduler: Any, recipe: Any, base_dir: Path, world: int) -> Any:
-    """The engine for ``recipe.deepspeed``, once torchrun's process group is up."""
+    """The engine for ``recipe.deepspeed`` (under torchrun, or in one process: a group of one)."""
     import torch
 
     from ortft.errors import InputError
 
-    if not torch.distributed.is_initialized():
-        raise InputError("deepspeed runs under torchrun: `ortft train RECIPE --nproc N` or "
-                         "`torchrun --nproc_per_node N -m ortft train RECIPE`")
+    if not torch.distributed.is_initialized():  # one process, no torchrun: a group of one
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
+            os.environ.setdefault(key, value)  # what DeepSpeed reads; torchrun sets them otherwise
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
     try:
         cfg = config(read(recipe.deepspeed, base_dir), recipe, world)
     except ValueError as err:

@@ -437,3 +437,13 @@ def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     )
     assert res.returncode != 0
     assert "Traceback" in res.stderr and "InputError" in res.stderr
+
+
+def test_csv_with_byte_order_mark_reads_its_first_column(tmp_path):
+    from ortft.data import _read_file
+    from ortft.recipe import DataSection
+
+    path = tmp_path / "bom.csv"
+    path.write_bytes("\ufefftext,label\nhello,pos\n".encode())
+    rows = _read_file(path, "csv", DataSection(train=str(path)))
+    assert rows == [{"text": "hello", "label": "pos"}]

@@ -154,3 +154,15 @@ def test_resaving_the_same_step_never_loses_it(
         checkpoint.save(tmp_path, state, model, opt, sched, "x: 1\n", keep_last=2)
     assert checkpoint.verify(first, deep=True) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000004"]
+
+
+def test_stale_temp_folders_are_removed(tmp_path):
+    from ortft import checkpoint
+
+    stale = tmp_path / ".step-000004.tmp-12345"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
+    keep = tmp_path / "step-000002"
+    keep.mkdir()
+    checkpoint.remove_stale_temp(tmp_path)
+    assert not stale.exists() and keep.exists()
