@@ -40,7 +40,9 @@ def is_main() -> bool:
 
 def active() -> bool:
     """More than one process, in a process group."""
-    return world_size() > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+    return (
+        world_size() > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+    )
 
 
 def setup(device: torch.device) -> torch.device:
@@ -63,8 +65,12 @@ def setup(device: torch.device) -> torch.device:
 
         progress._console.quiet = True  # log lines and progress: rank 0 only
         log.setLevel(logging.ERROR)
-    log.info("distributed: %d processes (%s), global batch = batch_size x accumulation x %d",
-             world_size(), torch.distributed.get_backend(), world_size())
+    log.info(
+        "distributed: %d processes (%s), global batch = batch_size x accumulation x %d",
+        world_size(),
+        torch.distributed.get_backend(),
+        world_size(),
+    )
     return device
 
 
@@ -90,8 +96,14 @@ def shard(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     if rows % n:
         raise ValueError(f"a global batch of {rows} rows does not split over {n} processes")
     per, r = rows // n, rank()
-    return {k: (v[r * per:(r + 1) * per] if isinstance(v, np.ndarray) and v.ndim and len(v) == rows else v)
-            for k, v in batch.items()}
+    return {
+        k: (
+            v[r * per : (r + 1) * per]
+            if isinstance(v, np.ndarray) and v.ndim and len(v) == rows
+            else v
+        )
+        for k, v in batch.items()
+    }
 
 
 def barrier() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import logging
+import shutil
 import statistics
 import time
 from collections import Counter
@@ -278,7 +279,8 @@ def generate_training_artifacts(
     row must be padded so the exported graph keeps the attention mask. ``trainable`` holds glob
     patterns over the model's parameter names (``classifier.*``, ``bert.encoder.layer.1.*``);
     the others are frozen (kept in the checkpoint, no gradient). Parameters keep their Hugging
-    Face names in the graph and checkpoint. The graphs output ``loss`` and ``logits``.
+    Face names in the graph and checkpoint. The training graph outputs ``loss``, the eval
+    graph ``loss`` and ``logits``.
     ``optimizer``: AdamW settings baked into the optimizer graph (``betas``, ``eps``,
     ``weight_decay``, ``max_grad_norm``); default ORT's AdamW (eps 1e-6, no decay, no clipping).
     """
@@ -350,23 +352,26 @@ def generate_training_artifacts(
     block = onnxblock.optim.AdamW(
         **opt, clip_grad=onnxblock.optim.ClipGradNorm(clip) if clip else None
     )
-    artifacts.generate_artifacts(
-        graph,
-        requires_grad=requires,
-        frozen_params=frozen,
-        loss=None,  # the graph's own "loss" output; "logits" rides along
-        loss_input_names=["loss"],
-        additional_output_names=["logits"],
-        optimizer=block,
-        artifact_directory=str(out_dir),
-    )
+    # The training graph outputs the loss alone: with "logits" as a second output ORT 1.19's
+    # training session aborts (BFCArena ChunkFromHandle) from batch 64 on (measured on a tiny
+    # BERT). The eval graph, built from the same graph and parameters, also outputs "logits"
+    # for eval metrics and export_model_for_inferencing.
+    common = {"requires_grad": requires, "frozen_params": frozen, "loss": None,
+              "loss_input_names": ["loss"]}
+    artifacts.generate_artifacts(graph, optimizer=block, artifact_directory=str(out_dir), **common)
+    with_logits = out_dir / ".with-logits"
+    with_logits.mkdir()
+    artifacts.generate_artifacts(graph, additional_output_names=["logits"],
+                                 artifact_directory=str(with_logits), **common)
+    (with_logits / "eval_model.onnx").replace(out_dir / "eval_model.onnx")
+    shutil.rmtree(with_logits)
     files = sorted(p.name for p in out_dir.iterdir())
     return {
         "opset": opset,
         "optimizer": {"name": "AdamW", "eps": 1e-6, "weight_decay": 0.0, **(optimizer or {})},
         "loss": "the model's own loss (graph output 'loss')",
         "inputs": list(axes)[:3],
-        "outputs": ["loss", "logits"],
+        "outputs": {"training": ["loss"], "eval": ["loss", "logits"]},
         "trainable_patterns": list(trainable) if trainable else None,
         "trainable_parameters": len(requires),
         "frozen_parameters": len(frozen),
@@ -398,11 +403,11 @@ def check_training_artifacts(
     module.train()
     losses = []
     for _ in range(steps):
-        losses.append(float(module(*args)[0]))  # (loss, logits)
+        losses.append(float(module(*args)))  # the training graph outputs the loss alone
         optimizer.step()
         module.lazy_reset_grad()
     module.eval()
-    after = float(module(*args)[0])
+    after = float(module(*args)[0])  # the eval graph: (loss, logits)
     return {
         "steps": steps,
         "lr": lr,

@@ -408,8 +408,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                 loss_sum, step_tokens = 0.0, 0
                 for _ in range(accum):  # gradients add up in the module until lazy_reset_grad
                     epoch, batch = next(batches)
-                    loss, _ = module(*_feeds(batch))
-                    loss_sum += float(loss)
+                    loss_sum += float(module(*_feeds(batch)))  # training graph: the loss alone
                     state.micro_step += 1
                     state.epoch = epoch
                     step_tokens += int(batch["attention_mask"].sum())

@@ -51,23 +51,33 @@ def check(cfg: dict[str, Any], recipe: Any, world: int | None = None) -> list[st
     zero = cfg.get("zero_optimization", {})
     stage = zero.get("stage", 0) if isinstance(zero, dict) else None
     if stage not in STAGES:
-        problems.append(f"zero_optimization.stage={stage}: ortft supports ZeRO stages 0, 1 and 2 "
-                        "(stage 3 partitions parameters, which ORTModule cannot export)")
+        problems.append(
+            f"zero_optimization.stage={stage}: ortft supports ZeRO stages 0, 1 and 2 "
+            "(stage 3 partitions parameters, which ORTModule cannot export)"
+        )
     micro = _given(cfg, "train_micro_batch_size_per_gpu")
     if micro is not None and micro != t.batch_size:
-        problems.append(f"train_micro_batch_size_per_gpu={micro} but training.batch_size={t.batch_size}")
+        problems.append(
+            f"train_micro_batch_size_per_gpu={micro} but training.batch_size={t.batch_size}"
+        )
     gas = _given(cfg, "gradient_accumulation_steps")
     if gas is not None and gas != t.gradient_accumulation_steps:
-        problems.append(f"gradient_accumulation_steps={gas} but training.gradient_accumulation_steps="
-                        f"{t.gradient_accumulation_steps}")
+        problems.append(
+            f"gradient_accumulation_steps={gas} but training.gradient_accumulation_steps="
+            f"{t.gradient_accumulation_steps}"
+        )
     total, per_rank = _given(cfg, "train_batch_size"), t.batch_size * t.gradient_accumulation_steps
     if total is not None:
         if world is not None and total != per_rank * world:
-            problems.append(f"train_batch_size={total} but batch_size x accumulation x world size = "
-                            f"{t.batch_size} x {t.gradient_accumulation_steps} x {world} = {per_rank * world}")
+            problems.append(
+                f"train_batch_size={total} but batch_size x accumulation x world size = "
+                f"{t.batch_size} x {t.gradient_accumulation_steps} x {world} = {per_rank * world}"
+            )
         elif total % per_rank:
-            problems.append(f"train_batch_size={total} is not a multiple of batch_size x accumulation "
-                            f"({per_rank})")
+            problems.append(
+                f"train_batch_size={total} is not a multiple of batch_size x accumulation "
+                f"({per_rank})"
+            )
     clip = _given(cfg, "gradient_clipping")
     if clip is not None and clip != (t.max_grad_norm or 0.0):
         problems.append(f"gradient_clipping={clip} but training.max_grad_norm={t.max_grad_norm}")
@@ -77,10 +87,14 @@ def check(cfg: dict[str, Any], recipe: Any, world: int | None = None) -> list[st
             problems.append(f"{key}.enabled but precision.dtype={recipe.precision.dtype}")
     for key in ("optimizer", "scheduler"):
         if key in cfg:
-            problems.append(f"{key}: ortft builds the {key} from the recipe; remove it from the config")
+            problems.append(
+                f"{key}: ortft builds the {key} from the recipe; remove it from the config"
+            )
     if recipe.checkpoint.save_every:
-        problems.append("checkpoint.save_every: DeepSpeed runs write no resumable checkpoints yet "
-                        "(ZeRO partitions the optimizer state); unset it")
+        problems.append(
+            "checkpoint.save_every: DeepSpeed runs write no resumable checkpoints yet "
+            "(ZeRO partitions the optimizer state); unset it"
+        )
     return problems
 
 
@@ -98,22 +112,33 @@ def config(cfg: dict[str, Any], recipe: Any, world: int) -> dict[str, Any]:
     out["fp16"] = {**(cfg.get("fp16") or {}), "enabled": dtype == "fp16"}
     out["bf16"] = {**(cfg.get("bf16") or {}), "enabled": dtype == "bf16"}
     out.setdefault("zero_optimization", {"stage": 0})
-    out.setdefault("zero_allow_untested_optimizer", True)  # ortft's torch AdamW, not a DeepSpeed one
+    out.setdefault(
+        "zero_allow_untested_optimizer", True
+    )  # ortft's torch AdamW, not a DeepSpeed one
     out.setdefault("steps_per_print", 10**9)  # ortft logs; DeepSpeed stays quiet
     return out
 
 
-def start(model: Any, optimizer: Any, scheduler: Any, recipe: Any, base_dir: Path, world: int) -> Any:
+def start(
+    model: Any, optimizer: Any, scheduler: Any, recipe: Any, base_dir: Path, world: int
+) -> Any:
     """The engine for ``recipe.deepspeed`` (under torchrun, or in one process: a group of one)."""
     import torch
 
     from ortft.errors import InputError
 
     if not torch.distributed.is_initialized():  # one process, no torchrun: a group of one
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
+        for key, value in (
+            ("RANK", "0"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("LOCAL_WORLD_SIZE", "1"),
+        ):
             os.environ.setdefault(key, value)  # what DeepSpeed reads; torchrun sets them otherwise
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+        torch.distributed.init_process_group(
+            backend, store=torch.distributed.HashStore(), rank=0, world_size=1
+        )
     try:
         cfg = config(read(recipe.deepspeed, base_dir), recipe, world)
     except ValueError as err:
@@ -128,13 +153,22 @@ def engine(model: Any, optimizer: Any, scheduler: Any, cfg: dict[str, Any]) -> A
     try:
         import deepspeed
     except Exception as err:  # noqa: BLE001 - ImportError, or a build/accelerator problem at import
-        raise BackendError(f"recipe sets deepspeed but DeepSpeed cannot be imported ({type(err).__name__}: "
-                           f"{str(err).strip()[:200]}); pip install -r requirements/extras.txt "
-                           "(see the README's DeepSpeed section)") from None
+        raise BackendError(
+            f"recipe sets deepspeed but DeepSpeed cannot be imported ({type(err).__name__}: "
+            f"{str(err).strip()[:200]}); pip install -r requirements/extras.txt "
+            "(see the README's DeepSpeed section)"
+        ) from None
     try:
-        eng, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                       config=cfg, dist_init_required=False)
+        eng, *_ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=cfg,
+            dist_init_required=False,
+        )
     except Exception as err:  # noqa: BLE001 - no accelerator, unsupported op set, ...
-        raise BackendError(f"DeepSpeed could not start ({type(err).__name__}: "
-                           f"{str(err).strip().splitlines()[0][:300]})") from None
+        raise BackendError(
+            f"DeepSpeed could not start ({type(err).__name__}: "
+            f"{str(err).strip().splitlines()[0][:300]})"
+        ) from None
     return eng

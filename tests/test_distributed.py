@@ -20,10 +20,19 @@ from ortft import distributed
 
 
 def run(*args: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable])
-    return subprocess.run([*launcher, "-m", "ortft", "train", *args], capture_output=True, text=True,
-                          env={**os.environ, "NO_COLOR": "1"}, timeout=600, check=False)
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        if nproc > 1
+        else [sys.executable]
+    )
+    return subprocess.run(
+        [*launcher, "-m", "ortft", "train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=600,
+        check=False,
+    )
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -65,8 +74,15 @@ def test_two_processes_match_one_with_the_same_global_batch(recipe: Path, tmp_pa
 def test_ddp_checkpoints_resume(recipe: Path, tmp_path: Path) -> None:
     """Both ranks resume from rank 0's step-2 checkpoint and follow the uninterrupted run."""
     run_dir = tmp_path / "run"
-    args = [str(recipe), "backend.name=torch", "training.max_steps=4", "checkpoint.save_every=2",
-            "checkpoint.keep_last=3", "--output-dir", str(run_dir)]
+    args = [
+        str(recipe),
+        "backend.name=torch",
+        "training.max_steps=4",
+        "checkpoint.save_every=2",
+        "checkpoint.keep_last=3",
+        "--output-dir",
+        str(run_dir),
+    ]
     res = run(*args, nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
     full = losses(run_dir)
@@ -96,8 +112,13 @@ def test_shard_takes_this_ranks_rows(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_nproc_inside_torchrun_is_a_usage_error(recipe: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "ortft", "train", str(recipe), "--nproc", "2"],
-                         capture_output=True, text=True, env={**os.environ, "WORLD_SIZE": "2"},
-                         timeout=120, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "train", str(recipe), "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WORLD_SIZE": "2"},
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 2
     assert "--nproc inside torchrun" in res.stderr

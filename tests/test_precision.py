@@ -1,4 +1,4 @@
-"""Precision (fp32 / bf16 / fp16) and gradient checkpointing: what trains on CPU, what is a recipe error.
+"""Precision (fp32 / bf16 / fp16) and gradient checkpointing: what trains on CPU, what is an error.
 
 Measured on CPU (torch 2.6, onnxruntime-training 1.19.2):
 - torch backend: fp32 and bf16 (autocast) train; bf16 follows fp32 to ~1e-2 in the loss.
@@ -27,8 +27,14 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-on
 
 
 def train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ortft", "train", *args], capture_output=True, text=True,
-                          env={**os.environ, "NO_COLOR": "1"}, timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ortft", "train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=600,
+        check=False,
+    )
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -84,7 +90,9 @@ def test_precision_matrix_on_cpu(recipe: Path, tmp_path: Path) -> None:
         (["hardware.gradient_checkpointing=true"], "backend.memory_optimization_level"),
     ],
 )
-def test_unsupported_combinations_are_recipe_errors(recipe: Path, overrides: list[str], needle: str) -> None:
+def test_unsupported_combinations_are_recipe_errors(
+    recipe: Path, overrides: list[str], needle: str
+) -> None:
     code, out = validate(recipe, *overrides)
     assert code == 2
     assert needle in out
@@ -92,20 +100,29 @@ def test_unsupported_combinations_are_recipe_errors(recipe: Path, overrides: lis
 
 def test_gpu_precisions_validate_on_a_cpu_machine(recipe: Path) -> None:
     """A recipe that asks for CUDA validates anywhere; it fails at run time without a GPU."""
-    for overrides in (["precision.dtype=fp16", "hardware.device=cuda"],
-                      ["precision.dtype=bf16", "hardware.device=cuda"],
-                      ["precision.dtype=fp16"]):
+    for overrides in (
+        ["precision.dtype=fp16", "hardware.device=cuda"],
+        ["precision.dtype=bf16", "hardware.device=cuda"],
+        ["precision.dtype=fp16"],
+    ):
         code, out = validate(recipe, *overrides)
         assert code == 0, out
 
 
 @no_gpu
-@pytest.mark.parametrize("overrides, needle", [
-    (["precision.dtype=fp16"], "precision.dtype=fp16 needs a CUDA GPU"),
-    (["precision.dtype=bf16", "backend.name=ort"], "ONNX Runtime's CPU provider has no bf16 MatMul"),
-])
-def test_auto_device_without_gpu_fails_before_training(recipe: Path, tmp_path: Path,
-                                                       overrides: list[str], needle: str) -> None:
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["precision.dtype=fp16"], "precision.dtype=fp16 needs a CUDA GPU"),
+        (
+            ["precision.dtype=bf16", "backend.name=ort"],
+            "ONNX Runtime's CPU provider has no bf16 MatMul",
+        ),
+    ],
+)
+def test_auto_device_without_gpu_fails_before_training(
+    recipe: Path, tmp_path: Path, overrides: list[str], needle: str
+) -> None:
     """hardware.device=auto on a CPU-only machine: a clear error, never a silent fp32 run."""
     res = train(str(recipe), *overrides, "--output-dir", str(tmp_path / "run"))
     assert res.returncode != 0
@@ -120,10 +137,20 @@ def test_mixed_precision_on_cuda(recipe: Path, tmp_path: Path, backend: str, dty
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     ref, run = tmp_path / "fp32", tmp_path / dtype
-    assert train(str(recipe), f"backend.name={backend}", "hardware.device=cuda",
-                 "--output-dir", str(ref)).returncode == 0
-    res = train(str(recipe), f"backend.name={backend}", "hardware.device=cuda",
-                f"precision.dtype={dtype}", "--output-dir", str(run))
+    assert (
+        train(
+            str(recipe), f"backend.name={backend}", "hardware.device=cuda", "--output-dir", str(ref)
+        ).returncode
+        == 0
+    )
+    res = train(
+        str(recipe),
+        f"backend.name={backend}",
+        "hardware.device=cuda",
+        f"precision.dtype={dtype}",
+        "--output-dir",
+        str(run),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert all(math.isfinite(v) for v in losses(run))
     assert losses(run) == pytest.approx(losses(ref), abs=5e-2)

@@ -162,6 +162,9 @@ class OrtBackend:
         _install_session_tweaks()
         _install_label_hook_fix()
         self._report.notes.extend(f"{k}={v}" for k, v in sorted(session_settings().items()))
+        level = self.options.memory_optimization_level
+        if level:  # ORTModule's memory optimizer applies a recompute plan (ORTMODULE_MEMORY_OPT_LEVEL)
+            self._report.notes.append(f"memory_optimization_level={level}")
         self._start_exports = export_count()
         debug = DebugOptions(
             log_level=getattr(LogLevel, self.options.log_level),
