@@ -263,7 +263,7 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     model = models.build_model(loaded, task.auto_class, tokenizer, labels,
                                attn=backend.attn_implementation)
     if r.hardware.gradient_checkpointing:  # torch backend only (recipe check): recompute in backward
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable()  # type: ignore[operator]
         log.info("gradient checkpointing: activations are recomputed in the backward")
     if r.adapter is not None:  # LoRA: the base is frozen, only adapter (+ head) weights train
         model = models.apply_adapter(model, r.adapter)
