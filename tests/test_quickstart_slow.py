@@ -1,0 +1,32 @@
+"""The README's main job, end to end: the real quickstart recipe (minutes; `make test-slow`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quickstart_trains_through_ort_to_the_readme_accuracy(tmp_path: Path) -> None:
+    run = tmp_path / "quickstart"
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "train", str(ROOT / "recipes" / "quickstart.yaml"),
+         "--output-dir", str(run), "--json", "--gate", "eval.accuracy>=0.90"],
+        capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}, timeout=1800,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "completed"
+    assert summary["backend"]["used"] == "ort" and summary["backend"]["fallback"] is False
+    assert summary["backend"]["ort_exports"] >= 1
+    assert summary["metrics"]["eval_accuracy"] >= 0.90
+    assert summary["export"]["parity"]["passed"]
+    assert (run / "final" / "model.safetensors").exists() and (run / "onnx" / "model.onnx").exists()
