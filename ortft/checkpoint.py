@@ -121,16 +121,7 @@ def save(run_dir: Path, state: TrainState, model: torch.nn.Module, optimizer: An
         torch.save(rng_state(), tmp / "rng.pt")
         (tmp / "recipe.yaml").write_text(recipe_yaml)
         (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
-        files = {}
-        for f in sorted(tmp.iterdir()):
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-            files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
-        manifest = {"format_version": FORMAT_VERSION, "kind": "ortft-checkpoint",
-                    "step": state.step, "files": files}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        with open(tmp / MANIFEST, "rb") as fh:
-            os.fsync(fh.fileno())
+        write_manifest(tmp, state.step, "ortft-checkpoint")
         if final.exists():  # same step saved twice (e.g. a signal right after a periodic save)
             os.replace(final, old)  # set aside, not deleted, until the new one is in place
         os.replace(tmp, final)
@@ -183,6 +174,19 @@ def remove_stale_temp(run_dir: Path) -> None:
     if run_dir.is_dir():
         for tmp in run_dir.glob(f".{PREFIX}*.tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_manifest(folder: Path, step: int, kind: str) -> None:
+    """fsync every file of a checkpoint being written and record its size and sha256."""
+    files = {}
+    for f in sorted(folder.iterdir()):
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+        files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+    manifest = {"format_version": FORMAT_VERSION, "kind": kind, "step": step, "files": files}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    with open(folder / MANIFEST, "rb") as fh:
+        os.fsync(fh.fileno())
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

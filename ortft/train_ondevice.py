@@ -181,14 +181,7 @@ def _save(run_dir: Path, state: TrainState, ckpt: Any, recipe_yaml: str, keep_la
         api.CheckpointState.save_checkpoint(ckpt, str(tmp / "checkpoint"), include_optimizer_state=True)
         (tmp / "recipe.yaml").write_text(recipe_yaml)
         (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
-        files = {}
-        for f in sorted(tmp.iterdir()):
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-            files[f.name] = {"bytes": f.stat().st_size, "sha256": checkpoint._sha256(f)}
-        manifest = {"format_version": checkpoint.FORMAT_VERSION, "kind": CKPT_KIND,
-                    "step": state.step, "files": files}
-        (tmp / checkpoint.MANIFEST).write_text(json.dumps(manifest, indent=2))
+        checkpoint.write_manifest(tmp, state.step, CKPT_KIND)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

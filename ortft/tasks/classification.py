@@ -46,17 +46,22 @@ class SequenceClassification:
     def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
         pred = np.concatenate([lg.argmax(-1) for lg in logits])
         gold = np.concatenate(labels)
-        f1s = []
-        for c in np.union1d(pred, gold):
-            tp = np.sum((pred == c) & (gold == c))
-            fp = np.sum((pred == c) & (gold != c))
-            fn = np.sum((pred != c) & (gold == c))
-            f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
         return {
             "loss": loss,
             "accuracy": float(np.mean(pred == gold)) if len(gold) else 0.0,
-            "f1_macro": float(np.mean(f1s)) if f1s else 0.0,
+            "f1_macro": macro_f1(pred, gold),
         }
+
+
+def macro_f1(pred: np.ndarray, gold: np.ndarray) -> float:
+    """Unweighted mean of per-class F1 over the classes seen in either array."""
+    f1s = []
+    for c in np.union1d(pred, gold):
+        tp = np.sum((pred == c) & (gold == c))
+        fp = np.sum((pred == c) & (gold != c))
+        fn = np.sum((pred != c) & (gold == c))
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+    return float(np.mean(f1s)) if f1s else 0.0
 
 
 TASK = SequenceClassification()

@@ -19,6 +19,7 @@ import numpy as np
 
 from ortft.errors import InputError
 from ortft.tasks import Encoded
+from ortft.tasks.classification import macro_f1
 
 IGNORE = -100
 
@@ -85,21 +86,11 @@ class TokenClassification:
                 golds.append(g_row[keep])
         pred = np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64)
         gold = np.concatenate(golds) if golds else np.zeros(0, dtype=np.int64)
-        macro = _macro_f1(pred, gold)
+        macro = macro_f1(pred, gold)
         names = self.id2label
         bio = bool(names) and all(n == "O" or n[:2] in ("B-", "I-") for n in names)
         return {"loss": loss, "accuracy": float(np.mean(pred == gold)) if len(gold) else 0.0,
                 "f1": _entity_f1(preds, golds, names) if bio else macro, "f1_macro": macro}
-
-
-def _macro_f1(pred: np.ndarray, gold: np.ndarray) -> float:
-    f1s = []
-    for c in np.union1d(pred, gold):
-        tp = np.sum((pred == c) & (gold == c))
-        fp = np.sum((pred == c) & (gold != c))
-        fn = np.sum((pred != c) & (gold == c))
-        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
-    return float(np.mean(f1s)) if f1s else 0.0
 
 
 def spans(tags: list[str]) -> set[tuple[int, int, str]]:
