@@ -62,12 +62,16 @@ def _quiet_libraries(with_torch: bool = True) -> None:
     if not _state["debug"]:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         warnings.filterwarnings("ignore")
-        # torch's cpp_extension prints a CUDA_HOME notice on GPU-less machines at import time
         import contextlib
         import io
 
-        if with_torch:
+        if with_torch:  # an edge device training ONNX artifacts may have neither library
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # "Loading weights" bars; ortft shows its own
+            # torch's cpp_extension prints a CUDA_HOME notice on GPU-less machines at import
             with contextlib.redirect_stderr(io.StringIO()):
                 import torch.utils.cpp_extension  # noqa: F401
 
