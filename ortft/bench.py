@@ -47,8 +47,12 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
 OPTIONAL = {"torch-compile"}
 # What makes a training run a measurement: no export, checkpoints or eval; a row per step.
 BENCH_OVERRIDES = {
-    "export.enabled": "false", "checkpoint.save_every": "null", "checkpoint.resume": "never",
-    "data.eval": "null", "data.eval_fraction": "0", "training.eval_every": "null",
+    "export.enabled": "false",
+    "checkpoint.save_every": "null",
+    "checkpoint.resume": "never",
+    "data.eval": "null",
+    "data.eval_fraction": "0",
+    "training.eval_every": "null",
     "training.log_every": "1",
 }
 # environment a variant may set: ortft's own knobs and the thread runtimes' (OpenMP, MKL)
@@ -81,8 +85,10 @@ def parse_variants(spec: str) -> list[Variant]:
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
         base, *settings = item.split("+")
         if base not in VARIANTS:
-            raise UsageError(f"--backends: unknown backend {base!r}; choose from "
-                             f"{', '.join(VARIANTS)} (optionally +key=value)")
+            raise UsageError(
+                f"--backends: unknown backend {base!r}; choose from "
+                f"{', '.join(VARIANTS)} (optionally +key=value)"
+            )
         overrides, env = dict(VARIANTS[base][0]), dict(VARIANTS[base][1])
         for setting in settings:
             key, sep, value = setting.partition("=")
@@ -93,8 +99,10 @@ def parse_variants(spec: str) -> list[Variant]:
             elif "." in key:
                 overrides[key] = value
             else:
-                raise UsageError(f"--backends: {key!r} in {item!r} is neither a dotted recipe key "
-                                 "nor an ORTFT_*, OMP_* or MKL_* environment variable")
+                raise UsageError(
+                    f"--backends: {key!r} in {item!r} is neither a dotted recipe key "
+                    "nor an ORTFT_*, OMP_* or MKL_* environment variable"
+                )
         out.append(Variant(item, overrides, env))
     if not out:
         raise UsageError("--backends: give at least one backend")
@@ -126,16 +134,30 @@ def measure_peak_flops(device: str, threads: int) -> dict[str, Any]:
         if device == "cuda":
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
-    return {"flops": 2 * n**3 * reps / best, "device": device, "threads": threads,
-            "how": f"best of 4 × {reps} fp32 {n}×{n} torch.matmul on {threads} thread(s), "
-                   "measured just before the runs (an achievable peak, not the datasheet one)"}
+    return {
+        "flops": 2 * n**3 * reps / best,
+        "device": device,
+        "threads": threads,
+        "how": f"best of 4 × {reps} fp32 {n}×{n} torch.matmul on {threads} thread(s), "
+        "measured just before the runs (an achievable peak, not the datasheet one)",
+    }
 
 
-def _run_one(recipe: Path, variant: Variant, steps: int, repeat: int, timeout: float,
-             workdir: Path) -> RunResult:
+def _run_one(
+    recipe: Path, variant: Variant, steps: int, repeat: int, timeout: float, workdir: Path
+) -> RunResult:
     out_dir = workdir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', variant.label)}-{repeat}"
-    cmd = [sys.executable, "-m", "ortft", "train", str(recipe), *_overrides(variant, steps),
-           "--output-dir", str(out_dir), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ortft",
+        "train",
+        str(recipe),
+        *_overrides(variant, steps),
+        "--output-dir",
+        str(out_dir),
+        "--json",
+    ]
     env = {**os.environ, **variant.env, "NO_COLOR": "1"}
     stdout_path, stderr_path = out_dir.with_suffix(".out"), out_dir.with_suffix(".err")
     t0 = time.perf_counter()
@@ -149,8 +171,13 @@ def _run_one(recipe: Path, variant: Variant, steps: int, repeat: int, timeout: f
         finally:
             timer.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)
-    res = RunResult(variant.label, repeat, ok=False, wall_s=time.perf_counter() - t0,
-                    rss_mb=usage.ru_maxrss / 1024)  # Linux reports kilobytes
+    res = RunResult(
+        variant.label,
+        repeat,
+        ok=False,
+        wall_s=time.perf_counter() - t0,
+        rss_mb=usage.ru_maxrss / 1024,
+    )  # Linux reports kilobytes
     if proc.returncode != 0:
         tail = [ln for ln in stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
         why = "timed out" if proc.returncode == -9 else f"exit {proc.returncode}"
@@ -175,8 +202,12 @@ def _machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def _load_avg() -> list[float] | None:
@@ -186,15 +217,17 @@ def _load_avg() -> list[float] | None:
         return None
 
 
-def run(recipe: Path, backends: str, steps: int, warmup: int, repeats: int,
-        timeout: float = 900.0) -> dict[str, Any]:
+def run(
+    recipe: Path, backends: str, steps: int, warmup: int, repeats: int, timeout: float = 900.0
+) -> dict[str, Any]:
     from ortft import recipe_io
 
     if steps <= warmup:
         raise UsageError(f"--steps ({steps}) must be larger than --warmup ({warmup})")
     if repeats < 1 or warmup < 1:
-        raise UsageError("--repeats and --warmup must be at least 1 "
-                         "(the first step holds ORT's export)")
+        raise UsageError(
+            "--repeats and --warmup must be at least 1 (the first step holds ORT's export)"
+        )
     variants = parse_variants(backends)
     # validate every variant's recipe here, so a typo is exit 2 before anything runs
     loaded = {v.label: recipe_io.load(recipe, _overrides(v, steps)) for v in variants}
@@ -207,9 +240,15 @@ def run(recipe: Path, backends: str, steps: int, warmup: int, repeats: int,
     cuda = r.hardware.device != "cpu" and torch.cuda.is_available()
     threads = r.hardware.threads or (os.cpu_count() or 1)
     peak = measure_peak_flops("cuda" if cuda else "cpu", threads)
-    log.info("bench: %s, %d steps (first %d not timed) × %d repeat(s) of %s; peak %.1f GFLOP/s",
-             recipe, steps, warmup, repeats, ", ".join(v.label for v in variants),
-             peak["flops"] / 1e9)
+    log.info(
+        "bench: %s, %d steps (first %d not timed) × %d repeat(s) of %s; peak %.1f GFLOP/s",
+        recipe,
+        steps,
+        warmup,
+        repeats,
+        ", ".join(v.label for v in variants),
+        peak["flops"] / 1e9,
+    )
     load_before = _load_avg()
     runs: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="ortft-bench-") as tmp:
@@ -219,39 +258,78 @@ def run(recipe: Path, backends: str, steps: int, warmup: int, repeats: int,
                 runs.append(res)
                 if res.ok:
                     med = statistics.median(res.step_times[warmup:])
-                    log.info("bench: %-20s repeat %d: %.1f ms/step, first step %.2f s, loss %.4f",
-                             v.label, rep + 1, med * 1000, res.first_step_s, res.loss)
+                    log.info(
+                        "bench: %-20s repeat %d: %.1f ms/step, first step %.2f s, loss %.4f",
+                        v.label,
+                        rep + 1,
+                        med * 1000,
+                        res.first_step_s,
+                        res.loss,
+                    )
                 else:
                     log.warning("bench: %s repeat %d failed: %s", v.label, rep + 1, res.error)
     # the machine's load drifts: measure the peak again and keep the better of the two
     after = measure_peak_flops(peak["device"], threads)
     peak_samples = [peak["flops"], after["flops"]]
     peak["flops"] = max(peak_samples)
-    results = {v.label: _aggregate(v, [x for x in runs if x.label == v.label], warmup,
-                                   samples_per_step, padded_tokens_per_step, peak["flops"])
-               for v in variants}
+    results = {
+        v.label: _aggregate(
+            v,
+            [x for x in runs if x.label == v.label],
+            warmup,
+            samples_per_step,
+            padded_tokens_per_step,
+            peak["flops"],
+        )
+        for v in variants
+    }
     _add_ratios(results, runs, warmup)
-    failed = [lbl for lbl, res in results.items()
-              if res["status"] == "failed" and lbl.split("+")[0] not in OPTIONAL]
+    failed = [
+        lbl
+        for lbl, res in results.items()
+        if res["status"] == "failed" and lbl.split("+")[0] not in OPTIONAL
+    ]
     return {
-        "format_version": 1, "recipe": str(recipe), "steps": steps, "warmup": warmup,
-        "repeats": repeats, "baseline": BASELINE,
-        "batch": {"samples_per_step": samples_per_step, "max_length": r.data.max_length,
-                  "padded_tokens_per_step": padded_tokens_per_step},
-        "machine": {**_machine(), "device": peak["device"], "threads": threads,
-                    "load_avg_before": load_before, "load_avg_after": _load_avg()},
-        "peak": {"flops": peak["flops"], "before_after": peak_samples,
-                 "how": peak["how"] + "; the better of before and after the runs"},
+        "format_version": 1,
+        "recipe": str(recipe),
+        "steps": steps,
+        "warmup": warmup,
+        "repeats": repeats,
+        "baseline": BASELINE,
+        "batch": {
+            "samples_per_step": samples_per_step,
+            "max_length": r.data.max_length,
+            "padded_tokens_per_step": padded_tokens_per_step,
+        },
+        "machine": {
+            **_machine(),
+            "device": peak["device"],
+            "threads": threads,
+            "load_avg_before": load_before,
+            "load_avg_after": _load_avg(),
+        },
+        "peak": {
+            "flops": peak["flops"],
+            "before_after": peak_samples,
+            "how": peak["how"] + "; the better of before and after the runs",
+        },
         "mfu_formula": "6 × parameters × padded tokens per step / median step time / peak "
-                       "(attention score FLOPs left out)",
+        "(attention score FLOPs left out)",
         "ratio_formula": "median over repeats of (baseline median step time / this median step "
-                         "time), each pair run back to back: > 1 is faster than the baseline",
-        "backends": results, "failed": failed,
+        "time), each pair run back to back: > 1 is faster than the baseline",
+        "backends": results,
+        "failed": failed,
     }
 
 
-def _aggregate(v: Variant, runs: list[RunResult], warmup: int, samples_per_step: int,
-               padded_tokens: int, peak: float) -> dict[str, Any]:
+def _aggregate(
+    v: Variant,
+    runs: list[RunResult],
+    warmup: int,
+    samples_per_step: int,
+    padded_tokens: int,
+    peak: float,
+) -> dict[str, Any]:
     good = [x for x in runs if x.ok]
     out: dict[str, Any] = {"overrides": v.overrides, "env": v.env, "runs": len(runs)}
     if not good:
@@ -264,15 +342,20 @@ def _aggregate(v: Variant, runs: list[RunResult], warmup: int, samples_per_step:
     params = s0.get("parameters")
     b = s0["backend"]
     return {
-        **out, "status": "ok" if len(good) == len(runs) else "partial",
+        **out,
+        "status": "ok" if len(good) == len(runs) else "partial",
         "error": next((x.error for x in runs if not x.ok), None),
-        "backend_used": b["used"], "fallback": b["fallback"], "notes": b.get("notes", []),
+        "backend_used": b["used"],
+        "fallback": b["fallback"],
+        "notes": b.get("notes", []),
         "ort_exports": max(x.summary["backend"]["ort_exports"] for x in good),
         "first_step_s": statistics.median(x.first_step_s or 0.0 for x in good),
         "step_s": {"median": med, "min": min(steady), "max": max(steady)},
-        "samples_per_s": samples_per_step / med, "tokens_per_s": tokens_per_step / med,
+        "samples_per_s": samples_per_step / med,
+        "tokens_per_s": tokens_per_step / med,
         "peak_rss_mb": max(x.rss_mb or 0.0 for x in good),
-        "loss": good[0].loss, "losses": [x.loss for x in good],
+        "loss": good[0].loss,
+        "losses": [x.loss for x in good],
         "parameters": params,
         "mfu": (6 * params * padded_tokens / med / peak) if params else None,
         "per_repeat_median_step_s": [statistics.median(x.step_times[warmup:]) for x in good],
@@ -286,9 +369,12 @@ def _add_ratios(results: dict[str, Any], runs: list[RunResult], warmup: int) -> 
         if "step_s" not in res or not base_runs:
             res["ratio_vs_torch"] = None
             continue
-        ratios = [statistics.median(base_runs[x.repeat].step_times[warmup:])
-                  / statistics.median(x.step_times[warmup:])
-                  for x in runs if x.label == label and x.ok and x.repeat in base_runs]
+        ratios = [
+            statistics.median(base_runs[x.repeat].step_times[warmup:])
+            / statistics.median(x.step_times[warmup:])
+            for x in runs
+            if x.label == label and x.ok and x.repeat in base_runs
+        ]
         res["ratio_vs_torch"] = statistics.median(ratios) if ratios else None
         res["ratios_per_repeat"] = ratios
         if base and base.get("loss") is not None and res.get("loss") is not None:
@@ -300,15 +386,31 @@ def print_table(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     m = result["machine"]
-    title = (f"ortft bench {result['recipe']}: {result['steps']} steps "
-             f"(first {result['warmup']} untimed) × {result['repeats']}, "
-             f"{result['batch']['samples_per_step']}×{result['batch']['max_length']} tokens/step")
-    caption = (f"{m['cpu']}, {m['threads']} threads, load avg {m['load_avg_before']} → "
-               f"{m['load_avg_after']}; peak {result['peak']['flops'] / 1e9:.0f} GFLOP/s "
-               "(measured matmul)")
+    title = (
+        f"ortft bench {result['recipe']}: {result['steps']} steps "
+        f"(first {result['warmup']} untimed) × {result['repeats']}, "
+        f"{result['batch']['samples_per_step']}×{result['batch']['max_length']} tokens/step"
+    )
+    caption = (
+        f"{m['cpu']}, {m['threads']} threads, load avg {m['load_avg_before']} → "
+        f"{m['load_avg_after']}; peak {result['peak']['flops'] / 1e9:.0f} GFLOP/s "
+        "(measured matmul)"
+    )
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for col in ("backend", "vs torch", "step ms", "min–max", "samples/s", "tokens/s",
-                "1st step s", "RSS MB", "loss", "Δloss", "exports", "MFU"):
+    for col in (
+        "backend",
+        "vs torch",
+        "step ms",
+        "min–max",
+        "samples/s",
+        "tokens/s",
+        "1st step s",
+        "RSS MB",
+        "loss",
+        "Δloss",
+        "exports",
+        "MFU",
+    ):
         table.add_column(col, justify="left" if col == "backend" else "right")
     for label, r in result["backends"].items():
         if "step_s" not in r:
@@ -320,10 +422,15 @@ def print_table(result: dict[str, Any]) -> None:
         table.add_row(
             label + ("" if r["status"] == "ok" else f" ({r['status']})"),
             f"{ratio:.2f}×" if ratio is not None else "—",
-            f"{s['median'] * 1000:.0f}", f"{s['min'] * 1000:.0f}–{s['max'] * 1000:.0f}",
-            f"{r['samples_per_s']:.1f}", f"{r['tokens_per_s']:.0f}", f"{r['first_step_s']:.2f}",
-            f"{r['peak_rss_mb']:.0f}", f"{r['loss']:.5f}",
-            f"{diff:+.1e}" if diff is not None else "—", str(r["ort_exports"]),
+            f"{s['median'] * 1000:.0f}",
+            f"{s['min'] * 1000:.0f}–{s['max'] * 1000:.0f}",
+            f"{r['samples_per_s']:.1f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['first_step_s']:.2f}",
+            f"{r['peak_rss_mb']:.0f}",
+            f"{r['loss']:.5f}",
+            f"{diff:+.1e}" if diff is not None else "—",
+            str(r["ort_exports"]),
             f"{r['mfu'] * 100:.1f}%" if r.get("mfu") is not None else "—",
         )
     # a wide table even in CI logs, where rich would otherwise assume 80 columns
@@ -346,12 +453,23 @@ def plot(result: dict[str, Any], path: Path) -> None:
     heights = [r["samples_per_s"] for _, r in rows]
     lo = [h - spp / r["step_s"]["max"] for h, (_, r) in zip(heights, rows, strict=True)]
     hi = [spp / r["step_s"]["min"] - h for h, (_, r) in zip(heights, rows, strict=True)]
-    bars = ax.bar([lbl for lbl, _ in rows], heights, yerr=[lo, hi], capsize=4,
-                  color=["#888" if lbl == BASELINE else "#3a7" for lbl, _ in rows])
+    bars = ax.bar(
+        [lbl for lbl, _ in rows],
+        heights,
+        yerr=[lo, hi],
+        capsize=4,
+        color=["#888" if lbl == BASELINE else "#3a7" for lbl, _ in rows],
+    )
     for bar, (_, r) in zip(bars, rows, strict=True):
         if r.get("ratio_vs_torch") is not None:
-            ax.annotate(f"{r['ratio_vs_torch']:.2f}×", (bar.get_x() + bar.get_width() / 2, 0),
-                        xytext=(0, 4), textcoords="offset points", ha="center", color="white")
+            ax.annotate(
+                f"{r['ratio_vs_torch']:.2f}×",
+                (bar.get_x() + bar.get_width() / 2, 0),
+                xytext=(0, 4),
+                textcoords="offset points",
+                ha="center",
+                color="white",
+            )
     ax.set_ylabel("samples/s (bars: min–max step)")
     ax.set_title(f"{Path(result['recipe']).name}: {result['machine']['cpu'][:40]}", fontsize=9)
     plt.xticks(rotation=20, ha="right", fontsize=8)

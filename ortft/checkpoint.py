@@ -93,14 +93,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
     py_version, py_state, py_gauss = state["python"]
     random.setstate((py_version, tuple(int(x) for x in py_state.tolist()), py_gauss))
     np_key, np_pos, np_has_gauss, np_gauss = state["numpy"]
-    np.random.set_state(("MT19937", np_key.numpy().astype(np.uint32), np_pos, np_has_gauss, np_gauss))
+    np.random.set_state(
+        ("MT19937", np_key.numpy().astype(np.uint32), np_pos, np_has_gauss, np_gauss)
+    )
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(run_dir: Path, state: TrainState, model: torch.nn.Module, optimizer: Any,
-         scheduler: Any, recipe_yaml: str, keep_last: int) -> Path:
+def save(
+    run_dir: Path,
+    state: TrainState,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    recipe_yaml: str,
+    keep_last: int,
+) -> Path:
     """Write ``step-NNNNNN/`` atomically, then prune to the newest ``keep_last``."""
     import torch
     from safetensors.torch import save_model
@@ -144,8 +153,10 @@ def save(run_dir: Path, state: TrainState, model: torch.nn.Module, optimizer: An
 def save_trainable(model: torch.nn.Module, path: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file({n: p.detach().contiguous().cpu() for n, p in model.named_parameters() if p.requires_grad},
-              str(path))
+    save_file(
+        {n: p.detach().contiguous().cpu() for n, p in model.named_parameters() if p.requires_grad},
+        str(path),
+    )
 
 
 def load_trainable(model: torch.nn.Module, path: Path) -> None:
@@ -156,7 +167,9 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
     if not hasattr(model, "peft_config"):
         raise ValueError("Unexpected adapter weights: this recipe has no adapter section")
     if not path.exists():
-        raise ValueError("Missing adapter weights: the checkpoint holds a full model, the recipe an adapter")
+        raise ValueError(
+            "Missing adapter weights: the checkpoint holds a full model, the recipe an adapter"
+        )
     weights = load_file(str(path))
     want = {n for n, p in model.named_parameters() if p.requires_grad}
     if set(weights) != want:
@@ -165,7 +178,9 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
     with torch.no_grad():
         for name, value in weights.items():
             if params[name].shape != value.shape:
-                raise ValueError(f"size mismatch for {name}: {tuple(value.shape)} vs {tuple(params[name].shape)}")
+                raise ValueError(
+                    f"size mismatch for {name}: {tuple(value.shape)} vs {tuple(params[name].shape)}"
+                )
             params[name].copy_(value)
 
 
@@ -192,9 +207,12 @@ def write_manifest(folder: Path, step: int, kind: str) -> None:
 def list_checkpoints(run_dir: Path) -> list[Path]:
     if not run_dir.is_dir():
         return []
-    found = [p for p in run_dir.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
-             and p.name[len(PREFIX):].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    found = [
+        p
+        for p in run_dir.iterdir()
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()
+    ]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
 def prune(run_dir: Path, keep_last: int) -> None:
@@ -255,11 +273,20 @@ def load(path: Path, model: torch.nn.Module) -> Loaded:
             load_trainable(model, path / ADAPTER_WEIGHTS)
         else:
             load_model(model, str(path / "model.safetensors"))
-    except (RuntimeError, ValueError, KeyError, FileNotFoundError) as err:  # another model's (or recipe's) weights
+    except (
+        RuntimeError,
+        ValueError,
+        KeyError,
+        FileNotFoundError,
+    ) as err:  # another model's (or recipe's) weights
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-        detail = next((ln for ln in lines if ln.startswith(("size mismatch", "Missing", "Unexpected"))),
-                      lines[0] if lines else type(err).__name__)
-        raise InputError(f"{path}: checkpoint does not fit this recipe's model ({detail[:300]})") from None
+        detail = next(
+            (ln for ln in lines if ln.startswith(("size mismatch", "Missing", "Unexpected"))),
+            lines[0] if lines else type(err).__name__,
+        )
+        raise InputError(
+            f"{path}: checkpoint does not fit this recipe's model ({detail[:300]})"
+        ) from None
     state = TrainState(**json.loads((path / "state.json").read_text()))
     return Loaded(
         path=path,

@@ -32,20 +32,30 @@ def junit(summary: dict[str, Any], name: str = "ortft") -> str:
     status = summary.get("status", "unknown")
     suite = ET.Element("testsuite", name=name)
     failures = errors = 0
-    run_case = ET.SubElement(suite, "testcase", classname=f"{name}.run", name="training run",
-                             time=f"{summary.get('wall_time_s') or 0:.3f}")
+    run_case = ET.SubElement(
+        suite,
+        "testcase",
+        classname=f"{name}.run",
+        name="training run",
+        time=f"{summary.get('wall_time_s') or 0:.3f}",
+    )
     if status not in ("completed", "stopped"):
         errors += 1
-        err = ET.SubElement(run_case, "error", message=str(summary.get("error") or status),
-                            type=status)
+        err = ET.SubElement(
+            run_case, "error", message=str(summary.get("error") or status), type=status
+        )
         err.text = str(summary.get("error") or "")
     for g in gates:
         case = ET.SubElement(suite, "testcase", classname=f"{name}.gates", name=g["gate"], time="0")
         shown = "missing" if g["value"] is None else f"{g['value']:.6g}"
         if not g["passed"]:
             failures += 1
-            fail = ET.SubElement(case, "failure", type="gate",
-                                 message=f"{g['metric']} = {shown}, needs {g['op']} {g['threshold']:g}")
+            fail = ET.SubElement(
+                case,
+                "failure",
+                type="gate",
+                message=f"{g['metric']} = {shown}, needs {g['op']} {g['threshold']:g}",
+            )
             fail.text = g.get("reason") or ""
         else:
             ET.SubElement(case, "system-out").text = f"{g['metric']} = {shown}"
@@ -77,8 +87,10 @@ def markdown(summary: dict[str, Any]) -> str:
     if gates:
         lines += ["| gate | value | result |", "|---|---|---|"]
         for g in gates:
-            lines.append(f"| `{g['gate']}` | {_fmt(g['value'])} | "
-                         f"{'✅ pass' if g['passed'] else '❌ fail'} |")
+            lines.append(
+                f"| `{g['gate']}` | {_fmt(g['value'])} | "
+                f"{'✅ pass' if g['passed'] else '❌ fail'} |"
+            )
         lines.append("")
     lines += ["| metric | value |", "|---|---|"]
     for k, v in (summary.get("metrics") or {}).items():

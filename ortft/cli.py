@@ -103,35 +103,62 @@ def train(
         typer.Argument(help="Dotted overrides, e.g. training.max_steps=20 backend.name=torch."),
     ] = None,
     output_dir: Annotated[
-        Path | None, typer.Option("--output-dir", "-o", help="Run directory (overrides the recipe).")
+        Path | None,
+        typer.Option("--output-dir", "-o", help="Run directory (overrides the recipe)."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the run summary as JSON on stdout.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the run summary as JSON on stdout.")
+    ] = False,
     gate: Annotated[
         list[str] | None,
-        typer.Option("--gate", help="Quality gate, e.g. eval.accuracy>=0.9 (repeatable); exit 3 if it fails."),
+        typer.Option(
+            "--gate", help="Quality gate, e.g. eval.accuracy>=0.9 (repeatable); exit 3 if it fails."
+        ),
     ] = None,
     report: Annotated[
         list[Path] | None,
-        typer.Option("--report", help="Write a CI report: FILE.xml (JUnit) or FILE.md (Markdown); repeatable."),
+        typer.Option(
+            "--report",
+            help="Write a CI report: FILE.xml (JUnit) or FILE.md (Markdown); repeatable.",
+        ),
     ] = None,
     nproc: Annotated[
-        int | None, typer.Option("--nproc", min=1, help="Data-parallel processes on this machine: runs "
-                                 "`python -m torch.distributed.run --nproc_per_node N -m ortft train ...`.")
+        int | None,
+        typer.Option(
+            "--nproc",
+            min=1,
+            help="Data-parallel processes on this machine: runs "
+            "`python -m torch.distributed.run --nproc_per_node N -m ortft train ...`.",
+        ),
     ] = None,
 ) -> None:
     """Train a model from a recipe; writes checkpoints, final/ and the ONNX export."""
-    if nproc is not None:  # torchrun starts the processes; each one runs this command without --nproc
+    if (
+        nproc is not None
+    ):  # torchrun starts the processes; each one runs this command without --nproc
         import os
         import subprocess
 
         if "WORLD_SIZE" in os.environ:
             _err("--nproc inside torchrun: drop --nproc (torchrun already started the processes)")
             raise typer.Exit(EXIT_USAGE)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "ortft", *(["--debug"] if _state["debug"] else []), "train", str(recipe),
-               *(overrides or []), *(["--output-dir", str(output_dir)] if output_dir else []),
-               *(["--json"] if as_json else []), *[f"--gate={g}" for g in gate or []],
-               *[f"--report={p}" for p in report or []]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "ortft",
+            *(["--debug"] if _state["debug"] else []),
+            "train",
+            str(recipe),
+            *(overrides or []),
+            *(["--output-dir", str(output_dir)] if output_dir else []),
+            *(["--json"] if as_json else []),
+            *[f"--gate={g}" for g in gate or []],
+            *[f"--report={p}" for p in report or []],
+        ]
         raise typer.Exit(subprocess.call(cmd))
 
     def body() -> None:
@@ -185,14 +212,21 @@ def bench(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)],
     backends: Annotated[
         str,
-        typer.Option("--backends", help="Comma-separated: ort, torch, torch-eager-attn, torch-compile; "
-                     "each may add +key=value (a recipe key or an ORTFT_* variable)."),
+        typer.Option(
+            "--backends",
+            help="Comma-separated: ort, torch, torch-eager-attn, torch-compile; "
+            "each may add +key=value (a recipe key or an ORTFT_* variable).",
+        ),
     ] = "ort,torch",
     steps: Annotated[int, typer.Option("--steps", help="Training steps per run.")] = 20,
-    warmup: Annotated[int, typer.Option("--warmup", help="First steps of each run left untimed.")] = 2,
+    warmup: Annotated[
+        int, typer.Option("--warmup", help="First steps of each run left untimed.")
+    ] = 2,
     repeats: Annotated[int, typer.Option("--repeats", help="Runs per backend, alternating.")] = 2,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed per run.")] = 900.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON on stdout.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the results as JSON on stdout.")
+    ] = False,
     plot_path: Annotated[
         Path | None, typer.Option("--plot", help="Write a PNG bar chart (needs matplotlib).")
     ] = None,
@@ -278,7 +312,9 @@ def list_recipes() -> None:
 
 @app.command()
 def doctor(
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report on stdout.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Machine-readable report on stdout.")
+    ] = False,
     fix: Annotated[
         bool, typer.Option("--fix", help="Build ORTModule's C++ extensions if they are missing.")
     ] = False,
@@ -291,26 +327,44 @@ def doctor(
 
 @app.command()
 def export(
-    source: Annotated[Path, typer.Argument(help="Run dir, checkpoint or saved HF model dir.", show_default=False)],
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Output folder (default SOURCE/onnx).")] = None,
+    source: Annotated[
+        Path, typer.Argument(help="Run dir, checkpoint or saved HF model dir.", show_default=False)
+    ],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Output folder (default SOURCE/onnx).")
+    ] = None,
     opset: Annotated[int, typer.Option("--opset", min=14, max=20, help="ONNX opset (14-20).")] = 20,
-    tolerance: Annotated[float, typer.Option("--tolerance", help="Max |ONNX - PyTorch| allowed.")] = 1e-4,
-    optimize: Annotated[bool, typer.Option("--optimize", help="Also write model.opt.onnx (ORT graph optimization).")] = False,
+    tolerance: Annotated[
+        float, typer.Option("--tolerance", help="Max |ONNX - PyTorch| allowed.")
+    ] = 1e-4,
+    optimize: Annotated[
+        bool, typer.Option("--optimize", help="Also write model.opt.onnx (ORT graph optimization).")
+    ] = False,
     fp16: Annotated[bool, typer.Option("--fp16", help="Also write model.fp16.onnx.")] = False,
     quantize: Annotated[
-        str | None, typer.Option("--quantize", help="Also write model.int8.onnx (dynamic quantization): int8.")
+        str | None,
+        typer.Option("--quantize", help="Also write model.int8.onnx (dynamic quantization): int8."),
     ] = None,
     training_artifacts: Annotated[
-        bool, typer.Option("--training-artifacts", help="Also write on-device training artifacts to OUT/training/.")
+        bool,
+        typer.Option(
+            "--training-artifacts", help="Also write on-device training artifacts to OUT/training/."
+        ),
     ] = False,
     trainable: Annotated[
         list[str] | None,
-        typer.Option("--trainable", help="Glob over parameter names to train on device (repeatable; "
-                     "default all), e.g. 'classifier.*'."),
+        typer.Option(
+            "--trainable",
+            help="Glob over parameter names to train on device (repeatable; "
+            "default all), e.g. 'classifier.*'.",
+        ),
     ] = None,
     merge_adapters: Annotated[
-        bool, typer.Option("--merge-adapters", help="Fold a LoRA run's adapter (final/adapter/) into the "
-                           "base model before export.")
+        bool,
+        typer.Option(
+            "--merge-adapters",
+            help="Fold a LoRA run's adapter (final/adapter/) into the base model before export.",
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print export.json on stdout.")] = False,
 ) -> None:
@@ -326,9 +380,17 @@ def export(
             raise UsageError(f"--quantize {quantize}: the choice is int8")
         _quiet_libraries()
         report = export_mod.export_source(
-            source, output, opset=opset, tolerance=tolerance, optimize=optimize, fp16=fp16,
-            quantize=quantize, training_artifacts=training_artifacts, trainable=trainable,
-            merge_adapters=merge_adapters)
+            source,
+            output,
+            opset=opset,
+            tolerance=tolerance,
+            optimize=optimize,
+            fp16=fp16,
+            quantize=quantize,
+            training_artifacts=training_artifacts,
+            trainable=trainable,
+            merge_adapters=merge_adapters,
+        )
         typer.echo(json.dumps(report, indent=2) if as_json else report["dir"])
 
     _run(body)
@@ -336,12 +398,25 @@ def export(
 
 @app.command("eval")
 def eval_cmd(
-    source: Annotated[Path, typer.Argument(help="Run dir, saved HF model dir, or ONNX export folder.",
-                                           show_default=False)],
-    data_file: Annotated[Path | None, typer.Option(
-        "--data", help="Data to score (any format training reads); default: the run's eval split.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Examples per forward.")] = 32,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="Run dir, saved HF model dir, or ONNX export folder.", show_default=False
+        ),
+    ],
+    data_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Data to score (any format training reads); default: the run's eval split.",
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="Examples per forward.")
+    ] = 32,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the result as JSON on stdout.")
+    ] = False,
 ) -> None:
     """Evaluate a saved model (PyTorch or its ONNX export) with the metrics training reports."""
 
@@ -357,15 +432,32 @@ def eval_cmd(
 
 @app.command()
 def predict(
-    source: Annotated[Path, typer.Argument(help="Run dir, saved HF model dir, or ONNX export folder.",
-                                           show_default=False)],
-    input_path: Annotated[str, typer.Option(
-        "--input", "-i", help="Texts, one per line or JSONL with a 'text' field; - for stdin.")] = "-",
-    max_new_tokens: Annotated[int, typer.Option(
-        "--max-new-tokens", min=1, help="causal-lm: tokens to generate (greedy).")] = 32,
-    max_length: Annotated[int | None, typer.Option(
-        "--max-length", min=1, help="classification: truncate inputs (default: the training length).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per input on stdout.")] = False,
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="Run dir, saved HF model dir, or ONNX export folder.", show_default=False
+        ),
+    ],
+    input_path: Annotated[
+        str,
+        typer.Option(
+            "--input", "-i", help="Texts, one per line or JSONL with a 'text' field; - for stdin."
+        ),
+    ] = "-",
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", min=1, help="causal-lm: tokens to generate (greedy).")
+    ] = 32,
+    max_length: Annotated[
+        int | None,
+        typer.Option(
+            "--max-length",
+            min=1,
+            help="classification: truncate inputs (default: the training length).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per input on stdout.")
+    ] = False,
 ) -> None:
     """Run a trained model on texts: label + scores (classification) or generated text (causal LM)."""
 
@@ -373,8 +465,9 @@ def predict(
         from ortft import predict as predict_mod
 
         _quiet_libraries()
-        for result in predict_mod.run(source, input_path, max_new_tokens=max_new_tokens,
-                                      max_length=max_length):
+        for result in predict_mod.run(
+            source, input_path, max_new_tokens=max_new_tokens, max_length=max_length
+        ):
             typer.echo(json.dumps(result) if as_json else predict_mod.format_line(result))
 
     _run(body)
@@ -382,17 +475,33 @@ def predict(
 
 @app.command()
 def hpo(
-    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file with an hpo: section.", show_default=False)],
+    recipe: Annotated[
+        Path, typer.Argument(help="Recipe YAML file with an hpo: section.", show_default=False)
+    ],
     overrides: Annotated[
         list[str] | None, typer.Argument(help="Dotted overrides applied to every trial.")
     ] = None,
-    trials: Annotated[int, typer.Option("--trials", "-n", min=1, help="Finished trials wanted in the study.")] = 10,
-    study: Annotated[str | None, typer.Option("--study", help="Study name (default: the recipe stem).")] = None,
-    storage: Annotated[str | None, typer.Option(
-        "--storage", help="Optuna storage URL (default: sqlite:///<output-dir>/study.db).")] = None,
-    output_dir: Annotated[Path | None, typer.Option(
-        "--output-dir", "-o", help="Folder for trial runs (default: runs/<stem>-hpo).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the study as JSON on stdout.")] = False,
+    trials: Annotated[
+        int, typer.Option("--trials", "-n", min=1, help="Finished trials wanted in the study.")
+    ] = 10,
+    study: Annotated[
+        str | None, typer.Option("--study", help="Study name (default: the recipe stem).")
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage", help="Optuna storage URL (default: sqlite:///<output-dir>/study.db)."
+        ),
+    ] = None,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--output-dir", "-o", help="Folder for trial runs (default: runs/<stem>-hpo)."
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the study as JSON on stdout.")
+    ] = False,
 ) -> None:
     """Search hyperparameters with Optuna (median pruning; resumable SQLite study)."""
 

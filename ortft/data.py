@@ -69,10 +69,13 @@ def _not_utf8(path: Path) -> InputError:
         raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
-        return InputError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); "
-                          "convert the file to UTF-8 or set data.decode_errors=replace")
-    return InputError(f"{path}: not UTF-8 text; convert the file to UTF-8 "
-                      "or set data.decode_errors=replace")
+        return InputError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); "
+            "convert the file to UTF-8 or set data.decode_errors=replace"
+        )
+    return InputError(
+        f"{path}: not UTF-8 text; convert the file to UTF-8 or set data.decode_errors=replace"
+    )
 
 
 def _read_folder(path: Path, data: DataSection) -> list[dict[str, Any]]:
@@ -149,8 +152,9 @@ def _read_datasets(source: str, fmt: str, split: str, path: Path | None) -> list
 def read_rows(loaded: LoadedRecipe, value: str, split: str) -> list[dict[str, Any]]:
     data = loaded.recipe.data
     fmt = data.format
-    if fmt == "hub" or (fmt == "auto" and not looks_local(value)
-                        and not loaded.resolve_path(value).exists()):
+    if fmt == "hub" or (
+        fmt == "auto" and not looks_local(value) and not loaded.resolve_path(value).exists()
+    ):
         return _read_datasets(value, "hub", split, None)
     path = loaded.resolve_path(value)
     if not path.exists():
@@ -175,8 +179,11 @@ def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, t
     if own_columns is not None:
         needed = own_columns(data)
     # with data.label_names given, every row's label must be one of them (checked per file, here)
-    allowed = (dict.fromkeys(data.label_names) if task.needs_labels and data.label_names
-               and own_columns is None else None)
+    allowed = (
+        dict.fromkeys(data.label_names)
+        if task.needs_labels and data.label_names and own_columns is None
+        else None
+    )
     # every row, not just the first: a later row without a column would fail mid-run
     for n, row in enumerate(rows, 1):
         if not isinstance(row, dict):
@@ -184,15 +191,20 @@ def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, t
             raise InputError(f"{source}: row {n} is a {kind}, not an object of columns")
         missing = [c for c in needed if c not in row]
         if not missing and allowed is not None and str(row[data.label_column]) not in allowed:
-            raise InputError(f"{source}: row {n}: label '{row[data.label_column]}' is not one of "
-                             f"data.label_names {list(allowed)}")
+            raise InputError(
+                f"{source}: row {n}: label '{row[data.label_column]}' is not one of "
+                f"data.label_names {list(allowed)}"
+            )
         if missing:
             where = f"row {n}: " if n > 1 else ""
             raise InputError(
                 f"{source}: {where}missing column {', '.join(missing)} "
                 f"(has: {', '.join(sorted(map(str, row)))}); "
-                + ("set the task's column options (task.*_column)" if own_columns is not None
-                   else "set data.text_column / data.label_column")
+                + (
+                    "set the task's column options (task.*_column)"
+                    if own_columns is not None
+                    else "set data.text_column / data.label_column"
+                )
             )
 
 
@@ -256,14 +268,30 @@ def label_names(rows: list[dict[str, Any]], data: DataSection) -> list[str]:
 # --------------------------------------------------------------------------- tokenize (cached)
 
 
-def encode_cached(task: Task, rows: list[dict[str, Any]], tokenizer: Any, data: DataSection,
-                  label2id: dict[str, int] | None, key_parts: list[str]) -> tuple[Encoded, bool]:
+def encode_cached(
+    task: Task,
+    rows: list[dict[str, Any]],
+    tokenizer: Any,
+    data: DataSection,
+    label2id: dict[str, int] | None,
+    key_parts: list[str],
+) -> tuple[Encoded, bool]:
     """Tokenize rows, or load the arrays a previous run saved for identical inputs."""
     h = hashlib.sha256()
-    tok_state = tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else repr(tokenizer)
-    for part in [str(CACHE_VERSION), task.name + getattr(task, "options_key", ""),
-                 data.model_dump_json(), json.dumps(label2id),
-                 hashlib.sha256(tok_state.encode()).hexdigest(), str(len(rows)), *key_parts]:
+    tok_state = (
+        tokenizer.backend_tokenizer.to_str()
+        if hasattr(tokenizer, "backend_tokenizer")
+        else repr(tokenizer)
+    )
+    for part in [
+        str(CACHE_VERSION),
+        task.name + getattr(task, "options_key", ""),
+        data.model_dump_json(),
+        json.dumps(label2id),
+        hashlib.sha256(tok_state.encode()).hexdigest(),
+        str(len(rows)),
+        *key_parts,
+    ]:
         h.update(part.encode())
     path = cache_root() / "tokenized" / f"{h.hexdigest()[:24]}.npz"
     if path.exists():
@@ -287,15 +315,19 @@ def batches_per_epoch(n: int, batch_size: int) -> int:
     return n // batch_size  # drop the last partial batch: every step has the same shape
 
 
-def train_batches(encoded: Encoded, batch_size: int, seed: int, shuffle: bool,
-                  start_micro: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+def train_batches(
+    encoded: Encoded, batch_size: int, seed: int, shuffle: bool, start_micro: int = 0
+) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """Yield (epoch, batch) forever from micro-batch number ``start_micro`` on."""
     per_epoch = batches_per_epoch(len(encoded), batch_size)
     micro = start_micro
     while True:
         epoch, index = divmod(micro, per_epoch)
-        order = (np.random.default_rng(seed + epoch).permutation(len(encoded)) if shuffle
-                 else np.arange(len(encoded)))
+        order = (
+            np.random.default_rng(seed + epoch).permutation(len(encoded))
+            if shuffle
+            else np.arange(len(encoded))
+        )
         for b in range(index, per_epoch):
             yield epoch, encoded.take(order[b * batch_size : (b + 1) * batch_size])
         micro = (epoch + 1) * per_epoch

@@ -39,8 +39,10 @@ class RecipeError(OrtftError):
         if len(self.problems) == 1:
             msg = head + self.problems[0]
         else:
-            msg = head + f"{len(self.problems)} problems\n" + "\n".join(
-                f"  - {p}" for p in self.problems
+            msg = (
+                head
+                + f"{len(self.problems)} problems\n"
+                + "\n".join(f"  - {p}" for p in self.problems)
             )
         super().__init__(msg)
 

@@ -47,16 +47,21 @@ class SavedModel:
 
     def logits(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         if self.runtime == "onnxruntime":
-            feeds = {"input_ids": input_ids.astype(np.int64),
-                     "attention_mask": attention_mask.astype(np.int64)}
+            feeds = {
+                "input_ids": input_ids.astype(np.int64),
+                "attention_mask": attention_mask.astype(np.int64),
+            }
             return self._model.run(["logits"], feeds)[0]
         import torch
 
         kw = {"use_cache": False} if self.task == "causal-lm" else {}
         with torch.no_grad():
-            out = self._model(input_ids=torch.from_numpy(input_ids),
-                              attention_mask=torch.from_numpy(attention_mask),
-                              return_dict=True, **kw)
+            out = self._model(
+                input_ids=torch.from_numpy(input_ids),
+                attention_mask=torch.from_numpy(attention_mask),
+                return_dict=True,
+                **kw,
+            )
         return out.logits.float().numpy()
 
     def labels(self) -> list[str] | None:
@@ -87,8 +92,9 @@ def open_model(source: Path) -> SavedModel:
     hf_logging.disable_progress_bar()  # stdout/stderr stay ortft's
     source = Path(source)
     if not source.is_dir():
-        raise InputError(f"{source}: not a directory "
-                         "(give a run dir, a model dir or an ONNX folder)")
+        raise InputError(
+            f"{source}: not a directory (give a run dir, a model dir or an ONNX folder)"
+        )
     run_dir = None
     if (source / "final" / "config.json").exists():
         run_dir, source = source, source / "final"
@@ -96,8 +102,10 @@ def open_model(source: Path) -> SavedModel:
         run_dir = source.parent  # <run>/final or <run>/onnx
     onnx_file = source / "model.onnx"
     if not onnx_file.exists() and not (source / "config.json").exists():
-        raise InputError(f"{source}: no final/, config.json or model.onnx here "
-                         "(give a run dir, a saved Hugging Face model or an ONNX export folder)")
+        raise InputError(
+            f"{source}: no final/, config.json or model.onnx here "
+            "(give a run dir, a saved Hugging Face model or an ONNX export folder)"
+        )
     try:
         config = AutoConfig.from_pretrained(source)
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -106,15 +114,24 @@ def open_model(source: Path) -> SavedModel:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     task = _task_of(config)
-    recipe_yaml = next((p for p in (source / "recipe.yaml",
-                                    run_dir / "final" / "recipe.yaml" if run_dir else None)
-                        if p is not None and p.exists()), None)
+    recipe_yaml = next(
+        (
+            p
+            for p in (
+                source / "recipe.yaml",
+                run_dir / "final" / "recipe.yaml" if run_dir else None,
+            )
+            if p is not None and p.exists()
+        ),
+        None,
+    )
     if onnx_file.exists():
         import onnxruntime as ort
 
         session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-        return SavedModel("onnxruntime", source, task, config, tokenizer, recipe_yaml, run_dir,
-                          session)
+        return SavedModel(
+            "onnxruntime", source, task, config, tokenizer, recipe_yaml, run_dir, session
+        )
     import transformers
 
     auto = getattr(transformers, tasks.get(task).auto_class)
@@ -159,19 +176,27 @@ def load_rows(m: SavedModel, data_file: Path | None) -> tuple[list[dict[str, Any
     loaded = training_recipe(m)
     if data_file is None:
         if loaded is None:
-            raise InputError(f"{m.path}: no recipe.yaml tells which eval data it was trained "
-                             "with; pass --data FILE")
+            raise InputError(
+                f"{m.path}: no recipe.yaml tells which eval data it was trained "
+                "with; pass --data FILE"
+            )
         rows = data_mod.load_splits(loaded, task).eval
         if not rows:
             raise InputError(f"{m.recipe_yaml}: the recipe has no eval data; pass --data FILE")
         return rows, loaded.recipe.data, f"the eval split of {m.recipe_yaml}"
     if loaded is None:  # no recipe: the data section's defaults (text/label columns, 128 tokens)
-        recipe = Recipe.model_validate({"model": {"name_or_path": str(m.path)}, "task": m.task,
-                                        "data": {"train": str(data_file)}})
+        recipe = Recipe.model_validate(
+            {
+                "model": {"name_or_path": str(m.path)},
+                "task": m.task,
+                "data": {"train": str(data_file)},
+            }
+        )
         loaded = LoadedRecipe(recipe=recipe, path=None, base_dir=Path.cwd(), raw={})
     spec = loaded.recipe.data.model_copy(update={"format": "auto", "max_eval_samples": None})
     loaded = dataclasses.replace(
-        loaded, recipe=loaded.recipe.model_copy(update={"data": spec}), base_dir=Path.cwd())
+        loaded, recipe=loaded.recipe.model_copy(update={"data": spec}), base_dir=Path.cwd()
+    )
     rows = data_mod.read_rows(loaded, str(data_file), spec.eval_split or spec.split)
     data_mod._check_columns(rows, str(data_file), spec, task)
     return rows, spec, str(data_file)
@@ -217,17 +242,31 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> di
     labels = m.labels()
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
     encoded = tasks.get(m.task).encode(rows, m.tokenizer, spec, label2id)
-    log.info("eval: %s (%s) on %s: %d examples of %d tokens", m.path, m.runtime, where,
-             len(encoded), spec.max_length)
+    log.info(
+        "eval: %s (%s) on %s: %d examples of %d tokens",
+        m.path,
+        m.runtime,
+        where,
+        len(encoded),
+        spec.max_length,
+    )
     metrics = score(m, encoded, batch_size)
-    return {"model": str(m.path), "runtime": m.runtime, "task": m.task, "data": where,
-            "examples": len(encoded), "max_length": spec.max_length,
-            "metrics": {k: float(v) for k, v in metrics.items()},
-            "eval_s": round(time.perf_counter() - t0, 3)}
+    return {
+        "model": str(m.path),
+        "runtime": m.runtime,
+        "task": m.task,
+        "data": where,
+        "examples": len(encoded),
+        "max_length": spec.max_length,
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "eval_s": round(time.perf_counter() - t0, 3),
+    }
 
 
 def format_result(result: dict[str, Any]) -> str:
-    lines = [f"model     {result['model']} ({result['runtime']})",
-             f"data      {result['data']} ({result['examples']} examples)"]
+    lines = [
+        f"model     {result['model']} ({result['runtime']})",
+        f"data      {result['data']} ({result['examples']} examples)",
+    ]
     lines += [f"{k:<9} {v:.4f}" for k, v in result["metrics"].items()]
     return "\n".join(lines)

@@ -19,8 +19,14 @@ from typing import Any
 
 from ortft.errors import UsageError
 
-_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
-        "==": operator.eq, "!=": operator.ne}
+_OPS = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
 _GATE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|==|!=|>|<)\s*([-+0-9.eE]+|inf|-inf)\s*$")
 
 
@@ -90,13 +96,25 @@ def check(gates: list[Gate], summary: dict[str, Any]) -> list[GateResult]:
     for g in gates:
         value = lookup(summary, g.metric)
         if value is None:
-            results.append(GateResult(str(g), g.metric, g.op, g.threshold, None, False,
-                                      "the run did not produce this metric"))
+            results.append(
+                GateResult(
+                    str(g),
+                    g.metric,
+                    g.op,
+                    g.threshold,
+                    None,
+                    False,
+                    "the run did not produce this metric",
+                )
+            )
         elif math.isnan(value):
             results.append(GateResult(str(g), g.metric, g.op, g.threshold, value, False, "NaN"))
         else:
-            results.append(GateResult(str(g), g.metric, g.op, g.threshold, value,
-                                      bool(_OPS[g.op](value, g.threshold))))
+            results.append(
+                GateResult(
+                    str(g), g.metric, g.op, g.threshold, value, bool(_OPS[g.op](value, g.threshold))
+                )
+            )
     return results
 
 

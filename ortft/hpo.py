@@ -73,8 +73,11 @@ def _set(data: dict[str, Any], key: str, value: Any) -> None:
     node = data
     for part in parents:
         child = node.get(part)
-        node[part] = child = child if isinstance(child, dict) else (
-            {"name": child} if isinstance(child, str) else {})
+        node[part] = child = (
+            child
+            if isinstance(child, dict)
+            else ({"name": child} if isinstance(child, str) else {})
+        )
         node = child
     node[last] = value
 
@@ -102,37 +105,59 @@ def default_dir(loaded: recipe_io.LoadedRecipe) -> Path:
     return run_dir.with_name(f"{run_dir.name}-hpo")
 
 
-def run(recipe: Path, overrides: list[str], trials: int, study_name: str | None = None,
-        storage: str | None = None, output_dir: Path | None = None) -> dict[str, Any]:
+def run(
+    recipe: Path,
+    overrides: list[str],
+    trials: int,
+    study_name: str | None = None,
+    storage: str | None = None,
+    output_dir: Path | None = None,
+) -> dict[str, Any]:
     import optuna
     from optuna.trial import TrialState
 
     loaded = recipe_io.load(recipe, overrides)
     spec = loaded.recipe.hpo
     if spec is None:
-        raise RecipeError("no hpo section: add one with the search space (see README: ortft hpo)",
-                          source=str(recipe))
+        raise RecipeError(
+            "no hpo section: add one with the search space (see README: ortft hpo)",
+            source=str(recipe),
+        )
     check_space(recipe, overrides, spec)
     base = output_dir or default_dir(loaded)
     base.mkdir(parents=True, exist_ok=True)
     storage = storage or f"sqlite:///{(base / 'study.db').resolve()}"
     study_name = study_name or recipe.stem
-    direction = spec.direction if spec.direction != "auto" else (
-        "minimize" if metric_mode(spec.metric) == "min" else "maximize")
+    direction = (
+        spec.direction
+        if spec.direction != "auto"
+        else ("minimize" if metric_mode(spec.metric) == "min" else "maximize")
+    )
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # ortft logs one line per trial
-    pruner: Any = (optuna.pruners.MedianPruner(
-        n_startup_trials=spec.pruning.startup_trials,
-        n_warmup_steps=spec.pruning.warmup_evals * (loaded.recipe.training.eval_every or 0))
-        if spec.pruning.enabled else optuna.pruners.NopPruner())
+    pruner: Any = (
+        optuna.pruners.MedianPruner(
+            n_startup_trials=spec.pruning.startup_trials,
+            n_warmup_steps=spec.pruning.warmup_evals * (loaded.recipe.training.eval_every or 0),
+        )
+        if spec.pruning.enabled
+        else optuna.pruners.NopPruner()
+    )
     try:
-        study = optuna.create_study(storage=storage, study_name=study_name, direction=direction,
-                                    load_if_exists=True, pruner=pruner,
-                                    sampler=optuna.samplers.TPESampler(seed=spec.seed))
+        study = optuna.create_study(
+            storage=storage,
+            study_name=study_name,
+            direction=direction,
+            load_if_exists=True,
+            pruner=pruner,
+            sampler=optuna.samplers.TPESampler(seed=spec.seed),
+        )
     except (ValueError, ImportError) as err:
         raise InputError(f"study {study_name} in {storage}: {err}") from None
     if study.direction.name.lower() != direction:
-        raise InputError(f"study {study_name} in {storage} is to {study.direction.name.lower()}; "
-                         f"this recipe wants {direction}: use another --study")
+        raise InputError(
+            f"study {study_name} in {storage} is to {study.direction.name.lower()}; "
+            f"this recipe wants {direction}: use another --study"
+        )
 
     # a trial interrupted (or left RUNNING by a killed process) runs again first
     for t in study.trials:
@@ -153,16 +178,23 @@ def run(recipe: Path, overrides: list[str], trials: int, study_name: str | None 
             shutil.rmtree(run_dir)
         shown = "  ".join(f"{k}={_literal(v)}" for k, v in params.items())
         log.info("hpo: trial %d: %s", trial.number, shown)
-        trial_loaded = recipe_io.load(recipe, [*overrides,
-                                               *(f"{k}={_literal(v)}" for k, v in params.items()),
-                                               "export.enabled=false"])
+        trial_loaded = recipe_io.load(
+            recipe,
+            [
+                *overrides,
+                *(f"{k}={_literal(v)}" for k, v in params.items()),
+                "export.enabled=false",
+            ],
+        )
 
         def on_eval(step: int, metrics: dict[str, float]) -> None:
             value = metrics[spec.metric.removeprefix("eval_")]
             trial.report(value, step)
             if trial.should_prune():
-                raise Stopped(f"pruned at step {step}: {spec.metric} {value:.4f} is worse than "
-                              "the median of earlier trials")
+                raise Stopped(
+                    f"pruned at step {step}: {spec.metric} {value:.4f} is worse than "
+                    "the median of earlier trials"
+                )
 
         try:
             summary = train.run(trial_loaded, output_dir=run_dir, on_eval=on_eval)
@@ -187,36 +219,70 @@ def run(recipe: Path, overrides: list[str], trials: int, study_name: str | None 
 
     done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
     todo = max(0, trials - done)
-    log.info("hpo: study %s (%s %s) in %s: %d trial(s) finished, %d to run", study_name, direction,
-             spec.metric, storage, done, todo)
+    log.info(
+        "hpo: study %s (%s %s) in %s: %d trial(s) finished, %d to run",
+        study_name,
+        direction,
+        spec.metric,
+        storage,
+        done,
+        todo,
+    )
     started = time.time()
     if todo:
         study.optimize(objective, n_trials=todo)
     return _result(study, loaded, spec, base, storage, direction, time.time() - started)
 
 
-def _result(study: Any, loaded: recipe_io.LoadedRecipe, spec: HpoSection, base: Path,
-            storage: str, direction: str, wall_s: float) -> dict[str, Any]:
+def _result(
+    study: Any,
+    loaded: recipe_io.LoadedRecipe,
+    spec: HpoSection,
+    base: Path,
+    storage: str,
+    direction: str,
+    wall_s: float,
+) -> dict[str, Any]:
     from optuna.trial import TrialState
 
     rows = []
     for t in study.trials:
-        rows.append({"number": t.number, "state": t.state.name.lower(), "value": t.value,
-                     "last_step": max(t.intermediate_values, default=None),
-                     "params": t.params, "run_dir": t.user_attrs.get("run_dir"),
-                     "duration_s": t.duration.total_seconds() if t.duration else None})
-    result: dict[str, Any] = {"study": study.study_name, "storage": storage, "metric": spec.metric,
-                              "direction": direction, "wall_time_s": round(wall_s, 1),
-                              "trials": rows, "best": None}
+        rows.append(
+            {
+                "number": t.number,
+                "state": t.state.name.lower(),
+                "value": t.value,
+                "last_step": max(t.intermediate_values, default=None),
+                "params": t.params,
+                "run_dir": t.user_attrs.get("run_dir"),
+                "duration_s": t.duration.total_seconds() if t.duration else None,
+            }
+        )
+    result: dict[str, Any] = {
+        "study": study.study_name,
+        "storage": storage,
+        "metric": spec.metric,
+        "direction": direction,
+        "wall_time_s": round(wall_s, 1),
+        "trials": rows,
+        "best": None,
+    }
     if any(t.state == TrialState.COMPLETE for t in study.trials):
         best = study.best_trial
         stem = loaded.path.stem if loaded.path else "recipe"
         path = base / f"{stem}-best.yaml"
-        header = (f"# Best trial of ortft hpo study '{study.study_name}': trial {best.number}, "
-                  f"{spec.metric} {best.value:.4f}.\n# Run: ortft train {path}\n")
+        header = (
+            f"# Best trial of ortft hpo study '{study.study_name}': trial {best.number}, "
+            f"{spec.metric} {best.value:.4f}.\n# Run: ortft train {path}\n"
+        )
         path.write_text(best_recipe_text(loaded, best.params, header))
-        result["best"] = {"number": best.number, "value": best.value, "params": best.params,
-                          "run_dir": best.user_attrs.get("run_dir"), "recipe": str(path)}
+        result["best"] = {
+            "number": best.number,
+            "value": best.value,
+            "params": best.params,
+            "run_dir": best.user_attrs.get("run_dir"),
+            "recipe": str(path),
+        }
     return result
 
 
@@ -228,15 +294,22 @@ def format_table(result: dict[str, Any]) -> str:
         value = f"{row['value']:.4f}" if row["value"] is not None else "-"
         params = [_short(row["params"].get(k)) for k in keys]
         dur = f"{row['duration_s']:.0f}" if row["duration_s"] is not None else "-"
-        body.append([str(row["number"]), row["state"], value, str(row["last_step"] or "-"),
-                     *params, dur])
+        body.append(
+            [str(row["number"]), row["state"], value, str(row["last_step"] or "-"), *params, dur]
+        )
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in [head, *body]]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [head, *body]
+    ]
     best = result["best"]
     if best:
-        lines += ["", f"best: trial {best['number']}  {result['metric']} {best['value']:.4f}",
-                  f"run:    {best['run_dir']}", f"recipe: {best['recipe']}"]
+        lines += [
+            "",
+            f"best: trial {best['number']}  {result['metric']} {best['value']:.4f}",
+            f"run:    {best['run_dir']}",
+            f"recipe: {best['recipe']}",
+        ]
     else:
         lines += ["", "no trial completed"]
     return "\n".join(lines)

@@ -30,7 +30,15 @@ BPE_EOS = "<|endoftext|>"
 
 def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
     """Train a tokenizer on the training texts (deterministic for the same texts)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     if spec.kind == "wordpiece":
@@ -47,8 +55,10 @@ def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
         fixed = SPECIAL_WORDPIECE + [f"##{c}" for c in sorted(chars)]
         trainer = trainers.WordPieceTrainer(
             vocab_size=max(spec.vocab_size, len(fixed) + len(chars)),
-            min_frequency=spec.min_frequency, special_tokens=fixed,
-            initial_alphabet=sorted(chars), show_progress=False,
+            min_frequency=spec.min_frequency,
+            special_tokens=fixed,
+            initial_alphabet=sorted(chars),
+            show_progress=False,
         )
         draft = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         draft.normalizer, draft.pre_tokenizer = normalizer, pre
@@ -58,24 +68,34 @@ def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
         tok.decoder = decoders.WordPiece()
         cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
         tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
         )
         return PreTrainedTokenizerFast(
-            tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-            sep_token="[SEP]", mask_token="[MASK]",
+            tokenizer_object=tok,
+            unk_token="[UNK]",
+            pad_token="[PAD]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
+            mask_token="[MASK]",
         )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size, min_frequency=spec.min_frequency,
-        special_tokens=[BPE_EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=spec.vocab_size,
+        min_frequency=spec.min_frequency,
+        special_tokens=[BPE_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BPE_EOS, eos_token=BPE_EOS, unk_token=BPE_EOS,
+        tokenizer_object=tok,
+        bos_token=BPE_EOS,
+        eos_token=BPE_EOS,
+        unk_token=BPE_EOS,
         pad_token=BPE_EOS,
     )
 
@@ -131,40 +151,75 @@ def _config_from_spec(spec: FromConfig, tokenizer: Any, dropout: float | None) -
     p = 0.1 if dropout is None else dropout
     if spec.architecture == "t5":
         # the tokenizer's end-of-text ([SEP] for wordpiece) ends targets; decoding starts from pad
-        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+        eos = (
+            tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+        )
         return T5Config(
-            vocab_size=len(tokenizer), d_model=spec.hidden_size, d_kv=spec.hidden_size // spec.num_heads,
-            d_ff=inter, num_layers=spec.num_layers, num_decoder_layers=spec.num_layers,
-            num_heads=spec.num_heads, dropout_rate=p, pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=eos, decoder_start_token_id=tokenizer.pad_token_id,
+            vocab_size=len(tokenizer),
+            d_model=spec.hidden_size,
+            d_kv=spec.hidden_size // spec.num_heads,
+            d_ff=inter,
+            num_layers=spec.num_layers,
+            num_decoder_layers=spec.num_layers,
+            num_heads=spec.num_heads,
+            dropout_rate=p,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos,
+            decoder_start_token_id=tokenizer.pad_token_id,
         )
     if spec.architecture == "bert":
         return BertConfig(
-            vocab_size=len(tokenizer), hidden_size=spec.hidden_size,
-            num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-            intermediate_size=inter, max_position_embeddings=spec.max_position_embeddings,
-            hidden_dropout_prob=p, attention_probs_dropout_prob=p,
+            vocab_size=len(tokenizer),
+            hidden_size=spec.hidden_size,
+            num_hidden_layers=spec.num_layers,
+            num_attention_heads=spec.num_heads,
+            intermediate_size=inter,
+            max_position_embeddings=spec.max_position_embeddings,
+            hidden_dropout_prob=p,
+            attention_probs_dropout_prob=p,
             pad_token_id=tokenizer.pad_token_id,
         )
     return GPT2Config(
-        vocab_size=len(tokenizer), n_embd=spec.hidden_size, n_layer=spec.num_layers,
-        n_head=spec.num_heads, n_inner=inter, n_positions=spec.max_position_embeddings,
-        resid_pdrop=p, embd_pdrop=p, attn_pdrop=p, summary_first_dropout=p,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        n_embd=spec.hidden_size,
+        n_layer=spec.num_layers,
+        n_head=spec.num_heads,
+        n_inner=inter,
+        n_positions=spec.max_position_embeddings,
+        resid_pdrop=p,
+        embd_pdrop=p,
+        attn_pdrop=p,
+        summary_first_dropout=p,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
 
 
 def _set_dropout(config: Any, p: float) -> None:
-    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "resid_pdrop",
-                 "embd_pdrop", "attn_pdrop", "summary_first_dropout", "classifier_dropout",
-                 "dropout", "attention_dropout"):
+    for name in (
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "resid_pdrop",
+        "embd_pdrop",
+        "attn_pdrop",
+        "summary_first_dropout",
+        "classifier_dropout",
+        "dropout",
+        "attention_dropout",
+    ):
         if hasattr(config, name):
             setattr(config, name, p)
 
 
-def build_model(loaded: LoadedRecipe, task_auto_class: str, tokenizer: Any,
-                labels: list[str] | None, attn: str, weights_dir: Path | None = None) -> nn.Module:
+def build_model(
+    loaded: LoadedRecipe,
+    task_auto_class: str,
+    tokenizer: Any,
+    labels: list[str] | None,
+    attn: str,
+    weights_dir: Path | None = None,
+) -> nn.Module:
     """The Hugging Face model for the task (weights from ``weights_dir`` when resuming)."""
     import transformers
     from transformers import AutoConfig
@@ -196,8 +251,9 @@ def build_model(loaded: LoadedRecipe, task_auto_class: str, tokenizer: Any,
         if config.pad_token_id is None and tokenizer is not None:
             config.pad_token_id = tokenizer.pad_token_id
         torch.manual_seed(loaded.recipe.training.seed)  # a fresh head is seeded too
-        return auto.from_pretrained(source, config=config, attn_implementation=attn,
-                                    trust_remote_code=remote)
+        return auto.from_pretrained(
+            source, config=config, attn_implementation=attn, trust_remote_code=remote
+        )
     except (OSError, ValueError, KeyError) as err:
         raise InputError(f"{spec.name_or_path}: cannot load model ({_first_line(err)})") from None
 
@@ -216,13 +272,24 @@ class TaskModule(nn.Module):
         # a task that calls its model differently (question answering's start/end positions)
         self._task_forward = getattr(task, "forward", None)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                labels: torch.Tensor, **extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        **extra: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._task_forward is not None:
             return self._task_forward(self.model, input_ids, attention_mask, labels, **extra)
         kwargs: dict[str, Any] = {"use_cache": False} if self.is_decoder else {}
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-                         return_dict=True, **extra, **kwargs)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            labels=labels,
+            return_dict=True,
+            **extra,
+            **kwargs,
+        )
         return out.loss, out.logits
 
 
@@ -230,9 +297,15 @@ class TaskModule(nn.Module):
 
 # The attention projections LoRA adapts when adapter.target_modules is not given (measured to
 # train through ORTModule: bert query/value, gpt2 c_attn, t5 q/v).
-DEFAULT_TARGETS = {"bert": ["query", "value"], "gpt2": ["c_attn"], "t5": ["q", "v"],
-                   "bart": ["q_proj", "v_proj"], "llama": ["q_proj", "v_proj"],
-                   "mistral": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"]}
+DEFAULT_TARGETS = {
+    "bert": ["query", "value"],
+    "gpt2": ["c_attn"],
+    "t5": ["q", "v"],
+    "bart": ["q_proj", "v_proj"],
+    "llama": ["q_proj", "v_proj"],
+    "mistral": ["q_proj", "v_proj"],
+    "qwen2": ["q_proj", "v_proj"],
+}
 HEADS = ("classifier", "score", "qa_outputs")  # new task heads trained in full with train_head
 
 
@@ -241,22 +314,33 @@ def apply_adapter(model: nn.Module, spec: Any) -> nn.Module:
     try:
         import peft
     except ImportError as err:
-        raise InputError(f"adapter.kind=lora needs the peft extra ({err}); "
-                         "pip install -c requirements/lock.txt -r requirements/extras.txt") from None
+        raise InputError(
+            f"adapter.kind=lora needs the peft extra ({err}); "
+            "pip install -c requirements/lock.txt -r requirements/extras.txt"
+        ) from None
     kind = getattr(model.config, "model_type", "")
     targets = spec.target_modules or DEFAULT_TARGETS.get(kind)
     if not targets:
-        raise InputError(f"adapter.target_modules: no default for model type {kind}; "
-                         "name the modules to adapt, e.g. [q_proj, v_proj]")
+        raise InputError(
+            f"adapter.target_modules: no default for model type {kind}; "
+            "name the modules to adapt, e.g. [q_proj, v_proj]"
+        )
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [t for t in targets if t not in names]
     if missing:
-        raise InputError(f"adapter.target_modules: {', '.join(missing)} matches no module of this "
-                         f"{kind} model (it has e.g. {', '.join(sorted(names - {''})[:8])})")
+        raise InputError(
+            f"adapter.target_modules: {', '.join(missing)} matches no module of this "
+            f"{kind} model (it has e.g. {', '.join(sorted(names - {''})[:8])})"
+        )
     heads = [h for h in HEADS if h in names] if spec.train_head else []
-    config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                             target_modules=list(targets), modules_to_save=heads or None,
-                             fan_in_fan_out=kind == "gpt2")  # GPT-2's Conv1D stores W transposed
+    config = peft.LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=list(targets),
+        modules_to_save=heads or None,
+        fan_in_fan_out=kind == "gpt2",
+    )  # GPT-2's Conv1D stores W transposed
     return peft.get_peft_model(model, config)
 
 
@@ -278,8 +362,10 @@ def freeze(model: nn.Module, patterns: list[str]) -> None:
     names = [n for n, _ in model.named_parameters()]
     unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
     if unmatched:
-        raise InputError(f"backend.trainable: {', '.join(unmatched)} matches no parameter of this "
-                         f"model (names look like: {', '.join(names[:2])}, ..., {names[-1]})")
+        raise InputError(
+            f"backend.trainable: {', '.join(unmatched)} matches no parameter of this "
+            f"model (names look like: {', '.join(names[:2])}, ..., {names[-1]})"
+        )
     for name, p in model.named_parameters():
         p.requires_grad_(any(fnmatch.fnmatchcase(name, pat) for pat in patterns))
 

@@ -33,8 +33,13 @@ FORMAT_VERSION = 1
 MARKER = "artifacts.json"
 
 
-def _example(task: Any, rows: list[dict[str, Any]], tokenizer: Any, loaded: LoadedRecipe,
-             label2id: dict[str, int] | None) -> dict[str, np.ndarray]:
+def _example(
+    task: Any,
+    rows: list[dict[str, Any]],
+    tokenizer: Any,
+    loaded: LoadedRecipe,
+    label2id: dict[str, int] | None,
+) -> dict[str, np.ndarray]:
     """Two training rows, the second half padded: the exporter traces one path, and a batch
     without padding would leave the attention mask out of the graph for good."""
     enc = task.encode(rows[:8], tokenizer, loaded.recipe.data, label2id)
@@ -63,21 +68,32 @@ def _native_stderr_quiet() -> Iterator[None]:
         except BaseException:
             os.dup2(saved, 2)
             sink.seek(0)
-            sys.stderr.write(b"\n".join(sink.read().splitlines()[-20:]).decode(errors="replace") + "\n")
+            sys.stderr.write(
+                b"\n".join(sink.read().splitlines()[-20:]).decode(errors="replace") + "\n"
+            )
             raise
         finally:
             os.dup2(saved, 2)
             os.close(saved)
 
 
-def build(loaded: LoadedRecipe, task: Any, train_rows: list[dict[str, Any]],
-          labels: list[str] | None, saved_tokenizer: Path | None, art_dir: Path) -> dict[str, Any]:
+def build(
+    loaded: LoadedRecipe,
+    task: Any,
+    train_rows: list[dict[str, Any]],
+    labels: list[str] | None,
+    saved_tokenizer: Path | None,
+    art_dir: Path,
+) -> dict[str, Any]:
     """Write ``art_dir`` (see the module docstring); return artifacts.json's content."""
     r = loaded.recipe
     tokenizer = models.load_tokenizer(loaded, saved_dir=saved_tokenizer)
     if tokenizer is None:
-        texts = (task.texts(train_rows, r.data) if hasattr(task, "texts")
-                 else [str(row[r.data.text_column]) for row in train_rows])
+        texts = (
+            task.texts(train_rows, r.data)
+            if hasattr(task, "texts")
+            else [str(row[r.data.text_column]) for row in train_rows]
+        )
         tokenizer = models.train_tokenizer(texts, r.model.tokenizer.train)
         log.info("trained a %s tokenizer: %d tokens", r.model.tokenizer.train.kind, len(tokenizer))
     model = models.build_model(loaded, task.auto_class, tokenizer, labels, attn="eager")
@@ -92,14 +108,29 @@ def build(loaded: LoadedRecipe, task: Any, train_rows: list[dict[str, Any]],
     try:
         with _native_stderr_quiet():  # the gradient builder logs every graph pass at info level
             report = onnx_tools.generate_training_artifacts(
-                model, task.name, tmp, example, trainable=r.backend.trainable,
-                optimizer={"betas": tuple(o.betas), "eps": o.eps, "weight_decay": t.weight_decay,
-                           "max_grad_norm": t.max_grad_norm})
+                model,
+                task.name,
+                tmp,
+                example,
+                trainable=r.backend.trainable,
+                optimizer={
+                    "betas": tuple(o.betas),
+                    "eps": o.eps,
+                    "weight_decay": t.weight_decay,
+                    "max_grad_norm": t.max_grad_norm,
+                },
+            )
         tokenizer.save_pretrained(tmp)
         model.config.architectures = [type(model).__name__]  # what ortft eval / export read
         model.config.save_pretrained(tmp)
-        meta = {"format_version": FORMAT_VERSION, "kind": "ortft-ondevice-artifacts",
-                "task": task.name, "labels": labels, "torch": torch.__version__, **report}
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "kind": "ortft-ondevice-artifacts",
+            "task": task.name,
+            "labels": labels,
+            "torch": torch.__version__,
+            **report,
+        }
         (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
         if art_dir.exists():
             shutil.rmtree(art_dir)
@@ -108,7 +139,10 @@ def build(loaded: LoadedRecipe, task: Any, train_rows: list[dict[str, Any]],
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("on-device training artifacts: %s (%d of %d parameter tensors train)", art_dir,
-             report["trainable_parameters"],
-             report["trainable_parameters"] + report["frozen_parameters"])
+    log.info(
+        "on-device training artifacts: %s (%d of %d parameter tensors train)",
+        art_dir,
+        report["trainable_parameters"],
+        report["trainable_parameters"] + report["frozen_parameters"],
+    )
     return meta

@@ -356,13 +356,18 @@ def generate_training_artifacts(
     # training session aborts (BFCArena ChunkFromHandle) from batch 64 on (measured on a tiny
     # BERT). The eval graph, built from the same graph and parameters, also outputs "logits"
     # for eval metrics and export_model_for_inferencing.
-    common = {"requires_grad": requires, "frozen_params": frozen, "loss": None,
-              "loss_input_names": ["loss"]}
+    common = {
+        "requires_grad": requires,
+        "frozen_params": frozen,
+        "loss": None,
+        "loss_input_names": ["loss"],
+    }
     artifacts.generate_artifacts(graph, optimizer=block, artifact_directory=str(out_dir), **common)
     with_logits = out_dir / ".with-logits"
     with_logits.mkdir()
-    artifacts.generate_artifacts(graph, additional_output_names=["logits"],
-                                 artifact_directory=str(with_logits), **common)
+    artifacts.generate_artifacts(
+        graph, additional_output_names=["logits"], artifact_directory=str(with_logits), **common
+    )
     (with_logits / "eval_model.onnx").replace(out_dir / "eval_model.onnx")
     shutil.rmtree(with_logits)
     files = sorted(p.name for p in out_dir.iterdir())
@@ -439,9 +444,8 @@ def standard_symbolics() -> Iterator[None]:
         return
     import logging as _logging
 
-    from torch.onnx import unregister_custom_op_symbolic
-
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+    from torch.onnx import unregister_custom_op_symbolic
 
     torch_logger = _logging.getLogger("torch.onnx")
     level = torch_logger.level
@@ -466,8 +470,13 @@ def check_portable(path: Path) -> None:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    aten = [n.name or n.op_type for n in model.graph.node
-            if n.op_type == "ATen" or n.domain == "org.pytorch.aten"]
+    aten = [
+        n.name or n.op_type
+        for n in model.graph.node
+        if n.op_type == "ATen" or n.domain == "org.pytorch.aten"
+    ]
     if aten:
-        raise RunError(f"{path}: the export contains {len(aten)} ATen fallback node(s) "
-                       f"({', '.join(aten[:3])}), which plain ONNX Runtime cannot run")
+        raise RunError(
+            f"{path}: the export contains {len(aten)} ATen fallback node(s) "
+            f"({', '.join(aten[:3])}), which plain ONNX Runtime cannot run"
+        )

@@ -44,18 +44,24 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def classify(m: SavedModel, texts: list[str], max_length: int,
-             batch_size: int) -> Iterator[dict[str, Any]]:
+def classify(
+    m: SavedModel, texts: list[str], max_length: int, batch_size: int
+) -> Iterator[dict[str, Any]]:
     labels = m.labels() or []
     for start in range(0, len(texts), batch_size):
-        chunk = texts[start:start + batch_size]
-        enc = m.tokenizer(chunk, max_length=max_length, truncation=True, padding=True,
-                          return_tensors="np")
+        chunk = texts[start : start + batch_size]
+        enc = m.tokenizer(
+            chunk, max_length=max_length, truncation=True, padding=True, return_tensors="np"
+        )
         probs = _softmax(m.logits(enc["input_ids"], enc["attention_mask"]).astype(np.float64))
         for i, p in enumerate(probs):
             best = int(p.argmax())
-            yield {"index": start + i, "label": labels[best], "score": float(p[best]),
-                   "scores": {name: float(v) for name, v in zip(labels, p, strict=True)}}
+            yield {
+                "index": start + i,
+                "label": labels[best],
+                "score": float(p[best]),
+                "scores": {name: float(v) for name, v in zip(labels, p, strict=True)},
+            }
 
 
 def generate(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[dict[str, Any]]:
@@ -64,7 +70,7 @@ def generate(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[d
     eos = tok.eos_token_id
     for index, text in enumerate(texts):
         ids = tok(text, add_special_tokens=False)["input_ids"] or [eos if eos is not None else 0]
-        ids = ids[-max(1, limit - max_new_tokens):]  # keep the prompt's end within the positions
+        ids = ids[-max(1, limit - max_new_tokens) :]  # keep the prompt's end within the positions
         new: list[int] = []
         for _ in range(max_new_tokens):
             seq = np.asarray([ids + new], dtype=np.int64)
@@ -72,12 +78,21 @@ def generate(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[d
             if next_id == eos:
                 break
             new.append(next_id)
-        yield {"index": index, "generated": tok.decode(new, skip_special_tokens=True),
-               "new_tokens": len(new)}
+        yield {
+            "index": index,
+            "generated": tok.decode(new, skip_special_tokens=True),
+            "new_tokens": len(new),
+        }
 
 
-def run(source: Path, input_path: str, *, max_new_tokens: int = 32, max_length: int | None = None,
-        batch_size: int = 16) -> Iterator[dict[str, Any]]:
+def run(
+    source: Path,
+    input_path: str,
+    *,
+    max_new_tokens: int = 32,
+    max_length: int | None = None,
+    batch_size: int = 16,
+) -> Iterator[dict[str, Any]]:
     """One result dict per input text."""
     m = open_model(source)
     if input_path == "-":

@@ -29,19 +29,29 @@ PROBE_STEPS = 4  # 1 to warm up (ORT exports here) + 3 timed
 CANDIDATES = ("torch", "ort")  # torch first: ORT's spinning thread pool would slow torch after it
 
 
-def _time_backend(name: str, loaded: LoadedRecipe, task: Any, tokenizer: Any,
-                  labels: list[str] | None, encoded: Any, device: torch.device,
-                  build_optimizer: Callable[..., Any], scratch: Path) -> list[float]:
+def _time_backend(
+    name: str,
+    loaded: LoadedRecipe,
+    task: Any,
+    tokenizer: Any,
+    labels: list[str] | None,
+    encoded: Any,
+    device: torch.device,
+    build_optimizer: Callable[..., Any],
+    scratch: Path,
+) -> list[float]:
     """Wall time of each of ``PROBE_STEPS`` optimizer steps (one micro-batch each)."""
     r = loaded.recipe
     backend = backends.get(name, r.backend)
     # the same model train.run builds (keep the two in step)
-    model = models.build_model(loaded, task.auto_class, tokenizer, labels,
-                               attn=backend.attn_implementation)
+    model = models.build_model(
+        loaded, task.auto_class, tokenizer, labels, attn=backend.attn_implementation
+    )
     if r.adapter is not None:
         model = models.apply_adapter(model, r.adapter)
-    module = models.TaskModule(model, is_decoder=getattr(task, "is_decoder", False),
-                               task=task).to(device)
+    module = models.TaskModule(model, is_decoder=getattr(task, "is_decoder", False), task=task).to(
+        device
+    )
     wrapped = backend.wrap(module, scratch / name)
     wrapped.train()
     params = [p for p in module.parameters() if p.requires_grad]
@@ -51,8 +61,9 @@ def _time_backend(name: str, loaded: LoadedRecipe, task: Any, tokenizer: Any,
     for _ in range(PROBE_STEPS):
         t0 = time.perf_counter()
         _, batch = next(batches)
-        inputs = {k: torch.from_numpy(v).to(device) for k, v in batch.items()
-                  if not k.startswith("_")}
+        inputs = {
+            k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")
+        }
         loss, _ = wrapped(**inputs)
         loss.backward()
         backend.after_step(wrapped)
@@ -65,9 +76,15 @@ def _time_backend(name: str, loaded: LoadedRecipe, task: Any, tokenizer: Any,
     return times
 
 
-def choose(loaded: LoadedRecipe, task: Any, tokenizer: Any, labels: list[str] | None,
-           encoded: Any, device: torch.device,
-           build_optimizer: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
+def choose(
+    loaded: LoadedRecipe,
+    task: Any,
+    tokenizer: Any,
+    labels: list[str] | None,
+    encoded: Any,
+    device: torch.device,
+    build_optimizer: Callable[..., Any],
+) -> tuple[str, dict[str, Any]]:
     """The faster backend's name and the probe's record for summary.json."""
     rng = checkpoint.rng_state()
     result: dict[str, Any] = {"steps": PROBE_STEPS, "timed_from_step": 2, "backends": {}}
@@ -75,8 +92,17 @@ def choose(loaded: LoadedRecipe, task: Any, tokenizer: Any, labels: list[str] | 
         with tempfile.TemporaryDirectory(prefix="ortft-probe-") as scratch:
             for name in CANDIDATES:
                 try:
-                    times = _time_backend(name, loaded, task, tokenizer, labels, encoded, device,
-                                          build_optimizer, Path(scratch))
+                    times = _time_backend(
+                        name,
+                        loaded,
+                        task,
+                        tokenizer,
+                        labels,
+                        encoded,
+                        device,
+                        build_optimizer,
+                        Path(scratch),
+                    )
                 except BackendError as err:  # ORT cannot run this model: torch it is
                     result["backends"][name] = {"error": str(err)}
                     log.info("auto: %s cannot run this model (%s)", name, err)
@@ -96,6 +122,10 @@ def choose(loaded: LoadedRecipe, task: Any, tokenizer: Any, labels: list[str] | 
     chosen = min(timed, key=lambda n: timed[n])
     result["chosen"] = chosen
     parts = ", ".join(f"{n} {t * 1000:.0f} ms/step" for n, t in timed.items())
-    log.info("backend: auto chose %s (probe, %d steps each on the first batches: %s)", chosen,
-             PROBE_STEPS, parts)
+    log.info(
+        "backend: auto chose %s (probe, %d steps each on the first batches: %s)",
+        chosen,
+        PROBE_STEPS,
+        parts,
+    )
     return chosen, result

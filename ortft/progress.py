@@ -17,8 +17,12 @@ _console = Console(stderr=True, highlight=False)
 class _Handler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         prefix = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
-        _console.print(f"[dim]ortft[/dim] {prefix}{record.getMessage()}", markup=True,
-                       highlight=False, soft_wrap=True)
+        _console.print(
+            f"[dim]ortft[/dim] {prefix}{record.getMessage()}",
+            markup=True,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def setup_logging(level: int = logging.INFO) -> None:
@@ -42,13 +46,20 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
-            self._bar = RichProgress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("loss {task.fields[loss]}"),
-                                     TextColumn("{task.fields[eval]}"), TimeRemainingColumn(),
-                                     console=_console, transient=True)
+            self._bar = RichProgress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[eval]}"),
+                TimeRemainingColumn(),
+                console=_console,
+                transient=True,
+            )
             self._bar.start()
-            self._task = self._bar.add_task("train", total=self.total, completed=self.start,
-                                            loss="-", eval="")
+            self._task = self._bar.add_task(
+                "train", total=self.total, completed=self.start, loss="-", eval=""
+            )
         return self
 
     def update(self, step: int, loss: float) -> None:
@@ -60,7 +71,9 @@ class Progress:
         self.log("eval  " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if self._bar is not None:
             shown = {k: v for k, v in metrics.items() if k != "loss"} or metrics
-            self._bar.update(self._task, eval="eval " + " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
+            self._bar.update(
+                self._task, eval="eval " + " ".join(f"{k} {v:.4f}" for k, v in shown.items())
+            )
 
     def log(self, line: str) -> None:
         _console.print(f"[dim]ortft[/dim] {line}", markup=True, highlight=False, soft_wrap=True)

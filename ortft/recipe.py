@@ -15,8 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 FORMAT_VERSION = 1
 
-TaskName = Literal["sequence-classification", "causal-lm", "token-classification", "masked-lm",
-                   "seq2seq", "question-answering", "instruction"]
+TaskName = Literal[
+    "sequence-classification",
+    "causal-lm",
+    "token-classification",
+    "masked-lm",
+    "seq2seq",
+    "question-answering",
+    "instruction",
+]
 BackendName = Literal["ort", "torch", "auto", "ort-ondevice"]
 Architecture = Literal["bert", "gpt2", "t5"]
 Scheduler = Literal[
@@ -30,8 +37,15 @@ Scheduler = Literal[
 ]
 DataFormat = Literal["auto", "csv", "json", "jsonl", "parquet", "txt", "folder", "disk", "hub"]
 # Eval metrics as summary.json names them; which ones a task has is checked in Recipe.
-EvalMetric = Literal["eval_loss", "eval_accuracy", "eval_f1_macro", "eval_perplexity", "eval_f1",
-                     "eval_exact_match", "eval_token_f1"]
+EvalMetric = Literal[
+    "eval_loss",
+    "eval_accuracy",
+    "eval_f1_macro",
+    "eval_perplexity",
+    "eval_f1",
+    "eval_exact_match",
+    "eval_token_f1",
+]
 TASK_METRICS = {
     "sequence-classification": ("eval_loss", "eval_accuracy", "eval_f1_macro"),
     "causal-lm": ("eval_loss", "eval_perplexity"),
@@ -46,7 +60,12 @@ TASK_OPTIONS = {
     "token-classification": ("tokens_column", "tags_column"),
     "masked-lm": ("mlm_probability",),
     "seq2seq": ("source_column", "target_column", "max_target_length", "generate_samples"),
-    "question-answering": ("question_column", "context_column", "answer_column", "answer_start_column"),
+    "question-answering": (
+        "question_column",
+        "context_column",
+        "answer_column",
+        "answer_start_column",
+    ),
     "instruction": ("prompt_column", "response_column", "messages_column", "template"),
 }
 LOWER_IS_BETTER = ("eval_loss", "eval_perplexity")
@@ -71,7 +90,9 @@ class FromConfig(Section):
     intermediate_size: PositiveInt | None = Field(
         None, description="Feed-forward width (default 4 × hidden_size)."
     )
-    max_position_embeddings: PositiveInt = Field(512, description="Longest sequence the model accepts.")
+    max_position_embeddings: PositiveInt = Field(
+        512, description="Longest sequence the model accepts."
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> FromConfig:
@@ -150,12 +171,17 @@ class TaskSection(Section):
         "question-answering, masked-lm, causal-lm, instruction or seq2seq."
     )
     # token-classification: one tag per word; the first sub-token of a word carries its tag
-    tokens_column: str = Field("tokens", description="token-classification: column with the list of words.")
-    tags_column: str = Field("tags", description="token-classification: column with one tag per word.")
+    tokens_column: str = Field(
+        "tokens", description="token-classification: column with the list of words."
+    )
+    tags_column: str = Field(
+        "tags", description="token-classification: column with one tag per word."
+    )
     # masked-lm
     mlm_probability: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
-        0.15, description="masked-lm: share of tokens selected for prediction (80% [MASK], 10% random, "
-        "10% unchanged), drawn anew each epoch from the seed."
+        0.15,
+        description="masked-lm: share of tokens selected for prediction (80% [MASK], 10% random, "
+        "10% unchanged), drawn anew each epoch from the seed.",
     )
     # seq2seq
     source_column: str = Field("source", description="seq2seq: column with the input text.")
@@ -164,24 +190,34 @@ class TaskSection(Section):
         64, description="seq2seq: target tokens per example (padded/truncated to this)."
     )
     generate_samples: Annotated[int, Field(ge=0)] = Field(
-        8, description="seq2seq: eval rows decoded with generate() for exact match / token F1 (0: none)."
+        8,
+        description="seq2seq: eval rows decoded with generate() for exact match / token F1 (0: none).",
     )
     # question-answering (extractive, SQuAD-style)
-    question_column: str = Field("question", description="question-answering: column with the question.")
-    context_column: str = Field("context", description="question-answering: column with the passage.")
-    answer_column: str = Field("answer_text", description="question-answering: column with the answer text.")
+    question_column: str = Field(
+        "question", description="question-answering: column with the question."
+    )
+    context_column: str = Field(
+        "context", description="question-answering: column with the passage."
+    )
+    answer_column: str = Field(
+        "answer_text", description="question-answering: column with the answer text."
+    )
     answer_start_column: str = Field(
-        "answer_start", description="question-answering: character offset of the answer in the context."
+        "answer_start",
+        description="question-answering: character offset of the answer in the context.",
     )
     # instruction (chat tuning of a causal LM)
     prompt_column: str = Field("prompt", description="instruction: column with the prompt.")
     response_column: str = Field("response", description="instruction: column with the response.")
     messages_column: str = Field(
-        "messages", description="instruction: column with a chat ([{role, content}, ...]); used when present."
+        "messages",
+        description="instruction: column with a chat ([{role, content}, ...]); used when present.",
     )
     template: Literal["auto", "simple"] = Field(
-        "auto", description="instruction: auto uses the tokenizer's chat template when it has one, else "
-        "the simple '### Instruction / ### Response' template; simple always uses the latter."
+        "auto",
+        description="instruction: auto uses the tokenizer's chat template when it has one, else "
+        "the simple '### Instruction / ### Response' template; simple always uses the latter.",
     )
 
     @model_validator(mode="before")
@@ -193,12 +229,17 @@ class TaskSection(Section):
     def _own_options(self) -> TaskSection:
         mine = set(TASK_OPTIONS.get(self.name, ()))
         # a default value is fine anywhere (a dumped recipe spells out every field)
-        foreign = sorted(k for k in self.model_fields_set - {"name"} if k not in mine
-                         and getattr(self, k) != type(self).model_fields[k].default)
+        foreign = sorted(
+            k
+            for k in self.model_fields_set - {"name"}
+            if k not in mine and getattr(self, k) != type(self).model_fields[k].default
+        )
         if foreign:
             owners = {k: t for t, keys in TASK_OPTIONS.items() for k in keys}
-            raise ValueError(", ".join(f"task.{k} is an option of {owners[k]}" for k in foreign)
-                             + f", not of {self.name}")
+            raise ValueError(
+                ", ".join(f"task.{k} is an option of {owners[k]}" for k in foreign)
+                + f", not of {self.name}"
+            )
         return self
 
 
@@ -207,14 +248,20 @@ class AdapterSection(Section):
 
     kind: Literal["lora"] = Field("lora", description="Adapter kind: lora (needs the peft extra).")
     rank: PositiveInt = Field(8, description="LoRA rank r.")
-    alpha: Annotated[float, Field(gt=0)] = Field(16.0, description="LoRA alpha (the update is scaled by alpha/r).")
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(0.0, description="Dropout on the LoRA input.")
+    alpha: Annotated[float, Field(gt=0)] = Field(
+        16.0, description="LoRA alpha (the update is scaled by alpha/r)."
+    )
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
+        0.0, description="Dropout on the LoRA input."
+    )
     target_modules: Annotated[list[str], Field(min_length=1)] | None = Field(
-        None, description="Module names to adapt (e.g. [query, value]); default: the attention "
-        "projections of the architecture (bert: query/value, gpt2: c_attn, t5: q/v)."
+        None,
+        description="Module names to adapt (e.g. [query, value]); default: the attention "
+        "projections of the architecture (bert: query/value, gpt2: c_attn, t5: q/v).",
     )
     train_head: bool = Field(
-        True, description="Also train the new task head (classifier / qa_outputs) in full; the base stays frozen."
+        True,
+        description="Also train the new task head (classifier / qa_outputs) in full; the base stays frozen.",
     )
 
 
@@ -227,11 +274,16 @@ class DataSection(Section):
     )
     eval: str | None = Field(None, description="Evaluation data (same forms as train).")
     eval_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
-        0.1, description="Held-out share of train used for eval when `eval` is not given (0: no eval)."
+        0.1,
+        description="Held-out share of train used for eval when `eval` is not given (0: no eval).",
     )
     format: DataFormat = Field("auto", description="Input format; auto infers it from the path.")
-    split: str = Field("train", description="Split to read from a Hub dataset or saved DatasetDict.")
-    eval_split: str | None = Field(None, description="Split for eval from a Hub dataset / DatasetDict.")
+    split: str = Field(
+        "train", description="Split to read from a Hub dataset or saved DatasetDict."
+    )
+    eval_split: str | None = Field(
+        None, description="Split for eval from a Hub dataset / DatasetDict."
+    )
     decode_errors: Literal["strict", "replace"] = Field(
         "strict",
         description="Bytes that are not UTF-8: strict stops with the file and line; replace "
@@ -250,8 +302,12 @@ class DataSection(Section):
         True, description="causal-lm: concatenate texts and cut into max_length blocks."
     )
     shuffle: bool = Field(True, description="Shuffle the training order each epoch (seeded).")
-    max_train_samples: PositiveInt | None = Field(None, description="Use at most this many train rows.")
-    max_eval_samples: PositiveInt | None = Field(None, description="Use at most this many eval rows.")
+    max_train_samples: PositiveInt | None = Field(
+        None, description="Use at most this many train rows."
+    )
+    max_eval_samples: PositiveInt | None = Field(
+        None, description="Use at most this many eval rows."
+    )
 
 
 class EarlyStopping(Section):
@@ -263,7 +319,8 @@ class EarlyStopping(Section):
     )
     patience: PositiveInt = Field(3, description="Evaluations without improvement before stopping.")
     min_delta: Annotated[float, Field(ge=0)] = Field(
-        0.0, description="An eval counts as an improvement only if it beats the best by more than this."
+        0.0,
+        description="An eval counts as an improvement only if it beats the best by more than this.",
     )
 
 
@@ -273,7 +330,9 @@ class TrainingSection(Section):
     )
     max_steps: PositiveInt | None = Field(None, description="Optimizer steps to run.")
     batch_size: PositiveInt = Field(8, description="Examples per device per micro-batch.")
-    gradient_accumulation_steps: PositiveInt = Field(1, description="Micro-batches per optimizer step.")
+    gradient_accumulation_steps: PositiveInt = Field(
+        1, description="Micro-batches per optimizer step."
+    )
     lr: Annotated[float, Field(gt=0, lt=1)] = Field(5e-5, description="Peak learning rate.")
     scheduler: Scheduler = Field("linear", description="transformers.get_scheduler name.")
     warmup_steps: Annotated[int, Field(ge=0)] = Field(0, description="Warm-up steps.")
@@ -285,12 +344,15 @@ class TrainingSection(Section):
         1.0, description="Clip the gradient norm to this (null: no clipping)."
     )
     seed: int = Field(42, description="Seed for weights, data order, dropout and splits.")
-    log_every: PositiveInt = Field(10, description="Log train loss / lr / throughput every N steps.")
+    log_every: PositiveInt = Field(
+        10, description="Log train loss / lr / throughput every N steps."
+    )
     eval_every: PositiveInt | None = Field(
         None, description="Evaluate every N steps (always at the end when there is eval data)."
     )
     early_stopping: EarlyStopping | None = Field(
-        None, description="Stop early when an eval metric stops improving (needs eval data and eval_every)."
+        None,
+        description="Stop early when an eval metric stops improving (needs eval data and eval_every).",
     )
     max_time: Annotated[float, Field(gt=0)] | None = Field(
         None,
@@ -353,10 +415,12 @@ class HardwareSection(Section):
         "auto", description="auto: cuda when a GPU is visible, else cpu."
     )
     threads: PositiveInt | None = Field(
-        None, description="CPU threads for torch and ORT (default: all cores, shared by torchrun's processes)."
+        None,
+        description="CPU threads for torch and ORT (default: all cores, shared by torchrun's processes).",
     )
     gradient_checkpointing: bool = Field(
-        False, description="backend.name=torch: recompute activations in the backward (transformers' "
+        False,
+        description="backend.name=torch: recompute activations in the backward (transformers' "
         "gradient checkpointing) to save memory; the ort backend uses backend.memory_optimization_level.",
     )
 
@@ -369,11 +433,13 @@ class BackendSection(Section):
         "(export once to ONNX training artifacts, then train in onnxruntime.training.api: no "
         "PyTorch in the loop).",
     )
-    trainable: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = Field(
-        None,
-        description="Glob patterns over the model's parameter names (e.g. ['classifier.*', "
-        "'bert.encoder.layer.5.*']): only matching parameters train, the rest are frozen. "
-        "Default: every parameter. Works on every backend; a pattern matching nothing is an error.",
+    trainable: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = (
+        Field(
+            None,
+            description="Glob patterns over the model's parameter names (e.g. ['classifier.*', "
+            "'bert.encoder.layer.5.*']): only matching parameters train, the rest are frozen. "
+            "Default: every parameter. Works on every backend; a pattern matching nothing is an error.",
+        )
     )
     allow_fallback: bool = Field(
         False,
@@ -383,17 +449,22 @@ class BackendSection(Section):
         "ERROR", description="ORTModule log level (WARNING shows its feature banner)."
     )
     save_onnx: bool = Field(
-        False, description="Save ORTModule's exported / optimized graphs to <run>/ort_graphs/ for debugging."
+        False,
+        description="Save ORTModule's exported / optimized graphs to <run>/ort_graphs/ for debugging.",
     )
     memory_optimization_level: Literal[0, 1, 2] = Field(
-        0, description="ORTModule memory optimizer: 0 off, 1 layer-wise recompute, 2 aggressive recompute."
+        0,
+        description="ORTModule memory optimizer: 0 off, 1 layer-wise recompute, 2 aggressive recompute.",
     )
-    compute_optimizer: bool = Field(True, description="ORTModule compute optimizer (label/embedding sparsity).")
+    compute_optimizer: bool = Field(
+        True, description="ORTModule compute optimizer (label/embedding sparsity)."
+    )
 
 
 class CheckpointSection(Section):
     output_dir: str | None = Field(
-        None, description="Run directory (default runs/<recipe stem>, relative to the working directory)."
+        None,
+        description="Run directory (default runs/<recipe stem>, relative to the working directory).",
     )
     save_every: PositiveInt | None = Field(None, description="Write a checkpoint every N steps.")
     keep_last: PositiveInt = Field(2, description="Checkpoints kept (older ones are removed).")
@@ -416,8 +487,9 @@ class CheckpointSection(Section):
 class ExportSection(Section):
     enabled: bool = Field(True, description="Export ONNX to <run>/onnx/ at the end of training.")
     opset: Annotated[int, Field(ge=14, le=20)] = Field(
-        20, description="ONNX opset (14–20). 20 is the highest that torch 2.6's TorchScript exporter writes "
-        "and ORT 1.19 runs (measured for BERT and GPT-2)."
+        20,
+        description="ONNX opset (14–20). 20 is the highest that torch 2.6's TorchScript exporter writes "
+        "and ORT 1.19 runs (measured for BERT and GPT-2).",
     )
     tolerance: Annotated[float, Field(gt=0)] = Field(
         1e-4, description="Max |ONNX − PyTorch| allowed on the parity check."
@@ -426,13 +498,18 @@ class ExportSection(Section):
 
 class LoggingSection(Section):
     tensorboard: bool = Field(
-        False, description="Write TensorBoard event files to <run>/tensorboard/ (needs the tensorboard extra)."
+        False,
+        description="Write TensorBoard event files to <run>/tensorboard/ (needs the tensorboard extra).",
     )
-    plot: bool = Field(False, description="Write <run>/curves.png, loss and eval curves (needs matplotlib).")
+    plot: bool = Field(
+        False, description="Write <run>/curves.png, loss and eval curves (needs matplotlib)."
+    )
 
 
 class HpoFloat(Section):
-    type: Literal["uniform", "loguniform"] = Field(description="uniform, or loguniform (log scale).")
+    type: Literal["uniform", "loguniform"] = Field(
+        description="uniform, or loguniform (log scale)."
+    )
     low: float = Field(description="Lower bound (inclusive).")
     high: float = Field(description="Upper bound (inclusive).")
 
@@ -472,7 +549,9 @@ HpoParam = Annotated[HpoFloat | HpoInt | HpoCategorical, Field(discriminator="ty
 
 
 class HpoPruning(Section):
-    enabled: bool = Field(True, description="Median pruning on the metric at each eval (needs eval_every).")
+    enabled: bool = Field(
+        True, description="Median pruning on the metric at each eval (needs eval_every)."
+    )
     startup_trials: Annotated[int, Field(ge=0)] = Field(
         2, description="Trials that always run to the end before any is pruned."
     )
@@ -484,7 +563,9 @@ class HpoPruning(Section):
 class HpoSection(Section):
     """`ortft hpo`: the search space (dotted recipe keys) and the objective."""
 
-    metric: EvalMetric = Field("eval_loss", description="Objective: this eval metric of the trial's final/ model.")
+    metric: EvalMetric = Field(
+        "eval_loss", description="Objective: this eval metric of the trial's final/ model."
+    )
     direction: Literal["auto", "minimize", "maximize"] = Field(
         "auto", description="auto: minimize loss/perplexity, maximize accuracy/f1_macro."
     )
@@ -501,8 +582,10 @@ class HpoSection(Section):
             raise ValueError("hpo.params needs at least one parameter")
         bad = [k for k in self.params if not _is_tunable(k)]
         if bad:
-            raise ValueError(f"not a tunable recipe key: {', '.join(bad)} "
-                             "(use a dotted key of a value, e.g. training.lr)")
+            raise ValueError(
+                f"not a tunable recipe key: {', '.join(bad)} "
+                "(use a dotted key of a value, e.g. training.lr)"
+            )
         return self
 
 
@@ -517,8 +600,14 @@ def _is_tunable(key: str) -> bool:
         if field is None:
             return False
         ann = field.annotation
-        section = next((a for a in (getattr(ann, "__args__", None) or (ann,))
-                        if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        section = next(
+            (
+                a
+                for a in (getattr(ann, "__args__", None) or (ann,))
+                if isinstance(a, type) and issubclass(a, BaseModel)
+            ),
+            None,
+        )
         if i == len(parts) - 1:
             return section is None
         if section is None:
@@ -541,8 +630,10 @@ def _check_ondevice(r: Recipe) -> None:
     if r.adapter is not None:
         problems.append("adapter (use backend.trainable to train part of the model)")
     if r.training.scheduler not in ONDEVICE_SCHEDULERS:
-        problems.append(f"training.scheduler={r.training.scheduler} "
-                        f"(supported: {', '.join(ONDEVICE_SCHEDULERS)})")
+        problems.append(
+            f"training.scheduler={r.training.scheduler} "
+            f"(supported: {', '.join(ONDEVICE_SCHEDULERS)})"
+        )
     if r.training.early_stopping is not None or r.checkpoint.final == "best":
         problems.append("training.early_stopping / checkpoint.final=best")
     if r.optimizer.name != "adamw":
@@ -552,11 +643,15 @@ def _check_ondevice(r: Recipe) -> None:
 
 
 def has_eval_data(data: DataSection) -> bool:
-    return bool(data.eval) or data.eval_fraction > 0 or (data.format == "hub" and bool(data.eval_split))
+    return (
+        bool(data.eval)
+        or data.eval_fraction > 0
+        or (data.format == "hub" and bool(data.eval_split))
+    )
 
 
 def metric_mode(metric: str, mode: str = "auto") -> str:
-    """"min" or "max": which direction of `metric` is better."""
+    """ "min" or "max": which direction of `metric` is better."""
     if mode != "auto":
         return mode
     return "min" if metric in LOWER_IS_BETTER else "max"
@@ -571,7 +666,8 @@ class Recipe(Section):
     precision: PrecisionSection = Field(default_factory=PrecisionSection)
     hardware: HardwareSection = Field(default_factory=HardwareSection)
     deepspeed: str | dict[str, Any] | None = Field(
-        None, description="DeepSpeed config (ZeRO stage 1/2; needs the deepspeed extra and torchrun): a "
+        None,
+        description="DeepSpeed config (ZeRO stage 1/2; needs the deepspeed extra and torchrun): a "
         "JSON path or an inline mapping; batch sizes and fp16/bf16 must agree with the recipe.",
     )
     backend: BackendSection = Field(default_factory=BackendSection)
@@ -581,7 +677,9 @@ class Recipe(Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     export: ExportSection = Field(default_factory=ExportSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
-    hpo: HpoSection | None = Field(None, description="Search space and objective for `ortft hpo` (ignored by train).")
+    hpo: HpoSection | None = Field(
+        None, description="Search space and objective for `ortft hpo` (ignored by train)."
+    )
     gates: list[str] = Field(
         default_factory=list,
         description=(
@@ -609,17 +707,25 @@ class Recipe(Section):
         # hardware.device=auto is checked again once resolved (runtime.check_precision).
         dtype, device, backend = self.precision.dtype, self.hardware.device, self.backend.name
         if dtype == "fp16" and device == "cpu":
-            raise ValueError("precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training on cpu; "
-                             "use bf16 (backend.name=torch) or fp32")
+            raise ValueError(
+                "precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training on cpu; "
+                "use bf16 (backend.name=torch) or fp32"
+            )
         if dtype == "bf16" and device == "cpu" and backend in ("ort", "auto"):
-            raise ValueError("precision.dtype=bf16 on cpu needs backend.name=torch: ONNX Runtime's CPU "
-                             "provider has no bf16 MatMul")
+            raise ValueError(
+                "precision.dtype=bf16 on cpu needs backend.name=torch: ONNX Runtime's CPU "
+                "provider has no bf16 MatMul"
+            )
         if dtype != "fp32" and backend == "ort-ondevice":
-            raise ValueError(f"precision.dtype={dtype}: backend.name=ort-ondevice trains in fp32 only")
+            raise ValueError(
+                f"precision.dtype={dtype}: backend.name=ort-ondevice trains in fp32 only"
+            )
         if self.hardware.gradient_checkpointing and backend != "torch":
-            raise ValueError("hardware.gradient_checkpointing is for backend.name=torch: ORTModule builds "
-                             "its own backward graph, so it would save nothing; use "
-                             "backend.memory_optimization_level=1 (or 2) instead")
+            raise ValueError(
+                "hardware.gradient_checkpointing is for backend.name=torch: ORTModule builds "
+                "its own backward graph, so it would save nothing; use "
+                "backend.memory_optimization_level=1 (or 2) instead"
+            )
         if isinstance(self.deepspeed, dict):
             from ortft import zero
 
@@ -635,14 +741,20 @@ class Recipe(Section):
         if self.backend.name == "ort-ondevice":
             _check_ondevice(self)
         if self.adapter is not None and self.backend.trainable:
-            raise ValueError("backend.trainable and adapter both choose what trains; use one of them")
+            raise ValueError(
+                "backend.trainable and adapter both choose what trains; use one of them"
+            )
         if self.adapter is not None and self.backend.name == "auto":
-            raise ValueError("adapter: backend.name=auto times full fine-tuning, not the adapter; "
-                             "choose backend.name=ort or torch")
+            raise ValueError(
+                "adapter: backend.name=auto times full fine-tuning, not the adapter; "
+                "choose backend.name=ort or torch"
+            )
         fc, task = self.model.from_config, self.task.name
         if fc and (fc.architecture == "t5") != (task == "seq2seq"):
-            raise ValueError(f"model.from_config.architecture={fc.architecture} cannot learn {task}: "
-                             "seq2seq needs t5, every other task bert or gpt2")
+            raise ValueError(
+                f"model.from_config.architecture={fc.architecture} cannot learn {task}: "
+                "seq2seq needs t5, every other task bert or gpt2"
+            )
         if fc and task == "masked-lm" and fc.architecture != "bert":
             raise ValueError("masked-lm needs an encoder: model.from_config.architecture=bert")
         return self
@@ -659,8 +771,10 @@ class Recipe(Section):
             users.append(("hpo", self.hpo.metric, self.hpo.pruning.enabled))
         for who, metric, needs_every in users:
             if metric not in TASK_METRICS[self.task.name]:
-                raise ValueError(f"{who}: {metric} is not a metric of {self.task.name} "
-                                 f"(one of {', '.join(TASK_METRICS[self.task.name])})")
+                raise ValueError(
+                    f"{who}: {metric} is not a metric of {self.task.name} "
+                    f"(one of {', '.join(TASK_METRICS[self.task.name])})"
+                )
             if not has_eval_data(self.data):
                 raise ValueError(f"{who} needs eval data: set data.eval or data.eval_fraction > 0")
             if needs_every and not t.eval_every:

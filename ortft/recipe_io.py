@@ -59,7 +59,8 @@ def looks_local(value: str) -> bool:
     return (
         value.startswith((PKG_PREFIX, "/", "./", "../", "~"))
         or value.count("/") > 1
-        or Path(value).suffix.lower() in {".csv", ".json", ".jsonl", ".parquet", ".txt", ".bz2", ".gz"}
+        or Path(value).suffix.lower()
+        in {".csv", ".json", ".jsonl", ".parquet", ".txt", ".bz2", ".gz"}
     )
 
 
@@ -75,7 +76,8 @@ def _line_map(node: yaml.Node, prefix: tuple[str, ...] = (), out: dict | None = 
             path = (*prefix, str(key_node.value))
             if key_node.value in seen:  # YAML would silently keep the last one
                 raise yaml.MarkedYAMLError(
-                    problem=f"duplicate key '{'.'.join(path)}'", problem_mark=key_node.start_mark)
+                    problem=f"duplicate key '{'.'.join(path)}'", problem_mark=key_node.start_mark
+                )
             seen.add(key_node.value)
             out[path] = key_node.start_mark.line + 1
             _line_map(value_node, path, out)
@@ -161,8 +163,9 @@ def _fields_at(loc: tuple) -> list[str]:
     return []
 
 
-def format_errors(err: ValidationError, lines: dict,
-                  overridden: frozenset[tuple[str, ...]] = frozenset()) -> list[str]:
+def format_errors(
+    err: ValidationError, lines: dict, overridden: frozenset[tuple[str, ...]] = frozenset()
+) -> list[str]:
     problems = []
     for e in err.errors():
         loc = tuple(str(p) for p in e["loc"] if not str(p).startswith("function-"))
@@ -170,7 +173,9 @@ def format_errors(err: ValidationError, lines: dict,
         loc = tuple(p for p in loc if p not in {"str", "dict[str,any]", "TrainTokenizer"})
         dotted = ".".join(loc)
         # an override's own key, or a section it created that the YAML does not have
-        if any(loc[: len(o)] == o or (o[: len(loc)] == loc and loc not in lines) for o in overridden):
+        if any(
+            loc[: len(o)] == o or (o[: len(loc)] == loc and loc not in lines) for o in overridden
+        ):
             where = " (command-line override)"
         else:
             line = None
@@ -183,8 +188,10 @@ def format_errors(err: ValidationError, lines: dict,
         if e["type"] == "extra_forbidden":
             valid = _fields_at(loc)
             close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
-            hint = f"; did you mean '{close[0]}'?" if close else (
-                f"; valid keys: {', '.join(valid)}" if valid else ""
+            hint = (
+                f"; did you mean '{close[0]}'?"
+                if close
+                else (f"; valid keys: {', '.join(valid)}" if valid else "")
             )
             problems.append(f"{head}unknown key{hint}")
         else:
@@ -213,21 +220,26 @@ def check_paths(loaded: LoadedRecipe) -> list[str]:
         except RecipeError as err:
             problems.append(f"{field}: {err.problems[0]}")
             continue
-        if looks_local(value) or path.exists():
-            if not path.exists():
-                problems.append(f"{field}: {path} does not exist")
+        if looks_local(value) and not path.exists():  # anything else may be a Hub id
+            problems.append(f"{field}: {path} does not exist")
     if isinstance(r.deepspeed, str) and loaded.resolve_path(r.deepspeed).is_file():
         from ortft import zero  # the JSON file gets the checks an inline mapping gets
 
         try:
-            problems += [f"deepspeed: {p}" for p in zero.check(zero.read(r.deepspeed, loaded.base_dir), r)]
+            problems += [
+                f"deepspeed: {p}" for p in zero.check(zero.read(r.deepspeed, loaded.base_dir), r)
+            ]
         except ValueError as err:
             problems.append(f"deepspeed: {err}")
     return problems
 
 
-def load(path: str | Path | None, overrides: list[str] | None = None,
-         data: dict[str, Any] | None = None, check_files: bool = True) -> LoadedRecipe:
+def load(
+    path: str | Path | None,
+    overrides: list[str] | None = None,
+    data: dict[str, Any] | None = None,
+    check_files: bool = True,
+) -> LoadedRecipe:
     """Read, override and validate a recipe; raises RecipeError with every problem at once."""
     lines: dict = {}
     if path is not None:
@@ -241,8 +253,9 @@ def load(path: str | Path | None, overrides: list[str] | None = None,
         overridden = frozenset(tuple(o.partition("=")[0].split(".")) for o in overrides or [])
         raise RecipeError(format_errors(err, lines, overridden), source=source) from None
     base_dir = path.resolve().parent if path else Path.cwd()
-    loaded = LoadedRecipe(recipe=recipe, path=path, base_dir=base_dir, raw=data,
-                          overrides=tuple(overrides or []))
+    loaded = LoadedRecipe(
+        recipe=recipe, path=path, base_dir=base_dir, raw=data, overrides=tuple(overrides or [])
+    )
     if check_files:
         problems = check_paths(loaded)
         if problems:
@@ -255,6 +268,7 @@ def dump(recipe: Recipe, base_dir: Path | None = None) -> str:
     the copy saved in a run folder validates and re-runs from anywhere."""
     data = recipe.model_dump(mode="json")
     if base_dir is not None:
+
         def absolute(value: str | None) -> str | None:
             if not value or value.startswith(PKG_PREFIX):
                 return value

@@ -35,8 +35,17 @@ from pathlib import Path
 from typing import Any
 
 FORMAT_VERSION = 1
-PACKAGES = ["ortft", "torch", "onnxruntime-training", "torch-ort", "onnx", "transformers",
-            "tokenizers", "datasets", "numpy"]
+PACKAGES = [
+    "ortft",
+    "torch",
+    "onnxruntime-training",
+    "torch-ort",
+    "onnx",
+    "transformers",
+    "tokenizers",
+    "datasets",
+    "numpy",
+]
 
 
 def package_versions() -> dict[str, str | None]:
@@ -51,8 +60,13 @@ def package_versions() -> dict[str, str | None]:
 
 def git_commit(path: Path) -> str | None:
     try:
-        res = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
+        res = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return res.stdout.strip() if res.returncode == 0 else None
@@ -103,8 +117,9 @@ class MetricsLog:
 def model_card(summary: dict[str, Any], recipe: Any) -> str:
     m = recipe.model
     base = m.name_or_path or f"{m.from_config.architecture} built from config (random init)"
-    metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in summary["metrics"].items()
-                        if isinstance(v, float))
+    metrics = "\n".join(
+        f"| {k} | {v:.4f} |" for k, v in summary["metrics"].items() if isinstance(v, float)
+    )
     b = summary["backend"]
     return f"""---
 library_name: transformers

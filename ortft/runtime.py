@@ -34,7 +34,9 @@ def resolve(hw: HardwareSection) -> Runtime:
         device = torch.device(hw.device)
         reason = "hardware.device"
     # under torchrun the processes of one machine share its cores
-    threads = hw.threads or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    threads = hw.threads or max(
+        1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    )
     torch.set_num_threads(threads)
     # ORT's CPU provider sizes its thread pool from OMP_NUM_THREADS when it is set
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
@@ -72,11 +74,15 @@ def check_precision(dtype: str, backend: str, device: torch.device) -> None:
     if device.type != "cpu" or dtype == "fp32":
         return
     if dtype == "fp16":
-        raise InputError("precision.dtype=fp16 needs a CUDA GPU (none is visible); "
-                         "use bf16 (backend.name=torch) or fp32 on cpu")
+        raise InputError(
+            "precision.dtype=fp16 needs a CUDA GPU (none is visible); "
+            "use bf16 (backend.name=torch) or fp32 on cpu"
+        )
     if backend == "ort":
-        raise InputError("precision.dtype=bf16 with backend.name=ort needs a CUDA GPU: ONNX Runtime's "
-                         "CPU provider has no bf16 MatMul; use backend.name=torch or fp32 on cpu")
+        raise InputError(
+            "precision.dtype=bf16 with backend.name=ort needs a CUDA GPU: ONNX Runtime's "
+            "CPU provider has no bf16 MatMul; use backend.name=torch or fp32 on cpu"
+        )
 
 
 def autocast(dtype: str, device: torch.device) -> torch.autocast:

@@ -68,8 +68,10 @@ class Selector:
 
     def stop_message(self, state: TrainState) -> str:
         assert self.es is not None
-        return (f"early stopping at step {state.step}: {self.es.metric} has not improved on "
-                f"{state.stop_reference:.4f} for {self.es.patience} evaluation(s)")
+        return (
+            f"early stopping at step {state.step}: {self.es.metric} has not improved on "
+            f"{state.stop_reference:.4f} for {self.es.patience} evaluation(s)"
+        )
 
     def load_final(self, run_dir: Path, model: torch.nn.Module, state: TrainState) -> None:
         """``final: best``: load best/ into ``model``; otherwise final/ is the last step."""
@@ -78,28 +80,42 @@ class Selector:
             return
         meta = read_best(run_dir)
         if meta is None or meta.get("step") != state.best_step:
-            log.warning("best/ does not hold step %s's weights; final/ keeps the last step (%d)",
-                        state.best_step, state.step)
+            log.warning(
+                "best/ does not hold step %s's weights; final/ keeps the last step (%d)",
+                state.best_step,
+                state.step,
+            )
             return
         if state.best_step != state.step:
             from safetensors.torch import load_model
 
             load_model(model, str(run_dir / BEST_DIR / "model.safetensors"))
         self.final_step, self.final_eval = state.best_step, meta["metrics"]
-        log.info("final/ holds the best eval: step %d, %s %.4f", state.best_step, self.metric,
-                 state.best_value)
+        log.info(
+            "final/ holds the best eval: step %d, %s %.4f",
+            state.best_step,
+            self.metric,
+            state.best_value,
+        )
 
     def report(self, state: TrainState, stop_reason: str | None) -> dict[str, Any]:
         """The summary's selection keys: final, final_step, best_metric, stopped_early."""
         best = None
         if self.keep_best and state.best_step is not None:
-            best = {"name": self.metric, "mode": self.mode, "value": state.best_value,
-                    "step": state.best_step}
+            best = {
+                "name": self.metric,
+                "mode": self.mode,
+                "value": state.best_value,
+                "step": state.best_step,
+            }
         stopped = stop_reason == "early_stopping"
-        return {"final": "best" if self.keep_best else "last",
-                "final_step": self.final_step if self.final_step is not None else state.step,
-                "best_metric": best, "stopped_early": stopped,
-                "stopped_at_step": state.step if stopped else None}
+        return {
+            "final": "best" if self.keep_best else "last",
+            "final_step": self.final_step if self.final_step is not None else state.step,
+            "best_metric": best,
+            "stopped_early": stopped,
+            "stopped_at_step": state.step if stopped else None,
+        }
 
 
 def save_best(run_dir: Path, model: torch.nn.Module, state: TrainState) -> Path:
@@ -111,8 +127,11 @@ def save_best(run_dir: Path, model: torch.nn.Module, state: TrainState) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, str(tmp / "model.safetensors"))
-    meta = {"step": state.step, "value": state.best_value,
-            "metrics": {f"eval_{k}": v for k, v in state.eval_metrics.items()}}
+    meta = {
+        "step": state.step,
+        "value": state.best_value,
+        "metrics": {f"eval_{k}": v for k, v in state.eval_metrics.items()},
+    }
     (tmp / "best.json").write_text(json.dumps(meta, indent=2))
     old = run_dir / f".{BEST_DIR}.old-{os.getpid()}"
     if final.exists():

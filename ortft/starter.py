@@ -24,7 +24,11 @@ def shipped_recipes() -> list[tuple[Path, str]]:
         summary = ""
         for line in path.read_text().splitlines():
             text = line.lstrip("# ").strip()
-            if line.startswith("#") and text and not text.startswith(("Run:", "Override", "ortft ")):
+            if (
+                line.startswith("#")
+                and text
+                and not text.startswith(("Run:", "Override", "ortft "))
+            ):
                 summary = text
                 break
         out.append((path, summary))

@@ -25,13 +25,15 @@ PLOT_NAME = "curves.png"
 
 def check(spec: LoggingSection) -> None:
     """The optional packages a recipe's logging needs are installed (an input error if not)."""
-    need = ([("tensorboard", "logging.tensorboard", "tensorboard")] if spec.tensorboard else [])
+    need = [("tensorboard", "logging.tensorboard", "tensorboard")] if spec.tensorboard else []
     need += [("matplotlib", "logging.plot", "matplotlib")] if spec.plot else []
     for module, field, package in need:
         if importlib.util.find_spec(module) is None:
-            raise InputError(f"{field}: needs the '{package}' package: "
-                             f"pip install -c requirements/lock.txt -r requirements/extras.txt "
-                             f"(or pip install {package}; pinned in requirements/extras.txt)")
+            raise InputError(
+                f"{field}: needs the '{package}' package: "
+                f"pip install -c requirements/lock.txt -r requirements/extras.txt "
+                f"(or pip install {package}; pinned in requirements/extras.txt)"
+            )
 
 
 class Tracker:

@@ -49,7 +49,9 @@ class _Signals:
         if self.received is not None:
             raise KeyboardInterrupt
         self.received = signum
-        log.warning("signal %d: finishing this step, then saving a checkpoint (again to abort)", signum)
+        log.warning(
+            "signal %d: finishing this step, then saving a checkpoint (again to abort)", signum
+        )
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
@@ -72,8 +74,10 @@ def _make_run_dir(run_dir: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        raise InputError(f"output dir {run_dir} is not writable ({err.strerror or err}); "
-                         "choose another --output-dir or checkpoint.output_dir") from None
+        raise InputError(
+            f"output dir {run_dir} is not writable ({err.strerror or err}); "
+            "choose another --output-dir or checkpoint.output_dir"
+        ) from None
 
 
 def _find_resume(loaded: LoadedRecipe, run_dir: Path) -> Path | None:
@@ -105,8 +109,10 @@ def _previous_summary(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     if summary.get("format_version") != report.FORMAT_VERSION:
-        raise InputError(f"{path}: format_version {summary.get('format_version')} is not one this "
-                         f"ortft reads ({report.FORMAT_VERSION}); use another --output-dir")
+        raise InputError(
+            f"{path}: format_version {summary.get('format_version')} is not one this "
+            f"ortft reads ({report.FORMAT_VERSION}); use another --output-dir"
+        )
     return summary
 
 
@@ -136,7 +142,9 @@ def total_steps(recipe: Any, n_train: int, world: int = 1) -> int:
     t = recipe.training
     if t.max_steps:
         return t.max_steps
-    per_epoch = data.batches_per_epoch(n_train, t.batch_size * world) / t.gradient_accumulation_steps
+    per_epoch = (
+        data.batches_per_epoch(n_train, t.batch_size * world) / t.gradient_accumulation_steps
+    )
     return max(1, math.ceil((t.epochs or 1.0) * per_epoch))
 
 
@@ -144,9 +152,16 @@ def _to_device(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, 
     return {k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")}
 
 
-def evaluate(wrapped: torch.nn.Module, encoded: tasks.Encoded, task: Any, batch_size: int,
-             device: torch.device, seed: int = 0, model: torch.nn.Module | None = None,
-             tokenizer: Any = None) -> dict[str, float]:
+def evaluate(
+    wrapped: torch.nn.Module,
+    encoded: tasks.Encoded,
+    task: Any,
+    batch_size: int,
+    device: torch.device,
+    seed: int = 0,
+    model: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+) -> dict[str, float]:
     """Loss over every eval row (label-weighted) plus the task's metrics; a task with
     ``generate_metrics`` also decodes a few rows with the plain PyTorch ``model``."""
     wrapped.eval()
@@ -173,9 +188,12 @@ def evaluate(wrapped: torch.nn.Module, encoded: tasks.Encoded, task: Any, batch_
     return metrics
 
 
-def run(loaded: LoadedRecipe, output_dir: Path | None = None,
-        extra_gates: list[str] | None = None,
-        on_eval: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+def run(
+    loaded: LoadedRecipe,
+    output_dir: Path | None = None,
+    extra_gates: list[str] | None = None,
+    on_eval: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
     """Train ``loaded``; ``on_eval(step, metrics)`` is called after every eval (ortft hpo's hook:
     it may raise ``errors.Stopped`` to end the run, recorded as status "pruned")."""
     r = loaded.recipe
@@ -187,8 +205,11 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     run_dir = resolve_run_dir(loaded, output_dir)
     previous = _previous_summary(run_dir)
     if previous and previous.get("status") == "completed" and r.checkpoint.resume == "auto":
-        log.info("%s already holds a finished run; nothing to do "
-                 "(use another --output-dir to train again)", run_dir)
+        log.info(
+            "%s already holds a finished run; nothing to do "
+            "(use another --output-dir to train again)",
+            run_dir,
+        )
         if previous.get("provenance", {}).get("recipe_sha256") != loaded.sha256:
             log.warning("the recipe changed since that run finished")
         if extra_gates:  # a CI re-run still gets its verdict, from the recorded summary
@@ -205,14 +226,18 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
 
     hf_logging.disable_progress_bar()  # ortft reports its own progress on stderr
     rt = runtime.resolve(r.hardware)
-    runtime.check_precision(r.precision.dtype, r.backend.name, rt.device)  # device=auto is known now
+    runtime.check_precision(
+        r.precision.dtype, r.backend.name, rt.device
+    )  # device=auto is known now
     # ---- DDP under torchrun: join the process group (a no-op in one process); cuda:LOCAL_RANK
     rt = dataclasses.replace(rt, device=distributed.setup(rt.device))
     world = distributed.world_size()
     global_batch = t.batch_size * world  # every rank trains on its slice of one global batch
     if world > 1 and r.backend.name == "auto":
-        raise InputError("backend.name=auto times backends in one process; under torchrun choose "
-                         "backend.name=ort or torch")
+        raise InputError(
+            "backend.name=auto times backends in one process; under torchrun choose "
+            "backend.name=ort or torch"
+        )
     runtime.seed_everything(t.seed)
     if t.deterministic:
         runtime.make_deterministic()
@@ -229,64 +254,99 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
         distributed.barrier()
     tokenizer = models.load_tokenizer(loaded, saved_dir=tok_dir if tok_dir.exists() else None)
     if tokenizer is None:
-        texts = (task.texts(raw.train, r.data) if hasattr(task, "texts")
-                 else [str(row[r.data.text_column]) for row in raw.train])
+        texts = (
+            task.texts(raw.train, r.data)
+            if hasattr(task, "texts")
+            else [str(row[r.data.text_column]) for row in raw.train]
+        )
         tokenizer = models.train_tokenizer(texts, r.model.tokenizer.train)
         log.info("trained a %s tokenizer: %d tokens", r.model.tokenizer.train.kind, len(tokenizer))
     if not tok_dir.exists():
         tokenizer.save_pretrained(tok_dir)
     if distributed.is_main():
         distributed.barrier()  # the saved tokenizer is there for the other ranks
-    labels = (task.label_names(raw.train, r.data) if hasattr(task, "label_names")
-              else data.label_names(raw.train, r.data) if task.needs_labels else None)
+    labels = (
+        task.label_names(raw.train, r.data)
+        if hasattr(task, "label_names")
+        else data.label_names(raw.train, r.data)
+        if task.needs_labels
+        else None
+    )
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
-    train_enc, hit = data.encode_cached(task, raw.train, tokenizer, r.data, label2id,
-                                        [raw.fingerprint, "train"])
-    eval_enc = (data.encode_cached(task, raw.eval, tokenizer, r.data, label2id,
-                                   [raw.fingerprint, "eval"])[0] if raw.eval else None)
-    log.info("data: %d train / %d eval examples of %d tokens%s", len(train_enc),
-             len(eval_enc) if eval_enc else 0, r.data.max_length,
-             " (tokenized earlier: cache hit)" if hit else "")
+    train_enc, hit = data.encode_cached(
+        task, raw.train, tokenizer, r.data, label2id, [raw.fingerprint, "train"]
+    )
+    eval_enc = (
+        data.encode_cached(task, raw.eval, tokenizer, r.data, label2id, [raw.fingerprint, "eval"])[
+            0
+        ]
+        if raw.eval
+        else None
+    )
+    log.info(
+        "data: %d train / %d eval examples of %d tokens%s",
+        len(train_enc),
+        len(eval_enc) if eval_enc else 0,
+        r.data.max_length,
+        " (tokenized earlier: cache hit)" if hit else "",
+    )
     if data.batches_per_epoch(len(train_enc), global_batch) == 0:
-        raise InputError(f"data.train: {len(train_enc)} examples make no batch of "
-                         f"training.batch_size={t.batch_size}" + (f" x {world} processes" if world > 1 else ""))
+        raise InputError(
+            f"data.train: {len(train_enc)} examples make no batch of "
+            f"training.batch_size={t.batch_size}" + (f" x {world} processes" if world > 1 else "")
+        )
 
     if backend_name == "auto":  # time a few steps of each backend, keep the faster
         from ortft import probe
 
-        backend_name, backend_extra["probe"] = probe.choose(loaded, task, tokenizer, labels,
-                                                            train_enc, rt.device, build_optimizer)
+        backend_name, backend_extra["probe"] = probe.choose(
+            loaded, task, tokenizer, labels, train_enc, rt.device, build_optimizer
+        )
         backend_extra["requested"] = "auto"
     backend = backends.get(backend_name, r.backend)
 
     # ---- model, backend, optimizer
-    model = models.build_model(loaded, task.auto_class, tokenizer, labels,
-                               attn=backend.attn_implementation)
-    if r.hardware.gradient_checkpointing:  # torch backend only (recipe check): recompute in backward
+    model = models.build_model(
+        loaded, task.auto_class, tokenizer, labels, attn=backend.attn_implementation
+    )
+    if (
+        r.hardware.gradient_checkpointing
+    ):  # torch backend only (recipe check): recompute in backward
         model.gradient_checkpointing_enable()  # type: ignore[operator]
         log.info("gradient checkpointing: activations are recomputed in the backward")
     if r.adapter is not None:  # LoRA: the base is frozen, only adapter (+ head) weights train
         model = models.apply_adapter(model, r.adapter)
-        log.info("adapter: lora r=%d alpha=%g; %d of %d parameters train", r.adapter.rank,
-                 r.adapter.alpha, models.count_parameters(model, trainable=True),
-                 models.count_parameters(model))
+        log.info(
+            "adapter: lora r=%d alpha=%g; %d of %d parameters train",
+            r.adapter.rank,
+            r.adapter.alpha,
+            models.count_parameters(model, trainable=True),
+            models.count_parameters(model),
+        )
     if r.backend.trainable:  # the rest of the model is frozen (no gradient, not in the optimizer)
         models.freeze(model, r.backend.trainable)
-        log.info("backend.trainable: %d of %d parameters train",
-                 models.count_parameters(model, trainable=True), models.count_parameters(model))
-    module = models.TaskModule(model, is_decoder=getattr(task, "is_decoder", False),
-                               task=task).to(rt.device)
+        log.info(
+            "backend.trainable: %d of %d parameters train",
+            models.count_parameters(model, trainable=True),
+            models.count_parameters(model),
+        )
+    module = models.TaskModule(model, is_decoder=getattr(task, "is_decoder", False), task=task).to(
+        rt.device
+    )
     log.info("%s", models.model_log_line(model, backend.attn_implementation))
     if backend.name == "ort":
-        log.info("backend: ort (ORTModule); eager attention, since ORTModule cannot build "
-                 "gradients for sdpa attention")
+        log.info(
+            "backend: ort (ORTModule); eager attention, since ORTModule cannot build "
+            "gradients for sdpa attention"
+        )
     steps = total_steps(r, len(train_enc), world)
     optimizer = build_optimizer([p for p in module.parameters() if p.requires_grad], r, rt.device)
     from transformers import get_scheduler
 
     warmup = t.warmup_steps or int(t.warmup_ratio * steps)
-    scheduler = get_scheduler(t.scheduler, optimizer, num_warmup_steps=warmup,
-                              num_training_steps=steps)
+    scheduler = get_scheduler(
+        t.scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=steps
+    )
     state = checkpoint.TrainState()
     if resume_from is not None:
         ck = checkpoint.load(resume_from, module.model)
@@ -311,27 +371,47 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     scaler = torch.amp.GradScaler(rt.device.type, enabled=amp_dtype == "fp16")
 
     recipe_yaml = dump(r, base_dir=loaded.base_dir)
-    metrics_log = (Tracker(run_dir, r.logging,  # metrics.jsonl (+ TensorBoard, plot)
-                           truncate_after_step=state.step if resume_from else None)
-                   if distributed.is_main() else _NoTracker())
+    metrics_log = (
+        Tracker(
+            run_dir,
+            r.logging,  # metrics.jsonl (+ TensorBoard, plot)
+            truncate_after_step=state.step if resume_from else None,
+        )
+        if distributed.is_main()
+        else _NoTracker()
+    )
     summary: dict[str, Any] = {
-        "format_version": report.FORMAT_VERSION, "status": "running", "error": None,
-        "task": task.name, "max_steps": steps, "parameters": models.count_parameters(module.model),
+        "format_version": report.FORMAT_VERSION,
+        "status": "running",
+        "error": None,
+        "task": task.name,
+        "max_steps": steps,
+        "parameters": models.count_parameters(module.model),
         "trainable_parameters": models.count_parameters(module.model, trainable=True),
-        "provenance": {**report.provenance(loaded.path, loaded.sha256),
-                       "device": str(rt.device), "threads": rt.threads},
-        "paths": {"run_dir": str(run_dir), "final": None,
-                  "recipe": str(loaded.path.resolve()) if loaded.path else None, "onnx": None, "checkpoints": [],
-                  "last_checkpoint": str(resume_from) if resume_from else None},
-        "export": None, "resumed_from": str(resume_from) if resume_from else None,
+        "provenance": {
+            **report.provenance(loaded.path, loaded.sha256),
+            "device": str(rt.device),
+            "threads": rt.threads,
+        },
+        "paths": {
+            "run_dir": str(run_dir),
+            "final": None,
+            "recipe": str(loaded.path.resolve()) if loaded.path else None,
+            "onnx": None,
+            "checkpoints": [],
+            "last_checkpoint": str(resume_from) if resume_from else None,
+        },
+        "export": None,
+        "resumed_from": str(resume_from) if resume_from else None,
         "precision": {"dtype": r.precision.dtype, "skipped_steps": 0},  # fp16 overflow steps
         "distributed": distributed.summary(),
     }
     per_epoch = data.batches_per_epoch(len(train_enc), global_batch)
     accum = t.gradient_accumulation_steps
     # the same seeded order in every process, cut into global batches (DDP: shard() below)
-    batches = data.train_batches(train_enc, global_batch, t.seed, r.data.shuffle,
-                                 start_micro=state.micro_step)
+    batches = data.train_batches(
+        train_enc, global_batch, t.seed, r.data.shuffle, start_micro=state.micro_step
+    )
     params = [p for p in module.parameters() if p.requires_grad]
     collate = getattr(task, "collate", None)
     progress = Progress(total=steps, start=state.step)
@@ -344,11 +424,20 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     def save_checkpoint() -> Path:
         nonlocal last_ckpt
         if engine is not None:  # ZeRO partitions the optimizer state over the ranks
-            log.warning("no checkpoint at step %d: DeepSpeed runs write no resumable checkpoints yet",
-                        state.step)
+            log.warning(
+                "no checkpoint at step %d: DeepSpeed runs write no resumable checkpoints yet",
+                state.step,
+            )
         elif distributed.is_main():  # one writer; every rank resumes from the same folder
-            last_ckpt = checkpoint.save(run_dir, state, module.model, optimizer, scheduler,
-                                        recipe_yaml, r.checkpoint.keep_last)
+            last_ckpt = checkpoint.save(
+                run_dir,
+                state,
+                module.model,
+                optimizer,
+                scheduler,
+                recipe_yaml,
+                r.checkpoint.keep_last,
+            )
             summary["paths"]["last_checkpoint"] = str(last_ckpt)
         return last_ckpt  # type: ignore[return-value]
 
@@ -356,17 +445,29 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
         steady_t = max(steady["time"], 1e-9)
         metrics: dict[str, Any] = {"train_loss": state.last_train_loss}
         # final: best -> the metrics of the eval final/ holds, else the last eval's
-        metrics.update(selector.final_eval or {f"eval_{k}": v for k, v in state.eval_metrics.items()})
-        summary.update({
-            "status": status, "error": error, "backend": {**backend.report().as_dict(), **backend_extra},
-            "steps": state.step, "epochs": state.micro_step / per_epoch,
-            "samples": state.samples, "tokens": state.tokens, "metrics": metrics,
-            "throughput": {"samples_per_s": steady["samples"] / steady_t,
-                           "tokens_per_s": steady["tokens"] / steady_t,
-                           "first_step_s": steady["first_step_s"],
-                           "note": "steady state: every step of this process but its first"},
-            "train_time_s": state.train_time_s, "wall_time_s": time.time() - started,
-        })
+        metrics.update(
+            selector.final_eval or {f"eval_{k}": v for k, v in state.eval_metrics.items()}
+        )
+        summary.update(
+            {
+                "status": status,
+                "error": error,
+                "backend": {**backend.report().as_dict(), **backend_extra},
+                "steps": state.step,
+                "epochs": state.micro_step / per_epoch,
+                "samples": state.samples,
+                "tokens": state.tokens,
+                "metrics": metrics,
+                "throughput": {
+                    "samples_per_s": steady["samples"] / steady_t,
+                    "tokens_per_s": steady["tokens"] / steady_t,
+                    "first_step_s": steady["first_step_s"],
+                    "note": "steady state: every step of this process but its first",
+                },
+                "train_time_s": state.train_time_s,
+                "wall_time_s": time.time() - started,
+            }
+        )
         summary["paths"]["checkpoints"] = [str(p) for p in checkpoint.list_checkpoints(run_dir)]
         summary.update(selector.report(state, stop_reason))
         summary["provenance"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -376,8 +477,9 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                 report.write_json_atomic(run_dir / "summary.json", summary)
             except OSError as err:  # e.g. disk full: keep the run's own error, not this one
                 if status == "completed":
-                    raise RunError(f"could not write {run_dir / 'summary.json'}: "
-                                   f"{err.strerror or err}") from err
+                    raise RunError(
+                        f"could not write {run_dir / 'summary.json'}: {err.strerror or err}"
+                    ) from err
                 log.warning("could not write summary.json: %s", err)
         return summary
 
@@ -404,7 +506,9 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                         engine.backward(loss)
                         engine.step()  # clip + optimizer + scheduler at the accumulation boundary only
                     else:
-                        scaler.scale(loss / accum).backward()  # DDP all-reduces (averages) gradients here
+                        scaler.scale(
+                            loss / accum
+                        ).backward()  # DDP all-reduces (averages) gradients here
                     backend.after_step(wrapped)
                     loss_sum += loss.detach().float()
                     state.micro_step += 1
@@ -437,23 +541,44 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                 state.last_train_loss = loss_value
                 progress.update(state.step, loss=loss_value)
                 if state.step % t.log_every == 0 or state.step == steps:
-                    row = {"kind": "train", "step": state.step, "epoch": state.micro_step / per_epoch,
-                           "loss": loss_value, "lr": scheduler.get_last_lr()[0],
-                           "samples_per_s": window_samples / window_t,
-                           "tokens_per_s": window_tokens / window_t,
-                           "step_time_s": round(dt, 6),  # this step alone (ortft bench reads it)
-                           "time_s": round(time.time() - started, 3)}
+                    row = {
+                        "kind": "train",
+                        "step": state.step,
+                        "epoch": state.micro_step / per_epoch,
+                        "loss": loss_value,
+                        "lr": scheduler.get_last_lr()[0],
+                        "samples_per_s": window_samples / window_t,
+                        "tokens_per_s": window_tokens / window_t,
+                        "step_time_s": round(dt, 6),  # this step alone (ortft bench reads it)
+                        "time_s": round(time.time() - started, 3),
+                    }
                     metrics_log.write(row)
-                    progress.log(f"step {state.step}/{steps}  loss {loss_value:.4f}  "
-                                 f"lr {row['lr']:.2e}  {row['samples_per_s']:.1f} samples/s")
+                    progress.log(
+                        f"step {state.step}/{steps}  loss {loss_value:.4f}  "
+                        f"lr {row['lr']:.2e}  {row['samples_per_s']:.1f} samples/s"
+                    )
                     window_t, window_samples, window_tokens = 0.0, 0, 0
                 if eval_enc is not None and (
                     (t.eval_every and state.step % t.eval_every == 0) or state.step == steps
                 ):
-                    state.eval_metrics = evaluate(wrapped, eval_enc, task, t.batch_size, rt.device,
-                                                  t.seed, module.model, tokenizer)
-                    metrics_log.write({"kind": "eval", "step": state.step,
-                                       "epoch": state.micro_step / per_epoch, **state.eval_metrics})
+                    state.eval_metrics = evaluate(
+                        wrapped,
+                        eval_enc,
+                        task,
+                        t.batch_size,
+                        rt.device,
+                        t.seed,
+                        module.model,
+                        tokenizer,
+                    )
+                    metrics_log.write(
+                        {
+                            "kind": "eval",
+                            "step": state.step,
+                            "epoch": state.micro_step / per_epoch,
+                            **state.eval_metrics,
+                        }
+                    )
                     progress.eval(state.eval_metrics)
                     if selector.observe(state) and distributed.is_main():  # a new best: best/
                         save_best(run_dir, module.model, state)
@@ -467,11 +592,15 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                     break
                 # DDP: every rank must stop at the same step, so these flags are OR-ed over ranks
                 out_of_time, signalled = distributed.any_rank(
-                    bool(t.max_time and time.time() - started >= t.max_time), signals.received is not None)
+                    bool(t.max_time and time.time() - started >= t.max_time),
+                    signals.received is not None,
+                )
                 if out_of_time:
                     # the CI slot's budget: stop cleanly, resumable, final/ still written
                     stop_reason = "max_time"
-                    progress.log(f"training.max_time ({t.max_time:g}s) reached at step {state.step}")
+                    progress.log(
+                        f"training.max_time ({t.max_time:g}s) reached at step {state.step}"
+                    )
                     save_checkpoint()
                     break
                 if signalled:
@@ -480,10 +609,20 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                     finish("interrupted", f"stopped by signal {sig} at step {state.step}")
                     # the overrides too (a resume must see the same recipe), minus resume=never
                     again = [o for o in loaded.overrides if not o.startswith("checkpoint.resume=")]
-                    cmd = shlex.join(["ortft", "train", str(loaded.path or "RECIPE"), *again,
-                                      "--output-dir", str(run_dir)])
-                    raise Interrupted(f"interrupted at step {state.step}; checkpoint {path}; "
-                                      f"resume with: {cmd}", sig)
+                    cmd = shlex.join(
+                        [
+                            "ortft",
+                            "train",
+                            str(loaded.path or "RECIPE"),
+                            *again,
+                            "--output-dir",
+                            str(run_dir),
+                        ]
+                    )
+                    raise Interrupted(
+                        f"interrupted at step {state.step}; checkpoint {path}; resume with: {cmd}",
+                        sig,
+                    )
     except OrtftError as err:
         if summary["status"] == "running":
             finish(getattr(err, "run_status", "failed"), str(err))
@@ -499,10 +638,13 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         hint = ""
         if backend.name == "ort" and type(err).__module__.startswith("onnxruntime"):
-            hint = ("; ONNX Runtime could not run this model: try backend.name=torch, or "
-                    "backend.allow_fallback=true to fall back to PyTorch (recorded in the summary)")
-        raise RunError(f"training failed at step {state.step}: {type(err).__name__}: "
-                       f"{first[:300]}{hint}") from err
+            hint = (
+                "; ONNX Runtime could not run this model: try backend.name=torch, or "
+                "backend.allow_fallback=true to fall back to PyTorch (recorded in the summary)"
+            )
+        raise RunError(
+            f"training failed at step {state.step}: {type(err).__name__}: {first[:300]}{hint}"
+        ) from err
 
     # ---- DDP: the collectives are over; rank 0 alone writes final/, the export and the summary
     distributed.teardown()
@@ -524,9 +666,15 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
 
         onnx_dir = run_dir / "onnx"
         # a LoRA model is exported merged: the adapter folded into the base weights
-        exp = export.export_model(models.merged_copy(module.model), tokenizer, task.name, onnx_dir,
-                                  opset=r.export.opset,
-                                  tolerance=r.export.tolerance, samples=eval_enc or train_enc)
+        exp = export.export_model(
+            models.merged_copy(module.model),
+            tokenizer,
+            task.name,
+            onnx_dir,
+            opset=r.export.opset,
+            tolerance=r.export.tolerance,
+            samples=eval_enc or train_enc,
+        )
         summary["export"] = exp
         summary["paths"]["onnx"] = exp["dir"]  # <run>/onnx.failed when a check failed
         # the parity check is a gate like any other: recorded, reported, exit 3 on failure
@@ -537,15 +685,25 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     (final_dir / "README.md").write_text(report.model_card(summary, r))
     report.write_json_atomic(final_dir / "summary.json", summary)
     b = summary["backend"]
-    log.info("done: %d steps, backend %s%s, %d ORT export(s), %.1f samples/s", state.step, b["used"],
-             " (FALLBACK)" if b["fallback"] else "", b["ort_exports"],
-             summary["throughput"]["samples_per_s"])
+    log.info(
+        "done: %d steps, backend %s%s, %d ORT export(s), %.1f samples/s",
+        state.step,
+        b["used"],
+        " (FALLBACK)" if b["fallback"] else "",
+        b["ort_exports"],
+        summary["throughput"]["samples_per_s"],
+    )
     _raise_failed_gates(results, summary)
     return summary
 
 
-def _optimizer_step(optimizer: Any, scheduler: Any, scaler: torch.amp.GradScaler,
-                    params: list[torch.nn.Parameter], max_grad_norm: float | None) -> bool:
+def _optimizer_step(
+    optimizer: Any,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+    params: list[torch.nn.Parameter],
+    max_grad_norm: float | None,
+) -> bool:
     """Clip, step, schedule, zero the gradients; False when fp16 loss scaling skipped the step."""
     scaler.unscale_(optimizer)  # fp16: clip the true gradients, not the scaled ones
     if max_grad_norm:
@@ -576,8 +734,11 @@ def _raise_failed_gates(results: list[gates.GateResult], summary: dict[str, Any]
         (log.info if res.passed else log.error)("%s", res.line())
     failed = [res for res in results if not res.passed]
     if failed:
-        raise GateError(f"{len(failed)} of {len(results)} quality gate(s) failed: "
-                        + ", ".join(res.gate for res in failed), summary=summary)
+        raise GateError(
+            f"{len(failed)} of {len(results)} quality gate(s) failed: "
+            + ", ".join(res.gate for res in failed),
+            summary=summary,
+        )
 
 
 def _write_final(run_dir: Path, model: torch.nn.Module, tokenizer: Any, recipe_yaml: str) -> Path:

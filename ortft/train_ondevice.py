@@ -57,14 +57,19 @@ def _find_resume(loaded: LoadedRecipe, run_dir: Path) -> Path | None:
     mode = loaded.recipe.checkpoint.resume
     if mode == "never":
         if checkpoint.list_checkpoints(run_dir):
-            raise InputError(f"{run_dir} holds checkpoints of an earlier run and "
-                             "checkpoint.resume=never; choose another --output-dir or remove it")
+            raise InputError(
+                f"{run_dir} holds checkpoints of an earlier run and "
+                "checkpoint.resume=never; choose another --output-dir or remove it"
+            )
         return None
     path = checkpoint.latest_good(run_dir) if mode == "auto" else loaded.resolve_path(mode)
     if path is None:
         return None
     problem = checkpoint.verify(path) if path.is_dir() else "not a directory"
-    if problem is None and json.loads((path / checkpoint.MANIFEST).read_text()).get("kind") != CKPT_KIND:
+    if (
+        problem is None
+        and json.loads((path / checkpoint.MANIFEST).read_text()).get("kind") != CKPT_KIND
+    ):
         problem = "not an ort-ondevice checkpoint (written by another backend)"
     if problem:
         raise InputError(f"checkpoint.resume: {path}: {problem}")
@@ -112,9 +117,11 @@ def _meta_dir(art_dir: Path) -> Path:
     for d in (art_dir, art_dir.parent):
         if (d / "config.json").exists():
             return d
-    raise InputError(f"{art_dir}: no config.json here or in {art_dir.parent} (the tokenizer and "
-                     "config must come with the artifacts, as `ortft export --training-artifacts` "
-                     "writes them)")
+    raise InputError(
+        f"{art_dir}: no config.json here or in {art_dir.parent} (the tokenizer and "
+        "config must come with the artifacts, as `ortft export --training-artifacts` "
+        "writes them)"
+    )
 
 
 def _load_tokenizer_and_config(meta: Path) -> tuple[Any, Any]:
@@ -134,8 +141,10 @@ def _check_labels(config: Any, labels: list[str] | None, art_dir: Path) -> None:
         return
     have = [str(config.id2label[i]) for i in range(len(config.id2label))]
     if have != labels:
-        raise InputError(f"{art_dir}: the artifacts were built for labels {have}, the data has "
-                         f"{labels} (set data.label_names to match, or rebuild the artifacts)")
+        raise InputError(
+            f"{art_dir}: the artifacts were built for labels {have}, the data has "
+            f"{labels} (set data.label_names to match, or rebuild the artifacts)"
+        )
 
 
 def training_api() -> Any:
@@ -178,7 +187,9 @@ def _save(run_dir: Path, state: TrainState, ckpt: Any, recipe_yaml: str, keep_la
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        api.CheckpointState.save_checkpoint(ckpt, str(tmp / "checkpoint"), include_optimizer_state=True)
+        api.CheckpointState.save_checkpoint(
+            ckpt, str(tmp / "checkpoint"), include_optimizer_state=True
+        )
         (tmp / "recipe.yaml").write_text(recipe_yaml)
         (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
         checkpoint.write_manifest(tmp, state.step, CKPT_KIND)
@@ -222,8 +233,15 @@ def evaluate(module: Any, encoded: tasks.Encoded, task: Any, batch_size: int) ->
     return task.metrics(total / max(weight, 1), logits_all, labels_all)
 
 
-def _write_final(run_dir: Path, module: Any, tokenizer: Any, config: Any, recipe_yaml: str,
-                 probe: dict[str, np.ndarray], tolerance: float) -> tuple[Path, dict[str, Any]]:
+def _write_final(
+    run_dir: Path,
+    module: Any,
+    tokenizer: Any,
+    config: Any,
+    recipe_yaml: str,
+    probe: dict[str, np.ndarray],
+    tolerance: float,
+) -> tuple[Path, dict[str, Any]]:
     """final/: the inference graph (inputs input_ids + attention_mask, output logits), tokenizer,
     config and recipe; checked against the eval graph, which holds the same trained weights."""
     from onnxruntime import InferenceSession
@@ -238,10 +256,14 @@ def _write_final(run_dir: Path, module: Any, tokenizer: Any, config: Any, recipe
     sess = InferenceSession(str(tmp / "model.onnx"), providers=["CPUExecutionProvider"])
     got = sess.run(["logits"], {k: probe[k].astype(np.int64) for k in INPUTS[:2]})[0]
     diff = float(np.max(np.abs(got - want)))
-    parity = {"against": "the eval graph with the trained weights (onnxruntime.training)",
-              "samples": int(len(probe["input_ids"])), "max_abs_diff": diff,
-              "prediction_agreement": float(np.mean(got.argmax(-1) == want.argmax(-1))),
-              "tolerance": tolerance, "passed": diff <= tolerance}
+    parity = {
+        "against": "the eval graph with the trained weights (onnxruntime.training)",
+        "samples": int(len(probe["input_ids"])),
+        "max_abs_diff": diff,
+        "prediction_agreement": float(np.mean(got.argmax(-1) == want.argmax(-1))),
+        "tolerance": tolerance,
+        "passed": diff <= tolerance,
+    }
     tokenizer.save_pretrained(tmp)
     config.save_pretrained(tmp)
     (tmp / "recipe.yaml").write_text(recipe_yaml)
@@ -260,16 +282,22 @@ def _peak_rss_mb() -> float:
 # --------------------------------------------------------------------------- the run
 
 
-def run(loaded: LoadedRecipe, output_dir: Path | None = None,
-        extra_gates: list[str] | None = None,
-        on_eval: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+def run(
+    loaded: LoadedRecipe,
+    output_dir: Path | None = None,
+    extra_gates: list[str] | None = None,
+    on_eval: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
     """Train ``loaded`` (backend.name=ort-ondevice); the same contract as ``train.run``."""
     r, t = loaded.recipe, loaded.recipe.training
     run_dir = resolve_run_dir(loaded, output_dir)
     previous = _previous_summary(run_dir)
     if previous and previous.get("status") == "completed" and r.checkpoint.resume == "auto":
-        log.info("%s already holds a finished run; nothing to do "
-                 "(use another --output-dir to train again)", run_dir)
+        log.info(
+            "%s already holds a finished run; nothing to do "
+            "(use another --output-dir to train again)",
+            run_dir,
+        )
         return previous
     resume_from = _find_resume(loaded, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -283,31 +311,49 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     art_dir = given or run_dir / "ondevice" / "artifacts"
     exports = 0
     if given is not None and r.backend.trainable:
-        raise InputError("backend.trainable: the artifacts in model.name_or_path fix what trains; "
-                         "remove backend.trainable (or rebuild them with --trainable)")
+        raise InputError(
+            "backend.trainable: the artifacts in model.name_or_path fix what trains; "
+            "remove backend.trainable (or rebuild them with --trainable)"
+        )
     if given is None and not (art_dir / "artifacts.json").exists():
         from ortft import ondevice_build  # the one place PyTorch is used
 
         tok_dir = run_dir / "tokenizer"
-        ondevice_build.build(loaded, task, raw.train, labels,
-                             tok_dir if tok_dir.exists() else None, art_dir)
+        ondevice_build.build(
+            loaded, task, raw.train, labels, tok_dir if tok_dir.exists() else None, art_dir
+        )
         exports = 1
     missing = [f for f in ARTIFACTS if not (art_dir / f).exists()]
     if missing:
-        raise InputError(f"{art_dir}: not on-device training artifacts (missing {', '.join(missing)})")
+        raise InputError(
+            f"{art_dir}: not on-device training artifacts (missing {', '.join(missing)})"
+        )
     tokenizer, config = _load_tokenizer_and_config(_meta_dir(art_dir))
     _check_labels(config, labels, art_dir)
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
-    train_enc, hit = data.encode_cached(task, raw.train, tokenizer, r.data, label2id,
-                                        [raw.fingerprint, "train"])
-    eval_enc = (data.encode_cached(task, raw.eval, tokenizer, r.data, label2id,
-                                   [raw.fingerprint, "eval"])[0] if raw.eval else None)
-    log.info("data: %d train / %d eval examples of %d tokens%s", len(train_enc),
-             len(eval_enc) if eval_enc else 0, r.data.max_length, " (cache hit)" if hit else "")
+    train_enc, hit = data.encode_cached(
+        task, raw.train, tokenizer, r.data, label2id, [raw.fingerprint, "train"]
+    )
+    eval_enc = (
+        data.encode_cached(task, raw.eval, tokenizer, r.data, label2id, [raw.fingerprint, "eval"])[
+            0
+        ]
+        if raw.eval
+        else None
+    )
+    log.info(
+        "data: %d train / %d eval examples of %d tokens%s",
+        len(train_enc),
+        len(eval_enc) if eval_enc else 0,
+        r.data.max_length,
+        " (cache hit)" if hit else "",
+    )
     per_epoch = data.batches_per_epoch(len(train_enc), t.batch_size)
     if per_epoch == 0:
-        raise InputError(f"data.train: {len(train_enc)} examples make no batch of "
-                         f"training.batch_size={t.batch_size}")
+        raise InputError(
+            f"data.train: {len(train_enc)} examples make no batch of "
+            f"training.batch_size={t.batch_size}"
+        )
 
     # ---- ONNX Runtime training session: the weights (and AdamW state) live in the checkpoint
     import onnxruntime as ort
@@ -315,67 +361,123 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     api = training_api()
     ort.set_default_logger_severity(3)  # the session warns about every frozen initializer
     # auto: cuda only with a GPU present (a CUDA build of ORT lists its provider regardless)
-    device = "cuda" if (r.hardware.device == "cuda" or (
-        r.hardware.device == "auto" and Path("/dev/nvidia0").exists()
-        and "CUDAExecutionProvider" in ort.get_available_providers())) else "cpu"
+    device = (
+        "cuda"
+        if (
+            r.hardware.device == "cuda"
+            or (
+                r.hardware.device == "auto"
+                and Path("/dev/nvidia0").exists()
+                and "CUDAExecutionProvider" in ort.get_available_providers()
+            )
+        )
+        else "cpu"
+    )
     state = TrainState()
     if resume_from is not None:
         state = TrainState(**json.loads((resume_from / "state.json").read_text()))
         log.info("resuming from %s (step %d)", resume_from, state.step)
     try:
         ckpt = api.CheckpointState.load_checkpoint(str((resume_from or art_dir) / "checkpoint"))
-        module = api.Module(str(art_dir / "training_model.onnx"), ckpt,
-                            str(art_dir / "eval_model.onnx"), device=device)
+        module = api.Module(
+            str(art_dir / "training_model.onnx"),
+            ckpt,
+            str(art_dir / "eval_model.onnx"),
+            device=device,
+        )
         optimizer = api.Optimizer(str(art_dir / "optimizer_model.onnx"), module)
     except Exception as err:  # noqa: BLE001 - ORT raises RuntimeError / its own Fail types
         first = (str(err).strip().splitlines() or [type(err).__name__])[-1]
-        raise RunError(f"onnxruntime.training could not open {art_dir} on {device}: "
-                       f"{first[:300]}") from err
+        raise RunError(
+            f"onnxruntime.training could not open {art_dir} on {device}: {first[:300]}"
+        ) from err
     n_train, n_all = module.get_parameters_size(True), module.get_parameters_size(False)
-    log.info("backend: ort-ondevice (onnxruntime.training.api on %s); %s; %d of %d parameters "
-             "train", device, art_dir, n_train, n_all)
+    log.info(
+        "backend: ort-ondevice (onnxruntime.training.api on %s); %s; %d of %d parameters train",
+        device,
+        art_dir,
+        n_train,
+        n_all,
+    )
     module.train()
 
-    steps = max(1, t.max_steps or math.ceil((t.epochs or 1.0) * per_epoch
-                                            / t.gradient_accumulation_steps))
+    steps = max(
+        1, t.max_steps or math.ceil((t.epochs or 1.0) * per_epoch / t.gradient_accumulation_steps)
+    )
     recipe_yaml = dump(r, base_dir=loaded.base_dir)
-    metrics_log = Tracker(run_dir, r.logging, truncate_after_step=state.step if resume_from else None)
+    metrics_log = Tracker(
+        run_dir, r.logging, truncate_after_step=state.step if resume_from else None
+    )
     summary: dict[str, Any] = {
-        "format_version": report.FORMAT_VERSION, "status": "running", "error": None,
-        "task": task.name, "max_steps": steps, "parameters": n_all, "trainable_parameters": n_train,
-        "provenance": {**report.provenance(loaded.path, loaded.sha256), "device": device,
-                       "threads": r.hardware.threads or os.cpu_count()},
-        "paths": {"run_dir": str(run_dir), "final": None, "artifacts": str(art_dir),
-                  "recipe": str(loaded.path.resolve()) if loaded.path else None, "onnx": None,
-                  "checkpoints": [], "last_checkpoint": str(resume_from) if resume_from else None},
-        "export": None, "resumed_from": str(resume_from) if resume_from else None,
+        "format_version": report.FORMAT_VERSION,
+        "status": "running",
+        "error": None,
+        "task": task.name,
+        "max_steps": steps,
+        "parameters": n_all,
+        "trainable_parameters": n_train,
+        "provenance": {
+            **report.provenance(loaded.path, loaded.sha256),
+            "device": device,
+            "threads": r.hardware.threads or os.cpu_count(),
+        },
+        "paths": {
+            "run_dir": str(run_dir),
+            "final": None,
+            "artifacts": str(art_dir),
+            "recipe": str(loaded.path.resolve()) if loaded.path else None,
+            "onnx": None,
+            "checkpoints": [],
+            "last_checkpoint": str(resume_from) if resume_from else None,
+        },
+        "export": None,
+        "resumed_from": str(resume_from) if resume_from else None,
     }
     accum = t.gradient_accumulation_steps
-    batches = data.train_batches(train_enc, t.batch_size, t.seed, r.data.shuffle,
-                                 start_micro=state.micro_step)
+    batches = data.train_batches(
+        train_enc, t.batch_size, t.seed, r.data.shuffle, start_micro=state.micro_step
+    )
     progress = Progress(total=steps, start=state.step)
     steady: dict[str, float] = {"time": 0.0, "samples": 0, "tokens": 0, "first_step_s": 0.0}
     received: list[int] = []
 
     def finish(status: str, error: str | None = None, write: bool = True) -> dict[str, Any]:
         steady_t = max(steady["time"], 1e-9)
-        summary.update({
-            "status": status, "error": error,
-            "backend": {"requested": "ort-ondevice", "used": "ort-ondevice", "fallback": False,
-                        "fallback_reason": None, "ort_exports": exports,
-                        "notes": ["onnxruntime.training.api; PyTorch only to build the artifacts"
-                                  if exports else "onnxruntime.training.api; no PyTorch"],
-                        "peak_rss_mb": round(_peak_rss_mb(), 1)},
-            "steps": state.step, "epochs": state.micro_step / per_epoch,
-            "samples": state.samples, "tokens": state.tokens,
-            "metrics": {"train_loss": state.last_train_loss,
-                        **{f"eval_{k}": v for k, v in state.eval_metrics.items()}},
-            "throughput": {"samples_per_s": steady["samples"] / steady_t,
-                           "tokens_per_s": steady["tokens"] / steady_t,
-                           "first_step_s": steady["first_step_s"],
-                           "note": "steady state: every step of this process but its first"},
-            "train_time_s": state.train_time_s, "wall_time_s": time.time() - started,
-        })
+        summary.update(
+            {
+                "status": status,
+                "error": error,
+                "backend": {
+                    "requested": "ort-ondevice",
+                    "used": "ort-ondevice",
+                    "fallback": False,
+                    "fallback_reason": None,
+                    "ort_exports": exports,
+                    "notes": [
+                        "onnxruntime.training.api; PyTorch only to build the artifacts"
+                        if exports
+                        else "onnxruntime.training.api; no PyTorch"
+                    ],
+                    "peak_rss_mb": round(_peak_rss_mb(), 1),
+                },
+                "steps": state.step,
+                "epochs": state.micro_step / per_epoch,
+                "samples": state.samples,
+                "tokens": state.tokens,
+                "metrics": {
+                    "train_loss": state.last_train_loss,
+                    **{f"eval_{k}": v for k, v in state.eval_metrics.items()},
+                },
+                "throughput": {
+                    "samples_per_s": steady["samples"] / steady_t,
+                    "tokens_per_s": steady["tokens"] / steady_t,
+                    "first_step_s": steady["first_step_s"],
+                    "note": "steady state: every step of this process but its first",
+                },
+                "train_time_s": state.train_time_s,
+                "wall_time_s": time.time() - started,
+            }
+        )
         summary["paths"]["checkpoints"] = [str(p) for p in checkpoint.list_checkpoints(run_dir)]
         summary["provenance"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if write:
@@ -389,8 +491,10 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
         return path
 
     # ---- the loop: first SIGINT/SIGTERM finishes the step, checkpoints and stops
-    old = {s: signal.signal(s, lambda signum, _f: received.append(signum))
-           for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {
+        s: signal.signal(s, lambda signum, _f: received.append(signum))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         with progress:
             window_t, window_samples, window_tokens = 0.0, 0, 0
@@ -427,20 +531,36 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                 state.last_train_loss = loss_value
                 progress.update(state.step, loss=loss_value)
                 if state.step % t.log_every == 0 or state.step == steps:
-                    metrics_log.write({
-                        "kind": "train", "step": state.step, "epoch": state.micro_step / per_epoch,
-                        "loss": loss_value, "lr": lr, "samples_per_s": window_samples / window_t,
-                        "tokens_per_s": window_tokens / window_t, "step_time_s": round(dt, 6),
-                        "time_s": round(time.time() - started, 3)})
-                    progress.log(f"step {state.step}/{steps}  loss {loss_value:.4f}  lr {lr:.2e}  "
-                                 f"{window_samples / window_t:.1f} samples/s")
+                    metrics_log.write(
+                        {
+                            "kind": "train",
+                            "step": state.step,
+                            "epoch": state.micro_step / per_epoch,
+                            "loss": loss_value,
+                            "lr": lr,
+                            "samples_per_s": window_samples / window_t,
+                            "tokens_per_s": window_tokens / window_t,
+                            "step_time_s": round(dt, 6),
+                            "time_s": round(time.time() - started, 3),
+                        }
+                    )
+                    progress.log(
+                        f"step {state.step}/{steps}  loss {loss_value:.4f}  lr {lr:.2e}  "
+                        f"{window_samples / window_t:.1f} samples/s"
+                    )
                     window_t, window_samples, window_tokens = 0.0, 0, 0
                 if eval_enc is not None and (
                     (t.eval_every and state.step % t.eval_every == 0) or state.step == steps
                 ):
                     state.eval_metrics = evaluate(module, eval_enc, task, t.batch_size)
-                    metrics_log.write({"kind": "eval", "step": state.step,
-                                       "epoch": state.micro_step / per_epoch, **state.eval_metrics})
+                    metrics_log.write(
+                        {
+                            "kind": "eval",
+                            "step": state.step,
+                            "epoch": state.micro_step / per_epoch,
+                            **state.eval_metrics,
+                        }
+                    )
                     progress.eval(state.eval_metrics)
                     if on_eval is not None:
                         on_eval(state.step, state.eval_metrics)
@@ -449,8 +569,11 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
                 if received:
                     path = save()
                     finish("interrupted", f"stopped by signal {received[0]} at step {state.step}")
-                    raise Interrupted(f"interrupted at step {state.step}; checkpoint {path}; "
-                                      "run the same command again to resume", received[0])
+                    raise Interrupted(
+                        f"interrupted at step {state.step}; checkpoint {path}; "
+                        "run the same command again to resume",
+                        received[0],
+                    )
     except OrtftError as err:
         if summary["status"] == "running":
             finish(getattr(err, "run_status", "failed"), str(err))
@@ -458,21 +581,27 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     except Exception as err:
         finish("failed", f"{type(err).__name__}: {err}")
         first = (str(err).strip().splitlines() or [""])[0]
-        raise RunError(f"training failed at step {state.step}: {type(err).__name__}: "
-                       f"{first[:300]}") from err
+        raise RunError(
+            f"training failed at step {state.step}: {type(err).__name__}: {first[:300]}"
+        ) from err
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
 
     # ---- final/ (the inference graph, checked against the eval graph), gates, summary
     probe = next(data.eval_batches(eval_enc or train_enc, t.batch_size))
-    final_dir, parity = _write_final(run_dir, module, tokenizer, config, recipe_yaml, probe,
-                                     r.export.tolerance)
+    final_dir, parity = _write_final(
+        run_dir, module, tokenizer, config, recipe_yaml, probe, r.export.tolerance
+    )
     summary["paths"]["final"] = summary["paths"]["onnx"] = str(final_dir)
-    summary["export"] = {"dir": str(final_dir), "model": str(final_dir / "model.onnx"),
-                         "parity": parity, "passed": parity["passed"],
-                         "note": "final/model.onnx is the trained ONNX model; `ortft export RUN` "
-                                 "adds optimized / fp16 / int8 variants"}
+    summary["export"] = {
+        "dir": str(final_dir),
+        "model": str(final_dir / "model.onnx"),
+        "parity": parity,
+        "passed": parity["passed"],
+        "note": "final/model.onnx is the trained ONNX model; `ortft export RUN` "
+        "adds optimized / fp16 / int8 variants",
+    }
     gate_list = [gates.parse(g) for g in [*r.gates, *(extra_gates or [])]]
     gate_list.append(gates.Gate("export.max_abs_diff", "<=", r.export.tolerance))
     results = gates.check(gate_list, finish("completed", write=False))
@@ -480,12 +609,19 @@ def run(loaded: LoadedRecipe, output_dir: Path | None = None,
     summary = finish("completed")
     (final_dir / "README.md").write_text(report.model_card(summary, r))
     report.write_json_atomic(final_dir / "summary.json", summary)
-    log.info("done: %d steps, backend ort-ondevice, %.1f samples/s, peak RSS %.0f MB", state.step,
-             summary["throughput"]["samples_per_s"], summary["backend"]["peak_rss_mb"])
+    log.info(
+        "done: %d steps, backend ort-ondevice, %.1f samples/s, peak RSS %.0f MB",
+        state.step,
+        summary["throughput"]["samples_per_s"],
+        summary["backend"]["peak_rss_mb"],
+    )
     for res in results:
         (log.info if res.passed else log.error)("%s", res.line())
     failed = [res for res in results if not res.passed]
     if failed:
-        raise GateError(f"{len(failed)} of {len(results)} quality gate(s) failed: "
-                        + ", ".join(res.gate for res in failed), summary=summary)
+        raise GateError(
+            f"{len(failed)} of {len(results)} quality gate(s) failed: "
+            + ", ".join(res.gate for res in failed),
+            summary=summary,
+        )
     return summary

@@ -9,14 +9,26 @@ from pathlib import Path
 import pytest
 import yaml
 
-POS = ["great fun movie", "loved the acting", "wonderful moving story", "a real delight",
-       "brilliant film superb cast"]
-NEG = ["boring and dull", "terrible plot", "awful acting bad script", "a waste of time",
-       "dreadful slow mess"]
+POS = [
+    "great fun movie",
+    "loved the acting",
+    "wonderful moving story",
+    "a real delight",
+    "brilliant film superb cast",
+]
+NEG = [
+    "boring and dull",
+    "terrible plot",
+    "awful acting bad script",
+    "a waste of time",
+    "dreadful slow mess",
+]
 
 
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Tokenized-data cache per test session, never the user's ~/.cache/ortft."""
     monkeypatch.setenv("ORTFT_CACHE", str(tmp_path_factory.getbasetemp() / "ortft-cache"))
 
@@ -35,7 +47,24 @@ def write_classification_csv(path: Path, n: int = 160, seed: int = 0) -> Path:
 
 def write_corpus(path: Path, n: int = 80, seed: int = 0) -> Path:
     rng = random.Random(seed)
-    words = "the cat sat on a mat while dogs ran in parks and birds sang over trees".split()
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "while",
+        "dogs",
+        "ran",
+        "in",
+        "parks",
+        "and",
+        "birds",
+        "sang",
+        "over",
+        "trees",
+    ]
     paras = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) for _ in range(n)]
     path.write_text("\n\n".join(paras))
     return path
@@ -44,7 +73,12 @@ def write_corpus(path: Path, n: int = 80, seed: int = 0) -> Path:
 def tiny_classifier(data: str, backend: str = "ort", **training: object) -> dict:
     return {
         "model": {
-            "from_config": {"architecture": "bert", "hidden_size": 32, "num_layers": 2, "num_heads": 2},
+            "from_config": {
+                "architecture": "bert",
+                "hidden_size": 32,
+                "num_layers": 2,
+                "num_heads": 2,
+            },
             "tokenizer": {"train": {"kind": "wordpiece", "vocab_size": 200}},
             "dropout": 0.0,
         },
@@ -58,7 +92,12 @@ def tiny_classifier(data: str, backend: str = "ort", **training: object) -> dict
 def tiny_causal_lm(data: str, backend: str = "ort", **training: object) -> dict:
     return {
         "model": {
-            "from_config": {"architecture": "gpt2", "hidden_size": 32, "num_layers": 2, "num_heads": 2},
+            "from_config": {
+                "architecture": "gpt2",
+                "hidden_size": 32,
+                "num_layers": 2,
+                "num_heads": 2,
+            },
             "tokenizer": {"train": {"kind": "byte-bpe", "vocab_size": 300}},
             "dropout": 0.0,
         },

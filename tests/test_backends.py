@@ -23,8 +23,15 @@ class _ReturnsCache(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        cfg = GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=16,
-                         bos_token_id=0, eos_token_id=0)
+        cfg = GPT2Config(
+            vocab_size=50,
+            n_embd=16,
+            n_layer=1,
+            n_head=2,
+            n_positions=16,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         cfg._attn_implementation = "eager"
         self.model = GPT2LMHeadModel(cfg)
 

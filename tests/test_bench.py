@@ -20,15 +20,32 @@ from ortft.errors import EXIT_USAGE, UsageError
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     # a real process: ORTModule redirects the OS-level stdout/stderr while it exports
-    return subprocess.run([sys.executable, "-m", "ortft", *args], capture_output=True, text=True,
-                          env={**os.environ, "NO_COLOR": "1"}, timeout=900, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ortft", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=900,
+        check=False,
+    )
 
 
 def test_bench_reports_every_field_and_ratio(cls_recipe: Path, tmp_path: Path) -> None:
     png = tmp_path / "bench.png"
     want_plot = importlib.util.find_spec("matplotlib") is not None
-    args = ["bench", str(cls_recipe), "--steps", "3", "--warmup", "1", "--repeats", "1",
-            "--backends", "ort,torch", "--json"] + (["--plot", str(png)] if want_plot else [])
+    args = [
+        "bench",
+        str(cls_recipe),
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--repeats",
+        "1",
+        "--backends",
+        "ort,torch",
+        "--json",
+    ] + (["--plot", str(png)] if want_plot else [])
     res = cli(*args)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)  # stdout holds only the JSON
@@ -58,7 +75,8 @@ def test_bench_reports_every_field_and_ratio(cls_recipe: Path, tmp_path: Path) -
 
 def test_parse_variants() -> None:
     v = bench.parse_variants(
-        "ort+ORTFT_ORT_SPINNING=0+backend.compute_optimizer=false,torch-eager-attn")
+        "ort+ORTFT_ORT_SPINNING=0+backend.compute_optimizer=false,torch-eager-attn"
+    )
     assert v[0].label == "ort+ORTFT_ORT_SPINNING=0+backend.compute_optimizer=false"
     assert v[0].env == {"ORTFT_ORT_SPINNING": "0"}
     assert v[0].overrides == {"backend.name": "ort", "backend.compute_optimizer": "false"}
@@ -70,8 +88,11 @@ def test_parse_variants() -> None:
 
 def test_bench_usage_errors_exit_2(cls_recipe: Path) -> None:
     runner = CliRunner()
-    for args in (["--steps", "2", "--warmup", "2"], ["--backends", "tensorflow"],
-                 ["--backends", "ort+training.bogus_key=1"]):
+    for args in (
+        ["--steps", "2", "--warmup", "2"],
+        ["--backends", "tensorflow"],
+        ["--backends", "ort+training.bogus_key=1"],
+    ):
         res = runner.invoke(app, ["bench", str(cls_recipe), *args])
         assert res.exit_code == EXIT_USAGE, res.output
 
@@ -82,8 +103,15 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 def test_auto_picks_a_backend_and_trains_as_it_would(cls_recipe: Path, tmp_path: Path) -> None:
-    res = cli("train", str(cls_recipe), "backend.name=auto", "export.enabled=false",
-              "--output-dir", str(tmp_path / "auto"), "--json")
+    res = cli(
+        "train",
+        str(cls_recipe),
+        "backend.name=auto",
+        "export.enabled=false",
+        "--output-dir",
+        str(tmp_path / "auto"),
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     b = summary["backend"]
@@ -95,8 +123,14 @@ def test_auto_picks_a_backend_and_trains_as_it_would(cls_recipe: Path, tmp_path:
         assert timing["median_step_s"] > 0 and len(timing["step_times_s"]) == probe["steps"] - 1
     assert f"auto chose {b['used']}" in res.stderr
     # the probe leaves no trace: the same losses as a plain run on the chosen backend
-    plain = cli("train", str(cls_recipe), f"backend.name={b['used']}", "export.enabled=false",
-                "--output-dir", str(tmp_path / "plain"))
+    plain = cli(
+        "train",
+        str(cls_recipe),
+        f"backend.name={b['used']}",
+        "export.enabled=false",
+        "--output-dir",
+        str(tmp_path / "plain"),
+    )
     assert plain.returncode == 0, plain.stderr
     assert _losses(tmp_path / "auto") == pytest.approx(_losses(tmp_path / "plain"), rel=1e-6)
 
@@ -106,7 +140,14 @@ def test_ort_trains_with_the_compute_optimizer_off(cls_recipe: Path, tmp_path: P
     that, so the recipe option (and the bench lever) works and matches the default's losses."""
     off, on = tmp_path / "off", tmp_path / "on"
     for run_dir, value in ((off, "false"), (on, "true")):
-        res = cli("train", str(cls_recipe), f"backend.compute_optimizer={value}",
-                  "training.max_steps=3", "export.enabled=false", "--output-dir", str(run_dir))
+        res = cli(
+            "train",
+            str(cls_recipe),
+            f"backend.compute_optimizer={value}",
+            "training.max_steps=3",
+            "export.enabled=false",
+            "--output-dir",
+            str(run_dir),
+        )
         assert res.returncode == 0, res.stderr
     assert _losses(off) == pytest.approx(_losses(on), rel=1e-5)

@@ -13,8 +13,11 @@ from ortft.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = sorted((ROOT / "examples" / "ci").glob("*.yml"))
-MAKE_TARGETS = {line.split(":")[0] for line in (ROOT / "Makefile").read_text().splitlines()
-                if line and not line[0].isspace() and ":" in line and not line.startswith((".", "#"))}
+MAKE_TARGETS = {
+    line.split(":")[0]
+    for line in (ROOT / "Makefile").read_text().splitlines()
+    if line and not line[0].isspace() and ":" in line and not line.startswith((".", "#"))
+}
 
 
 def _commands(doc: dict) -> list[str]:

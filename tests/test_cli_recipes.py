@@ -92,11 +92,15 @@ def test_every_shipped_recipe_documents_its_run_command(path):
         header.append(line)
     assert header, f"{path.name} must start with a comment"
     rel = path.relative_to(REPO_ROOT).as_posix()
-    commands = [line.lstrip("# ").strip() for line in header
-                if "ortft train" in line or "ortft bench" in line]
+    commands = [
+        line.lstrip("# ").strip()
+        for line in header
+        if "ortft train" in line or "ortft bench" in line
+    ]
     # the exact command, on its own line (bench recipes are run by `ortft bench`)
     assert f"ortft train {rel}" in commands or any(
-        c.startswith(f"ortft bench {rel}") for c in commands), header
+        c.startswith(f"ortft bench {rel}") for c in commands
+    ), header
     # and one override example
     example = re.compile(rf"ortft train {re.escape(rel)}( \S+=\S+)+")
     assert any(example.fullmatch(c) for c in commands), header

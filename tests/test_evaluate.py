@@ -31,9 +31,24 @@ def invoke(*args: object):
 
 
 def train(recipe: Path, run: Path, *overrides: str) -> dict:
-    res = subprocess.run([sys.executable, "-m", "ortft", "train", str(recipe), *overrides,
-                          "--output-dir", str(run), "--json"], capture_output=True, text=True,
-                         timeout=600, check=False, env={**os.environ, "NO_COLOR": "1"})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ortft",
+            "train",
+            str(recipe),
+            *overrides,
+            "--output-dir",
+            str(run),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -58,8 +73,9 @@ def test_cross_entropy_matches_torch() -> None:
     labels = rng.integers(0, 7, size=(3, 5))
     labels[1, 3:] = -100
     total, n = cross_entropy_sum(logits, labels, causal=True)
-    want = torch.nn.functional.cross_entropy(torch.from_numpy(logits[:, :-1]).reshape(-1, 7),
-                                             torch.from_numpy(labels[:, 1:]).reshape(-1))
+    want = torch.nn.functional.cross_entropy(
+        torch.from_numpy(logits[:, :-1]).reshape(-1, 7), torch.from_numpy(labels[:, 1:]).reshape(-1)
+    )
     assert n == int((labels[:, 1:] != -100).sum())
     assert total / n == pytest.approx(float(want), rel=1e-6)
 
@@ -148,8 +164,10 @@ def test_causal_lm_eval_and_generation_agree(tmp_path: Path) -> None:
     assert a["loss"] == pytest.approx(summary["metrics"]["eval_loss"], rel=1e-5)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the cat sat\ndogs ran in\n")
-    gen = [invoke("predict", src, "--input", prompts, "--json", "--max-new-tokens", 5)
-           for src in (run, run / "onnx")]
+    gen = [
+        invoke("predict", src, "--input", prompts, "--json", "--max-new-tokens", 5)
+        for src in (run, run / "onnx")
+    ]
     assert all(g.exit_code == 0 for g in gen), [g.stderr for g in gen]
     rows = [[json.loads(line) for line in g.stdout.splitlines()] for g in gen]
     assert len(rows[0]) == 2 and all(0 < r["new_tokens"] <= 5 for r in rows[0])

@@ -59,7 +59,10 @@ def test_malformed_gate_is_a_usage_error(bad: str) -> None:
 
 
 def _with_gates(*texts: str) -> dict:
-    return {**SUMMARY, "gates": gates.as_dicts(gates.check([gates.parse(t) for t in texts], SUMMARY))}
+    return {
+        **SUMMARY,
+        "gates": gates.as_dicts(gates.check([gates.parse(t) for t in texts], SUMMARY)),
+    }
 
 
 def test_junit_report_structure() -> None:
@@ -68,7 +71,11 @@ def test_junit_report_structure() -> None:
     assert suite is not None
     assert suite.get("tests") == "3" and suite.get("failures") == "1" and suite.get("errors") == "0"
     cases = suite.findall("testcase")
-    assert [c.get("name") for c in cases] == ["training run", "eval.accuracy>=0.9", "train.loss<=0.1"]
+    assert [c.get("name") for c in cases] == [
+        "training run",
+        "eval.accuracy>=0.9",
+        "train.loss<=0.1",
+    ]
     assert cases[2].find("failure") is not None and cases[1].find("failure") is None
 
 
@@ -95,8 +102,14 @@ def test_report_suffix_is_checked() -> None:
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ortft", "train", *args], capture_output=True,
-                          text=True, env={**os.environ, "NO_COLOR": "1"}, timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ortft", "train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=600,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -109,9 +122,20 @@ def torch_recipe(tmp_path: Path) -> Path:
 
 def test_train_gate_exit_codes_and_reports(torch_recipe: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    res = _train(str(torch_recipe), "--output-dir", str(run), "--gate", "eval.accuracy>=1.01",
-                 "--gate", "train.loss<=100", "--report", str(tmp_path / "j.xml"),
-                 "--report", str(tmp_path / "s.md"), "--json")
+    res = _train(
+        str(torch_recipe),
+        "--output-dir",
+        str(run),
+        "--gate",
+        "eval.accuracy>=1.01",
+        "--gate",
+        "train.loss<=100",
+        "--report",
+        str(tmp_path / "j.xml"),
+        "--report",
+        str(tmp_path / "s.md"),
+        "--json",
+    )
     assert res.returncode == 3, res.stderr
     assert "gate FAIL  eval.accuracy" in res.stderr and "gate PASS  train.loss" in res.stderr
     summary = json.loads(res.stdout)  # --json still prints the summary on a failed gate
@@ -137,10 +161,18 @@ def test_malformed_gate_exits_2_before_training(torch_recipe: Path, tmp_path: Pa
     assert "must look like" in res.stderr and not (tmp_path / "r").exists()
 
 
-def test_max_time_stops_and_leaves_a_resumable_checkpoint(torch_recipe: Path, tmp_path: Path) -> None:
+def test_max_time_stops_and_leaves_a_resumable_checkpoint(
+    torch_recipe: Path, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
-    res = _train(str(torch_recipe), "training.max_steps=100000", "training.max_time=1",
-                 "--output-dir", str(run), "--json")
+    res = _train(
+        str(torch_recipe),
+        "training.max_steps=100000",
+        "training.max_time=1",
+        "--output-dir",
+        str(run),
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["status"] == "stopped" and summary["stop_reason"] == "max_time"
@@ -149,8 +181,14 @@ def test_max_time_stops_and_leaves_a_resumable_checkpoint(torch_recipe: Path, tm
     ckpt = run / f"step-{summary['steps']:06d}"
     assert (ckpt / "manifest.json").exists()
     # a stopped run is not finished: the next run resumes from that checkpoint
-    res = _train(str(torch_recipe), "training.max_steps=100000", "training.max_time=1",
-                 "--output-dir", str(run), "--json")
+    res = _train(
+        str(torch_recipe),
+        "training.max_steps=100000",
+        "training.max_time=1",
+        "--output-dir",
+        str(run),
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     again = json.loads(res.stdout)
     assert again["resumed_from"].endswith(ckpt.name) and again["steps"] > summary["steps"]

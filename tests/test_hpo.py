@@ -32,10 +32,25 @@ def hpo_recipe(tmp_path: Path, **space: dict) -> Path:
 
 
 def run_hpo(recipe: Path, out: Path, trials: int) -> dict:
-    res = subprocess.run([sys.executable, "-m", "ortft", "hpo", str(recipe),
-                          "--trials", str(trials), "--output-dir", str(out), "--json"],
-                         capture_output=True, text=True, timeout=600, check=False,
-                         env={**os.environ, "NO_COLOR": "1"})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ortft",
+            "hpo",
+            str(recipe),
+            "--trials",
+            str(trials),
+            "--output-dir",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 

@@ -26,10 +26,25 @@ NO_TORCH = (
 )
 
 
-def _train(recipe: Path, out: Path, *overrides: str, torch: bool = True) -> subprocess.CompletedProcess:
+def _train(
+    recipe: Path, out: Path, *overrides: str, torch: bool = True
+) -> subprocess.CompletedProcess:
     head = ["-m", "ortft"] if torch else ["-c", NO_TORCH]
-    return subprocess.run([sys.executable, *head, "train", str(recipe), *overrides, "--output-dir",
-                           str(out), "--json"], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            *head,
+            "train",
+            str(recipe),
+            *overrides,
+            "--output-dir",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _losses(run: Path) -> dict[int, float]:
@@ -41,8 +56,9 @@ def _losses(run: Path) -> dict[int, float]:
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     tmp = tmp_path_factory.mktemp("ondevice")
     write_classification_csv(tmp / "train.csv")
-    recipe = tiny_classifier("train.csv", backend="ort-ondevice", max_steps=6, lr=5e-3,
-                             eval_every=3)
+    recipe = tiny_classifier(
+        "train.csv", backend="ort-ondevice", max_steps=6, lr=5e-3, eval_every=3
+    )
     recipe["checkpoint"] = {"save_every": 3, "keep_last": 2}
     path = write_recipe(tmp / "cls.yaml", recipe)
     res = _train(path, tmp / "run")
@@ -55,21 +71,31 @@ def test_trains_and_writes_a_run(trained):
     assert summary["status"] == "completed" and summary["steps"] == 6
     assert summary["backend"]["used"] == "ort-ondevice" and summary["backend"]["ort_exports"] == 1
     assert summary["backend"]["peak_rss_mb"] > 0
-    assert {"checkpoint", "training_model.onnx", "eval_model.onnx", "optimizer_model.onnx",
-            "artifacts.json", "config.json"} <= {p.name for p in (run / "ondevice/artifacts").iterdir()}
+    assert {
+        "checkpoint",
+        "training_model.onnx",
+        "eval_model.onnx",
+        "optimizer_model.onnx",
+        "artifacts.json",
+        "config.json",
+    } <= {p.name for p in (run / "ondevice/artifacts").iterdir()}
     assert {p.name for p in run.glob("step-*")} == {"step-000003", "step-000006"}
     assert {"checkpoint", "state.json", "recipe.yaml", "manifest.json"} <= {
-        p.name for p in (run / "step-000006").iterdir()}
+        p.name for p in (run / "step-000006").iterdir()
+    }
     assert {"model.onnx", "config.json", "tokenizer.json", "recipe.yaml", "README.md"} <= {
-        p.name for p in (run / "final").iterdir()}
+        p.name for p in (run / "final").iterdir()
+    }
     assert summary["export"]["parity"]["max_abs_diff"] <= 1e-5
     assert "eval_accuracy" in summary["metrics"]
 
 
 def test_loss_falls(tmp_path):
     write_classification_csv(tmp_path / "train.csv")
-    path = write_recipe(tmp_path / "cls.yaml", tiny_classifier(
-        "train.csv", backend="ort-ondevice", max_steps=20, lr=5e-3))
+    path = write_recipe(
+        tmp_path / "cls.yaml",
+        tiny_classifier("train.csv", backend="ort-ondevice", max_steps=20, lr=5e-3),
+    )
     res = _train(path, tmp_path / "run", "data.eval_fraction=0")
     assert res.returncode == 0, res.stderr[-2000:]
     losses = list(_losses(tmp_path / "run").values())
@@ -83,8 +109,13 @@ def test_same_losses_as_pytorch_with_the_same_frozen_set(tmp_path):
     path = write_recipe(tmp_path / "cls.yaml", tiny_classifier("train.csv", max_steps=4, lr=5e-3))
     got = {}
     for backend in ("ort-ondevice", "torch"):
-        res = _train(path, tmp_path / backend, f"backend.name={backend}", "data.eval_fraction=0",
-                     "backend.trainable=[classifier.*,bert.encoder.layer.1.*]")
+        res = _train(
+            path,
+            tmp_path / backend,
+            f"backend.name={backend}",
+            "data.eval_fraction=0",
+            "backend.trainable=[classifier.*,bert.encoder.layer.1.*]",
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         got[backend] = list(_losses(tmp_path / backend).values())
         summary = json.loads(res.stdout)
@@ -129,8 +160,14 @@ def test_resume_auto_continues_at_the_right_step_without_torch(trained, tmp_path
     workflow), so the process never loads PyTorch."""
     recipe, run, _ = trained
     shutil.copytree(run / "step-000003", tmp_path / "step-000003")
-    res = _train(recipe, tmp_path, "model.from_config=null", "model.tokenizer.train=null",
-                 f"model.name_or_path={run / 'ondevice/artifacts'}", torch=False)
+    res = _train(
+        recipe,
+        tmp_path,
+        "model.from_config=null",
+        "model.tokenizer.train=null",
+        f"model.name_or_path={run / 'ondevice/artifacts'}",
+        torch=False,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "TORCH_MODULES 0" in res.stderr
     summary = json.loads(res.stdout)
@@ -138,19 +175,29 @@ def test_resume_auto_continues_at_the_right_step_without_torch(trained, tmp_path
     assert summary["backend"]["ort_exports"] == 0
     resumed, straight = _losses(tmp_path), _losses(run)
     assert sorted(resumed) == [4, 5, 6]
-    assert [resumed[s] for s in (4, 5, 6)] == pytest.approx([straight[s] for s in (4, 5, 6)], rel=1e-5)
+    assert [resumed[s] for s in (4, 5, 6)] == pytest.approx(
+        [straight[s] for s in (4, 5, 6)], rel=1e-5
+    )
 
 
 def test_ortft_eval_and_export_accept_the_onnx_final(trained, tmp_path):
     _, run, summary = trained
-    res = subprocess.run([sys.executable, "-m", "ortft", "eval", str(run), "--json"],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "eval", str(run), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     ev = json.loads(res.stdout)
     assert ev["runtime"] == "onnxruntime"
     assert ev["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["eval_accuracy"])
-    res = subprocess.run([sys.executable, "-m", "ortft", "export", str(run), "-o",
-                          str(tmp_path / "onnx"), "--json"], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "export", str(run), "-o", str(tmp_path / "onnx"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     rep = json.loads((tmp_path / "onnx/export.json").read_text())
     assert rep["passed"] and rep["parity"]["max_abs_diff"] == 0.0
@@ -168,11 +215,14 @@ def test_the_loop_module_imports_no_torch():
     assert not {n for n in names if n.split(".")[0] == "torch"}
 
 
-@pytest.mark.parametrize("override, message", [
-    ("adapter.rank=4", "does not support adapter"),
-    ("training.scheduler=polynomial", "training.scheduler=polynomial"),
-    ("task=masked-lm", "task masked-lm"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("adapter.rank=4", "does not support adapter"),
+        ("training.scheduler=polynomial", "training.scheduler=polynomial"),
+        ("task=masked-lm", "task masked-lm"),
+    ],
+)
 def test_unsupported_combinations_are_recipe_errors(tmp_path, override, message):
     from ortft import recipe_io
     from ortft.errors import RecipeError

@@ -17,9 +17,22 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quickstart_trains_through_ort_to_the_readme_accuracy(tmp_path: Path) -> None:
     run = tmp_path / "quickstart"
     res = subprocess.run(
-        [sys.executable, "-m", "ortft", "train", str(ROOT / "recipes" / "quickstart.yaml"),
-         "--output-dir", str(run), "--json", "--gate", "eval.accuracy>=0.90"],
-        capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}, timeout=1800,
+        [
+            sys.executable,
+            "-m",
+            "ortft",
+            "train",
+            str(ROOT / "recipes" / "quickstart.yaml"),
+            "--output-dir",
+            str(run),
+            "--json",
+            "--gate",
+            "eval.accuracy>=0.90",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=1800,
         check=False,
     )
     assert res.returncode == 0, res.stderr[-2000:]

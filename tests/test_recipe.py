@@ -235,7 +235,10 @@ def test_num_heads_must_divide_hidden_size(tmp_path):
 @pytest.mark.parametrize(
     "overrides, needle",
     [
-        (["precision=bf16", "hardware.device=cpu"], "precision.dtype=bf16 on cpu needs backend.name=torch"),
+        (
+            ["precision=bf16", "hardware.device=cpu"],
+            "precision.dtype=bf16 on cpu needs backend.name=torch",
+        ),
         (["precision.dtype=fp16", "hardware.device=cpu"], "precision.dtype=fp16 needs CUDA"),
         (["deepspeed.zero_optimization.stage=3"], "ortft supports ZeRO stages 0, 1 and 2"),
         (["deepspeed=ds.yaml"], "is not a .json file path"),
@@ -368,9 +371,16 @@ def test_duplicate_yaml_key_is_an_error(tmp_path: Path) -> None:
 
 
 def test_whole_recipe_errors_have_no_doubled_prefix() -> None:
-    data = {"model": {"name_or_path": "m"}, "task": "causal-lm", "data": {"train": "x.txt"},
-            "precision": "fp16", "hardware": {"device": "cpu"}}
+    data = {
+        "model": {"name_or_path": "m"},
+        "task": "causal-lm",
+        "data": {"train": "x.txt"},
+        "precision": "fp16",
+        "hardware": {"device": "cpu"},
+    }
     with pytest.raises(RecipeError) as info:
         recipe_io.load(None, data=data, check_files=False)
-    assert str(info.value) == ("recipe: precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training "
-                               "on cpu; use bf16 (backend.name=torch) or fp32")
+    assert str(info.value) == (
+        "recipe: precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training "
+        "on cpu; use bf16 (backend.name=torch) or fp32"
+    )

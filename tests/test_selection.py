@@ -23,8 +23,9 @@ def recipe(**extra: object) -> Recipe:
     return Recipe.model_validate(data)
 
 
-def feed(selector: Selector, values: list[float],
-         name: str = "accuracy") -> tuple[int | None, TrainState]:
+def feed(
+    selector: Selector, values: list[float], name: str = "accuracy"
+) -> tuple[int | None, TrainState]:
     """Evals with these values at steps 1, 2, ...; the step early stopping ends at (or None)."""
     state = TrainState()
     for step, value in enumerate(values, 1):
@@ -63,17 +64,26 @@ def test_best_tracks_the_selection_metric() -> None:
     assert stop is None  # no early stopping configured
     assert (state.best_step, state.best_value) == (2, 0.7)  # a tie later does not replace it
     report = sel.report(state, None)
-    assert report["best_metric"] == {"name": "eval_accuracy", "mode": "max", "value": 0.7,
-                                     "step": 2}
+    assert report["best_metric"] == {
+        "name": "eval_accuracy",
+        "mode": "max",
+        "value": 0.7,
+        "step": 2,
+    }
     assert report["stopped_early"] is False
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"training": {"early_stopping": {"patience": 2}, "eval_every": None}},
-     "needs training.eval_every"),
-    ({"checkpoint": {"final": "best"}, "data": {"eval_fraction": 0}}, "needs eval data"),
-    ({"training": {"early_stopping": {"metric": "eval_perplexity"}}}, "not a metric of"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            {"training": {"early_stopping": {"patience": 2}, "eval_every": None}},
+            "needs training.eval_every",
+        ),
+        ({"checkpoint": {"final": "best"}, "data": {"eval_fraction": 0}}, "needs eval data"),
+        ({"training": {"early_stopping": {"metric": "eval_perplexity"}}}, "not a metric of"),
+    ],
+)
 def test_recipe_rejects_selection_without_evals(extra: dict, message: str) -> None:
     from pydantic import ValidationError
 
@@ -93,10 +103,14 @@ def test_run_stops_early_and_final_holds_the_best(tmp_path: Path) -> None:
     r["export"] = {"enabled": False}
     path = write_recipe(tmp_path / "r.yaml", r)
     run = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "ortft", "train", str(path),
-                          "--output-dir", str(run), "--json"],
-                         capture_output=True, text=True, timeout=600, check=False,
-                         env={**os.environ, "NO_COLOR": "1"})
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "train", str(path), "--output-dir", str(run), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     assert res.returncode == 0, res.stderr
     s = json.loads(res.stdout)
     assert s["status"] == "completed" and s["stop_reason"] == "early_stopping"

@@ -24,8 +24,14 @@ DATA = ROOT / "recipes" / "data"
 
 
 def cli(*args: str) -> tuple[int, str, str]:
-    res = subprocess.run([sys.executable, "-m", "ortft", *args], capture_output=True, text=True,
-                         env={**os.environ, "NO_COLOR": "1"}, timeout=600, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=600,
+        check=False,
+    )
     return res.returncode, res.stdout, res.stderr
 
 
@@ -35,31 +41,76 @@ def losses(run: Path) -> list[float]:
 
 
 def tiny(task: dict, data: dict, arch: str, tokenizer: str, **extra: object) -> dict:
-    return {"model": {"from_config": {"architecture": arch, "hidden_size": 32, "num_layers": 2, "num_heads": 2},
-                      "tokenizer": {"train": {"kind": tokenizer, "vocab_size": 300, "min_frequency": 1}},
-                      "dropout": 0.0},
-            "task": task, "data": {"max_train_samples": 64, "max_eval_samples": 16, **data},
-            "training": {"max_steps": 3, "batch_size": 8, "lr": 1e-3, "log_every": 1},
-            **extra}
+    return {
+        "model": {
+            "from_config": {
+                "architecture": arch,
+                "hidden_size": 32,
+                "num_layers": 2,
+                "num_heads": 2,
+            },
+            "tokenizer": {"train": {"kind": tokenizer, "vocab_size": 300, "min_frequency": 1}},
+            "dropout": 0.0,
+        },
+        "task": task,
+        "data": {"max_train_samples": 64, "max_eval_samples": 16, **data},
+        "training": {"max_steps": 3, "batch_size": 8, "lr": 1e-3, "log_every": 1},
+        **extra,
+    }
 
 
 RECIPES = {
-    "token-classification": lambda: tiny({"name": "token-classification"},
-                                         {"train": str(DATA / "ner-train.jsonl"), "eval": str(DATA / "ner-eval.jsonl"),
-                                          "max_length": 24}, "bert", "wordpiece"),
-    "masked-lm": lambda: tiny({"name": "masked-lm", "mlm_probability": 0.3},
-                              {"train": str(DATA / "qa-train.jsonl"), "text_column": "context",
-                               "eval_fraction": 0.2, "max_length": 32}, "bert", "wordpiece"),
-    "seq2seq": lambda: tiny({"name": "seq2seq", "max_target_length": 8, "generate_samples": 4},
-                            {"train": str(DATA / "numbers-train.jsonl"), "eval": str(DATA / "numbers-eval.jsonl"),
-                             "max_length": 16}, "t5", "wordpiece"),
-    "question-answering": lambda: tiny({"name": "question-answering"},
-                                       {"train": str(DATA / "qa-train.jsonl"), "eval": str(DATA / "qa-eval.jsonl"),
-                                        "max_length": 64}, "bert", "wordpiece"),
-    "instruction": lambda: tiny({"name": "instruction"},
-                                {"train": str(DATA / "instructions-train.jsonl"),
-                                 "eval": str(DATA / "instructions-eval.jsonl"), "max_length": 48},
-                                "gpt2", "byte-bpe"),
+    "token-classification": lambda: tiny(
+        {"name": "token-classification"},
+        {
+            "train": str(DATA / "ner-train.jsonl"),
+            "eval": str(DATA / "ner-eval.jsonl"),
+            "max_length": 24,
+        },
+        "bert",
+        "wordpiece",
+    ),
+    "masked-lm": lambda: tiny(
+        {"name": "masked-lm", "mlm_probability": 0.3},
+        {
+            "train": str(DATA / "qa-train.jsonl"),
+            "text_column": "context",
+            "eval_fraction": 0.2,
+            "max_length": 32,
+        },
+        "bert",
+        "wordpiece",
+    ),
+    "seq2seq": lambda: tiny(
+        {"name": "seq2seq", "max_target_length": 8, "generate_samples": 4},
+        {
+            "train": str(DATA / "numbers-train.jsonl"),
+            "eval": str(DATA / "numbers-eval.jsonl"),
+            "max_length": 16,
+        },
+        "t5",
+        "wordpiece",
+    ),
+    "question-answering": lambda: tiny(
+        {"name": "question-answering"},
+        {
+            "train": str(DATA / "qa-train.jsonl"),
+            "eval": str(DATA / "qa-eval.jsonl"),
+            "max_length": 64,
+        },
+        "bert",
+        "wordpiece",
+    ),
+    "instruction": lambda: tiny(
+        {"name": "instruction"},
+        {
+            "train": str(DATA / "instructions-train.jsonl"),
+            "eval": str(DATA / "instructions-eval.jsonl"),
+            "max_length": 48,
+        },
+        "gpt2",
+        "byte-bpe",
+    ),
 }
 
 
@@ -67,8 +118,10 @@ def _tokenizer(kind: str, texts: list[str]):
     from ortft.models import train_tokenizer
     from ortft.recipe import TrainTokenizer
 
-    return train_tokenizer(texts, TrainTokenizer(kind=kind, vocab_size=200 if kind == "wordpiece" else 500,
-                                                 min_frequency=1))
+    return train_tokenizer(
+        texts,
+        TrainTokenizer(kind=kind, vocab_size=200 if kind == "wordpiece" else 500, min_frequency=1),
+    )
 
 
 # --------------------------------------------------------------------------- unit
@@ -79,7 +132,9 @@ def test_token_classification_labels_first_subtoken_only() -> None:
     rows = [{"tokens": ["Zanzibarians", "visit", "Oslo"], "tags": ["B-PER", "O", "B-LOC"]}]
     tok = _tokenizer("wordpiece", ["visit oslo", "zanzibar", "ians"])
     names = task.label_names(rows, DataSection(train="x"))
-    enc = task.encode(rows, tok, DataSection(train="x", max_length=16), {n: i for i, n in enumerate(names)})
+    enc = task.encode(
+        rows, tok, DataSection(train="x", max_length=16), {n: i for i, n in enumerate(names)}
+    )
     ids, labels = enc.arrays["input_ids"][0], enc.arrays["labels"][0]
     words = tok(["Zanzibarians", "visit", "Oslo"], is_split_into_words=True).word_ids()
     assert words.count(0) > 1  # the first word is split into several sub-tokens
@@ -91,7 +146,11 @@ def test_token_classification_labels_first_subtoken_only() -> None:
 def test_entity_f1_counts_exact_spans() -> None:
     from ortft.tasks.token_classification import spans
 
-    assert spans(["B-PER", "I-PER", "O", "B-LOC", "I-ORG"]) == {(0, 2, "PER"), (3, 4, "LOC"), (4, 5, "ORG")}
+    assert spans(["B-PER", "I-PER", "O", "B-LOC", "I-ORG"]) == {
+        (0, 2, "PER"),
+        (3, 4, "LOC"),
+        (4, 5, "ORG"),
+    }
     task = tasks.get("token-classification")
     task.id2label = ["B-PER", "I-PER", "O"]
     gold = np.array([[0, 1, 2, -100]])
@@ -109,8 +168,12 @@ def test_masked_lm_masking_is_seeded_per_epoch_and_80_10_10() -> None:
     enc = task.encode(rows, tok, DataSection(train="x", max_length=64), None)
     batch = enc.take(np.arange(8))
     a, b = task.collate(batch, 0, 1), task.collate(batch, 0, 1)
-    assert np.array_equal(a["input_ids"], b["input_ids"]) and np.array_equal(a["labels"], b["labels"])
-    assert not np.array_equal(a["labels"], task.collate(batch, 1, 1)["labels"])  # a new epoch: new masking
+    assert np.array_equal(a["input_ids"], b["input_ids"]) and np.array_equal(
+        a["labels"], b["labels"]
+    )
+    assert not np.array_equal(
+        a["labels"], task.collate(batch, 1, 1)["labels"]
+    )  # a new epoch: new masking
     picked = a["labels"] != -100
     assert np.all(enc.arrays["labels"][picked] != -100)  # never special tokens or padding
     assert 0.4 < picked.sum() / (enc.arrays["labels"] != -100).sum() < 0.6
@@ -124,20 +187,30 @@ def test_question_answering_offsets_map_to_the_answer() -> None:
     rows = [json.loads(x) for x in (DATA / "qa-eval.jsonl").read_text().splitlines()[:10]]
     tok = _tokenizer("wordpiece", [f"{r['question']} {r['context']}" for r in rows])
     enc = task.encode(rows, tok, DataSection(train="x", max_length=64), None)
-    for row, ids, (s, e) in zip(rows, enc.arrays["input_ids"], enc.arrays["labels"]):
-        assert tok.decode(ids[s:e + 1]).replace(" ", "") == row["answer_text"].lower().replace(" ", "")
+    for row, ids, (s, e) in zip(rows, enc.arrays["input_ids"], enc.arrays["labels"], strict=False):
+        assert tok.decode(ids[s : e + 1]).replace(" ", "") == row["answer_text"].lower().replace(
+            " ", ""
+        )
     perfect = np.zeros((1, 2, 64))
     perfect[0, 0, 5], perfect[0, 1, 7] = 9, 9
     m = task.metrics(0.0, [perfect], [np.array([[5, 7]])])
     assert m["exact_match"] == 1.0 and m["f1"] == 1.0
-    assert task.metrics(0.0, [perfect], [np.array([[6, 9]])])["f1"] == pytest.approx(2 * 2 / (3 + 4))
+    assert task.metrics(0.0, [perfect], [np.array([[6, 9]])])["f1"] == pytest.approx(
+        2 * 2 / (3 + 4)
+    )
 
 
 def test_instruction_masks_prompts_and_packs_whole_examples() -> None:
     task = tasks.get("instruction")
     rows = [{"prompt": f"Add {i} and 2.", "response": f"{i} plus 2 is {i + 2}."} for i in range(12)]
-    rows.append({"messages": [{"role": "user", "content": "Is 3 larger than 2?"},
-                              {"role": "assistant", "content": "Yes."}]})
+    rows.append(
+        {
+            "messages": [
+                {"role": "user", "content": "Is 3 larger than 2?"},
+                {"role": "assistant", "content": "Yes."},
+            ]
+        }
+    )
     tok = _tokenizer("byte-bpe", task.texts(rows, DataSection(train="x")))
     single = task.encode(rows, tok, DataSection(train="x", max_length=96, packing=False), None)
     text = tok.decode(single.arrays["input_ids"][0][single.arrays["attention_mask"][0] == 1])
@@ -152,7 +225,9 @@ def test_instruction_masks_prompts_and_packs_whole_examples() -> None:
     assert sum(len(x) for x in per_example) == len(per_block)
     for row in packed.arrays["input_ids"]:
         starts = tok.decode(row).count("### Instruction:") + tok.decode(row).count("### User:")
-        assert tok.decode(row).count(tok.eos_token) >= starts  # each started example ends in the block
+        assert (
+            tok.decode(row).count(tok.eos_token) >= starts
+        )  # each started example ends in the block
 
 
 def test_token_f1() -> None:
@@ -169,7 +244,10 @@ def test_task_options_belong_to_their_task() -> None:
     bad = {**base, "task": {"name": "token-classification", "mlm_probability": 0.2}}
     with pytest.raises(ValueError, match="task.mlm_probability is an option of masked-lm"):
         Recipe.model_validate(bad)
-    t5_cls = {**base, "model": {**base["model"], "from_config": {"architecture": "t5", "hidden_size": 32}}}
+    t5_cls = {
+        **base,
+        "model": {**base["model"], "from_config": {"architecture": "t5", "hidden_size": 32}},
+    }
     with pytest.raises(ValueError, match="seq2seq needs t5"):
         Recipe.model_validate(t5_cls)
     lora_auto = {**base, "adapter": {"kind": "lora"}, "backend": {"name": "auto"}}
@@ -178,7 +256,14 @@ def test_task_options_belong_to_their_task() -> None:
 
 
 def test_shipped_task_recipes_validate() -> None:
-    names = ["token-classification", "masked-lm", "seq2seq", "question-answering", "instruction", "lora"]
+    names = [
+        "token-classification",
+        "masked-lm",
+        "seq2seq",
+        "question-answering",
+        "instruction",
+        "lora",
+    ]
     code, out, err = cli("validate", *[str(ROOT / "recipes" / f"{n}.yaml") for n in names])
     assert code == 0, err
     for n in names:
@@ -198,14 +283,22 @@ def test_task_trains_on_both_backends(name: str, tmp_path: Path) -> None:
         code, _, err = cli("train", str(recipe), f"backend.name={backend}", "-o", str(run))
         assert code == 0, err[-3000:]
         runs[backend] = json.loads((run / "summary.json").read_text())
-        assert runs[backend]["backend"]["used"] == backend and not runs[backend]["backend"]["fallback"]
+        assert (
+            runs[backend]["backend"]["used"] == backend and not runs[backend]["backend"]["fallback"]
+        )
     assert losses(tmp_path / "ort") == pytest.approx(losses(tmp_path / "torch"), rel=1e-4)
     s = runs["ort"]
     assert s["backend"]["ort_exports"] >= 1
-    for metric in ("eval_loss", *{"token-classification": ["eval_accuracy", "eval_f1"],
-                                  "masked-lm": ["eval_perplexity"], "instruction": ["eval_perplexity"],
-                                  "seq2seq": ["eval_exact_match", "eval_token_f1"],
-                                  "question-answering": ["eval_exact_match", "eval_f1"]}[name]):
+    for metric in (
+        "eval_loss",
+        *{
+            "token-classification": ["eval_accuracy", "eval_f1"],
+            "masked-lm": ["eval_perplexity"],
+            "instruction": ["eval_perplexity"],
+            "seq2seq": ["eval_exact_match", "eval_token_f1"],
+            "question-answering": ["eval_exact_match", "eval_f1"],
+        }[name],
+    ):
         assert metric in s["metrics"]
     if name == "seq2seq":
         assert "skipped" in s["export"] and not (tmp_path / "ort" / "onnx").exists()
@@ -221,13 +314,20 @@ def test_lora_trains_only_the_adapter_and_exports_merged(tmp_path: Path) -> None
     recipe["task"] = "sequence-classification"
     write_classification_csv(tmp_path / "train.csv", n=80)
     recipe["data"] = {"train": "train.csv", "eval_fraction": 0.2, "max_length": 16}
-    recipe["adapter"] = {"kind": "lora", "rank": 4, "alpha": 8, "target_modules": ["query", "value"],
-                         "train_head": False}
+    recipe["adapter"] = {
+        "kind": "lora",
+        "rank": 4,
+        "alpha": 8,
+        "target_modules": ["query", "value"],
+        "train_head": False,
+    }
     recipe["checkpoint"] = {"save_every": 3}
     recipe["training"]["lr"] = 1e-2
     path = write_recipe(tmp_path / "lora.yaml", recipe)
     for backend in ("torch", "ort"):
-        code, _, err = cli("train", str(path), f"backend.name={backend}", "-o", str(tmp_path / backend))
+        code, _, err = cli(
+            "train", str(path), f"backend.name={backend}", "-o", str(tmp_path / backend)
+        )
         assert code == 0, err[-3000:]
     assert losses(tmp_path / "ort") == pytest.approx(losses(tmp_path / "torch"), rel=1e-4)
     run = tmp_path / "ort"
@@ -243,8 +343,13 @@ def test_lora_trains_only_the_adapter_and_exports_merged(tmp_path: Path) -> None
     loaded = recipe_io.load(path)
     tok = AutoTokenizer.from_pretrained(run / "tokenizer")
     labels = json.loads((run / "final" / "config.json").read_text())["id2label"]
-    fresh = models.build_model(loaded, "AutoModelForSequenceClassification", tok,
-                               [labels[str(i)] for i in range(len(labels))], attn="eager").state_dict()
+    fresh = models.build_model(
+        loaded,
+        "AutoModelForSequenceClassification",
+        tok,
+        [labels[str(i)] for i in range(len(labels))],
+        attn="eager",
+    ).state_dict()
     final = load_file(str(run / "final" / "model.safetensors"))
     assert set(final) == set(fresh)
     for k, v in final.items():
@@ -255,8 +360,15 @@ def test_lora_trains_only_the_adapter_and_exports_merged(tmp_path: Path) -> None
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification
 
-    base = AutoModelForSequenceClassification.from_pretrained(run / "final", attn_implementation="eager").eval()
-    enc = tok(["great fun movie indeed", "terrible plot"], padding="max_length", max_length=16, return_tensors="np")
+    base = AutoModelForSequenceClassification.from_pretrained(
+        run / "final", attn_implementation="eager"
+    ).eval()
+    enc = tok(
+        ["great fun movie indeed", "terrible plot"],
+        padding="max_length",
+        max_length=16,
+        return_tensors="np",
+    )
     feeds = {k: torch.from_numpy(enc[k]) for k in ("input_ids", "attention_mask")}
     with torch.no_grad():
         plain = base(**feeds).logits.numpy()
@@ -265,18 +377,34 @@ def test_lora_trains_only_the_adapter_and_exports_merged(tmp_path: Path) -> None
     assert np.abs(want - plain).max() > 1e-6  # the adapter changed the outputs
     # (the torch run's: an export from a process that ran ORTModule holds ATen nodes that only
     # that process can run; see the report)
-    sess = ort.InferenceSession(str(tmp_path / "torch" / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
-    got = sess.run(["logits"], {"input_ids": enc["input_ids"].astype(np.int64),
-                                "attention_mask": enc["attention_mask"].astype(np.int64)})[0]
+    sess = ort.InferenceSession(
+        str(tmp_path / "torch" / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    got = sess.run(
+        ["logits"],
+        {
+            "input_ids": enc["input_ids"].astype(np.int64),
+            "attention_mask": enc["attention_mask"].astype(np.int64),
+        },
+    )[0]
     assert np.abs(got - want).max() < 1e-4
     # ortft export: refuses an adapter run without --merge-adapters, merges with it
     code, _, err = cli("export", str(run), "-o", str(tmp_path / "x"))
     assert code == 2 and "--merge-adapters" in err
-    code, out, err = cli("export", str(run), "--merge-adapters", "-o", str(tmp_path / "merged"), "--json")
+    code, out, err = cli(
+        "export", str(run), "--merge-adapters", "-o", str(tmp_path / "merged"), "--json"
+    )
     assert code == 0, err[-3000:]
-    sess = ort.InferenceSession(str(tmp_path / "merged" / "model.onnx"), providers=["CPUExecutionProvider"])
-    got = sess.run(["logits"], {"input_ids": enc["input_ids"].astype(np.int64),
-                                "attention_mask": enc["attention_mask"].astype(np.int64)})[0]
+    sess = ort.InferenceSession(
+        str(tmp_path / "merged" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    got = sess.run(
+        ["logits"],
+        {
+            "input_ids": enc["input_ids"].astype(np.int64),
+            "attention_mask": enc["attention_mask"].astype(np.int64),
+        },
+    )[0]
     assert np.abs(got - want).max() < 1e-4
 
 

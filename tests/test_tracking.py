@@ -10,9 +10,11 @@ from ortft.errors import InputError
 from ortft.recipe import LoggingSection
 from ortft.tracking import PLOT_NAME, Tracker, check
 
-ROWS = [{"kind": "train", "step": 1, "epoch": 0.1, "loss": 0.9, "lr": 1e-3, "time_s": 1.0},
-        {"kind": "train", "step": 2, "epoch": 0.2, "loss": 0.7, "lr": 1e-3, "time_s": 2.0},
-        {"kind": "eval", "step": 2, "epoch": 0.2, "loss": 0.8, "accuracy": 0.6, "f1_macro": 0.5}]
+ROWS = [
+    {"kind": "train", "step": 1, "epoch": 0.1, "loss": 0.9, "lr": 1e-3, "time_s": 1.0},
+    {"kind": "train", "step": 2, "epoch": 0.2, "loss": 0.7, "lr": 1e-3, "time_s": 2.0},
+    {"kind": "eval", "step": 2, "epoch": 0.2, "loss": 0.8, "accuracy": 0.6, "f1_macro": 0.5},
+]
 
 
 def test_plot_and_tensorboard(tmp_path: Path) -> None:
@@ -32,7 +34,10 @@ def test_a_missing_package_is_an_input_error(monkeypatch: pytest.MonkeyPatch) ->
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tensorboard" else real(name, *a),
+    )
     with pytest.raises(InputError, match="logging.tensorboard: needs the 'tensorboard' package"):
         check(LoggingSection(tensorboard=True))

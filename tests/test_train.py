@@ -10,7 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import tiny_causal_lm, tiny_classifier, write_classification_csv, write_corpus, write_recipe
+from conftest import (
+    tiny_causal_lm,
+    tiny_classifier,
+    write_classification_csv,
+    write_corpus,
+    write_recipe,
+)
 
 
 def train(*args: str) -> tuple[int, str, str]:
@@ -19,8 +25,14 @@ def train(*args: str) -> tuple[int, str, str]:
     (ORTModule redirects the OS-level stdout/stderr while it exports, which needs real
     file descriptors; an in-process CliRunner has none.)
     """
-    res = subprocess.run([sys.executable, "-m", "ortft", "train", *args], capture_output=True,
-                         text=True, env={**os.environ, "NO_COLOR": "1"}, timeout=600, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=600,
+        check=False,
+    )
     return res.returncode, res.stdout, res.stderr
 
 
@@ -52,28 +64,62 @@ def test_ort_and_torch_agree_on_classification(cls_recipe: Path, tmp_path: Path)
     assert s["backend"]["ort_exports"] >= 1  # ORT really ran: it exported the graph
     # fixed-shape batches: one training export plus one for eval, never one per step
     assert s["backend"]["ort_exports"] <= 2
-    assert summary(torch_dir)["backend"] == {**summary(torch_dir)["backend"], "used": "torch",
-                                             "ort_exports": 0}
+    assert summary(torch_dir)["backend"] == {
+        **summary(torch_dir)["backend"],
+        "used": "torch",
+        "ort_exports": 0,
+    }
 
 
 def test_run_directory_layout(cls_recipe: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    code, _, err = train(str(cls_recipe), "checkpoint.save_every=2", "checkpoint.keep_last=2",
-                         "--output-dir", str(run), "--json")
+    code, _, err = train(
+        str(cls_recipe),
+        "checkpoint.save_every=2",
+        "checkpoint.keep_last=2",
+        "--output-dir",
+        str(run),
+        "--json",
+    )
     assert code == 0, err
     assert {p.name for p in run.iterdir()} >= {
-        "final", "onnx", "summary.json", "metrics.jsonl", "tokenizer", "step-000002", "step-000004"}
+        "final",
+        "onnx",
+        "summary.json",
+        "metrics.jsonl",
+        "tokenizer",
+        "step-000002",
+        "step-000004",
+    }
     ckpt = {p.name for p in (run / "step-000004").iterdir()}
-    assert ckpt == {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "recipe.yaml",
-                    "state.json", "manifest.json"}
+    assert ckpt == {
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng.pt",
+        "recipe.yaml",
+        "state.json",
+        "manifest.json",
+    }
     manifest = json.loads((run / "step-000004" / "manifest.json").read_text())
     assert manifest["format_version"] == 1 and set(manifest["files"]) == ckpt - {"manifest.json"}
     final = {p.name for p in (run / "final").iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "recipe.yaml", "README.md",
-            "summary.json"} <= final
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "recipe.yaml",
+        "README.md",
+        "summary.json",
+    } <= final
     # the saved recipe re-validates from anywhere (input paths were made absolute)
-    check = subprocess.run([sys.executable, "-m", "ortft", "validate", str(run / "final" / "recipe.yaml")],
-                           capture_output=True, text=True, cwd="/", check=False)
+    check = subprocess.run(
+        [sys.executable, "-m", "ortft", "validate", str(run / "final" / "recipe.yaml")],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=False,
+    )
     assert check.returncode == 0, check.stderr
     config = json.loads((run / "final" / "config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "pos"}
@@ -82,18 +128,35 @@ def test_run_directory_layout(cls_recipe: Path, tmp_path: Path) -> None:
     # the export made after ORTModule training is plain ONNX: it runs in a fresh process
     # without ORTModule (ORTModule's ATen symbolics must not leak into it)
     check = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, numpy as np, onnx, onnxruntime as ort\n"
-         "m = onnx.load(sys.argv[1]); assert not [n for n in m.graph.node if n.domain], 'custom ops'\n"
-         "s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
-         "x = np.ones((2, 16), dtype=np.int64); print(s.run(None, {'input_ids': x, 'attention_mask': x})[0].shape)",
-         str(run / "onnx" / "model.onnx")], capture_output=True, text=True, check=False)
+        [
+            sys.executable,
+            "-c",
+            "import sys, numpy as np, onnx, onnxruntime as ort\n"
+            "m = onnx.load(sys.argv[1]); assert not [n for n in m.graph.node if n.domain], 'custom ops'\n"
+            "s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+            "x = np.ones((2, 16), dtype=np.int64); print(s.run(None, {'input_ids': x, 'attention_mask': x})[0].shape)",
+            str(run / "onnx" / "model.onnx"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert check.returncode == 0, check.stderr
     export = json.loads((run / "onnx" / "export.json").read_text())
     assert export["parity"]["passed"] and export["parity"]["max_abs_diff"] < 1e-4
     s = summary(run)
-    for key in ("format_version", "status", "backend", "steps", "epochs", "metrics", "throughput",
-                "wall_time_s", "paths", "provenance"):
+    for key in (
+        "format_version",
+        "status",
+        "backend",
+        "steps",
+        "epochs",
+        "metrics",
+        "throughput",
+        "wall_time_s",
+        "paths",
+        "provenance",
+    ):
         assert key in s
     assert s["steps"] == 5 and s["metrics"]["eval_accuracy"] is not None
     assert s["provenance"]["packages"]["onnxruntime-training"] == "1.19.2"
@@ -124,11 +187,16 @@ def test_resume_reproduces_uninterrupted_run(tmp_path: Path) -> None:
 
 def test_finished_run_is_not_retrained(cls_recipe: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    assert train(str(cls_recipe), "backend.name=torch", "export.enabled=false",
-                 "--output-dir", str(run))[0] == 0
+    assert (
+        train(
+            str(cls_recipe), "backend.name=torch", "export.enabled=false", "--output-dir", str(run)
+        )[0]
+        == 0
+    )
     before = (run / "summary.json").read_text()
-    code, out, err = train(str(cls_recipe), "backend.name=torch", "export.enabled=false",
-                           "--output-dir", str(run))
+    code, out, err = train(
+        str(cls_recipe), "backend.name=torch", "export.enabled=false", "--output-dir", str(run)
+    )
     assert code == 0
     assert "already holds a finished run" in err
     assert (run / "summary.json").read_text() == before
@@ -152,9 +220,21 @@ def test_causal_lm_backends_agree(tmp_path: Path) -> None:
     write_corpus(tmp_path / "corpus.txt")
     path = write_recipe(tmp_path / "lm.yaml", tiny_causal_lm("corpus.txt"))
     a, b = tmp_path / "a", tmp_path / "b"
-    assert train(str(path), "export.enabled=false", "data.eval_fraction=0", "--output-dir", str(a))[0] == 0
-    assert train(str(path), "export.enabled=false", "data.eval_fraction=0", "backend.name=torch",
-                 "--output-dir", str(b))[0] == 0
+    assert (
+        train(str(path), "export.enabled=false", "data.eval_fraction=0", "--output-dir", str(a))[0]
+        == 0
+    )
+    assert (
+        train(
+            str(path),
+            "export.enabled=false",
+            "data.eval_fraction=0",
+            "backend.name=torch",
+            "--output-dir",
+            str(b),
+        )[0]
+        == 0
+    )
     assert losses(a) == pytest.approx(losses(b), rel=1e-4)
 
 

@@ -61,10 +61,12 @@ def _install_session_tweaks() -> None:
     if getattr(cls._get_session_config, "_ortft_tweaked", False):
         return
     original = cls._get_session_config
-    levels = {"disable": GraphOptimizationLevel.ORT_DISABLE_ALL,
-              "basic": GraphOptimizationLevel.ORT_ENABLE_BASIC,
-              "extended": GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-              "all": GraphOptimizationLevel.ORT_ENABLE_ALL}
+    levels = {
+        "disable": GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
 
     def tweaked(self: Any) -> Any:
         session_options, providers, provider_options = original(self)
@@ -73,7 +75,8 @@ def _install_session_tweaks() -> None:
             session_options.intra_op_num_threads = int(settings["ORTFT_ORT_INTRA_OP_THREADS"])
         if "ORTFT_ORT_SPINNING" in settings:
             session_options.add_session_config_entry(
-                "session.intra_op.allow_spinning", settings["ORTFT_ORT_SPINNING"])
+                "session.intra_op.allow_spinning", settings["ORTFT_ORT_SPINNING"]
+            )
         if "ORTFT_ORT_OPT_LEVEL" in settings:
             session_options.graph_optimization_level = levels[settings["ORTFT_ORT_OPT_LEVEL"]]
         return session_options, providers, provider_options
@@ -152,7 +155,10 @@ class OrtBackend:
         self._configure_env(run_dir)
         try:
             # torch's cpp_extension prints a CUDA_HOME notice on CPU machines: not ours to show
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
                 from onnxruntime.training.ortmodule import DebugOptions, LogLevel, ORTModule
         except Exception as err:  # noqa: BLE001 - an import failure is the most common setup bug
             raise BackendError(
@@ -163,7 +169,9 @@ class OrtBackend:
         _install_label_hook_fix()
         self._report.notes.extend(f"{k}={v}" for k, v in sorted(session_settings().items()))
         level = self.options.memory_optimization_level
-        if level:  # ORTModule's memory optimizer applies a recompute plan (ORTMODULE_MEMORY_OPT_LEVEL)
+        if (
+            level
+        ):  # ORTModule's memory optimizer applies a recompute plan (ORTMODULE_MEMORY_OPT_LEVEL)
             self._report.notes.append(f"memory_optimization_level={level}")
         self._start_exports = export_count()
         debug = DebugOptions(
@@ -199,7 +207,9 @@ class OrtBackend:
         manager = torch_module._execution_manager(wrapped.training)
         pending = manager._fallback_manager._exception
         if pending is not None:
-            self._fell_back(f"{type(pending).__name__}: {str(pending).strip().splitlines()[0][:300]}")
+            self._fell_back(
+                f"{type(pending).__name__}: {str(pending).strip().splitlines()[0][:300]}"
+            )
         elif export_count() == self._start_exports:
             # Nothing was exported, yet the step ran: ORT was not in the loop.
             self._fell_back("ORTModule ran no exported graph")

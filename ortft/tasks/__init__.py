@@ -35,10 +35,17 @@ class Task(Protocol):
     needs_labels: bool  # whether the data must have a label column
     needs_logits: bool  # whether eval metrics need the logits (not just the loss)
 
-    def encode(self, rows: list[dict[str, Any]], tokenizer: Any, data: DataSection,
-               label2id: dict[str, int] | None) -> Encoded: ...
+    def encode(
+        self,
+        rows: list[dict[str, Any]],
+        tokenizer: Any,
+        data: DataSection,
+        label2id: dict[str, int] | None,
+    ) -> Encoded: ...
 
-    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, float]: ...
+    def metrics(
+        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
+    ) -> dict[str, float]: ...
 
 
 # Optional members a task may add; the loop reads them with getattr and these defaults:

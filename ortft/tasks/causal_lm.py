@@ -46,14 +46,17 @@ class CausalLM:
             mask = np.ones_like(input_ids)
             labels = input_ids.copy()
         else:
-            enc = tokenizer(texts, max_length=L, truncation=True, padding="max_length",
-                            return_tensors="np")
+            enc = tokenizer(
+                texts, max_length=L, truncation=True, padding="max_length", return_tensors="np"
+            )
             input_ids = enc["input_ids"].astype(np.int64)
             mask = enc["attention_mask"].astype(np.int64)
             labels = np.where(mask == 1, input_ids, IGNORE)
         return Encoded({"input_ids": input_ids, "attention_mask": mask, "labels": labels})
 
-    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
+    def metrics(
+        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
+    ) -> dict[str, Any]:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
 

@@ -43,7 +43,9 @@ class SequenceClassification:
             }
         )
 
-    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
+    def metrics(
+        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
+    ) -> dict[str, Any]:
         pred = np.concatenate([lg.argmax(-1) for lg in logits])
         gold = np.concatenate(labels)
         return {

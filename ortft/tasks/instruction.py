@@ -64,26 +64,39 @@ class Instruction:
     def _messages(self, row: dict[str, Any], i: int) -> list[dict[str, str]]:
         if self.messages_column in row and row[self.messages_column]:
             msgs = row[self.messages_column]
-            if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
-                                                     for m in msgs):
-                raise InputError(f"row {i + 1}: {self.messages_column} must be a list of "
-                                 "{role, content} objects")
+            if not isinstance(msgs, list) or not all(
+                isinstance(m, dict) and "role" in m and "content" in m for m in msgs
+            ):
+                raise InputError(
+                    f"row {i + 1}: {self.messages_column} must be a list of "
+                    "{role, content} objects"
+                )
             return [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs]
         if self.prompt_column in row and self.response_column in row:
-            return [{"role": "user", "content": str(row[self.prompt_column])},
-                    {"role": "assistant", "content": str(row[self.response_column])}]
-        raise InputError(f"row {i + 1}: needs {self.prompt_column} and {self.response_column}, or "
-                         f"{self.messages_column} (has: {', '.join(sorted(map(str, row)))})")
+            return [
+                {"role": "user", "content": str(row[self.prompt_column])},
+                {"role": "assistant", "content": str(row[self.response_column])},
+            ]
+        raise InputError(
+            f"row {i + 1}: needs {self.prompt_column} and {self.response_column}, or "
+            f"{self.messages_column} (has: {', '.join(sorted(map(str, row)))})"
+        )
 
     def _segments(self, row: dict[str, Any], i: int, tokenizer: Any) -> list[tuple[str, bool]]:
         """The example as (text, learned?) pieces, in order."""
         msgs = self._messages(row, i)
         eos = (tokenizer.eos_token or "") if tokenizer is not None else ""
-        if tokenizer is not None and self.template == "auto" and getattr(tokenizer, "chat_template", None):
+        if (
+            tokenizer is not None
+            and self.template == "auto"
+            and getattr(tokenizer, "chat_template", None)
+        ):
             return _template_segments(tokenizer, msgs)
         if len(msgs) == 2 and [m["role"] for m in msgs] == ["user", "assistant"]:
-            return [(f"### Instruction:\n{msgs[0]['content']}\n\n### Response:\n", False),
-                    (msgs[1]["content"] + eos, True)]
+            return [
+                (f"### Instruction:\n{msgs[0]['content']}\n\n### Response:\n", False),
+                (msgs[1]["content"] + eos, True),
+            ]
         out: list[tuple[str, bool]] = []
         for m in msgs:
             role = SIMPLE_ROLES.get(m["role"], m["role"].title())
@@ -92,7 +105,9 @@ class Instruction:
             out.append((m["content"] + (eos if learned else "") + "\n\n", learned))
         return out
 
-    def _example(self, row: dict[str, Any], i: int, tokenizer: Any, limit: int) -> tuple[list[int], list[int]]:
+    def _example(
+        self, row: dict[str, Any], i: int, tokenizer: Any, limit: int
+    ) -> tuple[list[int], list[int]]:
         ids: list[int] = []
         labels: list[int] = []
         for text, learned in self._segments(row, i, tokenizer):
@@ -124,10 +139,16 @@ class Instruction:
         mask = np.zeros((len(blocks), L), dtype=np.int64)
         labels_arr = np.full((len(blocks), L), IGNORE, dtype=np.int64)
         for b, (ids, labels) in enumerate(blocks):
-            input_ids[b, :len(ids)], mask[b, :len(ids)], labels_arr[b, :len(ids)] = ids, 1, labels
+            input_ids[b, : len(ids)], mask[b, : len(ids)], labels_arr[b, : len(ids)] = (
+                ids,
+                1,
+                labels,
+            )
         return Encoded({"input_ids": input_ids, "attention_mask": mask, "labels": labels_arr})
 
-    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
+    def metrics(
+        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
+    ) -> dict[str, Any]:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
 
@@ -141,19 +162,24 @@ def _template_segments(tokenizer: Any, msgs: list[dict[str, str]]) -> list[tuple
     done = ""
     for k, m in enumerate(msgs):
         if m["role"] == "assistant":
-            prefix = tokenizer.apply_chat_template(msgs[:k], tokenize=False, add_generation_prompt=True)
+            prefix = tokenizer.apply_chat_template(
+                msgs[:k], tokenize=False, add_generation_prompt=True
+            )
             if prefix.startswith(done):
-                out.append((prefix[len(done):], False))
+                out.append((prefix[len(done) :], False))
                 done = prefix
-        full = tokenizer.apply_chat_template(msgs[:k + 1], tokenize=False)
+        full = tokenizer.apply_chat_template(msgs[: k + 1], tokenize=False)
         if not full.startswith(done):
-            raise InputError("the tokenizer's chat template renders a chat differently when it grows; "
-                             "set task.template=simple")
-        out.append((full[len(done):], m["role"] == "assistant"))
+            raise InputError(
+                "the tokenizer's chat template renders a chat differently when it grows; "
+                "set task.template=simple"
+            )
+        out.append((full[len(done) :], m["role"] == "assistant"))
         done = full
     return out
 
 
 def build(section: Any) -> Instruction:
-    return Instruction(section.prompt_column, section.response_column, section.messages_column,
-                       section.template)
+    return Instruction(
+        section.prompt_column, section.response_column, section.messages_column, section.template
+    )

@@ -38,21 +38,34 @@ class MaskedLM:
         if tokenizer.mask_token_id is None:
             raise InputError("masked-lm needs a tokenizer with a mask token (e.g. a wordpiece one)")
         texts = [str(r[data.text_column]) for r in rows if str(r[data.text_column]).strip()]
-        enc = tokenizer(texts, max_length=data.max_length, truncation=True, padding="max_length",
-                        return_special_tokens_mask=True, return_tensors="np")
+        enc = tokenizer(
+            texts,
+            max_length=data.max_length,
+            truncation=True,
+            padding="max_length",
+            return_special_tokens_mask=True,
+            return_tensors="np",
+        )
         ids = enc["input_ids"].astype(np.int64)
         mask = enc["attention_mask"].astype(np.int64)
         pickable = (mask == 1) & (enc["special_tokens_mask"] == 0)
         n = len(ids)
-        return Encoded({
-            "input_ids": ids, "attention_mask": mask,
-            # the candidates: the original token where it may be masked, else -100
-            "labels": np.where(pickable, ids, IGNORE),
-            "_row": np.arange(n, dtype=np.int64),
-            "_special": np.tile(np.array([tokenizer.mask_token_id, len(tokenizer)], dtype=np.int64), (n, 1)),
-        })
+        return Encoded(
+            {
+                "input_ids": ids,
+                "attention_mask": mask,
+                # the candidates: the original token where it may be masked, else -100
+                "labels": np.where(pickable, ids, IGNORE),
+                "_row": np.arange(n, dtype=np.int64),
+                "_special": np.tile(
+                    np.array([tokenizer.mask_token_id, len(tokenizer)], dtype=np.int64), (n, 1)
+                ),
+            }
+        )
 
-    def collate(self, batch: dict[str, np.ndarray], epoch: int | None, seed: int) -> dict[str, np.ndarray]:
+    def collate(
+        self, batch: dict[str, np.ndarray], epoch: int | None, seed: int
+    ) -> dict[str, np.ndarray]:
         """Mask this batch: the same row in the same epoch always gets the same masking
         (``epoch`` None: the eval masking)."""
         epoch = EVAL_EPOCH if epoch is None else epoch
@@ -61,14 +74,20 @@ class MaskedLM:
         labels = np.full_like(candidates, IGNORE)
         for i, row in enumerate(batch["_row"]):
             rng = np.random.default_rng([seed, epoch, int(row)])
-            u, kind, rand = rng.random(ids.shape[1]), rng.random(ids.shape[1]), rng.integers(0, vocab, ids.shape[1])
+            u, kind, rand = (
+                rng.random(ids.shape[1]),
+                rng.random(ids.shape[1]),
+                rng.integers(0, vocab, ids.shape[1]),
+            )
             picked = (candidates[i] != IGNORE) & (u < self.probability)
             labels[i] = np.where(picked, candidates[i], IGNORE)
             ids[i] = np.where(picked & (kind < 0.8), mask_id, ids[i])
             ids[i] = np.where(picked & (kind >= 0.8) & (kind < 0.9), rand, ids[i])
         return {**batch, "input_ids": ids, "labels": labels}
 
-    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
+    def metrics(
+        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
+    ) -> dict[str, Any]:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
 

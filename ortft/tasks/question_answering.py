@@ -39,11 +39,22 @@ class QuestionAnswering:
 
     @property
     def options_key(self) -> str:
-        return "|".join([self.question_column, self.context_column, self.answer_column,
-                         self.answer_start_column])
+        return "|".join(
+            [
+                self.question_column,
+                self.context_column,
+                self.answer_column,
+                self.answer_start_column,
+            ]
+        )
 
     def columns(self, data: Any) -> list[str]:
-        return [self.question_column, self.context_column, self.answer_column, self.answer_start_column]
+        return [
+            self.question_column,
+            self.context_column,
+            self.answer_column,
+            self.answer_start_column,
+        ]
 
     def texts(self, rows: list[dict[str, Any]], data: Any) -> list[str]:
         return [f"{r[self.question_column]} {r[self.context_column]}" for r in rows]
@@ -51,48 +62,79 @@ class QuestionAnswering:
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         questions = [str(r[self.question_column]) for r in rows]
         contexts = [str(r[self.context_column]) for r in rows]
-        enc = tokenizer(questions, contexts, max_length=data.max_length, truncation="only_second",
-                        padding="max_length", return_offsets_mapping=True)
+        enc = tokenizer(
+            questions,
+            contexts,
+            max_length=data.max_length,
+            truncation="only_second",
+            padding="max_length",
+            return_offsets_mapping=True,
+        )
         labels = np.zeros((len(rows), 2), dtype=np.int64)
         for i, r in enumerate(rows):
             answer, context = str(r[self.answer_column]), contexts[i]
             try:
                 start_char = int(r[self.answer_start_column])
             except (TypeError, ValueError):
-                raise InputError(f"row {i + 1}: {self.answer_start_column} must be an integer") from None
+                raise InputError(
+                    f"row {i + 1}: {self.answer_start_column} must be an integer"
+                ) from None
             end_char = start_char + len(answer)
             if context[start_char:end_char] != answer:
-                raise InputError(f"row {i + 1}: the context at {self.answer_start_column}={start_char} "
-                                 f"is {context[start_char:end_char]!r}, not the answer {answer!r}")
+                raise InputError(
+                    f"row {i + 1}: the context at {self.answer_start_column}={start_char} "
+                    f"is {context[start_char:end_char]!r}, not the answer {answer!r}"
+                )
             seq = enc.sequence_ids(i)
             offsets = enc["offset_mapping"][i]
             tokens = [t for t, s in enumerate(seq) if s == 1]
             start = next((t for t in tokens if offsets[t][0] <= start_char < offsets[t][1]), None)
-            end = next((t for t in reversed(tokens) if offsets[t][0] < end_char <= offsets[t][1]), None)
+            end = next(
+                (t for t in reversed(tokens) if offsets[t][0] < end_char <= offsets[t][1]), None
+            )
             if start is not None and end is not None:  # else truncated away: point at [CLS]
                 labels[i] = (start, end)
-        return Encoded({"input_ids": np.asarray(enc["input_ids"], dtype=np.int64),
-                        "attention_mask": np.asarray(enc["attention_mask"], dtype=np.int64),
-                        "labels": labels})
+        return Encoded(
+            {
+                "input_ids": np.asarray(enc["input_ids"], dtype=np.int64),
+                "attention_mask": np.asarray(enc["attention_mask"], dtype=np.int64),
+                "labels": labels,
+            }
+        )
 
-    def forward(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # -100 (eval's padded rows) becomes the sequence length: transformers ignores that index
         positions = torch.where(labels < 0, torch.full_like(labels, input_ids.shape[1]), labels)
-        out = model(input_ids=input_ids, attention_mask=attention_mask, start_positions=positions[:, 0],
-                    end_positions=positions[:, 1], return_dict=True)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            start_positions=positions[:, 0],
+            end_positions=positions[:, 1],
+            return_dict=True,
+        )
         return out.loss, torch.stack([out.start_logits, out.end_logits], dim=1)
 
-    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
+    def metrics(
+        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
+    ) -> dict[str, Any]:
         em, f1 = [], []
-        for lg, lb in zip(logits, labels):
-            for (start_logits, end_logits), (gs, ge) in zip(lg, lb):
+        for lg, lb in zip(logits, labels, strict=False):
+            for (start_logits, end_logits), (gs, ge) in zip(lg, lb, strict=False):
                 ps, pe = best_span(start_logits, end_logits)
                 em.append(float((ps, pe) == (gs, ge)))
                 overlap = max(0, min(pe, ge) - max(ps, gs) + 1)
                 f1.append(2 * overlap / ((pe - ps + 1) + (ge - gs + 1)))
-        return {"loss": loss, "exact_match": float(np.mean(em)) if em else 0.0,
-                "f1": float(np.mean(f1)) if f1 else 0.0}
+        return {
+            "loss": loss,
+            "exact_match": float(np.mean(em)) if em else 0.0,
+            "f1": float(np.mean(f1)) if f1 else 0.0,
+        }
 
 
 def best_span(start_logits: np.ndarray, end_logits: np.ndarray) -> tuple[int, int]:
@@ -106,5 +148,9 @@ def best_span(start_logits: np.ndarray, end_logits: np.ndarray) -> tuple[int, in
 
 
 def build(section: Any) -> QuestionAnswering:
-    return QuestionAnswering(section.question_column, section.context_column, section.answer_column,
-                             section.answer_start_column)
+    return QuestionAnswering(
+        section.question_column,
+        section.context_column,
+        section.answer_column,
+        section.answer_start_column,
+    )

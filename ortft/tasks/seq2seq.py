@@ -42,8 +42,10 @@ class Seq2Seq:
     needs_labels = False
     needs_logits = False
     is_decoder = True  # use_cache=False: no past_key_values through ORTModule
-    export_skip = ("encoder-decoder models need separate encoder and decoder ONNX graphs, which "
-                   "this exporter does not write; final/ holds the trained model")
+    export_skip = (
+        "encoder-decoder models need separate encoder and decoder ONNX graphs, which "
+        "this exporter does not write; final/ holds the trained model"
+    )
 
     @property
     def options_key(self) -> str:
@@ -56,15 +58,32 @@ class Seq2Seq:
         return [str(r[c]) for r in rows for c in (self.source_column, self.target_column)]
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
-        src = tokenizer([str(r[self.source_column]) for r in rows], max_length=data.max_length,
-                        truncation=True, padding="max_length", return_tensors="np")
-        tgt = tokenizer([str(r[self.target_column]) for r in rows], max_length=self.max_target_length,
-                        truncation=True, padding="max_length", return_tensors="np")
+        src = tokenizer(
+            [str(r[self.source_column]) for r in rows],
+            max_length=data.max_length,
+            truncation=True,
+            padding="max_length",
+            return_tensors="np",
+        )
+        tgt = tokenizer(
+            [str(r[self.target_column]) for r in rows],
+            max_length=self.max_target_length,
+            truncation=True,
+            padding="max_length",
+            return_tensors="np",
+        )
         labels = np.where(tgt["attention_mask"] == 1, tgt["input_ids"], IGNORE).astype(np.int64)
-        return Encoded({"input_ids": src["input_ids"].astype(np.int64),
-                        "attention_mask": src["attention_mask"].astype(np.int64), "labels": labels})
+        return Encoded(
+            {
+                "input_ids": src["input_ids"].astype(np.int64),
+                "attention_mask": src["attention_mask"].astype(np.int64),
+                "labels": labels,
+            }
+        )
 
-    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
+    def metrics(
+        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
+    ) -> dict[str, Any]:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
     def generate_metrics(self, model: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
@@ -76,15 +95,26 @@ class Seq2Seq:
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            out = model.generate(input_ids=torch.from_numpy(rows["input_ids"]).to(device),
-                                 attention_mask=torch.from_numpy(rows["attention_mask"]).to(device),
-                                 max_new_tokens=self.max_target_length, do_sample=False, num_beams=1)
+            out = model.generate(
+                input_ids=torch.from_numpy(rows["input_ids"]).to(device),
+                attention_mask=torch.from_numpy(rows["attention_mask"]).to(device),
+                max_new_tokens=self.max_target_length,
+                do_sample=False,
+                num_beams=1,
+            )
         model.train(was_training)
         preds = tokenizer.batch_decode(out.cpu().numpy(), skip_special_tokens=True)
-        golds = tokenizer.batch_decode([[t for t in row if t != IGNORE] for row in rows["labels"]],
-                                       skip_special_tokens=True)
-        return {"exact_match": float(np.mean([_norm(p) == _norm(g) for p, g in zip(preds, golds)])),
-                "token_f1": float(np.mean([token_f1(p, g) for p, g in zip(preds, golds)]))}
+        golds = tokenizer.batch_decode(
+            [[t for t in row if t != IGNORE] for row in rows["labels"]], skip_special_tokens=True
+        )
+        return {
+            "exact_match": float(
+                np.mean([_norm(p) == _norm(g) for p, g in zip(preds, golds, strict=False)])
+            ),
+            "token_f1": float(
+                np.mean([token_f1(p, g) for p, g in zip(preds, golds, strict=False)])
+            ),
+        }
 
 
 def _norm(text: str) -> list[str]:
@@ -104,5 +134,9 @@ def token_f1(pred: str, gold: str) -> float:
 
 
 def build(section: Any) -> Seq2Seq:
-    return Seq2Seq(section.source_column, section.target_column, section.max_target_length,
-                   section.generate_samples)
+    return Seq2Seq(
+        section.source_column,
+        section.target_column,
+        section.max_target_length,
+        section.generate_samples,
+    )

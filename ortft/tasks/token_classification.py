@@ -44,43 +44,63 @@ class TokenClassification:
     def _words(self, row: dict[str, Any], i: int) -> tuple[list[str], list[str]]:
         words, tags = row[self.tokens_column], row[self.tags_column]
         if not isinstance(words, list) or not isinstance(tags, list):
-            raise InputError(f"row {i + 1}: {self.tokens_column} and {self.tags_column} must be lists")
+            raise InputError(
+                f"row {i + 1}: {self.tokens_column} and {self.tags_column} must be lists"
+            )
         if len(words) != len(tags):
-            raise InputError(f"row {i + 1}: {len(words)} {self.tokens_column} but {len(tags)} "
-                             f"{self.tags_column}; give one tag per word")
+            raise InputError(
+                f"row {i + 1}: {len(words)} {self.tokens_column} but {len(tags)} "
+                f"{self.tags_column}; give one tag per word"
+            )
         return [str(w) for w in words], [str(t) for t in tags]
 
     def texts(self, rows: list[dict[str, Any]], data: Any) -> list[str]:
         return [" ".join(self._words(r, i)[0]) for i, r in enumerate(rows)]
 
     def label_names(self, rows: list[dict[str, Any]], data: Any) -> list[str]:
-        names = list(data.label_names) if data.label_names else sorted(
-            {t for i, r in enumerate(rows) for t in self._words(r, i)[1]})
+        names = (
+            list(data.label_names)
+            if data.label_names
+            else sorted({t for i, r in enumerate(rows) for t in self._words(r, i)[1]})
+        )
         self.id2label = names
         return names
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         pairs = [self._words(r, i) for i, r in enumerate(rows)]
-        enc = tokenizer([w for w, _ in pairs], is_split_into_words=True, max_length=data.max_length,
-                        truncation=True, padding="max_length")
+        enc = tokenizer(
+            [w for w, _ in pairs],
+            is_split_into_words=True,
+            max_length=data.max_length,
+            truncation=True,
+            padding="max_length",
+        )
         labels = np.full((len(rows), data.max_length), IGNORE, dtype=np.int64)
         for i, (_, tags) in enumerate(pairs):
             previous = None
             for pos, word in enumerate(enc.word_ids(i)):
                 if word is not None and word != previous:  # the word's first sub-token
                     if tags[word] not in label2id:
-                        raise InputError(f"row {i + 1}: tag '{tags[word]}' is not one of "
-                                         f"data.label_names {list(label2id)}")
+                        raise InputError(
+                            f"row {i + 1}: tag '{tags[word]}' is not one of "
+                            f"data.label_names {list(label2id)}"
+                        )
                     labels[i, pos] = label2id[tags[word]]
                 previous = word
-        return Encoded({"input_ids": np.asarray(enc["input_ids"], dtype=np.int64),
-                        "attention_mask": np.asarray(enc["attention_mask"], dtype=np.int64),
-                        "labels": labels})
+        return Encoded(
+            {
+                "input_ids": np.asarray(enc["input_ids"], dtype=np.int64),
+                "attention_mask": np.asarray(enc["attention_mask"], dtype=np.int64),
+                "labels": labels,
+            }
+        )
 
-    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]) -> dict[str, Any]:
+    def metrics(
+        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
+    ) -> dict[str, Any]:
         preds, golds = [], []
-        for lg, lb in zip(logits, labels):
-            for p_row, g_row in zip(lg.argmax(-1), lb):
+        for lg, lb in zip(logits, labels, strict=False):
+            for p_row, g_row in zip(lg.argmax(-1), lb, strict=False):
                 keep = g_row != IGNORE
                 preds.append(p_row[keep])
                 golds.append(g_row[keep])
@@ -89,8 +109,12 @@ class TokenClassification:
         macro = macro_f1(pred, gold)
         names = self.id2label
         bio = bool(names) and all(n == "O" or n[:2] in ("B-", "I-") for n in names)
-        return {"loss": loss, "accuracy": float(np.mean(pred == gold)) if len(gold) else 0.0,
-                "f1": _entity_f1(preds, golds, names) if bio else macro, "f1_macro": macro}
+        return {
+            "loss": loss,
+            "accuracy": float(np.mean(pred == gold)) if len(gold) else 0.0,
+            "f1": _entity_f1(preds, golds, names) if bio else macro,
+            "f1_macro": macro,
+        }
 
 
 def spans(tags: list[str]) -> set[tuple[int, int, str]]:
@@ -108,7 +132,7 @@ def spans(tags: list[str]) -> set[tuple[int, int, str]]:
 
 def _entity_f1(preds: list[np.ndarray], golds: list[np.ndarray], names: list[str]) -> float:
     tp = n_pred = n_gold = 0
-    for p, g in zip(preds, golds):
+    for p, g in zip(preds, golds, strict=False):
         ps, gs = spans([names[i] for i in p]), spans([names[i] for i in g])
         tp, n_pred, n_gold = tp + len(ps & gs), n_pred + len(ps), n_gold + len(gs)
     return 2 * tp / (n_pred + n_gold) if n_pred + n_gold else 0.0
