@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from ortft.errors import InputError
 from ortft.recipe import DataSection
 from ortft.recipe_io import LoadedRecipe, looks_local
 from ortft.tasks import Encoded, Task
+
+log = logging.getLogger("ortft")
 
 CACHE_VERSION = 1
 
@@ -306,6 +309,28 @@ def encode_cached(
     np.savez(tmp, **encoded.arrays)
     os.replace(tmp, path)
     return encoded, False
+
+
+def encode_splits(
+    task: Task, raw: RawSplits, tokenizer: Any, data: DataSection, label2id: dict[str, int] | None
+) -> tuple[Encoded, Encoded | None]:
+    """Train and eval arrays (each from the cache when a previous run made them); logs sizes."""
+    train_enc, hit = encode_cached(
+        task, raw.train, tokenizer, data, label2id, [raw.fingerprint, "train"]
+    )
+    eval_enc = (
+        encode_cached(task, raw.eval, tokenizer, data, label2id, [raw.fingerprint, "eval"])[0]
+        if raw.eval
+        else None
+    )
+    log.info(
+        "data: %d train / %d eval examples of %d tokens%s",
+        len(train_enc),
+        len(eval_enc) if eval_enc else 0,
+        data.max_length,
+        " (tokenized earlier: cache hit)" if hit else "",
+    )
+    return train_enc, eval_enc
 
 
 # --------------------------------------------------------------------------- batches

@@ -273,23 +273,7 @@ def run(
         else None
     )
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
-    train_enc, hit = data.encode_cached(
-        task, raw.train, tokenizer, r.data, label2id, [raw.fingerprint, "train"]
-    )
-    eval_enc = (
-        data.encode_cached(task, raw.eval, tokenizer, r.data, label2id, [raw.fingerprint, "eval"])[
-            0
-        ]
-        if raw.eval
-        else None
-    )
-    log.info(
-        "data: %d train / %d eval examples of %d tokens%s",
-        len(train_enc),
-        len(eval_enc) if eval_enc else 0,
-        r.data.max_length,
-        " (tokenized earlier: cache hit)" if hit else "",
-    )
+    train_enc, eval_enc = data.encode_splits(task, raw, tokenizer, r.data, label2id)
     if data.batches_per_epoch(len(train_enc), global_batch) == 0:
         raise InputError(
             f"data.train: {len(train_enc)} examples make no batch of "

@@ -331,23 +331,7 @@ def run(
     tokenizer, config = _load_tokenizer_and_config(_meta_dir(art_dir))
     _check_labels(config, labels, art_dir)
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
-    train_enc, hit = data.encode_cached(
-        task, raw.train, tokenizer, r.data, label2id, [raw.fingerprint, "train"]
-    )
-    eval_enc = (
-        data.encode_cached(task, raw.eval, tokenizer, r.data, label2id, [raw.fingerprint, "eval"])[
-            0
-        ]
-        if raw.eval
-        else None
-    )
-    log.info(
-        "data: %d train / %d eval examples of %d tokens%s",
-        len(train_enc),
-        len(eval_enc) if eval_enc else 0,
-        r.data.max_length,
-        " (cache hit)" if hit else "",
-    )
+    train_enc, eval_enc = data.encode_splits(task, raw, tokenizer, r.data, label2id)
     per_epoch = data.batches_per_epoch(len(train_enc), t.batch_size)
     if per_epoch == 0:
         raise InputError(
