@@ -81,7 +81,22 @@ def provenance(recipe_path: Path | None, recipe_sha256: str) -> dict[str, Any]:
         "packages": package_versions(),
         "recipe_sha256": recipe_sha256,
         "git_commit": git_commit(where),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "started_at": utc_now(),
+    }
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def throughput(steady: dict[str, float]) -> dict[str, Any]:
+    """summary.throughput from the steady-state counters both training loops keep."""
+    steady_t = max(steady["time"], 1e-9)
+    return {
+        "samples_per_s": steady["samples"] / steady_t,
+        "tokens_per_s": steady["tokens"] / steady_t,
+        "first_step_s": steady["first_step_s"],
+        "note": "steady state: every step of this process but its first",
     }
 
 

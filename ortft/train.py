@@ -426,7 +426,6 @@ def run(
         return last_ckpt  # type: ignore[return-value]
 
     def finish(status: str, error: str | None = None, write: bool = True) -> dict[str, Any]:
-        steady_t = max(steady["time"], 1e-9)
         metrics: dict[str, Any] = {"train_loss": state.last_train_loss}
         # final: best -> the metrics of the eval final/ holds, else the last eval's
         metrics.update(
@@ -442,19 +441,14 @@ def run(
                 "samples": state.samples,
                 "tokens": state.tokens,
                 "metrics": metrics,
-                "throughput": {
-                    "samples_per_s": steady["samples"] / steady_t,
-                    "tokens_per_s": steady["tokens"] / steady_t,
-                    "first_step_s": steady["first_step_s"],
-                    "note": "steady state: every step of this process but its first",
-                },
+                "throughput": report.throughput(steady),
                 "train_time_s": state.train_time_s,
                 "wall_time_s": time.time() - started,
             }
         )
         summary["paths"]["checkpoints"] = [str(p) for p in checkpoint.list_checkpoints(run_dir)]
         summary.update(selector.report(state, stop_reason))
-        summary["provenance"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        summary["provenance"]["finished_at"] = report.utc_now()
         if write and distributed.is_main():
             metrics_log.close()  # flush TensorBoard, draw curves.png
             try:

@@ -426,7 +426,6 @@ def run(
     received: list[int] = []
 
     def finish(status: str, error: str | None = None, write: bool = True) -> dict[str, Any]:
-        steady_t = max(steady["time"], 1e-9)
         summary.update(
             {
                 "status": status,
@@ -452,18 +451,13 @@ def run(
                     "train_loss": state.last_train_loss,
                     **{f"eval_{k}": v for k, v in state.eval_metrics.items()},
                 },
-                "throughput": {
-                    "samples_per_s": steady["samples"] / steady_t,
-                    "tokens_per_s": steady["tokens"] / steady_t,
-                    "first_step_s": steady["first_step_s"],
-                    "note": "steady state: every step of this process but its first",
-                },
+                "throughput": report.throughput(steady),
                 "train_time_s": state.train_time_s,
                 "wall_time_s": time.time() - started,
             }
         )
         summary["paths"]["checkpoints"] = [str(p) for p in checkpoint.list_checkpoints(run_dir)]
-        summary["provenance"]["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        summary["provenance"]["finished_at"] = report.utc_now()
         if write:
             metrics_log.close()
             report.write_json_atomic(run_dir / "summary.json", summary)
