@@ -8,7 +8,8 @@ ratio is against it, taken as the median of the per-repeat ratios (each pair ran
 
 A backend entry is a ``backend.name`` value or a bench-only variant (``VARIANTS``), optionally
 followed by ``+key=value`` settings: a dotted recipe key (``ort+backend.compute_optimizer=false``)
-or an ``ORTFT_*`` / ``OMP_*`` / ``MKL_*`` environment variable (``ort+ORTFT_ORT_SPINNING=0``).
+or an ``ORTFT_*`` / ``OMP_*`` / ``GOMP_*`` / ``MKL_*`` environment variable
+(``ort+ORTFT_ORT_SPINNING=1``).
 That is how the speed levers are measured against each other in one run.
 """
 
@@ -56,7 +57,7 @@ BENCH_OVERRIDES = {
     "training.log_every": "1",
 }
 # environment a variant may set: ortft's own knobs and the thread runtimes' (OpenMP, MKL)
-_ENV_KEY = re.compile(r"^(ORTFT|OMP|MKL)_[A-Z0-9_]+$")
+_ENV_KEY = re.compile(r"^(ORTFT|OMP|GOMP|MKL)_[A-Z0-9_]+$")
 
 
 @dataclass
@@ -80,9 +81,22 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
+def _split_top(spec: str) -> list[str]:
+    """Split on the commas outside brackets: ``ort+backend.pytorch_kernels=[gelu,linear],torch``."""
+    items, depth, current = [], 0, ""
+    for char in spec:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    return [*items, current]
+
+
 def parse_variants(spec: str) -> list[Variant]:
     out = []
-    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+    for item in [s.strip() for s in _split_top(spec) if s.strip()]:
         base, *settings = item.split("+")
         if base not in VARIANTS:
             raise UsageError(
@@ -101,7 +115,7 @@ def parse_variants(spec: str) -> list[Variant]:
             else:
                 raise UsageError(
                     f"--backends: {key!r} in {item!r} is neither a dotted recipe key "
-                    "nor an ORTFT_*, OMP_* or MKL_* environment variable"
+                    "nor an ORTFT_*, OMP_*, GOMP_* or MKL_* environment variable"
                 )
         out.append(Variant(item, overrides, env))
     if not out:
@@ -348,6 +362,7 @@ def _aggregate(
         "backend_used": b["used"],
         "fallback": b["fallback"],
         "notes": b.get("notes", []),
+        "pytorch_kernels": b.get("pytorch_kernels", {}),
         "ort_exports": max(x.summary["backend"]["ort_exports"] for x in good),
         "first_step_s": statistics.median(x.first_step_s or 0.0 for x in good),
         "step_s": {"median": med, "min": min(steady), "max": max(steady)},

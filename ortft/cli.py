@@ -48,6 +48,23 @@ def _run(fn, *args: Any, **kwargs: Any) -> Any:
         raise typer.Exit(130) from None
 
 
+# The ort backend's process, where ORT's threads and PyTorch's OpenMP threads share the cores:
+# after a PyTorch kernel ORT calls (backends/ort_kernels.py), or the optimizer step, libgomp's
+# workers spin-wait 300,000 times by default, taking a core from the ORT MatMul that runs next.
+# Measured on 2 cores (`ortft bench`, benchmarks/README.md): with 1000 spins ORT ran at 0.89x
+# PyTorch on bert-cls against 0.61x with the default, 0.92x against 0.87x on gpt2-clm. libgomp
+# reads it when torch is imported, so it is set here, before; the environment's own setting wins.
+ORT_THREAD_ENV = {"GOMP_SPINCOUNT": "1000"}
+
+
+def _thread_env(backend: str) -> None:
+    import os
+
+    if backend == "ort" and "torch" not in sys.modules:
+        for key, value in ORT_THREAD_ENV.items():
+            os.environ.setdefault(key, value)
+
+
 def _quiet_libraries(with_torch: bool = True) -> None:
     """Our own progress on stderr; the libraries' chatter only with --debug.
 
@@ -170,6 +187,7 @@ def train(
             gates.parse(text)  # a malformed gate is a usage error before anything runs
         loaded = recipe_io.load(recipe, overrides or [])
         ondevice = loaded.recipe.backend.name == "ort-ondevice"
+        _thread_env(loaded.recipe.backend.name)
         _quiet_libraries(with_torch=not ondevice)
         if ondevice:  # its loop imports no PyTorch (the artifacts' build does, lazily)
             from ortft import train_ondevice as train_mod
@@ -507,7 +525,9 @@ def hpo(
 
     def body() -> None:
         from ortft import hpo as hpo_mod
+        from ortft import recipe_io
 
+        _thread_env(recipe_io.load(recipe, overrides or []).recipe.backend.name)
         _quiet_libraries()
         result = hpo_mod.run(recipe, overrides or [], trials, study, storage, output_dir)
         typer.echo(json.dumps(result, indent=2) if as_json else hpo_mod.format_table(result))

@@ -3,7 +3,8 @@
 summary.json (format_version 1) — written at the end of every run, also failed/interrupted:
   format_version, status ("completed" | "failed" | "interrupted" | "stopped" | "pruned" — the
   last an `ortft hpo` trial ended by the median rule), error (one line or null),
-  task, parameters, backend {requested, used, fallback, fallback_reason, ort_exports, notes,
+  task, parameters, backend {requested, used, fallback, fallback_reason, ort_exports,
+  pytorch_kernels {kernel: routed ORT graph nodes} (ort; {} elsewhere), notes,
   and with backend.name=auto: probe {steps, backends{name: step times}, chosen}},
   steps, max_steps, epochs, samples, tokens,
   metrics {train_loss, eval_loss, eval_accuracy, eval_f1_macro, eval_perplexity — those that apply;

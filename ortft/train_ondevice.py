@@ -436,6 +436,7 @@ def run(
                     "fallback": False,
                     "fallback_reason": None,
                     "ort_exports": exports,
+                    "pytorch_kernels": {},
                     "notes": [
                         "onnxruntime.training.api; PyTorch only to build the artifacts"
                         if exports

@@ -22,6 +22,8 @@ class BackendReport:
     fallback: bool = False
     fallback_reason: str | None = None
     ort_exports: int = 0
+    # ORT graph nodes run as PyTorch kernels, per op (backend.pytorch_kernels)
+    pytorch_kernels: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -31,6 +33,7 @@ class BackendReport:
             "fallback": self.fallback,
             "fallback_reason": self.fallback_reason,
             "ort_exports": self.ort_exports,
+            "pytorch_kernels": self.pytorch_kernels,
             "notes": self.notes,
         }
 

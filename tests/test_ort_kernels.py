@@ -1,0 +1,172 @@
+"""backend.pytorch_kernels: the PyTorch kernels ORTModule's graph calls for gelu, layer_norm and
+cross-entropy compute what PyTorch's autograd computes, and a run reports what was routed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    tiny_causal_lm,
+    tiny_classifier,
+    write_classification_csv,
+    write_corpus,
+    write_recipe,
+)
+
+from ortft.backends import ort_kernels
+
+
+@pytest.fixture(scope="module")
+def ops() -> object:
+    ort_kernels._define_library()
+    return torch.ops.ortft
+
+
+def _grads(fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    out = fn(*leaves)
+    out.backward(torch.ones_like(out) if out.dim() else None)
+    return out.detach(), [x.grad for x in leaves if x.requires_grad]
+
+
+def test_resolve() -> None:
+    assert ort_kernels.resolve("auto", "cpu") == ("gelu", "layer_norm", "cross_entropy")
+    assert ort_kernels.resolve("auto", "cuda") == ()
+    assert ort_kernels.resolve([], "cpu") == ()
+    assert ort_kernels.resolve(["cross_entropy", "gelu"], "cuda") == ("gelu", "cross_entropy")
+
+
+def test_gelu_tanh_matches_autograd(ops) -> None:
+    torch.manual_seed(0)
+    x, g = torch.randn(4, 7, 33), torch.randn(4, 7, 33)
+    ref = x.detach().requires_grad_()
+    torch.nn.functional.gelu(ref, approximate="tanh").backward(g)
+    torch.testing.assert_close(
+        ops.gelu_tanh(x), torch.nn.functional.gelu(x, approximate="tanh"), rtol=0, atol=0
+    )
+    torch.testing.assert_close(ops.gelu_tanh_backward(g, x), ref.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_layer_norm_matches_autograd(ops) -> None:
+    torch.manual_seed(0)
+    x, w, b, g = torch.randn(3, 5, 16), torch.randn(16), torch.randn(16), torch.randn(3, 5, 16)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    torch.nn.functional.layer_norm(leaves[0], (16,), leaves[1], leaves[2], 1e-5).backward(g)
+    out, mean, rstd = ops.layer_norm(x, w, b, 1e-5)
+    torch.testing.assert_close(out, torch.nn.functional.layer_norm(x, (16,), w, b, 1e-5))
+    dx, dw, db = ops.layer_norm_backward(g, x, mean, rstd, w, b)
+    for mine, ref in zip((dx, dw, db), leaves, strict=True):
+        torch.testing.assert_close(mine, ref.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("ignored", [0, 5])
+def test_cross_entropy_matches_autograd(ops, ignored: int) -> None:
+    """Mean over the rows that count; ignore_index rows get no gradient (HF's -100 labels)."""
+    torch.manual_seed(0)
+    logits, target = torch.randn(12, 9), torch.randint(0, 9, (12,))
+    target[:ignored] = -100
+    ref = logits.clone().requires_grad_()
+    loss_ref = torch.nn.functional.cross_entropy(ref, target, ignore_index=-100)
+    loss_ref.backward(torch.tensor(0.5))
+    loss, log_probs = ops.cross_entropy(logits, target, -100)
+    torch.testing.assert_close(loss, loss_ref.detach())
+    grad = ops.cross_entropy_backward(torch.tensor(0.5), log_probs, target, -100)
+    torch.testing.assert_close(grad, ref.grad, rtol=1e-5, atol=1e-7)
+    assert grad[:ignored].abs().sum() == 0
+
+
+def test_fuse_tanh_gelu_is_the_same_function() -> None:
+    """GPT-2's NewGELUActivation (the tanh formula in Python ops) -> gelu(approximate=tanh)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=50))
+    act = model.transformer.h[0].mlp.act
+    assert type(act).__name__ == "NewGELUActivation"
+    x = torch.randn(2, 8, 128) * 3
+    before = act(x)
+    assert ort_kernels.fuse_tanh_gelu(model) == 2
+    assert isinstance(model.transformer.h[0].mlp.act, ort_kernels.TanhGelu)
+    torch.testing.assert_close(model.transformer.h[0].mlp.act(x), before, rtol=1e-6, atol=1e-6)
+    assert ort_kernels.fuse_tanh_gelu(model) == 0
+
+
+def test_bad_kernel_name_is_a_recipe_error(cls_recipe: Path) -> None:
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ortft",
+            "validate",
+            str(cls_recipe),
+            "backend.pytorch_kernels=[gelu,softmax]",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 2
+    assert "backend.pytorch_kernels" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def _train(*args: str, env: dict[str, str] | None = None) -> dict:
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "train", *args, "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},
+        timeout=600,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r["kind"] == "train"]
+
+
+def test_routed_and_unrouted_runs_agree(tmp_path: Path) -> None:
+    """The same GPT-2 run with ORT's kernels ([]) and with PyTorch's (auto): the same losses;
+    the summary says which ops ran as PyTorch kernels and with which thread settings."""
+    write_corpus(tmp_path / "corpus.txt")
+    path = write_recipe(tmp_path / "lm.yaml", tiny_causal_lm("corpus.txt"))
+    common = ("export.enabled=false", "data.eval_fraction=0")
+    routed = _train(str(path), *common, "-o", str(tmp_path / "a"))
+    plain = _train(
+        str(path),
+        *common,
+        "backend.pytorch_kernels=[]",
+        "-o",
+        str(tmp_path / "b"),
+        env={"GOMP_SPINCOUNT": "5000"},
+    )
+    assert routed["backend"]["pytorch_kernels"] == {"gelu": 2, "layer_norm": 5, "cross_entropy": 1}
+    assert routed["backend"]["used"] == "ort" and not routed["backend"]["fallback"]
+    assert "GOMP_SPINCOUNT=1000" in routed["backend"]["notes"]
+    assert "ORTFT_ORT_SPINNING=0" in routed["backend"]["notes"]
+    assert plain["backend"]["pytorch_kernels"] == {}
+    assert "GOMP_SPINCOUNT=5000" in plain["backend"]["notes"]  # the user's setting wins
+    assert _losses(tmp_path / "a") == pytest.approx(_losses(tmp_path / "b"), rel=1e-5)
+
+
+def test_frozen_layers_keep_ort_layer_norm(tmp_path: Path) -> None:
+    """backend.trainable freezes the embeddings: a LayerNorm input may then need no gradient,
+    which the routed LayerNorm gradient cannot express, so ORT keeps its own LayerNorm."""
+    write_classification_csv(tmp_path / "train.csv")
+    recipe = tiny_classifier("train.csv")
+    recipe["backend"]["trainable"] = ["classifier.*", "bert.encoder.layer.1.*"]
+    path = write_recipe(tmp_path / "cls.yaml", recipe)
+    s = _train(str(path), "export.enabled=false", "-o", str(tmp_path / "run"))
+    kernels = s["backend"]["pytorch_kernels"]
+    assert "layer_norm" not in kernels
+    assert kernels.get("cross_entropy") == 1
+    assert s["backend"]["used"] == "ort" and s["status"] == "completed"
