@@ -82,7 +82,7 @@ class RunResult:
 
 
 def _split_top(spec: str) -> list[str]:
-    """Split on the commas outside brackets: ``ort+backend.pytorch_kernels=[gelu,linear],torch``."""
+    """Split on the commas outside brackets: ``ort+backend.pytorch_kernels=[gelu,layer_norm],torch``."""
     items, depth, current = [], 0, ""
     for char in spec:
         depth += {"[": 1, "]": -1}.get(char, 0)

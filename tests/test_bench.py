@@ -84,6 +84,14 @@ def test_parse_variants() -> None:
     for bad in ("tensorflow", "ort+PATH=/x", "ort+nokey", "ort,ort"):
         with pytest.raises(UsageError):
             bench.parse_variants(bad)
+    # a bracketed list keeps its commas; GOMP_* is a thread-runtime variable like OMP_*
+    v = bench.parse_variants("ort+backend.pytorch_kernels=[gelu,layer_norm]+GOMP_SPINCOUNT=5,torch")
+    assert [x.label for x in v] == [
+        "ort+backend.pytorch_kernels=[gelu,layer_norm]+GOMP_SPINCOUNT=5",
+        "torch",
+    ]
+    assert v[0].overrides["backend.pytorch_kernels"] == "[gelu,layer_norm]"
+    assert v[0].env == {"GOMP_SPINCOUNT": "5"}
 
 
 def test_bench_usage_errors_exit_2(cls_recipe: Path) -> None:
