@@ -442,27 +442,31 @@ def standard_symbolics() -> Iterator[None]:
     if "onnxruntime.training.ortmodule.ortmodule" not in sys.modules:
         yield
         return
-    import logging as _logging
-
     from onnxruntime.training.ortmodule._custom_op_symbolic_registry import CustomOpSymbolicRegistry
+
+    unregister_symbolics(list(CustomOpSymbolicRegistry._SYMBOLICS))
+    try:
+        from onnxruntime.tools import pytorch_export_contrib_ops
+
+        pytorch_export_contrib_ops.unregister()
+    except Exception:  # noqa: BLE001 - best effort; check_portable has the last word
+        pass
+    yield  # ORTModule registers them again whenever it wraps another model
+
+
+def unregister_symbolics(names: Sequence[str]) -> None:
+    """Drop custom torch.onnx symbolics (``domain::op``) at every opset a caller may have used."""
     from torch.onnx import unregister_custom_op_symbolic
 
-    torch_logger = _logging.getLogger("torch.onnx")
+    torch_logger = logging.getLogger("torch.onnx")
     level = torch_logger.level
-    torch_logger.setLevel(_logging.ERROR)  # unregistering an opset never registered warns
+    torch_logger.setLevel(logging.ERROR)  # unregistering an opset never registered warns
     try:
-        for name in list(CustomOpSymbolicRegistry._SYMBOLICS):
+        for name in names:
             for opset in range(7, 21):
                 unregister_custom_op_symbolic(name, opset)
-        try:
-            from onnxruntime.tools import pytorch_export_contrib_ops
-
-            pytorch_export_contrib_ops.unregister()
-        except Exception:  # noqa: BLE001 - best effort; check_portable has the last word
-            pass
     finally:
         torch_logger.setLevel(level)
-    yield  # ORTModule registers them again whenever it wraps another model
 
 
 def check_portable(path: Path) -> None:

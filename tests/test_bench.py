@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import train_losses
 from typer.testing import CliRunner
 
 from ortft import bench
@@ -105,11 +106,6 @@ def test_bench_usage_errors_exit_2(cls_recipe: Path) -> None:
         assert res.exit_code == EXIT_USAGE, res.output
 
 
-def _losses(run_dir: Path) -> list[float]:
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r["kind"] == "train"]
-
-
 def test_auto_picks_a_backend_and_trains_as_it_would(cls_recipe: Path, tmp_path: Path) -> None:
     res = cli(
         "train",
@@ -140,7 +136,9 @@ def test_auto_picks_a_backend_and_trains_as_it_would(cls_recipe: Path, tmp_path:
         str(tmp_path / "plain"),
     )
     assert plain.returncode == 0, plain.stderr
-    assert _losses(tmp_path / "auto") == pytest.approx(_losses(tmp_path / "plain"), rel=1e-6)
+    assert train_losses(tmp_path / "auto") == pytest.approx(
+        train_losses(tmp_path / "plain"), rel=1e-6
+    )
 
 
 def test_ort_trains_with_the_compute_optimizer_off(cls_recipe: Path, tmp_path: Path) -> None:
@@ -158,4 +156,4 @@ def test_ort_trains_with_the_compute_optimizer_off(cls_recipe: Path, tmp_path: P
             str(run_dir),
         )
         assert res.returncode == 0, res.stderr
-    assert _losses(off) == pytest.approx(_losses(on), rel=1e-5)
+    assert train_losses(off) == pytest.approx(train_losses(on), rel=1e-5)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_classifier, write_classification_csv, write_recipe
+from conftest import tiny_classifier, train_losses, write_classification_csv, write_recipe
 
 from ortft import recipe_io, zero
 from ortft.errors import RecipeError
@@ -145,11 +145,6 @@ def test_missing_deepspeed_is_one_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
-def losses(run_dir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r["kind"] == "train"]
-
-
 @pytest.mark.skipif(not has_deepspeed, reason="the deepspeed extra is not installed")
 def test_zero2_with_ortmodule_on_cpu_matches_one_process(tmp_path: Path) -> None:
     """DeepSpeed's CPU accelerator, 2 gloo processes, ORTModule inside the engine: the losses of
@@ -201,7 +196,7 @@ def test_zero2_with_ortmodule_on_cpu_matches_one_process(tmp_path: Path) -> None
         check=False,
     )
     assert one.returncode == 0, one.stderr[-3000:]
-    assert losses(tmp_path / "ds") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
+    assert train_losses(tmp_path / "ds") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
 
 
 @pytest.mark.gpu

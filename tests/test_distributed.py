@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import tiny_classifier, write_classification_csv, write_recipe
+from conftest import tiny_classifier, train_losses, write_classification_csv, write_recipe
 
 from ortft import distributed
 
@@ -33,11 +33,6 @@ def run(*args: str, nproc: int = 1) -> subprocess.CompletedProcess:
         timeout=600,
         check=False,
     )
-
-
-def losses(run_dir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r["kind"] == "train"]
 
 
 def summary(run_dir: Path) -> dict:
@@ -61,7 +56,7 @@ def test_two_processes_match_one_with_the_same_global_batch(recipe: Path, tmp_pa
     assert res.stdout.strip() == str(ddp)  # one process (rank 0) prints the result
     res = run(str(recipe), "training.batch_size=16", "--output-dir", str(single))
     assert res.returncode == 0, res.stderr[-3000:]
-    a, b = losses(ddp), losses(single)
+    a, b = train_losses(ddp), train_losses(single)
     assert len(a) == len(b) == 3  # rank 0 alone wrote metrics.jsonl
     # measured: equal to ~6e-8 (the all-reduce sums the two halves in another order)
     assert a == pytest.approx(b, rel=1e-5)
@@ -85,7 +80,7 @@ def test_ddp_checkpoints_resume(recipe: Path, tmp_path: Path) -> None:
     ]
     res = run(*args, nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
-    full = losses(run_dir)
+    full = train_losses(run_dir)
     assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-000002", "step-000004"]
     # make it look like a run killed right after step 2's checkpoint
     for name in ("final", "step-000004", "summary.json"):
@@ -95,8 +90,8 @@ def test_ddp_checkpoints_resume(recipe: Path, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming from" in res.stderr
     assert summary(run_dir)["resumed_from"].endswith("step-000002")
-    assert losses(run_dir) == pytest.approx(full, abs=1e-6)
-    assert len(losses(run_dir)) == 4
+    assert train_losses(run_dir) == pytest.approx(full, abs=1e-6)
+    assert len(train_losses(run_dir)) == 4
 
 
 def test_shard_takes_this_ranks_rows(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ import torch
 from conftest import (
     tiny_causal_lm,
     tiny_classifier,
+    train_losses,
     write_classification_csv,
     write_corpus,
     write_recipe,
@@ -129,11 +130,6 @@ def _train(*args: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(res.stdout)
 
 
-def _losses(run_dir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r["kind"] == "train"]
-
-
 def test_routed_and_unrouted_runs_agree(tmp_path: Path) -> None:
     """The same GPT-2 run with ORT's kernels ([]) and with PyTorch's (auto): the same losses;
     the summary says which ops ran as PyTorch kernels and with which thread settings."""
@@ -155,7 +151,7 @@ def test_routed_and_unrouted_runs_agree(tmp_path: Path) -> None:
     assert "ORTFT_ORT_SPINNING=0" in routed["backend"]["notes"]
     assert plain["backend"]["pytorch_kernels"] == {}
     assert "GOMP_SPINCOUNT=5000" in plain["backend"]["notes"]  # the user's setting wins
-    assert _losses(tmp_path / "a") == pytest.approx(_losses(tmp_path / "b"), rel=1e-5)
+    assert train_losses(tmp_path / "a") == pytest.approx(train_losses(tmp_path / "b"), rel=1e-5)
 
 
 def test_frozen_layers_keep_ort_layer_norm(tmp_path: Path) -> None:

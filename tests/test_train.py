@@ -13,6 +13,7 @@ import pytest
 from conftest import (
     tiny_causal_lm,
     tiny_classifier,
+    train_losses,
     write_classification_csv,
     write_corpus,
     write_recipe,
@@ -36,11 +37,6 @@ def train(*args: str) -> tuple[int, str, str]:
     return res.returncode, res.stdout, res.stderr
 
 
-def losses(run_dir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r["kind"] == "train"]
-
-
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -53,7 +49,7 @@ def test_ort_and_torch_agree_on_classification(cls_recipe: Path, tmp_path: Path)
     assert out.strip() == str(ort_dir)  # stdout: just the run path
     code, _, err = train(str(cls_recipe), "backend.name=torch", "--output-dir", str(torch_dir))
     assert code == 0, err
-    a, b = losses(ort_dir), losses(torch_dir)
+    a, b = train_losses(ort_dir), train_losses(torch_dir)
     assert len(a) == len(b) == 5
     # measured: agreement to ~1e-7; 1e-4 relative leaves room for kernel differences
     assert a == pytest.approx(b, rel=1e-4)
@@ -181,8 +177,8 @@ def test_resume_reproduces_uninterrupted_run(tmp_path: Path) -> None:
     assert code == 0, err
     assert "resuming from" in err
     assert summary(cut)["resumed_from"].endswith("step-000003")
-    assert losses(cut) == pytest.approx(losses(full), abs=1e-6)
-    assert len(losses(cut)) == 6
+    assert train_losses(cut) == pytest.approx(train_losses(full), abs=1e-6)
+    assert len(train_losses(cut)) == 6
 
 
 def test_finished_run_is_not_retrained(cls_recipe: Path, tmp_path: Path) -> None:
@@ -235,7 +231,7 @@ def test_causal_lm_backends_agree(tmp_path: Path) -> None:
         )[0]
         == 0
     )
-    assert losses(a) == pytest.approx(losses(b), rel=1e-4)
+    assert train_losses(a) == pytest.approx(train_losses(b), rel=1e-4)
 
 
 def test_second_run_reuses_tokenized_data(cls_recipe: Path, tmp_path: Path) -> None:

@@ -293,26 +293,10 @@ def install(kernels: tuple[str, ...], module: nn.Module) -> None:
         elif original is not None:
             symbolics[name] = original
         else:
-            symbolics.pop(name, None)
-            _unregister(name)
+            from ortft.onnx_tools import unregister_symbolics
 
-
-def _unregister(name: str) -> None:
-    """Drop a symbolic an earlier ORTModule in this process registered with torch.onnx."""
-    import contextlib
-    import logging as _logging
-
-    from torch.onnx import unregister_custom_op_symbolic
-
-    torch_logger = _logging.getLogger("torch.onnx")
-    level = torch_logger.level
-    torch_logger.setLevel(_logging.ERROR)  # unregistering an opset never registered warns
-    try:
-        for opset in range(7, 21):
-            with contextlib.suppress(Exception):
-                unregister_custom_op_symbolic(name, opset)
-    finally:
-        torch_logger.setLevel(level)
+            symbolics.pop(name, None)  # and from torch.onnx, where an earlier ORTModule put it
+            unregister_symbolics([name])
 
 
 class TanhGelu(nn.Module):
