@@ -179,8 +179,10 @@ def train(
         raise typer.Exit(subprocess.call(cmd))
 
     def body() -> None:
-        from ortft import ci_report, gates, recipe_io
         from ortft.errors import GateError
+        from ortft.recipe import io as recipe_io
+        from ortft.run import gates
+        from ortft.tools import ci_report
 
         ci_report.check_paths(report or [])
         for text in gate or []:
@@ -190,9 +192,9 @@ def train(
         _thread_env(loaded.recipe.backend.name)
         _quiet_libraries(with_torch=not ondevice)
         if ondevice:  # its loop imports no PyTorch (the artifacts' build does, lazily)
-            from ortft import train_ondevice as train_mod
+            from ortft.backends import ondevice as train_mod
         else:
-            from ortft import train as train_mod  # type: ignore[no-redef]
+            from ortft.run import lifecycle as train_mod  # type: ignore[no-redef]
         run_dir = train_mod.resolve_run_dir(loaded, output_dir)
         try:
             summary = train_mod.run(loaded, output_dir=output_dir, extra_gates=gate or [])
@@ -204,7 +206,7 @@ def train(
                 ci_report.write(report, json.loads((run_dir / "summary.json").read_text()))
             raise
         if not ondevice:  # ort-ondevice: one process, no PyTorch (distributed imports it)
-            from ortft import distributed
+            from ortft.backends import distributed
 
             if not distributed.is_main():  # under torchrun, one process prints the result
                 return
@@ -215,7 +217,7 @@ def train(
 
 def _emit(summary: dict[str, Any], as_json: bool, report: list[Path] | None) -> None:
     """stdout: the summary JSON (--json) or the run path; plus any --report files."""
-    from ortft import ci_report
+    from ortft.tools import ci_report
 
     if report:
         ci_report.write(report, summary)
@@ -252,8 +254,8 @@ def bench(
     """Benchmark backends side by side on a recipe, each run in its own process; torch is the baseline."""
 
     def body() -> None:
-        from ortft import bench as bench_mod
         from ortft.errors import RunError
+        from ortft.tools import bench as bench_mod
 
         _quiet_libraries()
         result = bench_mod.run(recipe, backends, steps, warmup, repeats, timeout)
@@ -276,7 +278,7 @@ def validate(
     ] = None,
 ) -> None:
     """Validate recipes without training; report every problem at once."""
-    from ortft import recipe_io
+    from ortft.recipe import io as recipe_io
 
     failed = 0
     for path in recipes:
@@ -303,7 +305,7 @@ def init(
     """Write a commented starter recipe."""
 
     def body() -> None:
-        from ortft import starter
+        from ortft.tools import starter
 
         text = starter.recipe_text(task)
         if output is None:
@@ -322,7 +324,7 @@ def init(
 @app.command("recipes")
 def list_recipes() -> None:
     """List the shipped recipes."""
-    from ortft import starter
+    from ortft.tools import starter
 
     for path, summary in starter.shipped_recipes():
         typer.echo(f"{path}\t{summary}")
@@ -338,7 +340,7 @@ def doctor(
     ] = False,
 ) -> None:
     """Check the environment against the known-good stack; a report to paste in bug reports."""
-    from ortft import doctor as doctor_mod
+    from ortft.tools import doctor as doctor_mod
 
     raise typer.Exit(_run(doctor_mod.main, as_json=as_json, fix=fix))
 
@@ -389,8 +391,8 @@ def export(
     """Export a trained model to ONNX and check it against PyTorch."""
 
     def body() -> None:
-        from ortft import export as export_mod
         from ortft.errors import UsageError
+        from ortft.export import exporter as export_mod
 
         if trainable and not training_artifacts:
             raise UsageError("--trainable needs --training-artifacts")
@@ -439,7 +441,7 @@ def eval_cmd(
     """Evaluate a saved model (PyTorch or its ONNX export) with the metrics training reports."""
 
     def body() -> None:
-        from ortft import evaluate
+        from ortft.inference import evaluate
 
         _quiet_libraries()
         result = evaluate.run(source, data_file, batch_size)
@@ -480,7 +482,7 @@ def predict(
     """Run a trained model on texts: label + scores (classification) or generated text (causal LM)."""
 
     def body() -> None:
-        from ortft import predict as predict_mod
+        from ortft.inference import predict as predict_mod
 
         _quiet_libraries()
         for result in predict_mod.run(
@@ -524,8 +526,8 @@ def hpo(
     """Search hyperparameters with Optuna (median pruning; resumable SQLite study)."""
 
     def body() -> None:
-        from ortft import hpo as hpo_mod
-        from ortft import recipe_io
+        from ortft.recipe import io as recipe_io
+        from ortft.tools import hpo as hpo_mod
 
         _thread_env(recipe_io.load(recipe, overrides or []).recipe.backend.name)
         _quiet_libraries()

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from ortft.errors import InputError
-from ortft.recipe import DataSection
-from ortft.recipe_io import LoadedRecipe, looks_local
+from ortft.recipe.io import LoadedRecipe, looks_local
+from ortft.recipe.schema import DataSection
 from ortft.tasks import Encoded, Task
 
 log = logging.getLogger("ortft")

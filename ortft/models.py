@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from ortft.errors import InputError
-from ortft.recipe import FromConfig, ModelSection, TrainTokenizer
-from ortft.recipe_io import LoadedRecipe, looks_local
+from ortft.recipe.io import LoadedRecipe, looks_local
+from ortft.recipe.schema import FromConfig, ModelSection, TrainTokenizer
 
 log = logging.getLogger("ortft")
 

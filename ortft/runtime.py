@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ortft.errors import InputError
-from ortft.recipe import HardwareSection
+from ortft.recipe.schema import HardwareSection
 
 log = logging.getLogger("ortft")
 

@@ -89,7 +89,7 @@ fi
 
 # 4. ORTModule's C++ extensions: kept, restored from ~/.cache/ortft, or built (~5 min, 2 cores).
 step "ORTModule's C++ extensions"
-"$VENV/bin/python" -m ortft.extensions >/dev/null ||
+"$VENV/bin/python" -m ortft.tools.extensions >/dev/null ||
   fail "ORTModule's C++ extensions are not in place (the line starting with 'error:' above says why)" \
     "fix that, then run make setup again (or $VENV/bin/ortft doctor --fix)"
 

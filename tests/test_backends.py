@@ -14,7 +14,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from ortft.backends import get
 from ortft.errors import BackendError
-from ortft.recipe import BackendSection
+from ortft.recipe.schema import BackendSection
 
 
 class _ReturnsCache(torch.nn.Module):

@@ -227,8 +227,8 @@ def missing_model_dir(tmp: Path) -> list[str]:
 
 def checkpoint_of_another_model(tmp: Path) -> list[str]:
     """A real checkpoint of a hidden-32 model, resumed into a hidden-64 one."""
-    from ortft import recipe_io
-    from ortft import train as train_mod
+    from ortft.recipe import io as recipe_io
+    from ortft.run import lifecycle as train_mod
 
     path = base_recipe(tmp, checkpoint={"save_every": 2})
     train_mod.run(
@@ -441,7 +441,7 @@ def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_csv_with_byte_order_mark_reads_its_first_column(tmp_path):
     from ortft.data import _read_file
-    from ortft.recipe import DataSection
+    from ortft.recipe.schema import DataSection
 
     path = tmp_path / "bom.csv"
     path.write_bytes("\ufefftext,label\nhello,pos\n".encode())

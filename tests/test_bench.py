@@ -14,9 +14,9 @@ import pytest
 from conftest import train_losses
 from typer.testing import CliRunner
 
-from ortft import bench
 from ortft.cli import app
 from ortft.errors import EXIT_USAGE, UsageError
+from ortft.tools import bench
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ortft import starter
 from ortft.cli import app
 from ortft.errors import EXIT_USAGE
+from ortft.tools import starter
 
 # click >= 8.2 keeps stdout and stderr apart by default and dropped mix_stderr
 if "mix_stderr" in inspect.signature(CliRunner.__init__).parameters:

@@ -14,8 +14,9 @@ import pytest
 import torch
 from conftest import tiny_classifier, train_losses, write_classification_csv, write_recipe
 
-from ortft import recipe_io, zero
+from ortft.backends import deepspeed as zero
 from ortft.errors import RecipeError
+from ortft.recipe import io as recipe_io
 
 has_deepspeed = importlib.util.find_spec("deepspeed") is not None
 

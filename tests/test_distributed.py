@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_classifier, train_losses, write_classification_csv, write_recipe
 
-from ortft import distributed
+from ortft.backends import distributed
 
 
 def run(*args: str, nproc: int = 1) -> subprocess.CompletedProcess:

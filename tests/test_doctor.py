@@ -8,8 +8,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from ortft import doctor
 from ortft.cli import app
+from ortft.tools import doctor
 
 runner = CliRunner()
 

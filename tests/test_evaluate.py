@@ -22,7 +22,7 @@ from conftest import (
 from typer.testing import CliRunner
 
 from ortft.cli import app
-from ortft.evaluate import cross_entropy_sum
+from ortft.inference.evaluate import cross_entropy_sum
 from ortft.tasks import get as get_task
 
 

@@ -35,7 +35,7 @@ def _save_tiny(path: Path, kind: str) -> Path:
     )
 
     from ortft.models import train_tokenizer
-    from ortft.recipe import TrainTokenizer
+    from ortft.recipe.schema import TrainTokenizer
 
     torch.manual_seed(0)
     if kind == "gpt2":
@@ -192,7 +192,8 @@ def test_trainable_patterns_freeze_the_rest(tmp_path):
     from onnxruntime.training import api
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from ortft import export, onnx_tools
+    from ortft.export import exporter as export
+    from ortft.export import onnx_tools
 
     src = _save_tiny(tmp_path / "model", "bert")
     model = AutoModelForSequenceClassification.from_pretrained(src, attn_implementation="eager")
@@ -226,8 +227,8 @@ def test_trainable_patterns_freeze_the_rest(tmp_path):
 
 
 def test_trainable_pattern_that_matches_nothing_is_an_input_error():
-    from ortft import onnx_tools
     from ortft.errors import InputError
+    from ortft.export import onnx_tools
 
     with pytest.raises(InputError, match="matches no parameter"):
         onnx_tools.select_trainable(["bert.embeddings.word_embeddings.weight"], ["clasifier.*"])

@@ -1,4 +1,4 @@
-"""ortft.extensions: what counts as built, and the cache outside the venv (no compiler needed)."""
+"""ortft.tools.extensions: what counts as built, and the cache outside the venv (no compiler needed)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ortft import extensions
+from ortft.tools import extensions
 
 SO = ".cpython-311-x86_64-linux-gnu.so"
 

@@ -15,10 +15,11 @@ import torch
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 from typer.testing import CliRunner
 
-from ortft import checkpoint, models, recipe_io
-from ortft import train as train_mod
+from ortft import checkpoint, models
 from ortft.cli import app
 from ortft.errors import EXIT_FAILED, RunError
+from ortft.recipe import io as recipe_io
+from ortft.run import lifecycle as train_mod
 
 
 def make_recipe(tmp: Path, **training: object) -> Path:

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 
-from ortft import ci_report, gates
 from ortft.errors import UsageError
+from ortft.run import gates
+from ortft.tools import ci_report
 
 SUMMARY = {
     "status": "completed",

@@ -13,8 +13,9 @@ from conftest import tiny_classifier, write_classification_csv, write_recipe
 
 pytest.importorskip("optuna")
 
-from ortft import hpo, recipe_io  # noqa: E402
 from ortft.errors import RecipeError  # noqa: E402
+from ortft.recipe import io as recipe_io
+from ortft.tools import hpo  # noqa: E402
 
 SPACE = {
     "training.lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2},

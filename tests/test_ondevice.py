@@ -128,7 +128,7 @@ def test_inference_model_holds_the_trained_weights(trained):
     import onnx
     import onnxruntime as ort
 
-    from ortft.train_ondevice import training_api
+    from ortft.backends.ondevice import training_api
 
     _, run, _ = trained
     api = training_api()
@@ -207,7 +207,7 @@ def test_ortft_eval_and_export_accept_the_onnx_final(trained, tmp_path):
 def test_the_loop_module_imports_no_torch():
     import ast
 
-    import ortft.train_ondevice as loop
+    import ortft.backends.ondevice as loop
 
     tree = ast.parse(Path(loop.__file__).read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -224,8 +224,8 @@ def test_the_loop_module_imports_no_torch():
     ],
 )
 def test_unsupported_combinations_are_recipe_errors(tmp_path, override, message):
-    from ortft import recipe_io
     from ortft.errors import RecipeError
+    from ortft.recipe import io as recipe_io
 
     write_classification_csv(tmp_path / "train.csv")
     path = write_recipe(tmp_path / "cls.yaml", tiny_classifier("train.csv", backend="ort-ondevice"))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ortft import recipe_io
 from ortft.errors import EXIT_USAGE, RecipeError, UsageError
-from ortft.recipe import Recipe
+from ortft.recipe import io as recipe_io
+from ortft.recipe.schema import Recipe
 
 # A minimal valid recipe: a tiny model from config, a tokenizer trained locally, a local CSV.
 MINIMAL = """\
@@ -325,11 +325,11 @@ def test_pkg_paths_point_into_the_installed_package(tmp_path):
     import ortft
 
     package_dir = Path(ortft.__file__).resolve().parent
-    resolved = recipe_io.resolve_input_path("pkg://ortft/recipe.py", tmp_path)
+    resolved = recipe_io.resolve_input_path("pkg://ortft/recipe/schema.py", tmp_path)
     assert resolved.resolve() == package_dir / "recipe.py"
     assert resolved.is_file()
     # and a recipe may use one for its data (checked to exist like any local path)
-    loaded = recipe_io.load(write(tmp_path, MINIMAL), ["data.train=pkg://ortft/recipe.py"])
+    loaded = recipe_io.load(write(tmp_path, MINIMAL), ["data.train=pkg://ortft/recipe/schema.py"])
     assert loaded.resolve_path(loaded.recipe.data.train).resolve() == package_dir / "recipe.py"
 
 

@@ -17,8 +17,8 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ortft import recipe_io
 from ortft.errors import EXIT_USAGE, OrtftError, RecipeError, UsageError
+from ortft.recipe import io as recipe_io
 
 MINIMAL = {
     "model": {

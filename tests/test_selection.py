@@ -12,8 +12,8 @@ import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 
 from ortft.checkpoint import TrainState
-from ortft.recipe import Recipe
-from ortft.selection import Selector, improved
+from ortft.recipe.schema import Recipe
+from ortft.run.early_stopping import Selector, improved
 
 
 def recipe(**extra: object) -> Recipe:

@@ -17,7 +17,7 @@ import pytest
 from conftest import write_classification_csv, write_recipe
 
 from ortft import tasks
-from ortft.recipe import DataSection, Recipe, TaskSection
+from ortft.recipe.schema import DataSection, Recipe, TaskSection
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "recipes" / "data"
@@ -116,7 +116,7 @@ RECIPES = {
 
 def _tokenizer(kind: str, texts: list[str]):
     from ortft.models import train_tokenizer
-    from ortft.recipe import TrainTokenizer
+    from ortft.recipe.schema import TrainTokenizer
 
     return train_tokenizer(
         texts,
@@ -338,7 +338,8 @@ def test_lora_trains_only_the_adapter_and_exports_merged(tmp_path: Path) -> None
     # the base weights are the untouched initial ones (from_config is seeded)
     from transformers import AutoTokenizer
 
-    from ortft import models, recipe_io
+    from ortft import models
+    from ortft.recipe import io as recipe_io
 
     loaded = recipe_io.load(path)
     tok = AutoTokenizer.from_pretrained(run / "tokenizer")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ortft.errors import InputError
-from ortft.recipe import LoggingSection
-from ortft.tracking import PLOT_NAME, Tracker, check
+from ortft.recipe.schema import LoggingSection
+from ortft.run.tracking import PLOT_NAME, Tracker, check
 
 ROWS = [
     {"kind": "train", "step": 1, "epoch": 0.1, "loss": 0.9, "lr": 1e-3, "time_s": 1.0},

@@ -293,7 +293,7 @@ def install(kernels: tuple[str, ...], module: nn.Module) -> None:
         elif original is not None:
             symbolics[name] = original
         else:
-            from ortft.onnx_tools import unregister_symbolics
+            from ortft.export.onnx_tools import unregister_symbolics
 
             symbolics.pop(name, None)  # and from torch.onnx, where an earlier ORTModule put it
             unregister_symbolics([name])

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-    from ortft.recipe import DataSection
+    from ortft.recipe.schema import DataSection
 
 
 @dataclass
@@ -85,7 +85,7 @@ def get(name: str, section: Any = None) -> Task:
     if name in ("sequence-classification", "causal-lm"):
         return TASK
     if section is None:
-        from ortft.recipe import TaskSection
+        from ortft.recipe.schema import TaskSection
 
         section = TaskSection(name=name)
     return build(section)

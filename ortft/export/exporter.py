@@ -4,7 +4,7 @@ The folder it writes is self-contained: ``model.onnx`` (inputs ``input_ids`` and
 ``attention_mask`` with dynamic batch and sequence axes, output ``logits``), the tokenizer,
 the model config and ``export.json`` (the reports). On request it also holds
 ``model.opt.onnx`` (ORT graph optimization), ``model.fp16.onnx``, ``model.int8.onnx`` and
-``training/`` (on-device training artifacts); see ``ortft.onnx_tools`` for what was measured.
+``training/`` (on-device training artifacts); see ``ortft.export.onnx_tools`` for what was measured.
 
 Everything is written into a staging folder next to OUT and renamed into place at the end.
 When a check fails, the staging folder becomes ``OUT.failed/`` (its export.json says why) and
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft import onnx_tools as tools
 from ortft.errors import GateError, InputError, RunError
+from ortft.export import onnx_tools as tools
 
 log = logging.getLogger("ortft")
 
@@ -415,7 +415,8 @@ def _recipe_samples(model_dir: Path, tokenizer: Any, task: str, config: Any) -> 
     (``pkg://`` and absolute paths can; paths relative to a recipe elsewhere may not)."""
     if not (model_dir / "recipe.yaml").exists():
         return None
-    from ortft import data, recipe_io, tasks
+    from ortft import data, tasks
+    from ortft.recipe import io as recipe_io
 
     try:
         loaded = recipe_io.load(model_dir / "recipe.yaml")

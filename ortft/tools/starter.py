@@ -9,8 +9,8 @@ from ortft.errors import UsageError
 
 def recipes_dir() -> Path:
     """The top-level recipes/ of a source checkout, else the copy installed with the package."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "recipes", here / "recipes"):
+    package = Path(__file__).resolve().parents[1]  # ortft/
+    for candidate in (package.parent / "recipes", package / "recipes"):
         if candidate.is_dir():
             return candidate
     raise UsageError("no shipped recipes found (is ortft installed completely?)")

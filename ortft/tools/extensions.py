@@ -12,7 +12,7 @@ ORTModule needs a few small C++ extensions compiled against the installed torch
 Compiling takes minutes on 2 cores, so the built files are saved under
 ``${ORTFT_CACHE:-~/.cache/ortft}/extensions/<key>/`` (the key hashes the torch and
 onnxruntime-training versions, the Python version and whether CUDA is used) and copied back
-on the next set-up. ``python -m ortft.extensions`` is what ``make setup`` runs; ``ortft doctor
+on the next set-up. ``python -m ortft.tools.extensions`` is what ``make setup`` runs; ``ortft doctor
 --fix`` calls :func:`ensure_built`.
 """
 
@@ -188,7 +188,7 @@ def check_loads(timeout: float = 300) -> str | None:
 
 
 def _say(message: str) -> None:
-    print(f"[ortft.extensions] {message}", file=sys.stderr, flush=True)
+    print(f"[ortft.tools.extensions] {message}", file=sys.stderr, flush=True)
 
 
 def _write_marker(ext_dir: Path, key: str, inputs: dict, source: str) -> None:
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m ortft.extensions",
+        prog="python -m ortft.tools.extensions",
         description="Build (or restore from cache) ORTModule's torch C++ extensions.",
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if already built")

@@ -28,13 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from ortft import checkpoint, data, gates, report, tasks
+from ortft import checkpoint, data, tasks
 from ortft.checkpoint import TrainState
 from ortft.errors import GateError, InputError, Interrupted, OrtftError, RunError
 from ortft.progress import Progress
-from ortft.recipe import default_output_dir
-from ortft.recipe_io import LoadedRecipe, dump
-from ortft.tracking import Tracker
+from ortft.recipe.io import LoadedRecipe, dump
+from ortft.recipe.schema import default_output_dir
+from ortft.run import gates, report
+from ortft.run.tracking import Tracker
 
 log = logging.getLogger("ortft")
 
@@ -316,7 +317,7 @@ def run(
             "remove backend.trainable (or rebuild them with --trainable)"
         )
     if given is None and not (art_dir / "artifacts.json").exists():
-        from ortft import ondevice_build  # the one place PyTorch is used
+        from ortft.backends import ondevice_build  # the one place PyTorch is used
 
         tok_dir = run_dir / "tokenizer"
         ondevice_build.build(

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ortft.errors import InputError
-from ortft.evaluate import SavedModel, open_model, training_recipe
+from ortft.inference.evaluate import SavedModel, open_model, training_recipe
 
 
 def read_texts(stream: TextIO, name: str) -> list[str]:

@@ -278,7 +278,7 @@ def _probe_ort() -> list[Check]:
 
 
 def _probe_extensions(fix: bool) -> list[Check]:
-    from ortft import extensions
+    from ortft.tools import extensions
 
     try:
         state = extensions.status()

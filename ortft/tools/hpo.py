@@ -25,9 +25,10 @@ from typing import Any
 
 import yaml
 
-from ortft import recipe_io, train
 from ortft.errors import GateError, InputError, Interrupted, RecipeError, RunError, Stopped
-from ortft.recipe import HpoCategorical, HpoFloat, HpoSection, metric_mode
+from ortft.recipe import io as recipe_io
+from ortft.recipe.schema import HpoCategorical, HpoFloat, HpoSection, metric_mode
+from ortft.run import lifecycle as train
 
 log = logging.getLogger("ortft")
 

@@ -22,13 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft import backends, checkpoint, data, distributed, gates, models, report, runtime, tasks
+from ortft import backends, checkpoint, data, models, runtime, tasks
+from ortft.backends import distributed
 from ortft.errors import GateError, InputError, Interrupted, OrtftError, RunError
 from ortft.progress import Progress
-from ortft.recipe import default_output_dir
-from ortft.recipe_io import LoadedRecipe, dump
-from ortft.selection import Selector, save_best
-from ortft.tracking import Tracker
+from ortft.recipe.io import LoadedRecipe, dump
+from ortft.recipe.schema import default_output_dir
+from ortft.run import gates, report
+from ortft.run.early_stopping import Selector, save_best
+from ortft.run.tracking import Tracker
 
 log = logging.getLogger("ortft")
 
@@ -198,7 +200,7 @@ def run(
     it may raise ``errors.Stopped`` to end the run, recorded as status "pruned")."""
     r = loaded.recipe
     if r.backend.name == "ort-ondevice":  # its own loop, in onnxruntime.training.api
-        from ortft import train_ondevice
+        from ortft.backends import ondevice as train_ondevice
 
         return train_ondevice.run(loaded, output_dir, extra_gates, on_eval)
     t = r.training
@@ -281,7 +283,7 @@ def run(
         )
 
     if backend_name == "auto":  # time a few steps of each backend, keep the faster
-        from ortft import probe
+        from ortft.backends import auto as probe
 
         backend_name, backend_extra["probe"] = probe.choose(
             loaded, task, tokenizer, labels, train_enc, rt.device, build_optimizer
@@ -343,7 +345,7 @@ def run(
     wrapped.train()
     engine = None  # DeepSpeed's engine, when the recipe has a deepspeed section
     if r.deepspeed is not None:  # ZeRO 1/2 around ORTModule; the engine does DDP's job too
-        from ortft import zero
+        from ortft.backends import deepspeed as zero
 
         engine = zero.start(wrapped, optimizer, scheduler, r, loaded.base_dir, world)
         forward: torch.nn.Module = engine
@@ -640,7 +642,7 @@ def run(
         log.info("ONNX export skipped for %s: %s", task.name, skip)
         summary["export"] = {"skipped": skip}
     elif r.export.enabled:
-        from ortft import export
+        from ortft.export import exporter as export
 
         onnx_dir = run_dir / "onnx"
         # a LoRA model is exported merged: the adapter folded into the base weights

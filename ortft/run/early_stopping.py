@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ortft.checkpoint import TrainState
-from ortft.recipe import Recipe, metric_mode
+from ortft.recipe.schema import Recipe, metric_mode
 
 log = logging.getLogger("ortft")
 

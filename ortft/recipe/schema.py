@@ -697,8 +697,8 @@ class Recipe(Section):
     @field_validator("gates")
     @classmethod
     def _gates_parse(cls, value: list[str]) -> list[str]:
-        from ortft import gates
         from ortft.errors import UsageError
+        from ortft.run import gates
 
         for text in value:
             try:
@@ -733,7 +733,7 @@ class Recipe(Section):
                 "backend.memory_optimization_level=1 (or 2) instead"
             )
         if isinstance(self.deepspeed, dict):
-            from ortft import zero
+            from ortft.backends import deepspeed as zero
 
             problems = zero.check(self.deepspeed, self)
             if problems:

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ortft.errors import RecipeError, UsageError
-from ortft.recipe import Recipe
+from ortft.recipe.schema import Recipe
 
 PKG_PREFIX = "pkg://"
 
@@ -223,7 +223,9 @@ def check_paths(loaded: LoadedRecipe) -> list[str]:
         if looks_local(value) and not path.exists():  # anything else may be a Hub id
             problems.append(f"{field}: {path} does not exist")
     if isinstance(r.deepspeed, str) and loaded.resolve_path(r.deepspeed).is_file():
-        from ortft import zero  # the JSON file gets the checks an inline mapping gets
+        from ortft.backends import (
+            deepspeed as zero,  # the JSON file gets the checks an inline mapping gets
+        )
 
         try:
             problems += [

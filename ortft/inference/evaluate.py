@@ -24,8 +24,8 @@ import yaml
 from ortft import data as data_mod
 from ortft import tasks
 from ortft.errors import InputError, RecipeError
-from ortft.recipe import Recipe, TaskSection
-from ortft.recipe_io import LoadedRecipe
+from ortft.recipe.io import LoadedRecipe
+from ortft.recipe.schema import Recipe, TaskSection
 
 log = logging.getLogger("ortft")
 
@@ -79,7 +79,7 @@ class SavedModel:
 
 
 def _task_of(config: Any) -> str:
-    from ortft.export import _task_of as task_of
+    from ortft.export.exporter import _task_of as task_of
 
     return task_of(config)
 
@@ -141,7 +141,7 @@ def open_model(source: Path) -> SavedModel:
 
 def training_recipe(m: SavedModel) -> LoadedRecipe | None:
     """The recipe the model was trained with; relative paths resolve against its original folder."""
-    from ortft import recipe_io
+    from ortft.recipe import io as recipe_io
 
     if m.recipe_yaml is None:
         return None

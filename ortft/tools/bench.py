@@ -234,7 +234,7 @@ def _load_avg() -> list[float] | None:
 def run(
     recipe: Path, backends: str, steps: int, warmup: int, repeats: int, timeout: float = 900.0
 ) -> dict[str, Any]:
-    from ortft import recipe_io
+    from ortft.recipe import io as recipe_io
 
     if steps <= warmup:
         raise UsageError(f"--steps ({steps}) must be larger than --warmup ({warmup})")

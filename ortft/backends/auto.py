@@ -21,7 +21,7 @@ import torch
 
 from ortft import backends, checkpoint, data, models
 from ortft.errors import BackendError
-from ortft.recipe_io import LoadedRecipe
+from ortft.recipe.io import LoadedRecipe
 
 log = logging.getLogger("ortft")
 

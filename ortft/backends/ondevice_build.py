@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft import models, onnx_tools
-from ortft.recipe_io import LoadedRecipe
+from ortft import models
+from ortft.export import onnx_tools
+from ortft.recipe.io import LoadedRecipe
 
 log = logging.getLogger("ortft")
 

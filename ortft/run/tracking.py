@@ -14,9 +14,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ortft import report
 from ortft.errors import InputError
-from ortft.recipe import LoggingSection
+from ortft.recipe.schema import LoggingSection
+from ortft.run import report
 
 log = logging.getLogger("ortft")
 

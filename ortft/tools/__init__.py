@@ -1,0 +1,1 @@
+"""Commands that drive or inspect runs: bench, hpo, doctor, extensions, starter recipes, CI reports."""
