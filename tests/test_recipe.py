@@ -330,7 +330,10 @@ def test_pkg_paths_point_into_the_installed_package(tmp_path):
     assert resolved.is_file()
     # and a recipe may use one for its data (checked to exist like any local path)
     loaded = recipe_io.load(write(tmp_path, MINIMAL), ["data.train=pkg://ortft/recipe/schema.py"])
-    assert loaded.resolve_path(loaded.recipe.data.train).resolve() == package_dir / "recipe" / "schema.py"
+    assert (
+        loaded.resolve_path(loaded.recipe.data.train).resolve()
+        == package_dir / "recipe" / "schema.py"
+    )
 
 
 def test_pkg_path_inside_a_package_that_lacks_the_file(tmp_path):

@@ -114,7 +114,8 @@ def ondevice(r: Recipe) -> None:
 
 def eval_users(r: Recipe) -> None:
     """Early stopping, best-model selection and hpo need evals with the task's metrics."""
-    t, users = r.training, []
+    t = r.training
+    users: list[tuple[str, str, bool]] = []  # (who, metric, needs eval_every)
     if t.early_stopping:
         users.append(("training.early_stopping", t.early_stopping.metric, True))
     if r.checkpoint.final == "best":

@@ -132,6 +132,7 @@ class QuestionAnswering(Task):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
+        **extra: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
