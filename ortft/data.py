@@ -173,18 +173,12 @@ def read_rows(loaded: LoadedRecipe, value: str, split: str) -> list[dict[str, An
 def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, task: Task) -> None:
     if not rows:
         raise InputError(f"{source}: no rows")
-    own_columns = getattr(task, "columns", None)  # tasks with their own columns (task.* options)
-    needed = [data.text_column]
-    if data.text_pair_column:
-        needed.append(data.text_pair_column)
-    if task.needs_labels:
-        needed.append(data.label_column)
-    if own_columns is not None:
-        needed = own_columns(data)
+    own_columns = task.own_columns  # the task's task.*_column options, not data.*_column
+    needed = task.columns(data)
     # with data.label_names given, every row's label must be one of them (checked per file, here)
     allowed = (
         dict.fromkeys(data.label_names)
-        if task.needs_labels and data.label_names and own_columns is None
+        if task.needs_labels and data.label_names and not own_columns
         else None
     )
     # every row, not just the first: a later row without a column would fail mid-run
@@ -205,7 +199,7 @@ def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, t
                 f"(has: {', '.join(sorted(map(str, row)))}); "
                 + (
                     "set the task's column options (task.*_column)"
-                    if own_columns is not None
+                    if own_columns
                     else "set data.text_column / data.label_column"
                 )
             )

@@ -172,3 +172,31 @@ def test_causal_lm_eval_and_generation_agree(tmp_path: Path) -> None:
     rows = [[json.loads(line) for line in g.stdout.splitlines()] for g in gen]
     assert len(rows[0]) == 2 and all(0 < r["new_tokens"] <= 5 for r in rows[0])
     assert [r["generated"] for r in rows[0]] == [r["generated"] for r in rows[1]]
+
+
+# --------------------------------------------------------------------------- the run's own task
+
+
+def test_instruction_run_is_scored_as_instruction(tmp_path: Path) -> None:
+    """eval takes the task from the run's recipe, not from the architecture (*LMHeadModel would
+    say causal-lm, whose encoding needs a text column the instruction data does not have)."""
+    data = Path(__file__).resolve().parent.parent / "recipes" / "data"
+    r = tiny_causal_lm(str(data / "instructions-train.jsonl"), backend="torch", max_steps=3)
+    r["task"] = {"name": "instruction", "template": "simple"}
+    r["data"] = {"train": r["data"]["train"], "eval": str(data / "instructions-eval.jsonl")}
+    r["data"]["max_length"] = 48
+    run = tmp_path / "run"
+    summary = train(write_recipe(tmp_path / "instr.yaml", r), run)
+    for source in (run, run / "onnx"):
+        res = invoke("eval", source, "--json")
+        assert res.exit_code == 0, res.stderr
+        out = json.loads(res.stdout)
+        assert out["task"] == "instruction"
+        assert out["metrics"]["loss"] == pytest.approx(summary["metrics"]["eval_loss"], rel=1e-4)
+    export = json.loads((run / "onnx" / "export.json").read_text())
+    assert export["task"] == "instruction"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Is 3 larger than 2?\n")
+    res = invoke("predict", run, "--input", prompts, "--json", "--max-new-tokens", 3)
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout.splitlines()[0])["new_tokens"] <= 3

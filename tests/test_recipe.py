@@ -326,11 +326,14 @@ def test_pkg_paths_point_into_the_installed_package(tmp_path):
 
     package_dir = Path(ortft.__file__).resolve().parent
     resolved = recipe_io.resolve_input_path("pkg://ortft/recipe/schema.py", tmp_path)
-    assert resolved.resolve() == package_dir / "recipe.py"
+    assert resolved.resolve() == package_dir / "recipe" / "schema.py"
     assert resolved.is_file()
     # and a recipe may use one for its data (checked to exist like any local path)
     loaded = recipe_io.load(write(tmp_path, MINIMAL), ["data.train=pkg://ortft/recipe/schema.py"])
-    assert loaded.resolve_path(loaded.recipe.data.train).resolve() == package_dir / "recipe.py"
+    assert (
+        loaded.resolve_path(loaded.recipe.data.train).resolve()
+        == package_dir / "recipe" / "schema.py"
+    )
 
 
 def test_pkg_path_inside_a_package_that_lacks_the_file(tmp_path):

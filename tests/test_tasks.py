@@ -17,7 +17,7 @@ import pytest
 from conftest import write_classification_csv, write_recipe
 
 from ortft import tasks
-from ortft.recipe.schema import DataSection, Recipe, TaskSection
+from ortft.recipe.schema import DataSection, Recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "recipes" / "data"
@@ -162,7 +162,7 @@ def test_entity_f1_counts_exact_spans() -> None:
 
 
 def test_masked_lm_masking_is_seeded_per_epoch_and_80_10_10() -> None:
-    task = tasks.get("masked-lm", TaskSection(name="masked-lm", mlm_probability=0.5))
+    task = tasks.get("masked-lm", tasks.options("masked-lm", mlm_probability=0.5))
     tok = _tokenizer("wordpiece", ["the cat sat on a mat while dogs ran"] * 4)
     rows = [{"text": "the cat sat on a mat while dogs ran " * 6}] * 8
     enc = task.encode(rows, tok, DataSection(train="x", max_length=64), None)

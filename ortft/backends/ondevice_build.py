@@ -49,7 +49,7 @@ def _example(
     cut = max(1, ids.shape[1] // 2)
     mask[1, cut:] = 0
     ids[1, cut:] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    if task.name == "causal-lm":
+    if task.export_kind == "decoder":  # a language model: the labels are the inputs
         labels = np.where(mask == 1, ids, onnx_tools.IGNORE).astype(np.int64)
     else:
         labels = batch["labels"].astype(np.int64)

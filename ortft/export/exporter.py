@@ -48,17 +48,15 @@ QUANTIZE_CHOICES = ("int8",)
 LATENCY_BATCH, LATENCY_REPEATS = 8, 10
 
 
-DECODER_TASKS = ("causal-lm", "instruction")  # exported with use_cache=False
-PER_TOKEN_TASKS = (*DECODER_TASKS, "token-classification", "masked-lm")  # logits per position
-# ortft export SOURCE: the task a saved model's architecture name implies (first match wins)
-ARCH_TASKS = (
-    ("SequenceClassification", "sequence-classification"),
-    ("TokenClassification", "token-classification"),
-    ("QuestionAnswering", "question-answering"),
-    ("MaskedLM", "masked-lm"),
-    ("CausalLM", "causal-lm"),
-    ("LMHead", "causal-lm"),
-)
+# What parity compares, per export kind (Task.export_kind, from the task registry); decoders
+# are exported with use_cache=False; per-token and decoder logits have a sequence axis.
+POSITIONS = {"encoder": "row", "per-token": "token", "decoder": "next-token"}
+
+
+def _kind(task: str) -> str:
+    from ortft import tasks
+
+    return tasks.get(task).export_kind
 
 
 class _LogitsOnly(torch.nn.Module):
@@ -221,14 +219,14 @@ def _export_into(
 
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
         raise InputError(f"--quantize {quantize}: choose one of {', '.join(QUANTIZE_CHOICES)}")
-    if training_artifacts and task not in tools.TRAINING_TASKS:
+    if training_artifacts and task not in tools.training_tasks():
         raise InputError(
-            f"--training-artifacts: built and tested for {', '.join(tools.TRAINING_TASKS)}, "
+            f"--training-artifacts: built and tested for {', '.join(tools.training_tasks())}, "
             f"not {task}"
         )
     model = model.eval().to("cpu")
-    is_decoder = task in DECODER_TASKS
-    positions = "next-token" if is_decoder else "token" if task in PER_TOKEN_TASKS else "row"
+    is_decoder = _kind(task) == "decoder"
+    positions = POSITIONS[_kind(task)]
     # eval() on the wrapper itself: torch.onnx.export restores the wrapper's own mode after
     # exporting, and a wrapper left in training mode would switch dropout back on.
     wrapper = _LogitsOnly(model, is_decoder).eval()
@@ -251,9 +249,7 @@ def _export_into(
                 dynamic_axes={
                     "input_ids": {0: "batch", 1: "sequence"},
                     "attention_mask": {0: "batch", 1: "sequence"},
-                    "logits": (
-                        {0: "batch", 1: "sequence"} if task in PER_TOKEN_TASKS else {0: "batch"}
-                    ),
+                    "logits": ({0: "batch", 1: "sequence"} if positions != "row" else {0: "batch"}),
                 },
             )
     except Exception as err:
@@ -394,16 +390,18 @@ def _training(
 # --------------------------------------------------------------------------- ortft export SOURCE
 
 
-def _task_of(config: Any) -> str:
-    archs = " ".join(getattr(config, "architectures", None) or [])
-    for marker, task in ARCH_TASKS:
-        if marker in archs:
-            return task
-    raise InputError(
-        f"unsupported model: cannot export a {archs or 'model without architectures'} "
-        f"(supported: *ForSequenceClassification, *ForTokenClassification, "
-        f"*ForQuestionAnswering, *ForMaskedLM, *ForCausalLM / *LMHeadModel)"
-    )
+def _task_of(config: Any, model_dir: Path | None = None) -> str:
+    """The task the run's recipe (``model_dir/recipe.yaml``) names; only a plain Hugging Face
+    model without one falls back to the task its architecture name implies."""
+    from ortft import tasks
+    from ortft.recipe.task import read_task
+
+    recorded = read_task(model_dir / "recipe.yaml") if model_dir is not None else None
+    task = recorded.name if recorded is not None else tasks.from_architecture(config)
+    skip = tasks.get(task).export_skip
+    if skip:
+        raise InputError(f"{model_dir}: cannot export {task}: {skip}")
+    return task
 
 
 def _first_line(err: Exception) -> str:
@@ -425,11 +423,7 @@ def _recipe_samples(model_dir: Path, tokenizer: Any, task: str, config: Any) -> 
             return None  # never reach for the network to export
         t = tasks.get(task, loaded.recipe.task if loaded.recipe.task.name == task else None)
         rows = data.load_splits(loaded, t).eval[:PARITY_SAMPLES]
-        label2id = (
-            dict(config.label2id)
-            if task in ("sequence-classification", "token-classification")
-            else None
-        )
+        label2id = dict(config.label2id) if t.needs_labels else None
         return t.encode(rows, tokenizer, loaded.recipe.data, label2id) if rows else None
     except Exception as err:  # noqa: BLE001 - any failure means: use synthetic samples
         log.info(
@@ -503,7 +497,7 @@ def export_source(
         return _export_onnx_source(model_dir, out, tolerance=tolerance, **options)  # ort-ondevice
     try:
         config = AutoConfig.from_pretrained(model_dir)
-        task = _task_of(config)
+        task = _task_of(config, model_dir)
         auto = getattr(transformers, tasks.get(task).auto_class)
         model = auto.from_pretrained(model_dir, attn_implementation="eager")
         adapter_dir = model_dir / "adapter"
@@ -568,10 +562,8 @@ def _export_onnx_source(
         )
     except (OSError, ValueError, KeyError) as err:
         raise InputError(f"{model_dir}: cannot load config/tokenizer: {_first_line(err)}") from None
-    task = _task_of(config)
-    positions = (
-        "next-token" if task in DECODER_TASKS else "token" if task in PER_TOKEN_TASKS else "row"
-    )
+    task = _task_of(config, model_dir)
+    positions = POSITIONS[_kind(task)]
     samples = _recipe_samples(model_dir, tokenizer, task, config)
     feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
     inputs = {k: feeds[k] for k in ("input_ids", "attention_mask")}

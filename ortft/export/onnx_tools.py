@@ -35,9 +35,15 @@ from ortft.errors import InputError, RunError
 
 TRAINING_OPSET = 16  # the highest opset whose training graph ORT 1.19 can differentiate (see above)
 TRAINING_ARCHITECTURES = ("bert", "gpt2")  # measured; others may work but are not promised
-TRAINING_TASKS = ("sequence-classification", "causal-lm")  # measured
 IGNORE = -100  # the label transformers' losses skip
 LARGE = 2**31 - 2**27  # just under protobuf's 2 GB limit: beyond it, weights go to external data
+
+
+def training_tasks() -> list[str]:
+    """The tasks whose training artifacts are measured (Task.ondevice, from the task registry)."""
+    from ortft import tasks
+
+    return [name for name in tasks.names() if tasks.get(name).ondevice]
 
 
 # --------------------------------------------------------------------------- running and judging
@@ -290,9 +296,9 @@ def generate_training_artifacts(
 
     ort.set_default_logger_severity(3)  # else the gradient graph builder logs at info level
     model_type = getattr(model.config, "model_type", "?")
-    if task not in TRAINING_TASKS:
+    if task not in training_tasks():
         raise InputError(
-            f"training artifacts are built and tested for {', '.join(TRAINING_TASKS)}, not {task}"
+            f"training artifacts are built and tested for {', '.join(training_tasks())}, not {task}"
         )
     if model_type not in TRAINING_ARCHITECTURES:
         raise InputError(

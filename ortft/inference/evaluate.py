@@ -6,6 +6,9 @@ ONNX export folder (``model.onnx`` + tokenizer + config), which runs in an onnxr
 loss and metrics are computed from them here, so a PyTorch model and its ONNX export report
 the same numbers (to float rounding). The default data is the eval split the run's recipe used
 (``final/recipe.yaml``); ``--data`` scores another file in any format ``data.py`` reads.
+The task is the run's own (its recipe's ``task:``, or the one an ONNX folder's export.json
+records), so an instruction run is scored as instruction; only a plain Hugging Face model that
+no ortft run describes has its task guessed from its architecture name.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from ortft import data as data_mod
 from ortft import tasks
 from ortft.errors import InputError, RecipeError
 from ortft.recipe.io import LoadedRecipe
-from ortft.recipe.schema import Recipe, TaskSection
+from ortft.recipe.schema import Recipe
+from ortft.recipe.task import read_task
 
 log = logging.getLogger("ortft")
 
@@ -44,6 +47,7 @@ class SavedModel:
     recipe_yaml: Path | None  # the recipe it was trained with, when it is known
     run_dir: Path | None
     _model: Any = None
+    spec: Any = None  # the task itself (tasks.Task), built with the run's task options
 
     def logits(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         if self.runtime == "onnxruntime":
@@ -54,7 +58,7 @@ class SavedModel:
             return self._model.run(["logits"], feeds)[0]
         import torch
 
-        kw = {"use_cache": False} if self.task == "causal-lm" else {}
+        kw = {"use_cache": False} if self.spec.is_decoder else {}
         with torch.no_grad():
             out = self._model(
                 input_ids=torch.from_numpy(input_ids),
@@ -62,10 +66,12 @@ class SavedModel:
                 return_dict=True,
                 **kw,
             )
+        if getattr(out, "logits", None) is None:  # question answering: as its ONNX export's
+            return torch.stack([out.start_logits, out.end_logits], dim=1).float().numpy()
         return out.logits.float().numpy()
 
     def labels(self) -> list[str] | None:
-        if self.task != "sequence-classification":
+        if not self.spec.needs_labels:
             return None
         id2label = self.config.id2label
         return [str(id2label[i]) for i in range(len(id2label))]
@@ -78,10 +84,20 @@ class SavedModel:
         return None
 
 
-def _task_of(config: Any) -> str:
-    from ortft.export.exporter import _task_of as task_of
-
-    return task_of(config)
+def _task(source: Path, recipe_yaml: Path | None, config: Any) -> tasks.Task:
+    """The task the model was trained for: its recipe's ``task:`` (with its options), else the
+    task its ONNX export recorded (export.json). A plain Hugging Face model that no ortft run
+    describes is the only case left to the architecture name (e.g. *ForCausalLM: causal-lm)."""
+    options = read_task(recipe_yaml) if recipe_yaml is not None else None
+    if options is not None:
+        return tasks.get(options.name, options)
+    try:
+        recorded = json.loads((source / "export.json").read_text()).get("task")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded in tasks.names():
+        return tasks.get(recorded)
+    return tasks.get(tasks.from_architecture(config))  # fallback: no ortft recipe or export
 
 
 def open_model(source: Path) -> SavedModel:
@@ -113,7 +129,6 @@ def open_model(source: Path) -> SavedModel:
         raise InputError(f"{source}: cannot load config/tokenizer ({err})") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    task = _task_of(config)
     recipe_yaml = next(
         (
             p
@@ -125,18 +140,31 @@ def open_model(source: Path) -> SavedModel:
         ),
         None,
     )
+    task = _task(source, recipe_yaml, config)
+    if task.export_kind == "seq2seq":
+        raise InputError(
+            f"{source}: ortft eval / predict run one forward pass per batch; a {task.name} "
+            "model generates with an encoder and a decoder (its run's summary.json has its "
+            "eval metrics)"
+        )
+    common = dict(
+        path=source,
+        task=task.name,
+        config=config,
+        tokenizer=tokenizer,
+        recipe_yaml=recipe_yaml,
+        run_dir=run_dir,
+        spec=task,
+    )
     if onnx_file.exists():
         import onnxruntime as ort
 
         session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-        return SavedModel(
-            "onnxruntime", source, task, config, tokenizer, recipe_yaml, run_dir, session
-        )
+        return SavedModel(runtime="onnxruntime", _model=session, **common)
     import transformers
 
-    auto = getattr(transformers, tasks.get(task).auto_class)
-    model = auto.from_pretrained(source).eval()
-    return SavedModel("pytorch", source, task, config, tokenizer, recipe_yaml, run_dir, model)
+    model = getattr(transformers, task.auto_class).from_pretrained(source).eval()
+    return SavedModel(runtime="pytorch", _model=model, **common)
 
 
 def training_recipe(m: SavedModel) -> LoadedRecipe | None:
@@ -146,21 +174,12 @@ def training_recipe(m: SavedModel) -> LoadedRecipe | None:
     if m.recipe_yaml is None:
         return None
     try:
+        # (a recipe dumped by older ortft lists every task's options: the task field drops the
+        # other tasks' defaults, so it validates as it is)
         loaded = recipe_io.load(m.recipe_yaml, check_files=False)
     except RecipeError as err:
-        # a dumped recipe lists every task option, also other tasks' defaults: keep only the
-        # ones that differ from the defaults and validate again
-        raw = yaml.safe_load(m.recipe_yaml.read_text())
-        task = raw.get("task") if isinstance(raw, dict) else None
-        try:
-            if not isinstance(task, dict):
-                raise err
-            defaults = TaskSection.model_validate({"name": task["name"]}).model_dump(mode="json")
-            raw["task"] = {k: v for k, v in task.items() if k == "name" or defaults.get(k) != v}
-            loaded = recipe_io.load(None, data=raw, check_files=False)
-        except (RecipeError, ValueError, KeyError):
-            log.warning("ignoring %s: %s", m.recipe_yaml, err)
-            return None
+        log.warning("ignoring %s: %s", m.recipe_yaml, err)
+        return None
     base = Path.cwd()
     summary = (m.run_dir / "summary.json") if m.run_dir else None
     if summary is not None and summary.exists():
@@ -172,7 +191,7 @@ def training_recipe(m: SavedModel) -> LoadedRecipe | None:
 
 def load_rows(m: SavedModel, data_file: Path | None) -> tuple[list[dict[str, Any]], Any, str]:
     """(rows, the data section to encode them with, a description of where they came from)."""
-    task = tasks.get(m.task)
+    task = m.spec
     loaded = training_recipe(m)
     if data_file is None:
         if loaded is None:
@@ -188,7 +207,7 @@ def load_rows(m: SavedModel, data_file: Path | None) -> tuple[list[dict[str, Any
         recipe = Recipe.model_validate(
             {
                 "model": {"name_or_path": str(m.path)},
-                "task": m.task,
+                "task": m.spec.name,
                 "data": {"train": str(data_file)},
             }
         )
@@ -222,12 +241,12 @@ def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray, causal: bool) -> t
 
 def score(m: SavedModel, encoded: tasks.Encoded, batch_size: int = 32) -> dict[str, float]:
     """Loss (mean over every counted label) and the task's metrics, from the model's logits."""
-    task = tasks.get(m.task)
+    task = m.spec
     total, weight, logits_all, labels_all = 0.0, 0, [], []
     for start in range(0, len(encoded), batch_size):
         batch = encoded.take(np.arange(start, min(start + batch_size, len(encoded))))
         logits = m.logits(batch["input_ids"], batch["attention_mask"])
-        s, n = cross_entropy_sum(logits, batch["labels"], causal=m.task == "causal-lm")
+        s, n = cross_entropy_sum(logits, batch["labels"], causal=task.shift_labels)
         total, weight = total + s, weight + n
         if task.needs_logits:
             logits_all.append(logits)
@@ -241,7 +260,7 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> di
     rows, spec, where = load_rows(m, data_file)
     labels = m.labels()
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
-    encoded = tasks.get(m.task).encode(rows, m.tokenizer, spec, label2id)
+    encoded = m.spec.encode(rows, m.tokenizer, spec, label2id)
     log.info(
         "eval: %s (%s) on %s: %d examples of %d tokens",
         m.path,

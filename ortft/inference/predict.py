@@ -2,7 +2,8 @@
 
 Input: one text per line, or JSONL whose objects carry a ``text`` field (a line that starts
 with ``{`` is read as JSON); blank lines are skipped. Output, one line per input, in order:
-classification gives the label with softmax scores, causal LM the greedy continuation.
+classification gives the label with softmax scores, a decoder task (causal LM, instruction) the
+greedy continuation (an instruction run's input is formatted as a prompt, as in training).
 Greedy decoding re-runs the whole sequence for each new token (no KV cache), the same loop
 for PyTorch and ONNX Runtime, so both give the same text.
 """
@@ -69,7 +70,8 @@ def generate(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[d
     limit = m.max_positions() or 1024
     eos = tok.eos_token_id
     for index, text in enumerate(texts):
-        ids = tok(text, add_special_tokens=False)["input_ids"] or [eos if eos is not None else 0]
+        prompt = m.spec.prompt(text, tok)
+        ids = tok(prompt, add_special_tokens=False)["input_ids"] or [eos if eos is not None else 0]
         ids = ids[-max(1, limit - max_new_tokens) :]  # keep the prompt's end within the positions
         new: list[int] = []
         for _ in range(max_new_tokens):
@@ -95,6 +97,13 @@ def run(
 ) -> Iterator[dict[str, Any]]:
     """One result dict per input text."""
     m = open_model(source)
+    if m.spec.export_kind != "decoder" and not (
+        m.spec.export_kind == "encoder" and m.spec.needs_labels
+    ):
+        raise InputError(
+            f"{source}: ortft predict classifies texts or continues them; it has no output "
+            f"for {m.task} (use ortft eval to score it)"
+        )
     if input_path == "-":
         texts = read_texts(sys.stdin, "<stdin>")
     else:
@@ -103,7 +112,7 @@ def run(
             raise InputError(f"{path}: input file not found")
         with open(path, encoding="utf-8") as fh:
             texts = read_texts(fh, str(path))
-    if m.task == "causal-lm":
+    if m.spec.export_kind == "decoder":
         return generate(m, texts, max_new_tokens)
     if max_length is None:  # the length the model was trained with, else its own limit
         loaded = training_recipe(m)

@@ -143,16 +143,23 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 # --------------------------------------------------------------------------- validation
 
 
-def _fields_at(loc: tuple) -> list[str]:
-    """Valid field names of the section a pydantic error location points into."""
+def _fields_at(loc: tuple, data: Any = None) -> list[str]:
+    """Valid field names of the section a pydantic error location points into (``data``: the
+    raw mapping, which names the task whose options ``task.*`` are)."""
+    from ortft import tasks
+
     model: Any = Recipe
     for part in loc[:-1]:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return []
         field = model.model_fields.get(str(part))
+        data = data.get(str(part)) if isinstance(data, dict) else None
         if field is None:
             return []
         ann = field.annotation
+        if ann is tasks.TaskOptions:  # the union of the tasks' options: the one `name` picks
+            name = data.get("name") if isinstance(data, dict) else None
+            ann = tasks.options_model(name) if name in tasks.names() else ann
         # unwrap Optional[Section]
         args = getattr(ann, "__args__", None)
         if args:
@@ -164,7 +171,10 @@ def _fields_at(loc: tuple) -> list[str]:
 
 
 def format_errors(
-    err: ValidationError, lines: dict, overridden: frozenset[tuple[str, ...]] = frozenset()
+    err: ValidationError,
+    lines: dict,
+    overridden: frozenset[tuple[str, ...]] = frozenset(),
+    data: Any = None,
 ) -> list[str]:
     problems = []
     for e in err.errors():
@@ -186,7 +196,7 @@ def format_errors(
             where = f" (line {line})" if line else ""
         head = f"{dotted}{where}: " if dotted else ""
         if e["type"] == "extra_forbidden":
-            valid = _fields_at(loc)
+            valid = _fields_at(loc, data)
             close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
             hint = (
                 f"; did you mean '{close[0]}'?"
@@ -253,7 +263,7 @@ def load(
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
         overridden = frozenset(tuple(o.partition("=")[0].split(".")) for o in overrides or [])
-        raise RecipeError(format_errors(err, lines, overridden), source=source) from None
+        raise RecipeError(format_errors(err, lines, overridden, data), source=source) from None
     base_dir = path.resolve().parent if path else Path.cwd()
     loaded = LoadedRecipe(
         recipe=recipe, path=path, base_dir=base_dir, raw=data, overrides=tuple(overrides or [])

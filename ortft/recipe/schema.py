@@ -2,7 +2,10 @@
 
 A recipe never names code to import: every choice is an enum/Literal, so a YAML file from
 anywhere can be validated and run without executing anything it says.
-Loading (YAML + dotted overrides, errors with their YAML line) lives in ``recipe_io.py``.
+The sections live here; ``task:`` is the union of the registered tasks' options
+(``recipe/task.py``, each task's options in its own ``ortft/tasks/`` file), ``hpo:`` is in
+``recipe/hpo.py``, the cross-field rules in ``recipe/rules.py``. Loading (YAML + dotted
+overrides, errors with their YAML line) lives in ``recipe/io.py``.
 """
 
 from __future__ import annotations
@@ -11,19 +14,33 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from ortft.recipe import rules
+from ortft.recipe.fields import (  # noqa: F401 - re-exported: other modules import them from here
+    LOWER_IS_BETTER,
+    EvalMetric,
+    PositiveInt,
+    Section,
+    metric_mode,
+)
+from ortft.recipe.hpo import (  # noqa: F401 - re-exported
+    HpoCategorical,
+    HpoFloat,
+    HpoInt,
+    HpoParam,
+    HpoPruning,
+    HpoSection,
+)
+from ortft.recipe.rules import ONDEVICE_SCHEDULERS, has_eval_data  # noqa: F401 - re-exported
+from ortft.recipe.task import TaskField
 
 FORMAT_VERSION = 1
 
-TaskName = Literal[
-    "sequence-classification",
-    "causal-lm",
-    "token-classification",
-    "masked-lm",
-    "seq2seq",
-    "question-answering",
-    "instruction",
-]
+# The recipe's `task:` type: the options of any registered task, discriminated by name
+# (ortft.tasks.options(name, ...) builds one).
+TaskSection = TaskField
+
 BackendName = Literal["ort", "torch", "auto", "ort-ondevice"]
 Architecture = Literal["bert", "gpt2", "t5"]
 Scheduler = Literal[
@@ -36,46 +53,6 @@ Scheduler = Literal[
     "inverse_sqrt",
 ]
 DataFormat = Literal["auto", "csv", "json", "jsonl", "parquet", "txt", "folder", "disk", "hub"]
-# Eval metrics as summary.json names them; which ones a task has is checked in Recipe.
-EvalMetric = Literal[
-    "eval_loss",
-    "eval_accuracy",
-    "eval_f1_macro",
-    "eval_perplexity",
-    "eval_f1",
-    "eval_exact_match",
-    "eval_token_f1",
-]
-TASK_METRICS = {
-    "sequence-classification": ("eval_loss", "eval_accuracy", "eval_f1_macro"),
-    "causal-lm": ("eval_loss", "eval_perplexity"),
-    "token-classification": ("eval_loss", "eval_accuracy", "eval_f1", "eval_f1_macro"),
-    "masked-lm": ("eval_loss", "eval_perplexity"),
-    "seq2seq": ("eval_loss", "eval_perplexity", "eval_exact_match", "eval_token_f1"),
-    "question-answering": ("eval_loss", "eval_exact_match", "eval_f1"),
-    "instruction": ("eval_loss", "eval_perplexity"),
-}
-# Which task options (TaskSection fields) belong to which task; setting another task's is an error.
-TASK_OPTIONS = {
-    "token-classification": ("tokens_column", "tags_column"),
-    "masked-lm": ("mlm_probability",),
-    "seq2seq": ("source_column", "target_column", "max_target_length", "generate_samples"),
-    "question-answering": (
-        "question_column",
-        "context_column",
-        "answer_column",
-        "answer_start_column",
-    ),
-    "instruction": ("prompt_column", "response_column", "messages_column", "template"),
-}
-LOWER_IS_BETTER = ("eval_loss", "eval_perplexity")
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-PositiveInt = Annotated[int, Field(ge=1)]
 
 
 class FromConfig(Section):
@@ -161,84 +138,6 @@ class ModelSection(Section):
         if self.from_config and not self.tokenizer.path and not self.tokenizer.train:
             raise ValueError(
                 "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
-            )
-        return self
-
-
-class TaskSection(Section):
-    name: TaskName = Field(
-        description="What the model learns: sequence-classification, token-classification, "
-        "question-answering, masked-lm, causal-lm, instruction or seq2seq."
-    )
-    # token-classification: one tag per word; the first sub-token of a word carries its tag
-    tokens_column: str = Field(
-        "tokens", description="token-classification: column with the list of words."
-    )
-    tags_column: str = Field(
-        "tags", description="token-classification: column with one tag per word."
-    )
-    # masked-lm
-    mlm_probability: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
-        0.15,
-        description="masked-lm: share of tokens selected for prediction (80% [MASK], 10% random, "
-        "10% unchanged), drawn anew each epoch from the seed.",
-    )
-    # seq2seq
-    source_column: str = Field("source", description="seq2seq: column with the input text.")
-    target_column: str = Field("target", description="seq2seq: column with the output text.")
-    max_target_length: Annotated[int, Field(ge=4, le=4096)] = Field(
-        64, description="seq2seq: target tokens per example (padded/truncated to this)."
-    )
-    generate_samples: Annotated[int, Field(ge=0)] = Field(
-        8,
-        description="seq2seq: eval rows decoded with generate() for exact match / token F1 (0: none).",
-    )
-    # question-answering (extractive, SQuAD-style)
-    question_column: str = Field(
-        "question", description="question-answering: column with the question."
-    )
-    context_column: str = Field(
-        "context", description="question-answering: column with the passage."
-    )
-    answer_column: str = Field(
-        "answer_text", description="question-answering: column with the answer text."
-    )
-    answer_start_column: str = Field(
-        "answer_start",
-        description="question-answering: character offset of the answer in the context.",
-    )
-    # instruction (chat tuning of a causal LM)
-    prompt_column: str = Field("prompt", description="instruction: column with the prompt.")
-    response_column: str = Field("response", description="instruction: column with the response.")
-    messages_column: str = Field(
-        "messages",
-        description="instruction: column with a chat ([{role, content}, ...]); used when present.",
-    )
-    template: Literal["auto", "simple"] = Field(
-        "auto",
-        description="instruction: auto uses the tokenizer's chat template when it has one, else "
-        "the simple '### Instruction / ### Response' template; simple always uses the latter.",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_string(cls, value: Any) -> Any:
-        return {"name": value} if isinstance(value, str) else value
-
-    @model_validator(mode="after")
-    def _own_options(self) -> TaskSection:
-        mine = set(TASK_OPTIONS.get(self.name, ()))
-        # a default value is fine anywhere (a dumped recipe spells out every field)
-        foreign = sorted(
-            k
-            for k in self.model_fields_set - {"name"}
-            if k not in mine and getattr(self, k) != type(self).model_fields[k].default
-        )
-        if foreign:
-            owners = {k: t for t, keys in TASK_OPTIONS.items() for k in keys}
-            raise ValueError(
-                ", ".join(f"task.{k} is an option of {owners[k]}" for k in foreign)
-                + f", not of {self.name}"
             )
         return self
 
@@ -512,157 +411,6 @@ class LoggingSection(Section):
     )
 
 
-class HpoFloat(Section):
-    type: Literal["uniform", "loguniform"] = Field(
-        description="uniform, or loguniform (log scale)."
-    )
-    low: float = Field(description="Lower bound (inclusive).")
-    high: float = Field(description="Upper bound (inclusive).")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> HpoFloat:
-        if not self.low < self.high:
-            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
-        if self.type == "loguniform" and self.low <= 0:
-            raise ValueError("loguniform needs low > 0")
-        return self
-
-
-class HpoInt(Section):
-    type: Literal["int"] = Field(description="An integer in [low, high].")
-    low: int = Field(description="Lower bound (inclusive).")
-    high: int = Field(description="Upper bound (inclusive).")
-    step: PositiveInt = Field(1, description="Spacing of the values.")
-    log: bool = Field(False, description="Sample on a log scale (needs low >= 1 and step 1).")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> HpoInt:
-        if not self.low < self.high:
-            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
-        if self.log and (self.low < 1 or self.step != 1):
-            raise ValueError("log needs low >= 1 and step 1")
-        return self
-
-
-class HpoCategorical(Section):
-    type: Literal["categorical"] = Field(description="One of a list of values.")
-    choices: Annotated[list[str | int | float | bool], Field(min_length=1)] = Field(
-        description="The values to choose from."
-    )
-
-
-HpoParam = Annotated[HpoFloat | HpoInt | HpoCategorical, Field(discriminator="type")]
-
-
-class HpoPruning(Section):
-    enabled: bool = Field(
-        True, description="Median pruning on the metric at each eval (needs eval_every)."
-    )
-    startup_trials: Annotated[int, Field(ge=0)] = Field(
-        2, description="Trials that always run to the end before any is pruned."
-    )
-    warmup_evals: Annotated[int, Field(ge=0)] = Field(
-        0, description="Evals of a trial before it can be pruned."
-    )
-
-
-class HpoSection(Section):
-    """`ortft hpo`: the search space (dotted recipe keys) and the objective."""
-
-    metric: EvalMetric = Field(
-        "eval_loss", description="Objective: this eval metric of the trial's final/ model."
-    )
-    direction: Literal["auto", "minimize", "maximize"] = Field(
-        "auto", description="auto: minimize loss/perplexity, maximize accuracy/f1_macro."
-    )
-    params: dict[str, HpoParam] = Field(
-        description="Search space: dotted recipe key (e.g. training.lr) -> "
-        "{type: uniform|loguniform|int|categorical, ...}."
-    )
-    pruning: HpoPruning = Field(default_factory=HpoPruning)
-    seed: int = Field(0, description="Seed of the TPE sampler.")
-
-    @model_validator(mode="after")
-    def _keys(self) -> HpoSection:
-        if not self.params:
-            raise ValueError("hpo.params needs at least one parameter")
-        bad = [k for k in self.params if not _is_tunable(k)]
-        if bad:
-            raise ValueError(
-                f"not a tunable recipe key: {', '.join(bad)} "
-                "(use a dotted key of a value, e.g. training.lr)"
-            )
-        return self
-
-
-def _is_tunable(key: str) -> bool:
-    """Whether `key` (dotted) names a plain value in the recipe schema (not a section, not hpo)."""
-    model: Any = Recipe
-    parts = key.split(".")
-    if parts[0] in ("hpo", "deepspeed"):
-        return False
-    for i, part in enumerate(parts):
-        field = model.model_fields.get(part) if isinstance(model, type) else None
-        if field is None:
-            return False
-        ann = field.annotation
-        section = next(
-            (
-                a
-                for a in (getattr(ann, "__args__", None) or (ann,))
-                if isinstance(a, type) and issubclass(a, BaseModel)
-            ),
-            None,
-        )
-        if i == len(parts) - 1:
-            return section is None
-        if section is None:
-            return False
-        model = section
-    return False
-
-
-ONDEVICE_TASKS = ("sequence-classification", "causal-lm")  # onnx_tools.TRAINING_TASKS
-ONDEVICE_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
-
-
-def _check_ondevice(r: Recipe) -> None:
-    """What backend.name=ort-ondevice supports; the rest is a recipe error, never a no-op."""
-    problems = []
-    if r.task.name not in ONDEVICE_TASKS:
-        problems.append(f"task {r.task.name} (supported: {', '.join(ONDEVICE_TASKS)})")
-    if r.model.from_config and r.model.from_config.architecture == "t5":
-        problems.append("model.from_config.architecture=t5 (bert and gpt2 are measured)")
-    if r.adapter is not None:
-        problems.append("adapter (use backend.trainable to train part of the model)")
-    if r.training.scheduler not in ONDEVICE_SCHEDULERS:
-        problems.append(
-            f"training.scheduler={r.training.scheduler} "
-            f"(supported: {', '.join(ONDEVICE_SCHEDULERS)})"
-        )
-    if r.training.early_stopping is not None or r.checkpoint.final == "best":
-        problems.append("training.early_stopping / checkpoint.final=best")
-    if r.optimizer.name != "adamw":
-        problems.append(f"optimizer.name={r.optimizer.name} (ORT's AdamW graph is used)")
-    if problems:
-        raise ValueError("backend.name=ort-ondevice does not support " + "; ".join(problems))
-
-
-def has_eval_data(data: DataSection) -> bool:
-    return (
-        bool(data.eval)
-        or data.eval_fraction > 0
-        or (data.format == "hub" and bool(data.eval_split))
-    )
-
-
-def metric_mode(metric: str, mode: str = "auto") -> str:
-    """ "min" or "max": which direction of `metric` is better."""
-    if mode != "auto":
-        return mode
-    return "min" if metric in LOWER_IS_BETTER else "max"
-
-
 class Recipe(Section):
     model: ModelSection
     task: TaskSection
@@ -710,81 +458,13 @@ class Recipe(Section):
     @model_validator(mode="after")
     def _combinations(self) -> Recipe:
         # A combination that cannot run is an error here, never a silent fallback (fp32, no-op).
-        # hardware.device=auto is checked again once resolved (runtime.check_precision).
-        dtype, device, backend = self.precision.dtype, self.hardware.device, self.backend.name
-        if dtype == "fp16" and device == "cpu":
-            raise ValueError(
-                "precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training on cpu; "
-                "use bf16 (backend.name=torch) or fp32"
-            )
-        if dtype == "bf16" and device == "cpu" and backend in ("ort", "auto"):
-            raise ValueError(
-                "precision.dtype=bf16 on cpu needs backend.name=torch: ONNX Runtime's CPU "
-                "provider has no bf16 MatMul"
-            )
-        if dtype != "fp32" and backend == "ort-ondevice":
-            raise ValueError(
-                f"precision.dtype={dtype}: backend.name=ort-ondevice trains in fp32 only"
-            )
-        if self.hardware.gradient_checkpointing and backend != "torch":
-            raise ValueError(
-                "hardware.gradient_checkpointing is for backend.name=torch: ORTModule builds "
-                "its own backward graph, so it would save nothing; use "
-                "backend.memory_optimization_level=1 (or 2) instead"
-            )
-        if isinstance(self.deepspeed, dict):
-            from ortft.backends import deepspeed as zero
-
-            problems = zero.check(self.deepspeed, self)
-            if problems:
-                raise ValueError("deepspeed: " + "; ".join(problems))
-        elif isinstance(self.deepspeed, str) and not self.deepspeed.endswith(".json"):
-            raise ValueError(f"deepspeed: {self.deepspeed!r} is not a .json file path")
-        if self.optimizer.name == "adamw_ort_fused" and self.hardware.device == "cpu":
-            raise ValueError("optimizer.name=adamw_ort_fused needs CUDA; use adamw on cpu")
-        if self.optimizer.name == "adamw_ort_fused" and self.backend.name != "ort":
-            raise ValueError("optimizer.name=adamw_ort_fused needs backend.name=ort")
-        if self.backend.name == "ort-ondevice":
-            _check_ondevice(self)
-        if self.adapter is not None and self.backend.trainable:
-            raise ValueError(
-                "backend.trainable and adapter both choose what trains; use one of them"
-            )
-        if self.adapter is not None and self.backend.name == "auto":
-            raise ValueError(
-                "adapter: backend.name=auto times full fine-tuning, not the adapter; "
-                "choose backend.name=ort or torch"
-            )
-        fc, task = self.model.from_config, self.task.name
-        if fc and (fc.architecture == "t5") != (task == "seq2seq"):
-            raise ValueError(
-                f"model.from_config.architecture={fc.architecture} cannot learn {task}: "
-                "seq2seq needs t5, every other task bert or gpt2"
-            )
-        if fc and task == "masked-lm" and fc.architecture != "bert":
-            raise ValueError("masked-lm needs an encoder: model.from_config.architecture=bert")
+        rules.combinations(self)
         return self
 
     @model_validator(mode="after")
     def _eval_users(self) -> Recipe:
         """Early stopping, best-model selection and hpo need evals with the task's metrics."""
-        t, users = self.training, []
-        if t.early_stopping:
-            users.append(("training.early_stopping", t.early_stopping.metric, True))
-        if self.checkpoint.final == "best":
-            users.append(("checkpoint.final=best", self.selection_metric(), True))
-        if self.hpo:
-            users.append(("hpo", self.hpo.metric, self.hpo.pruning.enabled))
-        for who, metric, needs_every in users:
-            if metric not in TASK_METRICS[self.task.name]:
-                raise ValueError(
-                    f"{who}: {metric} is not a metric of {self.task.name} "
-                    f"(one of {', '.join(TASK_METRICS[self.task.name])})"
-                )
-            if not has_eval_data(self.data):
-                raise ValueError(f"{who} needs eval data: set data.eval or data.eval_fraction > 0")
-            if needs_every and not t.eval_every:
-                raise ValueError(f"{who} needs training.eval_every (evaluations during training)")
+        rules.eval_users(self)
         return self
 
     def selection_metric(self) -> str:

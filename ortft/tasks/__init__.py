@@ -1,91 +1,123 @@
-"""Tasks: what a model learns. Each task is one small module exposing a ``Task`` object.
+"""Tasks: what a model learns. Each task is one module here, registered by one line in BUILTIN.
 
-A task knows how to turn raw rows into fixed-length token arrays, which transformers auto
-class builds its model, how to score eval predictions, and what its ONNX export looks like.
-Adding a task means adding a file here; the training loop never changes.
+A task module defines ``Options`` (its options model, a ``TaskOptions`` with
+``name: Literal["<task>"]``) and ``build(options) -> Task`` (a ``Task`` subclass: how raw rows
+become fixed-length token arrays, which transformers auto class builds the model, how eval is
+scored, what its ONNX export looks like). The recipe's ``task:`` accepts the options of every
+registered task; the training loop never changes. Task modules import numpy at most at module
+level (never torch), and are imported only when a task is looked up.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
+from ortft.tasks.base import Encoded, ExportKind, Task, TaskOptions
 
-    from ortft.recipe.schema import DataSection
+__all__ = [
+    "BUILTIN",
+    "Encoded",
+    "ExportKind",
+    "Task",
+    "TaskOptions",
+    "from_architecture",
+    "get",
+    "names",
+    "options",
+    "options_model",
+    "owner_of",
+    "register",
+]
 
-
-@dataclass
-class Encoded:
-    """Tokenized examples as fixed-length arrays (the model always sees [batch, max_length])."""
-
-    arrays: dict[str, np.ndarray]  # input_ids, attention_mask, labels (+ task extras)
-
-    def __len__(self) -> int:
-        return len(self.arrays["input_ids"])
-
-    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        return {k: v[index] for k, v in self.arrays.items()}
-
-
-class Task(Protocol):
-    name: str
-    auto_class: str  # transformers auto class that builds the model
-    needs_labels: bool  # whether the data must have a label column
-    needs_logits: bool  # whether eval metrics need the logits (not just the loss)
-
-    def encode(
-        self,
-        rows: list[dict[str, Any]],
-        tokenizer: Any,
-        data: DataSection,
-        label2id: dict[str, int] | None,
-    ) -> Encoded: ...
-
-    def metrics(
-        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
-    ) -> dict[str, float]: ...
+# One line per task: its name -> the module that defines ``Options`` and ``build``.
+BUILTIN = {
+    "sequence-classification": "ortft.tasks.classification",
+    "causal-lm": "ortft.tasks.causal_lm",
+    "token-classification": "ortft.tasks.token_classification",
+    "masked-lm": "ortft.tasks.masked_lm",
+    "seq2seq": "ortft.tasks.seq2seq",
+    "question-answering": "ortft.tasks.question_answering",
+    "instruction": "ortft.tasks.instruction",
+}
 
 
-# Optional members a task may add; the loop reads them with getattr and these defaults:
-#   is_decoder = False         call the model with use_cache=False (causal / encoder-decoder models)
-#   shift_labels = False       the model predicts labels[:, 1:] (eval counts those positions)
-#   export_skip = None         why `ortft train` cannot export this task to ONNX (export is skipped)
-#   options_key = ""           the task options that change encode(): part of the tokenize cache key
-#   columns(data) -> list      the columns every row must have (default: text [+ pair] [+ label])
-#   texts(rows, data) -> list  the texts a tokenizer is trained on (default: the text column)
-#   label_names(rows, data)    the label names in id order, for tasks whose labels are not one per row
-#   forward(model, input_ids, attention_mask, labels, **extra) -> (loss, logits)
-#                              how the model is called (default: the HF model with labels=)
-#   collate(batch, epoch, seed) -> batch
-#                              per-batch work after slicing (masked-lm's per-epoch masking)
-#   generate_metrics(model, tokenizer, encoded) -> dict
-#                              eval metrics that need generation, on the plain PyTorch model
+@dataclass(frozen=True)
+class Registration:
+    options: type[TaskOptions]  # the pydantic model of its `task:` options
+    factory: Callable[[Any], Task]  # options -> the task
+
+
+# name -> a module path (not imported yet) or its registration; insertion order is list order
+_tasks: dict[str, str | Registration] = dict(BUILTIN)
+
+
+def register(name: str, options: type[TaskOptions], factory: Callable[[Any], Task]) -> None:
+    """Add (or replace) a task: ``options`` its options model, ``factory(options)`` builds it."""
+    field = options.model_fields.get("name")
+    if field is None or name not in getattr(field.annotation, "__args__", (name,)):
+        raise ValueError(f"{options.__name__}.name must be Literal[{name!r}]")
+    _tasks[name] = Registration(options, factory)
+
+
+def names() -> list[str]:
+    """The registered task names, built-in ones first."""
+    return list(_tasks)
+
+
+def _registration(name: str) -> Registration:
+    entry = _tasks.get(name)
+    if entry is None:
+        raise ValueError(f"unknown task {name!r} (one of: {', '.join(_tasks)})")
+    if isinstance(entry, str):
+        module = importlib.import_module(entry)
+        entry = _tasks[name] = Registration(module.Options, module.build)
+    return entry
+
+
+def options_model(name: str) -> type[TaskOptions]:
+    return _registration(name).options
+
+
+def options(name: str, **values: Any) -> TaskOptions:
+    """The validated options of task ``name`` (its defaults, updated with ``values``)."""
+    return options_model(name).model_validate({"name": name, **values})
+
+
+def owner_of(option: str, besides: str = "") -> str | None:
+    """The first registered task (other than ``besides``) with an option called ``option``."""
+    for name in _tasks:
+        if name != besides and option in options_model(name).model_fields:
+            return name
+    return None
 
 
 def get(name: str, section: Any = None) -> Task:
-    """The task called ``name``; ``section`` (the recipe's ``task:``) configures the newer tasks."""
-    if name == "sequence-classification":
-        from ortft.tasks.classification import TASK
-    elif name == "causal-lm":
-        from ortft.tasks.causal_lm import TASK
-    elif name == "token-classification":
-        from ortft.tasks.token_classification import build
-    elif name == "masked-lm":
-        from ortft.tasks.masked_lm import build
-    elif name == "seq2seq":
-        from ortft.tasks.seq2seq import build
-    elif name == "question-answering":
-        from ortft.tasks.question_answering import build
-    elif name == "instruction":
-        from ortft.tasks.instruction import build
-    else:  # the recipe's Literal makes this unreachable from YAML
-        raise ValueError(f"unknown task {name}")
-    if name in ("sequence-classification", "causal-lm"):
-        return TASK
-    if section is None:
-        from ortft.recipe.schema import TaskSection
+    """The task called ``name``, built from ``section`` (the recipe's ``task:``; default: the
+    task's default options). A mapping is validated first."""
+    reg = _registration(name)
+    if section is None or isinstance(section, dict):
+        section = reg.options.model_validate({"name": name, **(section or {})})
+    return reg.factory(section)
 
-        section = TaskSection(name=name)
-    return build(section)
+
+def from_architecture(config: Any) -> str:
+    """The task a saved model's architecture name implies (first match wins).
+
+    Only a fallback, for a plain Hugging Face model that no ortft recipe describes: a run's
+    own task (its recipe) always wins, since an architecture cannot tell e.g. an instruction
+    run from a causal-lm one.
+    """
+    from ortft.errors import InputError
+
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    for name in _tasks:
+        if any(marker in archs for marker in get(name).hf_architectures):
+            return name
+    raise InputError(
+        f"unsupported model: cannot export a {archs or 'model without architectures'} "
+        f"(supported: *ForSequenceClassification, *ForTokenClassification, "
+        f"*ForQuestionAnswering, *ForMaskedLM, *ForCausalLM / *LMHeadModel)"
+    )

@@ -8,23 +8,31 @@ example, padded, and padded positions are masked out of the loss (label -100).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ortft.errors import InputError
-from ortft.tasks import Encoded
+from ortft.tasks.base import Encoded, Task, TaskOptions
 
 IGNORE = -100
 
 
-class CausalLM:
+class Options(TaskOptions):
+    name: Literal["causal-lm"] = "causal-lm"
+
+
+class CausalLM(Task):
     name = "causal-lm"
     auto_class = "AutoModelForCausalLM"
     needs_logits = False  # eval keeps logits only where a metric needs them
     needs_labels = False
     is_decoder = True  # called with use_cache=False: ORTModule cannot flatten a KV cache
     shift_labels = True  # position t predicts labels[t + 1]
+    export_kind = "decoder"
+    ondevice = True
+    eval_metrics = ("eval_loss", "eval_perplexity")
+    hf_architectures = ("CausalLM", "LMHead")
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         texts = [str(r[data.text_column]) for r in rows if str(r[data.text_column]).strip()]
@@ -60,4 +68,5 @@ class CausalLM:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
 
-TASK = CausalLM()
+def build(options: Options) -> CausalLM:
+    return CausalLM()

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ortft.errors import InputError
-from ortft.tasks import Encoded
+from ortft.tasks.base import Encoded, Task, TaskOptions
 
 
-class SequenceClassification:
+class Options(TaskOptions):
+    name: Literal["sequence-classification"] = "sequence-classification"
+
+
+class SequenceClassification(Task):
     name = "sequence-classification"
     auto_class = "AutoModelForSequenceClassification"
     needs_logits = True  # eval keeps logits only where a metric needs them
     needs_labels = True
+    ondevice = True
+    eval_metrics = ("eval_loss", "eval_accuracy", "eval_f1_macro")
+    hf_architectures = ("SequenceClassification",)
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         texts = [str(r[data.text_column]) for r in rows]
@@ -66,4 +73,5 @@ def macro_f1(pred: np.ndarray, gold: np.ndarray) -> float:
     return float(np.mean(f1s)) if f1s else 0.0
 
 
-TASK = SequenceClassification()
+def build(options: Options) -> SequenceClassification:
+    return SequenceClassification()

@@ -27,19 +27,35 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from ortft.errors import InputError
-from ortft.tasks import Encoded
+from ortft.tasks.base import Encoded, Task, TaskOptions
 
 IGNORE = -100
 SIMPLE_ROLES = {"user": "User", "assistant": "Assistant", "system": "System"}
 
 
+class Options(TaskOptions):
+    name: Literal["instruction"] = "instruction"
+    prompt_column: str = Field("prompt", description="instruction: column with the prompt.")
+    response_column: str = Field("response", description="instruction: column with the response.")
+    messages_column: str = Field(
+        "messages",
+        description="instruction: column with a chat ([{role, content}, ...]); used when present.",
+    )
+    template: Literal["auto", "simple"] = Field(
+        "auto",
+        description="instruction: auto uses the tokenizer's chat template when it has one, else "
+        "the simple '### Instruction / ### Response' template; simple always uses the latter.",
+    )
+
+
 @dataclass
-class Instruction:
+class Instruction(Task):
     prompt_column: str = "prompt"
     response_column: str = "response"
     messages_column: str = "messages"
@@ -50,6 +66,9 @@ class Instruction:
     needs_logits = False
     is_decoder = True
     shift_labels = True
+    own_columns = True
+    export_kind = "decoder"
+    eval_metrics = ("eval_loss", "eval_perplexity")
 
     @property
     def options_key(self) -> str:
@@ -60,6 +79,14 @@ class Instruction:
 
     def texts(self, rows: list[dict[str, Any]], data: Any) -> list[str]:
         return ["".join(text for text, _ in self._segments(r, i, None)) for i, r in enumerate(rows)]
+
+    def prompt(self, text: str, tokenizer: Any) -> str:
+        """``ortft predict``: the text as a user turn, formatted as in training, up to where the
+        response starts."""
+        msgs = [{"role": "user", "content": text}]
+        if self.template == "auto" and getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return f"### Instruction:\n{text}\n\n### Response:\n"
 
     def _messages(self, row: dict[str, Any], i: int) -> list[dict[str, str]]:
         if self.messages_column in row and row[self.messages_column]:
@@ -179,7 +206,7 @@ def _template_segments(tokenizer: Any, msgs: list[dict[str, str]]) -> list[tuple
     return out
 
 
-def build(section: Any) -> Instruction:
+def build(section: Options) -> Instruction:
     return Instruction(
         section.prompt_column, section.response_column, section.messages_column, section.template
     )

@@ -11,24 +11,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from ortft.errors import InputError
-from ortft.tasks import Encoded
+from ortft.tasks.base import Encoded, Task, TaskOptions
 
 IGNORE = -100
 EVAL_EPOCH = 1_000_003  # the fixed "epoch" of the eval masking
 
 
+class Options(TaskOptions):
+    name: Literal["masked-lm"] = "masked-lm"
+    mlm_probability: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        0.15,
+        description="masked-lm: share of tokens selected for prediction (80% [MASK], 10% random, "
+        "10% unchanged), drawn anew each epoch from the seed.",
+    )
+
+
 @dataclass
-class MaskedLM:
+class MaskedLM(Task):
     probability: float = 0.15
     name = "masked-lm"
     auto_class = "AutoModelForMaskedLM"
     needs_labels = False
     needs_logits = False
+    export_kind = "per-token"
+    eval_metrics = ("eval_loss", "eval_perplexity")
+    architectures = ("bert",)  # an encoder: masks are predicted from both sides
+    hf_architectures = ("MaskedLM",)
 
     @property
     def options_key(self) -> str:
@@ -91,5 +105,5 @@ class MaskedLM:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
 
-def build(section: Any) -> MaskedLM:
+def build(section: Options) -> MaskedLM:
     return MaskedLM(probability=section.mlm_probability)

@@ -15,19 +15,39 @@ token positions rather than normalized words.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
+from pydantic import Field
 
 from ortft.errors import InputError
-from ortft.tasks import Encoded
+from ortft.tasks.base import Encoded, Task, TaskOptions
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_ANSWER_TOKENS = 30
 
 
+class Options(TaskOptions):
+    name: Literal["question-answering"] = "question-answering"
+    question_column: str = Field(
+        "question", description="question-answering: column with the question."
+    )
+    context_column: str = Field(
+        "context", description="question-answering: column with the passage."
+    )
+    answer_column: str = Field(
+        "answer_text", description="question-answering: column with the answer text."
+    )
+    answer_start_column: str = Field(
+        "answer_start",
+        description="question-answering: character offset of the answer in the context.",
+    )
+
+
 @dataclass
-class QuestionAnswering:
+class QuestionAnswering(Task):
     question_column: str = "question"
     context_column: str = "context"
     answer_column: str = "answer_text"
@@ -36,6 +56,10 @@ class QuestionAnswering:
     auto_class = "AutoModelForQuestionAnswering"
     needs_labels = False
     needs_logits = True
+    own_columns = True
+    export_kind = "encoder"  # one [2, sequence] row of start/end logits per example
+    eval_metrics = ("eval_loss", "eval_exact_match", "eval_f1")
+    hf_architectures = ("QuestionAnswering",)
 
     @property
     def options_key(self) -> str:
@@ -108,7 +132,10 @@ class QuestionAnswering:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
+        **extra: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         # -100 (eval's padded rows) becomes the sequence length: transformers ignores that index
         positions = torch.where(labels < 0, torch.full_like(labels, input_ids.shape[1]), labels)
         out = model(
@@ -147,7 +174,7 @@ def best_span(start_logits: np.ndarray, end_logits: np.ndarray) -> tuple[int, in
     return int(s), int(e)
 
 
-def build(section: Any) -> QuestionAnswering:
+def build(section: Options) -> QuestionAnswering:
     return QuestionAnswering(
         section.question_column,
         section.context_column,

@@ -21,18 +21,31 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
-import torch
+from pydantic import Field
 
-from ortft.tasks import Encoded
+from ortft.tasks.base import Encoded, Task, TaskOptions
 
 IGNORE = -100
 
 
+class Options(TaskOptions):
+    name: Literal["seq2seq"] = "seq2seq"
+    source_column: str = Field("source", description="seq2seq: column with the input text.")
+    target_column: str = Field("target", description="seq2seq: column with the output text.")
+    max_target_length: Annotated[int, Field(ge=4, le=4096)] = Field(
+        64, description="seq2seq: target tokens per example (padded/truncated to this)."
+    )
+    generate_samples: Annotated[int, Field(ge=0)] = Field(
+        8,
+        description="seq2seq: eval rows decoded with generate() for exact match / token F1 (0: none).",
+    )
+
+
 @dataclass
-class Seq2Seq:
+class Seq2Seq(Task):
     source_column: str = "source"
     target_column: str = "target"
     max_target_length: int = 64
@@ -42,6 +55,10 @@ class Seq2Seq:
     needs_labels = False
     needs_logits = False
     is_decoder = True  # use_cache=False: no past_key_values through ORTModule
+    own_columns = True
+    export_kind = "seq2seq"
+    eval_metrics = ("eval_loss", "eval_perplexity", "eval_exact_match", "eval_token_f1")
+    architectures = ("t5",)  # an encoder-decoder
     export_skip = (
         "encoder-decoder models need separate encoder and decoder ONNX graphs, which "
         "this exporter does not write; final/ holds the trained model"
@@ -87,6 +104,8 @@ class Seq2Seq:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
     def generate_metrics(self, model: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
+        import torch
+
         n = min(self.generate_samples, len(encoded))
         if n == 0:
             return {}
@@ -133,7 +152,7 @@ def token_f1(pred: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def build(section: Any) -> Seq2Seq:
+def build(section: Options) -> Seq2Seq:
     return Seq2Seq(
         section.source_column,
         section.target_column,

@@ -13,19 +13,31 @@ when the tags are BIO/IOB2 (``B-X`` / ``I-X`` / ``O``), else the macro-F1 over t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from ortft.errors import InputError
-from ortft.tasks import Encoded
+from ortft.tasks.base import Encoded, Task, TaskOptions
 from ortft.tasks.classification import macro_f1
 
 IGNORE = -100
 
 
+class Options(TaskOptions):
+    name: Literal["token-classification"] = "token-classification"
+    # one tag per word; the first sub-token of a word carries its tag
+    tokens_column: str = Field(
+        "tokens", description="token-classification: column with the list of words."
+    )
+    tags_column: str = Field(
+        "tags", description="token-classification: column with one tag per word."
+    )
+
+
 @dataclass
-class TokenClassification:
+class TokenClassification(Task):
     tokens_column: str = "tokens"
     tags_column: str = "tags"
     id2label: list[str] = field(default_factory=list)  # set by label_names(), read by metrics()
@@ -33,6 +45,10 @@ class TokenClassification:
     auto_class = "AutoModelForTokenClassification"
     needs_labels = True
     needs_logits = True
+    own_columns = True
+    export_kind = "per-token"
+    eval_metrics = ("eval_loss", "eval_accuracy", "eval_f1", "eval_f1_macro")
+    hf_architectures = ("TokenClassification",)
 
     @property
     def options_key(self) -> str:
@@ -138,5 +154,5 @@ def _entity_f1(preds: list[np.ndarray], golds: list[np.ndarray], names: list[str
     return 2 * tp / (n_pred + n_gold) if n_pred + n_gold else 0.0
 
 
-def build(section: Any) -> TokenClassification:
+def build(section: Options) -> TokenClassification:
     return TokenClassification(tokens_column=section.tokens_column, tags_column=section.tags_column)

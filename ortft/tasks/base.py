@@ -1,0 +1,140 @@
+"""What every task is: the ``Task`` base class (each member the loop reads, with its default),
+the ``TaskOptions`` base of a task's options under the recipe's ``task:``, and ``Encoded``.
+
+A task file subclasses both: its options model (``name: Literal["<task>"]`` plus its fields,
+``extra="forbid"``) and its task class, then adds one line to the registry
+(``ortft.tasks.BUILTIN``, or ``ortft.tasks.register`` from outside ortft).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ortft.recipe.schema import DataSection
+
+# How the ONNX export lays out its logits, and how parity compares them:
+#   encoder    one row of logits per example (classification; question answering's [2, seq])
+#   per-token  logits per position, compared where attention_mask is 1 (token-cls, masked-lm)
+#   decoder    per position, position t predicts t+1; called with use_cache=False (causal LMs)
+#   seq2seq    an encoder-decoder: not exported by ``ortft train`` (see export_skip)
+ExportKind = Literal["encoder", "per-token", "decoder", "seq2seq"]
+
+
+class TaskOptions(BaseModel):
+    """A task's options (the recipe's ``task:``); every task subclasses it."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    name: str = Field(description="What the model learns (the task's registered name).")
+
+
+@dataclass
+class Encoded:
+    """Tokenized examples as fixed-length arrays (the model always sees [batch, max_length])."""
+
+    arrays: dict[str, np.ndarray]  # input_ids, attention_mask, labels (+ task extras)
+
+    def __len__(self) -> int:
+        return len(self.arrays["input_ids"])
+
+    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        return {k: v[index] for k, v in self.arrays.items()}
+
+
+class Task:
+    """A task: how rows become token arrays, how the model is called and scored, how it exports.
+
+    Subclasses set ``name`` and ``auto_class`` and write ``encode`` and ``metrics``; every other
+    member has the default below, so callers read them as plain attributes.
+    """
+
+    name: str = ""
+    auto_class: str = ""  # transformers auto class that builds the model
+    needs_labels = False  # the data has one label per row (data.label_column) or per word
+    needs_logits = False  # eval keeps logits only where a metric needs them
+    is_decoder = False  # call the model with use_cache=False (causal / encoder-decoder models)
+    shift_labels = False  # the model predicts labels[:, 1:] (eval counts those positions)
+    own_columns = False  # rows are read through the task's task.*_column options, not data.*
+    export_kind: ExportKind = "encoder"
+    export_skip: str | None = None  # why `ortft train` cannot export this task (export skipped)
+    ondevice = False  # measured with backend.name=ort-ondevice / export --training-artifacts
+    eval_metrics: tuple[str, ...] = ("eval_loss",)  # the summary.json names of its eval metrics
+    architectures: tuple[str, ...] = ("bert", "gpt2")  # model.from_config families that learn it
+    # substrings of a saved model's config.architectures that imply this task; only for a plain
+    # Hugging Face model without an ortft recipe (eval / predict / export SOURCE fall back to it)
+    hf_architectures: tuple[str, ...] = ()
+
+    @property
+    def options_key(self) -> str:
+        """The task options that change encode(): part of the tokenize cache key."""
+        return ""
+
+    def encode(
+        self,
+        rows: list[dict[str, Any]],
+        tokenizer: Any,
+        data: DataSection,
+        label2id: dict[str, int] | None,
+    ) -> Encoded:
+        raise NotImplementedError
+
+    def metrics(
+        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def columns(self, data: DataSection) -> list[str]:
+        """The columns every row must have."""
+        needed = [data.text_column]
+        if data.text_pair_column:
+            needed.append(data.text_pair_column)
+        if self.needs_labels:
+            needed.append(data.label_column)
+        return needed
+
+    def texts(self, rows: list[dict[str, Any]], data: DataSection) -> list[str]:
+        """The texts a tokenizer is trained on."""
+        return [str(row[data.text_column]) for row in rows]
+
+    def label_names(self, rows: list[dict[str, Any]], data: DataSection) -> list[str] | None:
+        """The label names in id order (None: the task has no labels)."""
+        if not self.needs_labels:
+            return None
+        from ortft.data import label_names
+
+        return label_names(rows, data)
+
+    def forward(
+        self, model: Any, input_ids: Any, attention_mask: Any, labels: Any, **extra: Any
+    ) -> tuple[Any, Any]:
+        """How the model is called: (loss, logits). Default: the HF model with ``labels=``."""
+        kwargs: dict[str, Any] = {"use_cache": False} if self.is_decoder else {}
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            labels=labels,
+            return_dict=True,
+            **extra,
+            **kwargs,
+        )
+        return out.loss, out.logits
+
+    def collate(
+        self, batch: dict[str, np.ndarray], epoch: int | None, seed: int
+    ) -> dict[str, np.ndarray]:
+        """Per-batch work after slicing (``epoch`` None: the fixed eval variant)."""
+        return batch
+
+    def generate_metrics(self, model: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
+        """Eval metrics that need generation, on the plain PyTorch model (default: none)."""
+        return {}
+
+    def prompt(self, text: str, tokenizer: Any) -> str:
+        """What ``ortft predict`` feeds a decoder task for one input text (default: the text)."""
+        return text
