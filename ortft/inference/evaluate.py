@@ -26,6 +26,7 @@ from ortft import tasks
 from ortft.errors import InputError, RecipeError
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe, TaskSection
+from ortft.run.summary import RunSummary
 
 log = logging.getLogger("ortft")
 
@@ -164,7 +165,7 @@ def training_recipe(m: SavedModel) -> LoadedRecipe | None:
     base = Path.cwd()
     summary = (m.run_dir / "summary.json") if m.run_dir else None
     if summary is not None and summary.exists():
-        recorded = json.loads(summary.read_text()).get("paths", {}).get("recipe")
+        recorded = RunSummary.from_dict(json.loads(summary.read_text())).paths.recipe
         if recorded:
             base = Path(recorded).parent
     return dataclasses.replace(loaded, base_dir=base)
