@@ -15,6 +15,8 @@ from typing import Annotated, Any
 import typer
 
 from ortft import __version__
+from ortft.cli_output import echo_json, emit_summary, quiet_libraries, report_failed_run
+from ortft.cli_output import err as _err
 from ortft.errors import EXIT_USAGE, OrtftError
 
 app = typer.Typer(
@@ -29,11 +31,6 @@ app = typer.Typer(
 _state = {"debug": False}
 
 
-def _err(message: str) -> None:
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.flush()
-
-
 def _run(fn, *args: Any, **kwargs: Any) -> Any:
     """Call a command body, turning OrtftError (and Ctrl-C) into a message and exit code."""
     try:
@@ -46,6 +43,18 @@ def _run(fn, *args: Any, **kwargs: Any) -> Any:
     except KeyboardInterrupt:
         _err("interrupted")
         raise typer.Exit(130) from None
+
+
+# the argument `ortft eval` and `ortft predict` share
+TrainedModel = Annotated[
+    Path,
+    typer.Argument(help="Run dir, saved HF model dir, or ONNX export folder.", show_default=False),
+]
+
+
+def _json(help: str) -> Any:
+    """The --json flag of every command that prints a result."""
+    return typer.Option("--json", help=help)
 
 
 # The ort backend's process, where ORT's threads and PyTorch's OpenMP threads share the cores:
@@ -63,34 +72,6 @@ def _thread_env(backend: str) -> None:
     if backend == "ort" and "torch" not in sys.modules:
         for key, value in ORT_THREAD_ENV.items():
             os.environ.setdefault(key, value)
-
-
-def _quiet_libraries(with_torch: bool = True) -> None:
-    """Our own progress on stderr; the libraries' chatter only with --debug.
-
-    ``with_torch=False``: leave PyTorch unimported (backend.name=ort-ondevice trains without it)."""
-    import logging
-    import os
-    import warnings
-
-    from ortft.progress import setup_logging
-
-    setup_logging(logging.DEBUG if _state["debug"] else logging.INFO)
-    if not _state["debug"]:
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        warnings.filterwarnings("ignore")
-        import contextlib
-        import io
-
-        if with_torch:  # an edge device training ONNX artifacts may have neither library
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()  # "Loading weights" bars; ortft shows its own
-            # torch's cpp_extension prints a CUDA_HOME notice on GPU-less machines at import
-            with contextlib.redirect_stderr(io.StringIO()):
-                import torch.utils.cpp_extension  # noqa: F401
 
 
 def _version(value: bool) -> None:
@@ -123,9 +104,7 @@ def train(
         Path | None,
         typer.Option("--output-dir", "-o", help="Run directory (overrides the recipe)."),
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the run summary as JSON on stdout.")
-    ] = False,
+    as_json: Annotated[bool, _json("Print the run summary as JSON on stdout.")] = False,
     gate: Annotated[
         list[str] | None,
         typer.Option(
@@ -150,81 +129,75 @@ def train(
     ] = None,
 ) -> None:
     """Train a model from a recipe; writes checkpoints, final/ and the ONNX export."""
-    if (
-        nproc is not None
-    ):  # torchrun starts the processes; each one runs this command without --nproc
-        import os
-        import subprocess
-
-        if "WORLD_SIZE" in os.environ:
-            _err("--nproc inside torchrun: drop --nproc (torchrun already started the processes)")
-            raise typer.Exit(EXIT_USAGE)
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            "-m",
-            "ortft",
-            *(["--debug"] if _state["debug"] else []),
-            "train",
-            str(recipe),
-            *(overrides or []),
-            *(["--output-dir", str(output_dir)] if output_dir else []),
-            *(["--json"] if as_json else []),
-            *[f"--gate={g}" for g in gate or []],
-            *[f"--report={p}" for p in report or []],
-        ]
-        raise typer.Exit(subprocess.call(cmd))
-
-    def body() -> None:
-        from ortft.errors import GateError
-        from ortft.recipe import io as recipe_io
-        from ortft.run import gates
-        from ortft.tools import ci_report
-
-        ci_report.check_paths(report or [])
-        for text in gate or []:
-            gates.parse(text)  # a malformed gate is a usage error before anything runs
-        loaded = recipe_io.load(recipe, overrides or [])
-        ondevice = loaded.recipe.backend.name == "ort-ondevice"
-        _thread_env(loaded.recipe.backend.name)
-        _quiet_libraries(with_torch=not ondevice)
-        if ondevice:  # its loop imports no PyTorch (the artifacts' build does, lazily)
-            from ortft.backends import ondevice as train_mod
-        else:
-            from ortft.run import lifecycle as train_mod  # type: ignore[no-redef]
-        run_dir = train_mod.resolve_run_dir(loaded, output_dir)
-        try:
-            summary = train_mod.run(loaded, output_dir=output_dir, extra_gates=gate or [])
-        except GateError as err:
-            _emit(err.summary or {}, as_json, report)
-            raise
-        except OrtftError:
-            if report and (run_dir / "summary.json").exists():  # failed/interrupted runs too
-                ci_report.write(report, json.loads((run_dir / "summary.json").read_text()))
-            raise
-        if not ondevice:  # ort-ondevice: one process, no PyTorch (distributed imports it)
-            from ortft.backends import distributed
-
-            if not distributed.is_main():  # under torchrun, one process prints the result
-                return
-        _emit(summary, as_json, report)
-
-    _run(body)
+    if nproc is not None:  # torchrun starts the processes; each runs this command without --nproc
+        raise typer.Exit(_torchrun(nproc, recipe, overrides, output_dir, as_json, gate, report))
+    _run(_train, recipe, overrides or [], output_dir, as_json, gate or [], report or [])
 
 
-def _emit(summary: dict[str, Any], as_json: bool, report: list[Path] | None) -> None:
-    """stdout: the summary JSON (--json) or the run path; plus any --report files."""
+def _torchrun(
+    nproc: int,
+    recipe: Path,
+    overrides: list[str] | None,
+    output_dir: Path | None,
+    as_json: bool,
+    gate: list[str] | None,
+    report: list[Path] | None,
+) -> int:
+    """`ortft train --nproc N`: the same command in N processes under torchrun; its exit code."""
+    import os
+    import subprocess
+
+    if "WORLD_SIZE" in os.environ:
+        _err("--nproc inside torchrun: drop --nproc (torchrun already started the processes)")
+        return EXIT_USAGE
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    ortft = ["-m", "ortft", *(["--debug"] if _state["debug"] else []), "train", str(recipe)]
+    options = [*(["--output-dir", str(output_dir)] if output_dir else [])]
+    options += [*(["--json"] if as_json else []), *[f"--gate={g}" for g in gate or []]]
+    options += [f"--report={p}" for p in report or []]
+    cmd = [sys.executable, *torchrun, *ortft, *(overrides or []), *options]
+    return subprocess.call(cmd)
+
+
+def _train(
+    recipe: Path,
+    overrides: list[str],
+    output_dir: Path | None,
+    as_json: bool,
+    gate: list[str],
+    report: list[Path],
+) -> None:
+    from ortft.errors import GateError
+    from ortft.recipe import io as recipe_io
+    from ortft.run import gates
     from ortft.tools import ci_report
 
-    if report:
-        ci_report.write(report, summary)
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-    elif summary.get("paths"):
-        typer.echo(summary["paths"]["run_dir"])
+    ci_report.check_paths(report)
+    for text in gate:
+        gates.parse(text)  # a malformed gate is a usage error before anything runs
+    loaded = recipe_io.load(recipe, overrides)
+    ondevice = loaded.recipe.backend.name == "ort-ondevice"
+    _thread_env(loaded.recipe.backend.name)
+    quiet_libraries(_state["debug"], with_torch=not ondevice)
+    if ondevice:  # its loop imports no PyTorch (the artifacts' build does, lazily)
+        from ortft.backends import ondevice as train_mod
+    else:
+        from ortft.run import lifecycle as train_mod  # type: ignore[no-redef]
+    run_dir = train_mod.resolve_run_dir(loaded, output_dir)
+    try:
+        summary = train_mod.run(loaded, output_dir=output_dir, extra_gates=gate)
+    except GateError as err:
+        emit_summary(err.summary, as_json, report)
+        raise
+    except OrtftError:
+        report_failed_run(report, run_dir)  # failed/interrupted runs get their report too
+        raise
+    if not ondevice:  # ort-ondevice: one process, no PyTorch (distributed imports it)
+        from ortft.backends import distributed
+
+        if not distributed.is_main():  # under torchrun, one process prints the result
+            return
+    emit_summary(summary, as_json, report)
 
 
 @app.command()
@@ -244,9 +217,7 @@ def bench(
     ] = 2,
     repeats: Annotated[int, typer.Option("--repeats", help="Runs per backend, alternating.")] = 2,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed per run.")] = 900.0,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the results as JSON on stdout.")
-    ] = False,
+    as_json: Annotated[bool, _json("Print the results as JSON on stdout.")] = False,
     plot_path: Annotated[
         Path | None, typer.Option("--plot", help="Write a PNG bar chart (needs matplotlib).")
     ] = None,
@@ -257,13 +228,13 @@ def bench(
         from ortft.errors import RunError
         from ortft.tools import bench as bench_mod
 
-        _quiet_libraries()
+        quiet_libraries(_state["debug"])
         result = bench_mod.run(recipe, backends, steps, warmup, repeats, timeout)
         bench_mod.print_table(result)
         if plot_path is not None:
             bench_mod.plot(result, plot_path)
         if as_json:
-            typer.echo(json.dumps(result, indent=2))
+            echo_json(result)
         if result["failed"]:
             raise RunError(f"bench: {', '.join(result['failed'])} failed (see the table)")
 
@@ -332,9 +303,7 @@ def list_recipes() -> None:
 
 @app.command()
 def doctor(
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Machine-readable report on stdout.")
-    ] = False,
+    as_json: Annotated[bool, _json("Machine-readable report on stdout.")] = False,
     fix: Annotated[
         bool, typer.Option("--fix", help="Build ORTModule's C++ extensions if they are missing.")
     ] = False,
@@ -386,7 +355,7 @@ def export(
             help="Fold a LoRA run's adapter (final/adapter/) into the base model before export.",
         ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print export.json on stdout.")] = False,
+    as_json: Annotated[bool, _json("Print export.json on stdout.")] = False,
 ) -> None:
     """Export a trained model to ONNX and check it against PyTorch."""
 
@@ -398,7 +367,7 @@ def export(
             raise UsageError("--trainable needs --training-artifacts")
         if quantize not in (None, "int8"):
             raise UsageError(f"--quantize {quantize}: the choice is int8")
-        _quiet_libraries()
+        quiet_libraries(_state["debug"])
         report = export_mod.export_source(
             source,
             output,
@@ -418,12 +387,7 @@ def export(
 
 @app.command("eval")
 def eval_cmd(
-    source: Annotated[
-        Path,
-        typer.Argument(
-            help="Run dir, saved HF model dir, or ONNX export folder.", show_default=False
-        ),
-    ],
+    source: TrainedModel,
     data_file: Annotated[
         Path | None,
         typer.Option(
@@ -434,16 +398,14 @@ def eval_cmd(
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, help="Examples per forward.")
     ] = 32,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the result as JSON on stdout.")
-    ] = False,
+    as_json: Annotated[bool, _json("Print the result as JSON on stdout.")] = False,
 ) -> None:
     """Evaluate a saved model (PyTorch or its ONNX export) with the metrics training reports."""
 
     def body() -> None:
         from ortft.inference import evaluate
 
-        _quiet_libraries()
+        quiet_libraries(_state["debug"])
         result = evaluate.run(source, data_file, batch_size)
         typer.echo(json.dumps(result, indent=2) if as_json else evaluate.format_result(result))
 
@@ -452,12 +414,7 @@ def eval_cmd(
 
 @app.command()
 def predict(
-    source: Annotated[
-        Path,
-        typer.Argument(
-            help="Run dir, saved HF model dir, or ONNX export folder.", show_default=False
-        ),
-    ],
+    source: TrainedModel,
     input_path: Annotated[
         str,
         typer.Option(
@@ -475,16 +432,14 @@ def predict(
             help="classification: truncate inputs (default: the training length).",
         ),
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object per input on stdout.")
-    ] = False,
+    as_json: Annotated[bool, _json("One JSON object per input on stdout.")] = False,
 ) -> None:
     """Run a trained model on texts: label + scores (classification) or generated text (causal LM)."""
 
     def body() -> None:
         from ortft.inference import predict as predict_mod
 
-        _quiet_libraries()
+        quiet_libraries(_state["debug"])
         for result in predict_mod.run(
             source, input_path, max_new_tokens=max_new_tokens, max_length=max_length
         ):
@@ -519,9 +474,7 @@ def hpo(
             "--output-dir", "-o", help="Folder for trial runs (default: runs/<stem>-hpo)."
         ),
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the study as JSON on stdout.")
-    ] = False,
+    as_json: Annotated[bool, _json("Print the study as JSON on stdout.")] = False,
 ) -> None:
     """Search hyperparameters with Optuna (median pruning; resumable SQLite study)."""
 
@@ -530,7 +483,7 @@ def hpo(
         from ortft.tools import hpo as hpo_mod
 
         _thread_env(recipe_io.load(recipe, overrides or []).recipe.backend.name)
-        _quiet_libraries()
+        quiet_libraries(_state["debug"])
         result = hpo_mod.run(recipe, overrides or [], trials, study, storage, output_dir)
         typer.echo(json.dumps(result, indent=2) if as_json else hpo_mod.format_table(result))
 

@@ -6,36 +6,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from torch import nn
 
-
-@dataclass
-class BackendReport:
-    """What actually ran: goes into summary.json and the bench tables."""
-
-    requested: str
-    used: str
-    fallback: bool = False
-    fallback_reason: str | None = None
-    ort_exports: int = 0
-    # ORT graph nodes run as PyTorch kernels, per op (backend.pytorch_kernels)
-    pytorch_kernels: dict[str, int] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "requested": self.requested,
-            "used": self.used,
-            "fallback": self.fallback,
-            "fallback_reason": self.fallback_reason,
-            "ort_exports": self.ort_exports,
-            "pytorch_kernels": self.pytorch_kernels,
-            "notes": self.notes,
-        }
+from ortft.run.summary import BackendReport  # noqa: F401 (re-export: backends build their report)
 
 
 class Backend(Protocol):

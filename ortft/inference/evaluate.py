@@ -29,6 +29,7 @@ from ortft.errors import InputError, RecipeError
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe
 from ortft.recipe.task import read_task
+from ortft.run.summary import RunSummary
 
 log = logging.getLogger("ortft")
 
@@ -183,7 +184,7 @@ def training_recipe(m: SavedModel) -> LoadedRecipe | None:
     base = Path.cwd()
     summary = (m.run_dir / "summary.json") if m.run_dir else None
     if summary is not None and summary.exists():
-        recorded = json.loads(summary.read_text()).get("paths", {}).get("recipe")
+        recorded = RunSummary.from_dict(json.loads(summary.read_text())).paths.recipe
         if recorded:
             base = Path(recorded).parent
     return dataclasses.replace(loaded, base_dir=base)

@@ -99,7 +99,9 @@ class Selector:
         )
 
     def report(self, state: TrainState, stop_reason: str | None) -> dict[str, Any]:
-        """The summary's selection keys: final, final_step, best_metric, stopped_early."""
+        """The summary's selection fields: final, final_step, best_metric, stopped_early,
+        stopped_at_step — ``RunSummary`` field names, so ``summary.apply(selector.report(...))``
+        sets them (a dict summary takes them with ``update``)."""
         best = None
         if self.keep_best and state.best_step is not None:
             best = {

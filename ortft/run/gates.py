@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 import operator
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ortft.errors import UsageError
+from ortft.run.summary import RunSummary
 
 _OPS = {
     ">=": operator.ge,
@@ -71,19 +73,19 @@ def parse(text: str) -> Gate:
     return Gate(metric=m.group(1), op=m.group(2), threshold=threshold)
 
 
-def lookup(summary: dict[str, Any], metric: str) -> float | None:
+def lookup(summary: RunSummary, metric: str) -> float | None:
+    """The number ``metric`` (a user's dotted name, see the module docstring) names, or None."""
     head, _, rest = metric.partition(".")
-    metrics = summary.get("metrics") or {}
     if head == "eval" and rest:
-        value: Any = metrics.get(f"eval_{rest}")
+        value: Any = summary.metrics.get(f"eval_{rest}")
     elif head == "train" and rest:
-        value = metrics.get(f"train_{rest}")
+        value = summary.metrics.get(f"train_{rest}")
     elif head == "throughput" and rest:
-        value = (summary.get("throughput") or {}).get(rest)
+        value = summary.throughput.get(rest)
     elif head == "export" and rest:
-        value = ((summary.get("export") or {}).get("parity") or {}).get(rest)
-    else:
-        value = summary
+        value = ((summary.export or {}).get("parity") or {}).get(rest)
+    else:  # any other dotted path, resolved in summary.json's own layout
+        value = summary.to_dict()
         for part in metric.split("."):
             value = value.get(part) if isinstance(value, dict) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -91,7 +93,9 @@ def lookup(summary: dict[str, Any], metric: str) -> float | None:
     return float(value)
 
 
-def check(gates: list[Gate], summary: dict[str, Any]) -> list[GateResult]:
+def check(gates: list[Gate], summary: RunSummary | Mapping[str, Any]) -> list[GateResult]:
+    """Each gate against ``summary`` (a dict too: summary.json as read, or an older caller's)."""
+    summary = RunSummary.coerce(summary)
     results = []
     for g in gates:
         value = lookup(summary, g.metric)

@@ -1,21 +1,6 @@
 """What a run writes about itself: ``metrics.jsonl`` rows, ``summary.json`` and the model card.
 
-summary.json (format_version 1) — written at the end of every run, also failed/interrupted:
-  format_version, status ("completed" | "failed" | "interrupted" | "stopped" | "pruned" — the
-  last an `ortft hpo` trial ended by the median rule), error (one line or null),
-  task, parameters, backend {requested, used, fallback, fallback_reason, ort_exports,
-  pytorch_kernels {kernel: routed ORT graph nodes} (ort; {} elsewhere), notes,
-  and with backend.name=auto: probe {steps, backends{name: step times}, chosen}},
-  steps, max_steps, epochs, samples, tokens,
-  metrics {train_loss, eval_loss, eval_accuracy, eval_f1_macro, eval_perplexity — those that apply;
-  the eval metrics are those of the step final/ holds},
-  final ("last" | "best"), final_step, best_metric {name, mode, value, step} or null,
-  stopped_early, stopped_at_step (training.early_stopping; stop_reason "early_stopping"),
-  throughput {samples_per_s, tokens_per_s}, wall_time_s, train_time_s,
-  paths {run_dir, final, recipe (the recipe file, absolute), onnx, checkpoints[],
-  last_checkpoint},
-  export {parity report, or null}, provenance {ortft, python, platform, packages{}, recipe_sha256,
-  git_commit, started_at, finished_at, device, threads}.
+summary.json: its schema is ``RunSummary`` in ortft/run/summary.py (format_version 1).
 
 metrics.jsonl — one JSON object per line:
   {"kind": "train", "step", "epoch", "loss", "lr", "samples_per_s", "tokens_per_s", "step_time_s",
@@ -35,7 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 1
+from ortft.run.summary import FORMAT_VERSION, BackendReport, RunSummary  # noqa: F401 (re-export)
+
 PACKAGES = [
     "ortft",
     "torch",
@@ -73,6 +59,23 @@ def git_commit(path: Path) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
+def git_dirty(path: Path) -> bool | None:
+    """Whether tracked files in ``path``'s repository differ from HEAD; None outside a repo.
+
+    Untracked files do not count: run folders and data often sit untracked next to a recipe."""
+    try:
+        res = subprocess.run(
+            ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(res.stdout.strip()) if res.returncode == 0 else None
+
+
 def provenance(recipe_path: Path | None, recipe_sha256: str) -> dict[str, Any]:
     where = recipe_path.resolve().parent if recipe_path else Path.cwd()
     return {
@@ -82,6 +85,7 @@ def provenance(recipe_path: Path | None, recipe_sha256: str) -> dict[str, Any]:
         "packages": package_versions(),
         "recipe_sha256": recipe_sha256,
         "git_commit": git_commit(where),
+        "git_dirty": git_dirty(where),
         "started_at": utc_now(),
     }
 
@@ -130,13 +134,12 @@ class MetricsLog:
             fh.write(json.dumps(row) + "\n")
 
 
-def model_card(summary: dict[str, Any], recipe: Any) -> str:
+def model_card(summary: RunSummary | dict[str, Any], recipe: Any) -> str:
+    s = RunSummary.coerce(summary)  # a dict: the lifecycle's summary until it builds a RunSummary
     m = recipe.model
     base = m.name_or_path or f"{m.from_config.architecture} built from config (random init)"
-    metrics = "\n".join(
-        f"| {k} | {v:.4f} |" for k, v in summary["metrics"].items() if isinstance(v, float)
-    )
-    b = summary["backend"]
+    metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in s.metrics.items() if isinstance(v, float))
+    b = s.backend or BackendReport(requested="?", used="?")
     return f"""---
 library_name: transformers
 tags: [ortft, onnxruntime, {recipe.task.name}]
@@ -146,8 +149,8 @@ tags: [ortft, onnxruntime, {recipe.task.name}]
 - **Base model:** {base}
 - **Task:** {recipe.task.name}
 - **Training data:** {recipe.data.train}{f" (eval: {recipe.data.eval})" if recipe.data.eval else ""}
-- **Backend:** {b["used"]} (requested {b["requested"]}; fallback: {"yes" if b["fallback"] else "no"})
-- **Steps:** {summary["steps"]} ({summary["epochs"]:.2f} epochs), batch size
+- **Backend:** {b.used} (requested {b.requested}; fallback: {"yes" if b.fallback else "no"})
+- **Steps:** {s.steps} ({s.epochs:.2f} epochs), batch size
   {recipe.training.batch_size} × accumulation {recipe.training.gradient_accumulation_steps},
   lr {recipe.training.lr} ({recipe.training.scheduler}), seed {recipe.training.seed}
 

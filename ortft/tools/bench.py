@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ortft.errors import RunError, UsageError
+from ortft.run.summary import BackendReport, RunSummary
 
 log = logging.getLogger("ortft")
 
@@ -78,7 +79,7 @@ class RunResult:
     loss: float | None = None
     rss_mb: float | None = None
     wall_s: float = 0.0
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: RunSummary = field(default_factory=RunSummary)
 
 
 def _split_top(spec: str) -> list[str]:
@@ -197,11 +198,11 @@ def _run_one(
         why = "timed out" if proc.returncode == -9 else f"exit {proc.returncode}"
         res.error = f"{why}: {tail[-1][:300] if tail else 'no output'}"
         return res
-    summary = json.loads(stdout_path.read_text())
+    summary = RunSummary.from_dict(json.loads(stdout_path.read_text()))  # `ortft train --json`
     rows = [json.loads(ln) for ln in (out_dir / "metrics.jsonl").read_text().splitlines()]
     res.step_times = [r["step_time_s"] for r in rows if r["kind"] == "train"]
-    res.first_step_s = summary["throughput"]["first_step_s"]
-    res.loss = summary["metrics"]["train_loss"]
+    res.first_step_s = summary.throughput["first_step_s"]
+    res.loss = summary.metrics["train_loss"]
     res.summary = summary
     res.ok = True
     return res
@@ -352,18 +353,18 @@ def _aggregate(
     steady = [s for x in good for s in x.step_times[warmup:]]
     med = statistics.median(steady)
     s0 = good[0].summary
-    tokens_per_step = s0["tokens"] / max(s0["steps"], 1)  # non-padding tokens, as train reports
-    params = s0.get("parameters")
-    b = s0["backend"]
+    tokens_per_step = s0.tokens / max(s0.steps, 1)  # non-padding tokens, as train reports
+    params = s0.parameters or None
+    b = s0.backend or BackendReport(requested=v.label, used="?")
     return {
         **out,
         "status": "ok" if len(good) == len(runs) else "partial",
         "error": next((x.error for x in runs if not x.ok), None),
-        "backend_used": b["used"],
-        "fallback": b["fallback"],
-        "notes": b.get("notes", []),
-        "pytorch_kernels": b.get("pytorch_kernels", {}),
-        "ort_exports": max(x.summary["backend"]["ort_exports"] for x in good),
+        "backend_used": b.used,
+        "fallback": b.fallback,
+        "notes": b.notes,
+        "pytorch_kernels": b.pytorch_kernels,
+        "ort_exports": max(x.summary.backend.ort_exports if x.summary.backend else 0 for x in good),
         "first_step_s": statistics.median(x.first_step_s or 0.0 for x in good),
         "step_s": {"median": med, "min": min(steady), "max": max(steady)},
         "samples_per_s": samples_per_step / med,

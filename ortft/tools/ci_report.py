@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ortft.errors import UsageError
+from ortft.run.summary import BackendReport, RunSummary
+
+Summary = RunSummary | Mapping[str, Any]  # a dict: summary.json as read from disk
 
 FORMATS = {".xml": "junit", ".md": "markdown"}
 
@@ -23,13 +27,9 @@ def check_paths(paths: list[Path]) -> None:
             raise UsageError(f"--report {p}: use a .xml (JUnit) or .md (Markdown) file name")
 
 
-def _gate_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(summary.get("gates") or [])
-
-
-def junit(summary: dict[str, Any], name: str = "ortft") -> str:
-    gates = _gate_rows(summary)
-    status = summary.get("status", "unknown")
+def junit(summary: Summary, name: str = "ortft") -> str:
+    s = RunSummary.coerce(summary)
+    gates, status = s.gates, s.status or "unknown"
     suite = ET.Element("testsuite", name=name)
     failures = errors = 0
     run_case = ET.SubElement(
@@ -37,14 +37,12 @@ def junit(summary: dict[str, Any], name: str = "ortft") -> str:
         "testcase",
         classname=f"{name}.run",
         name="training run",
-        time=f"{summary.get('wall_time_s') or 0:.3f}",
+        time=f"{s.wall_time_s or 0:.3f}",
     )
     if status not in ("completed", "stopped"):
         errors += 1
-        err = ET.SubElement(
-            run_case, "error", message=str(summary.get("error") or status), type=status
-        )
-        err.text = str(summary.get("error") or "")
+        err = ET.SubElement(run_case, "error", message=str(s.error or status), type=status)
+        err.text = str(s.error or "")
     for g in gates:
         case = ET.SubElement(suite, "testcase", classname=f"{name}.gates", name=g["gate"], time="0")
         shown = "missing" if g["value"] is None else f"{g['value']:.6g}"
@@ -62,7 +60,7 @@ def junit(summary: dict[str, Any], name: str = "ortft") -> str:
     suite.set("tests", str(1 + len(gates)))
     suite.set("failures", str(failures))
     suite.set("errors", str(errors))
-    suite.set("time", f"{summary.get('wall_time_s') or 0:.3f}")
+    suite.set("time", f"{s.wall_time_s or 0:.3f}")
     root = ET.Element("testsuites")
     root.append(suite)
     ET.indent(root)
@@ -75,15 +73,14 @@ def _fmt(value: Any) -> str:
     return "—" if value is None else str(value)
 
 
-def markdown(summary: dict[str, Any]) -> str:
-    b = summary.get("backend") or {}
-    t = summary.get("throughput") or {}
-    prov = summary.get("provenance") or {}
-    pk = prov.get("packages") or {}
-    lines = [f"## ortft run: {summary.get('status', 'unknown')}", ""]
-    if summary.get("error"):
-        lines += [f"**Error:** {summary['error']}", ""]
-    gates = _gate_rows(summary)
+def markdown(summary: Summary) -> str:
+    s = RunSummary.coerce(summary)
+    b = s.backend or BackendReport(requested="—", used="—")
+    t, prov, pk = s.throughput, s.provenance, s.provenance.packages
+    lines = [f"## ortft run: {s.status or 'unknown'}", ""]
+    if s.error:
+        lines += [f"**Error:** {s.error}", ""]
+    gates = s.gates
     if gates:
         lines += ["| gate | value | result |", "|---|---|---|"]
         for g in gates:
@@ -93,26 +90,27 @@ def markdown(summary: dict[str, Any]) -> str:
             )
         lines.append("")
     lines += ["| metric | value |", "|---|---|"]
-    for k, v in (summary.get("metrics") or {}).items():
+    for k, v in s.metrics.items():
         lines.append(f"| {k} | {_fmt(v)} |")
     lines += [
         "",
-        f"- **Backend:** {b.get('used', '—')} (requested {b.get('requested', '—')}; "
-        f"fallback {'yes' if b.get('fallback') else 'no'}; ORT exports {b.get('ort_exports', 0)})",
-        f"- **Steps:** {summary.get('steps', '—')}; wall time {_fmt(summary.get('wall_time_s'))} s",
+        f"- **Backend:** {b.used or '—'} (requested {b.requested or '—'}; "
+        f"fallback {'yes' if b.fallback else 'no'}; ORT exports {b.ort_exports})",
+        f"- **Steps:** {s.steps}; wall time {_fmt(s.wall_time_s)} s",
         f"- **Throughput:** {_fmt(t.get('samples_per_s'))} samples/s, "
         f"{_fmt(t.get('tokens_per_s'))} tokens/s",
         f"- **Versions:** ortft {pk.get('ortft', '—')}, torch {pk.get('torch', '—')}, "
         f"onnxruntime-training {pk.get('onnxruntime-training', '—')}, "
         f"transformers {pk.get('transformers', '—')}",
-        f"- **Recipe sha256:** `{prov.get('recipe_sha256', '—')}`; git commit "
-        f"`{prov.get('git_commit') or '—'}`",
+        f"- **Recipe sha256:** `{prov.recipe_sha256 or '—'}`; git commit "
+        f"`{prov.git_commit or '—'}`{' (uncommitted changes)' if prov.git_dirty else ''}",
         "",
     ]
     return "\n".join(lines)
 
 
-def write(paths: list[Path], summary: dict[str, Any]) -> None:
+def write(paths: list[Path], summary: Summary) -> None:
+    summary = RunSummary.coerce(summary)
     for p in paths:
         text = junit(summary) if FORMATS[p.suffix.lower()] == "junit" else markdown(summary)
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ from ortft.errors import GateError, InputError, Interrupted, RecipeError, RunErr
 from ortft.recipe import io as recipe_io
 from ortft.recipe.schema import HpoCategorical, HpoFloat, HpoSection, metric_mode
 from ortft.run import lifecycle as train
+from ortft.run.summary import RunSummary
 
 log = logging.getLogger("ortft")
 
@@ -198,7 +199,9 @@ def run(
                 )
 
         try:
-            summary = train.run(trial_loaded, output_dir=run_dir, on_eval=on_eval)
+            summary = RunSummary.coerce(
+                train.run(trial_loaded, output_dir=run_dir, on_eval=on_eval)
+            )
         except Stopped as err:
             log.info("hpo: trial %d %s", trial.number, err)
             raise optuna.TrialPruned(str(err)) from None
@@ -206,13 +209,13 @@ def run(
             trial.set_user_attr("interrupted", True)
             raise
         except GateError as err:  # the metrics are still good for the search
-            summary = err.summary or {}
+            summary = RunSummary.coerce(err.summary or {})
             trial.set_user_attr("gates_failed", True)
         except RunError as err:  # e.g. a diverging lr: the search goes on (input errors stop it)
             trial.set_user_attr("error", str(err))
             log.warning("hpo: trial %d failed: %s", trial.number, err)
             return float("nan")  # Optuna records NaN as a failed trial
-        value = (summary.get("metrics") or {}).get(spec.metric)
+        value = summary.metrics.get(spec.metric)
         if value is None:
             raise RunError(f"trial {trial.number}: the run reported no {spec.metric}")
         log.info("hpo: trial %d: %s %.4f", trial.number, spec.metric, value)
