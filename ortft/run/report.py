@@ -26,7 +26,6 @@ metrics.jsonl — one JSON object per line:
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from ortft import fsutil
 
 FORMAT_VERSION = 1
 PACKAGES = [
@@ -101,10 +102,8 @@ def throughput(steady: dict[str, float]) -> dict[str, Any]:
     }
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+# summary.json: the lifecycle and the on-device loop call report.write_json_atomic
+write_json_atomic = fsutil.write_json_atomic
 
 
 class MetricsLog:

@@ -6,11 +6,11 @@ Both are written for failed and interrupted runs too, so the CI page always says
 
 from __future__ import annotations
 
-import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from ortft import fsutil
 from ortft.errors import UsageError
 
 FORMATS = {".xml": "junit", ".md": "markdown"}
@@ -116,6 +116,4 @@ def write(paths: list[Path], summary: dict[str, Any]) -> None:
     for p in paths:
         text = junit(summary) if FORMATS[p.suffix.lower()] == "junit" else markdown(summary)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, p)
+        fsutil.write_text_atomic(p, text)
