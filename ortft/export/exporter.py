@@ -126,7 +126,7 @@ def _staging(out: Path) -> Path:
     return tmp
 
 
-def _publish(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+def publish(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
     """Fill a staging folder beside OUT with ``build`` (which returns the report), write
     export.json, then swap the folder in as OUT when every check passed, else as OUT.failed
     (OUT is then left as it was). An earlier OUT is replaced only once the new one is whole."""
@@ -146,12 +146,12 @@ def _publish(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, An
     return result
 
 
-def _positions(task: str) -> str:
+def prediction_positions(task: str) -> str:
     """Which logits are predictions (see ``parity.predictions``)."""
     return "next-token" if task in DECODER_TASKS else "token" if task in PER_TOKEN_TASKS else "row"
 
 
-def _source(samples: Any) -> str:
+def samples_source(samples: Any) -> str:
     return "eval data" if samples is not None and len(samples) else "synthetic"
 
 
@@ -199,7 +199,9 @@ def export_model(
             want = wrapper(
                 torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
             ).numpy()
-        ref = parity.Reference(feeds, want, _positions(task), tolerance, _source(samples))
+        ref = parity.Reference(
+            feeds, want, prediction_positions(task), tolerance, samples_source(samples)
+        )
         tokenizer.save_pretrained(tmp)
         model.config.save_pretrained(tmp)
         result = parity.build_report(
@@ -218,7 +220,7 @@ def export_model(
             result["files"]["training"] = "training/"
         return result
 
-    result = _publish(out_dir, build)
+    result = publish(out_dir, build)
     p = result["parity"]
     log.info(
         "exported %s (parity: max |diff| %.2e, agreement %.3f)%s",

@@ -19,13 +19,13 @@ from ortft.export import onnx_tools as tools
 from ortft.export import parity
 from ortft.export.exporter import (
     PARITY_SAMPLES,
-    _positions,
-    _publish,
     _samples,
-    _source,
     _task_of,
     check_output,
     export_model,
+    prediction_positions,
+    publish,
+    samples_source,
 )
 
 if TYPE_CHECKING:
@@ -226,7 +226,9 @@ def _export_onnx_source(
     feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
     src = model_dir / "model.onnx"
     want = parity.run(src, {k: feeds[k] for k in ("input_ids", "attention_mask")})
-    ref = parity.Reference(feeds, want, _positions(task), tolerance, _source(samples))
+    ref = parity.Reference(
+        feeds, want, prediction_positions(task), tolerance, samples_source(samples)
+    )
 
     def build(tmp: Path) -> dict[str, Any]:
         for f in model_dir.iterdir():
@@ -244,7 +246,7 @@ def _export_onnx_source(
             against=f"the trained ONNX model {src} (no PyTorch model: ort-ondevice run)",
         )
 
-    result = _publish(out, build)
+    result = publish(out, build)
     log.info(
         "exported %s (parity against the trained ONNX model: max |diff| %.2e)",
         result["dir"],
