@@ -3,8 +3,8 @@
 ``step-000100/`` holds ``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng.pt``,
 ``recipe.yaml``, ``state.json`` (step, position in the data, metrics) and ``manifest.json``
 (format version, every file's size and sha256). It is written into a temporary folder,
-fsynced, then renamed into place: a crash leaves either the whole checkpoint or none, and
-the previous checkpoints are pruned only after the new one is complete.
+fsynced, then swapped into place (``fsutil.atomic_dir``): a crash leaves either the whole
+checkpoint or none, and the previous checkpoints are pruned only after the new one is complete.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ortft import fsutil
 from ortft.errors import InputError, RunError
 
 if TYPE_CHECKING:
@@ -65,12 +66,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _fsync_dir(path: Path) -> None:  # kept for ortft.backends.ondevice, which calls it
+    fsutil.fsync_dir(path)
 
 
 def rng_state() -> dict[str, Any]:
@@ -115,37 +112,24 @@ def save(
     from safetensors.torch import save_model
 
     final = run_dir / checkpoint_name(state.step)
-    tmp = run_dir / f".{final.name}.tmp-{os.getpid()}"
-    old = run_dir / f".{final.name}.old-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
     try:
-        tmp.mkdir(parents=True)
-        if hasattr(model, "peft_config"):  # LoRA: only the trained (adapter + head) weights
-            save_trainable(model, tmp / ADAPTER_WEIGHTS)
-        else:
-            save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        torch.save(rng_state(), tmp / "rng.pt")
-        (tmp / "recipe.yaml").write_text(recipe_yaml)
-        (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
-        write_manifest(tmp, state.step, "ortft-checkpoint")
-        if final.exists():  # same step saved twice (e.g. a signal right after a periodic save)
-            os.replace(final, old)  # set aside, not deleted, until the new one is in place
-        os.replace(tmp, final)
-        _fsync_dir(run_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        # a step saved twice (e.g. a signal right after a periodic save) swaps the new copy in
+        # whole; the earlier copy is deleted only after the swap
+        with fsutil.atomic_dir(final) as tmp:
+            if hasattr(model, "peft_config"):  # LoRA: only the trained (adapter + head) weights
+                save_trainable(model, tmp / ADAPTER_WEIGHTS)
+            else:
+                save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            torch.save(rng_state(), tmp / "rng.pt")
+            (tmp / "recipe.yaml").write_text(recipe_yaml)
+            (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
+            write_manifest(tmp, state.step, "ortft-checkpoint")
     except OSError as err:  # disk full, read-only, quota: the earlier checkpoints are untouched
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old.exists() and not final.exists():
-            os.replace(old, final)
         earlier = [p for p in list_checkpoints(run_dir) if p != final]
         kept = f"; the last good checkpoint {earlier[-1]} is intact" if earlier else ""
         raise RunError(f"could not write checkpoint {final}: {err.strerror or err}{kept}") from err
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     prune(run_dir, keep_last)
     return final
 
@@ -186,9 +170,7 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
 
 def remove_stale_temp(run_dir: Path) -> None:
     """Temp folders of saves that a kill -9 interrupted: never a checkpoint, safe to drop."""
-    if run_dir.is_dir():
-        for tmp in run_dir.glob(f".{PREFIX}*.tmp-*"):
-            shutil.rmtree(tmp, ignore_errors=True)
+    fsutil.remove_stale(run_dir, f".{PREFIX}*.tmp-*")
 
 
 def write_manifest(folder: Path, step: int, kind: str) -> None:

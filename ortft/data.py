@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ortft import fsutil
 from ortft.errors import InputError
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import DataSection
@@ -299,9 +300,8 @@ def encode_cached(
             path.unlink(missing_ok=True)  # a torn cache file: rebuild it
     encoded = task.encode(rows, tokenizer, data, label2id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
-    np.savez(tmp, **encoded.arrays)
-    os.replace(tmp, path)
+    with fsutil.atomic_file(path, "wb") as fh:  # a file object: np.savez adds no suffix
+        np.savez(fh, **encoded.arrays)
     return encoded, False
 
 

@@ -15,7 +15,7 @@ import torch
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 from typer.testing import CliRunner
 
-from ortft import checkpoint, models
+from ortft import checkpoint, fsutil, models
 from ortft.cli import app
 from ortft.errors import EXIT_FAILED, RunError
 from ortft.recipe import io as recipe_io
@@ -143,14 +143,11 @@ def test_resaving_the_same_step_never_loses_it(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     state = checkpoint.TrainState(step=4, micro_step=4)
     first = checkpoint.save(tmp_path, state, model, opt, sched, "x: 1\n", keep_last=2)
-    real_replace = checkpoint.os.replace
 
-    def failing_replace(src, dst):
-        if ".tmp-" in str(src):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_replace(src, dst)
+    def failing_swap(src, dst):  # the rename that swaps the new copy in (fsutil.atomic_dir)
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint.os, "replace", failing_replace)
+    monkeypatch.setattr(fsutil, "_exchange", failing_swap)
     with pytest.raises(RunError, match="No space left on device"):
         checkpoint.save(tmp_path, state, model, opt, sched, "x: 1\n", keep_last=2)
     assert checkpoint.verify(first, deep=True) is None

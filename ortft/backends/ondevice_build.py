@@ -5,7 +5,7 @@ on-device training artifacts. The loop (``train_ondevice.py``) then trains them 
 ``optimizer_model.onnx`` (AdamW with the recipe's betas, eps, weight decay and gradient
 clipping baked in), ``checkpoint`` (the initial weights), the tokenizer, ``config.json`` and
 ``artifacts.json`` (what was built, and from what). It is written into a temporary folder and
-renamed into place, so a crash never leaves half of it.
+swapped into place (``fsutil.atomic_dir``), so a crash never leaves half of it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft import models
+from ortft import fsutil, models
 from ortft.export import onnx_tools
 from ortft.recipe.io import LoadedRecipe
 
@@ -104,9 +103,7 @@ def build(
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
     example = _example(task, train_rows, tokenizer, loaded, label2id)
     t, o = r.training, r.optimizer
-    tmp = art_dir.with_name(f".{art_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with fsutil.atomic_dir(art_dir) as tmp:  # an earlier art_dir stays whole until the swap
         with _native_stderr_quiet():  # the gradient builder logs every graph pass at info level
             report = onnx_tools.generate_training_artifacts(
                 model,
@@ -133,13 +130,6 @@ def build(
             **report,
         }
         (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
-        if art_dir.exists():
-            shutil.rmtree(art_dir)
-        art_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp.rename(art_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info(
         "on-device training artifacts: %s (%d of %d parameter tensors train)",
         art_dir,

@@ -1,5 +1,5 @@
 """What ortft does to an exported ONNX model: optimize it, convert it to fp16, quantize it to
-int8, judge and time the result against the fp32 model, and build on-device training artifacts.
+int8, and build on-device training artifacts (``ortft.export.parity`` judges and times them).
 
 Measured on torch 2.6 (TorchScript exporter) / ONNX Runtime 1.19.2 / onnx 1.17, for BERT and
 GPT-2 alike:
@@ -21,8 +21,6 @@ import contextlib
 import fnmatch
 import logging
 import shutil
-import statistics
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,10 +30,10 @@ import numpy as np
 import torch
 
 from ortft.errors import InputError, RunError
+from ortft.export.parity import IGNORE  # the label transformers' losses skip
 
 TRAINING_OPSET = 16  # the highest opset whose training graph ORT 1.19 can differentiate (see above)
 TRAINING_ARCHITECTURES = ("bert", "gpt2")  # measured; others may work but are not promised
-IGNORE = -100  # the label transformers' losses skip
 LARGE = 2**31 - 2**27  # just under protobuf's 2 GB limit: beyond it, weights go to external data
 
 
@@ -44,97 +42,6 @@ def training_tasks() -> list[str]:
     from ortft import tasks
 
     return [name for name in tasks.names() if tasks.get(name).ondevice]
-
-
-# --------------------------------------------------------------------------- running and judging
-
-
-def session(path: Path, threads: int = 0) -> Any:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-
-def run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    sess = session(path)
-    names = {i.name for i in sess.get_inputs()}
-    return sess.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0].astype(
-        np.float32
-    )
-
-
-def predictions(
-    logits: np.ndarray, feeds: dict[str, np.ndarray], positions: str
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """(predicted ids, labels or None) at the positions that count.
-
-    ``positions``: "row" (one prediction per row: classification), "token" (every position with a
-    label, else every unpadded one) or "next-token" (causal LM: the prediction at t against the
-    label at t + 1, where that label is real).
-    """
-    labels = feeds.get("labels")
-    if positions == "row":
-        return logits.argmax(-1), labels
-    if positions == "token":
-        keep = feeds["attention_mask"].astype(bool)
-        if labels is not None:
-            keep &= labels != IGNORE
-        return logits.argmax(-1)[keep], (labels[keep] if labels is not None else None)
-    pred = logits[:, :-1].argmax(-1)
-    target = labels[:, 1:] if labels is not None else feeds["input_ids"][:, 1:]
-    keep = feeds["attention_mask"][:, 1:].astype(bool) & (target != IGNORE)
-    return pred[keep], (target[keep] if labels is not None else None)
-
-
-def judge(
-    got: np.ndarray, ref: np.ndarray, feeds: dict[str, np.ndarray], positions: str
-) -> dict[str, Any]:
-    """Prediction agreement with ``ref`` and the accuracy delta, against labels when there are
-    any, else against ``ref``'s predictions (then the delta is just agreement - 1)."""
-    p_got, labels = predictions(got, feeds, positions)
-    p_ref, _ = predictions(ref, feeds, positions)
-    if labels is not None and labels.shape != p_ref.shape:  # labels of another kind (e.g. spans)
-        labels = None
-    truth = labels if labels is not None else p_ref
-    acc_got, acc_ref = float(np.mean(p_got == truth)), float(np.mean(p_ref == truth))
-    return {
-        "max_abs_diff": float(np.max(np.abs(got - ref))),
-        "prediction_agreement": float(np.mean(p_got == p_ref)),
-        "accuracy": round(acc_got, 6),
-        "accuracy_fp32": round(acc_ref, 6),
-        "accuracy_delta": round(acc_got - acc_ref, 6),
-        "accuracy_against": "labels" if labels is not None else "fp32 predictions",
-    }
-
-
-def latency_ms(
-    paths: dict[str, Path], feeds: dict[str, np.ndarray], repeats: int = 20
-) -> dict[str, dict[str, float]]:
-    """Median ms per batch ("run") and session creation ms ("load"), the models taken in turn
-    (interleaved) on one thread so that a busy machine slows them alike.
-
-    Sessions use ORT's default options, as a user's would: ORT then applies its online graph
-    optimizations to every model, so an offline-optimized file mostly saves load time.
-    """
-    load: dict[str, float] = {}
-    sessions = {}
-    for k, p in paths.items():
-        t0 = time.perf_counter()
-        sessions[k] = session(p, threads=1)
-        load[k] = round((time.perf_counter() - t0) * 1e3, 1)
-    inputs = {k: {i.name: feeds[i.name] for i in s.get_inputs()} for k, s in sessions.items()}
-    times: dict[str, list[float]] = {k: [] for k in paths}
-    for i in range(repeats + 2):
-        for k, s in sessions.items():
-            t0 = time.perf_counter()
-            s.run(None, inputs[k])
-            if i >= 2:  # the first runs allocate
-                times[k].append((time.perf_counter() - t0) * 1e3)
-    run = {k: round(statistics.median(v), 3) for k, v in times.items()}
-    return {"run": run, "load": load}
 
 
 def _load(path: Path) -> Any:
@@ -198,7 +105,7 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
 
     large = sum(f.stat().st_size for f in src.parent.iterdir() if f.is_file()) > LARGE
     # it warns on the root logger to run its pre-processing first; ortft quantizes the plain
-    # export and judges the result by its predictions instead (see export.THRESHOLDS)
+    # export and judges the result by its predictions instead (see parity.THRESHOLDS)
     logging.disable(logging.WARNING)
     try:
         quantize_dynamic(
@@ -290,11 +197,38 @@ def generate_training_artifacts(
     ``optimizer``: AdamW settings baked into the optimizer graph (``betas``, ``eps``,
     ``weight_decay``, ``max_grad_norm``); default ORT's AdamW (eps 1e-6, no decay, no clipping).
     """
-    import onnx
     import onnxruntime as ort
-    from onnxruntime.training import artifacts, onnxblock
 
     ort.set_default_logger_severity(3)  # else the gradient graph builder logs at info level
+    _check_training_support(model, task, opset)
+    names = [n for n, _ in model.named_parameters()]
+    chosen = select_trainable(names, trainable)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    graph, inputs = _training_graph(model, task, example, opset, out_dir / ".base.onnx")
+    in_graph = {i.name for i in graph.graph.initializer}
+    params = [n for n in names if n in in_graph]  # tied weights appear once
+    requires = [n for n in params if n in chosen]
+    frozen = [n for n in params if n not in chosen]
+    if not requires:
+        raise InputError("--trainable leaves no parameter of the exported graph to train")
+    _write_artifacts(graph, requires, frozen, optimizer, out_dir)
+    return {
+        "opset": opset,
+        "optimizer": {"name": "AdamW", "eps": 1e-6, "weight_decay": 0.0, **(optimizer or {})},
+        "loss": "the model's own loss (graph output 'loss')",
+        "inputs": inputs,
+        "outputs": {"training": ["loss"], "eval": ["loss", "logits"]},
+        "trainable_patterns": list(trainable) if trainable else None,
+        "trainable_parameters": len(requires),
+        "frozen_parameters": len(frozen),
+        "trainable_values": int(
+            sum(p.numel() for n, p in model.named_parameters() if n in requires)
+        ),
+        "files": sorted(p.name for p in out_dir.iterdir()),
+    }
+
+
+def _check_training_support(model: torch.nn.Module, task: str, opset: int) -> None:
     model_type = getattr(model.config, "model_type", "?")
     if task not in training_tasks():
         raise InputError(
@@ -309,10 +243,15 @@ def generate_training_artifacts(
         raise InputError(
             f"training graphs need opset <= {TRAINING_OPSET} on ORT 1.19 (layer norm gradient)"
         )
-    names = [n for n, _ in model.named_parameters()]
-    chosen = select_trainable(names, trainable)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    base = out_dir / ".base.onnx"
+
+
+def _training_graph(
+    model: torch.nn.Module, task: str, example: dict[str, np.ndarray], opset: int, base: Path
+) -> tuple[Any, list[str]]:
+    """The loss graph (``_LossOnly``) as an onnx ModelProto with Hugging Face parameter names,
+    and its input names; ``base`` is a scratch file, removed again."""
+    import onnx
+
     wrapper = _LossOnly(model, task == "causal-lm")
     args = tuple(torch.from_numpy(example[k]) for k in ("input_ids", "attention_mask", "labels"))
     axes = {
@@ -347,12 +286,18 @@ def generate_training_artifacts(
         init.name = rename[init.name]
     for node in graph.graph.node:
         node.input[:] = [rename.get(x, x) for x in node.input]
-    in_graph = {i.name for i in graph.graph.initializer}
-    params = [n for n in names if n in in_graph]  # tied weights appear once
-    requires = [n for n in params if n in chosen]
-    frozen = [n for n in params if n not in chosen]
-    if not requires:
-        raise InputError("--trainable leaves no parameter of the exported graph to train")
+    return graph, list(axes)[:3]
+
+
+def _write_artifacts(
+    graph: Any,
+    requires: list[str],
+    frozen: list[str],
+    optimizer: dict[str, Any] | None,
+    out_dir: Path,
+) -> None:
+    from onnxruntime.training import artifacts, onnxblock
+
     opt = dict(optimizer or {})
     clip = opt.pop("max_grad_norm", None)
     block = onnxblock.optim.AdamW(
@@ -376,21 +321,6 @@ def generate_training_artifacts(
     )
     (with_logits / "eval_model.onnx").replace(out_dir / "eval_model.onnx")
     shutil.rmtree(with_logits)
-    files = sorted(p.name for p in out_dir.iterdir())
-    return {
-        "opset": opset,
-        "optimizer": {"name": "AdamW", "eps": 1e-6, "weight_decay": 0.0, **(optimizer or {})},
-        "loss": "the model's own loss (graph output 'loss')",
-        "inputs": list(axes)[:3],
-        "outputs": {"training": ["loss"], "eval": ["loss", "logits"]},
-        "trainable_patterns": list(trainable) if trainable else None,
-        "trainable_parameters": len(requires),
-        "frozen_parameters": len(frozen),
-        "trainable_values": int(
-            sum(p.numel() for n, p in model.named_parameters() if n in requires)
-        ),
-        "files": files,
-    }
 
 
 def check_training_artifacts(
@@ -427,11 +357,6 @@ def check_training_artifacts(
         "eval_loss_after": round(after, 6),
         "passed": bool(losses[-1] < losses[0]),
     }
-
-
-def dir_bytes(path: Path, stem: str) -> int:
-    """A model's size: its .onnx file plus any external data written next to it."""
-    return sum(f.stat().st_size for f in path.iterdir() if f.is_file() and f.name.startswith(stem))
 
 
 @contextlib.contextmanager

@@ -124,20 +124,27 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, value = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
             raise UsageError(f"override '{item}' must look like section.key=value")
-        parts = key.split(".")
-        node = data
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {} if child is None or not isinstance(child, str) else {"name": child}
-                node[part] = child
-            node = child
         try:
             parsed = yaml.safe_load(value) if value != "" else None
         except yaml.YAMLError:
             parsed = value
-        node[parts[-1]] = parsed
+        set_value(data, key, parsed)
     return data
+
+
+def set_value(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set the dotted ``key`` of the raw mapping to ``value`` (already typed), creating the
+    sections on the way; a section given as a bare string (``model: bert``) becomes
+    ``{name: bert}`` first."""
+    *parents, last = key.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {} if child is None or not isinstance(child, str) else {"name": child}
+            node[part] = child
+        node = child
+    node[last] = value
 
 
 # --------------------------------------------------------------------------- validation

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ortft import fsutil
 from ortft.checkpoint import TrainState
 from ortft.recipe.schema import Recipe, metric_mode
 
@@ -125,21 +124,14 @@ def save_best(run_dir: Path, model: torch.nn.Module, state: TrainState) -> Path:
     from safetensors.torch import save_model
 
     final = run_dir / BEST_DIR
-    tmp = run_dir / f".{BEST_DIR}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
     meta = {
         "step": state.step,
         "value": state.best_value,
         "metrics": {f"eval_{k}": v for k, v in state.eval_metrics.items()},
     }
-    (tmp / "best.json").write_text(json.dumps(meta, indent=2))
-    old = run_dir / f".{BEST_DIR}.old-{os.getpid()}"
-    if final.exists():
-        final.rename(old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    with fsutil.atomic_dir(final) as tmp:  # the previous best/ stays readable until the swap
+        save_model(model, str(tmp / "model.safetensors"))
+        (tmp / "best.json").write_text(json.dumps(meta, indent=2))
     return final
 
 

@@ -11,7 +11,6 @@ metrics.jsonl — one JSON object per line:
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ortft import fsutil
 from ortft.run.summary import FORMAT_VERSION, BackendReport, RunSummary  # noqa: F401 (re-export)
 
 PACKAGES = [
@@ -105,10 +105,8 @@ def throughput(steady: dict[str, float]) -> dict[str, Any]:
     }
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+# summary.json: the lifecycle and the on-device loop call report.write_json_atomic
+write_json_atomic = fsutil.write_json_atomic
 
 
 class MetricsLog:

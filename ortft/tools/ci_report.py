@@ -6,12 +6,12 @@ Both are written for failed and interrupted runs too, so the CI page always says
 
 from __future__ import annotations
 
-import os
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ortft import fsutil
 from ortft.errors import UsageError
 from ortft.run.summary import BackendReport, RunSummary
 
@@ -114,6 +114,4 @@ def write(paths: list[Path], summary: Summary) -> None:
     for p in paths:
         text = junit(summary) if FORMATS[p.suffix.lower()] == "junit" else markdown(summary)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, p)
+        fsutil.write_text_atomic(p, text)

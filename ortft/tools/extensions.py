@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ortft import fsutil
 from ortft.errors import OrtftError
 
 MARKER = "ortft-extensions.json"  # written next to the .so files: which key they were built for
@@ -211,18 +212,13 @@ def _restore(ext_dir: Path, cached: Path) -> list[Path]:
 
 
 def _save(ext_dir: Path, key: str, inputs: dict) -> Path | None:
-    """Copy the built .so files into the cache (atomically: temp dir, then rename)."""
+    """Copy the built .so files into the cache (atomically: temp dir, then swapped in)."""
     dest = cache_root() / key
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=dest.parent))
-        tmp.chmod(0o755)
-        for so in _built_files(ext_dir):
-            shutil.copyfile(so, tmp / so.name)
-        (tmp / "inputs.json").write_text(json.dumps(inputs, indent=2) + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        tmp.rename(dest)
+        with fsutil.atomic_dir(dest) as tmp:
+            for so in _built_files(ext_dir):
+                shutil.copyfile(so, tmp / so.name)
+            (tmp / "inputs.json").write_text(json.dumps(inputs, indent=2) + "\n")
         return dest
     except OSError as err:  # a read-only home is no reason to fail the set-up
         _say(f"warning: could not cache the built extensions in {dest} ({err})")

@@ -20,6 +20,7 @@ import copy
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,25 +71,11 @@ def check_space(path: Path, overrides: list[str], spec: HpoSection) -> None:
         raise RecipeError(problems, source=str(path))
 
 
-def _set(data: dict[str, Any], key: str, value: Any) -> None:
-    *parents, last = key.split(".")
-    node = data
-    for part in parents:
-        child = node.get(part)
-        node[part] = child = (
-            child
-            if isinstance(child, dict)
-            else ({"name": child} if isinstance(child, str) else {})
-        )
-        node = child
-    node[last] = value
-
-
 def best_recipe_text(loaded: recipe_io.LoadedRecipe, params: dict[str, Any], header: str) -> str:
     data = copy.deepcopy(loaded.raw)
     data.pop("hpo", None)
     for key, value in params.items():
-        _set(data, key, value)
+        recipe_io.set_value(data, key, value)
     for key in PATH_FIELDS:
         node: Any = data
         for part in key.split("."):
@@ -96,7 +83,7 @@ def best_recipe_text(loaded: recipe_io.LoadedRecipe, params: dict[str, Any], hea
         if isinstance(node, str) and not node.startswith(recipe_io.PKG_PREFIX):
             resolved = loaded.resolve_path(node)
             if resolved.exists() and not Path(node).is_absolute():
-                _set(data, key, str(resolved))
+                recipe_io.set_value(data, key, str(resolved))
     return header + yaml.safe_dump(data, sort_keys=False)
 
 
@@ -115,7 +102,7 @@ def run(
     storage: str | None = None,
     output_dir: Path | None = None,
 ) -> dict[str, Any]:
-    import optuna
+    """Run the trials still missing from ``trials`` (see the module docstring); the result table."""
     from optuna.trial import TrialState
 
     loaded = recipe_io.load(recipe, overrides)
@@ -135,6 +122,32 @@ def run(
         if spec.direction != "auto"
         else ("minimize" if metric_mode(spec.metric) == "min" else "maximize")
     )
+    study = _study(loaded, spec, study_name, storage, direction)
+    _requeue_interrupted(study)
+    objective = _objective(recipe, overrides, spec, base)
+    done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
+    todo = max(0, trials - done)
+    log.info(
+        "hpo: study %s (%s %s) in %s: %d trial(s) finished, %d to run",
+        study_name,
+        direction,
+        spec.metric,
+        storage,
+        done,
+        todo,
+    )
+    started = time.time()
+    if todo:
+        study.optimize(objective, n_trials=todo)
+    return _result(study, loaded, spec, base, storage, direction, time.time() - started)
+
+
+def _study(
+    loaded: recipe_io.LoadedRecipe, spec: HpoSection, name: str, storage: str, direction: str
+) -> Any:
+    """The Optuna study in ``storage``: created, or loaded to continue (same direction only)."""
+    import optuna
+
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # ortft logs one line per trial
     pruner: Any = (
         optuna.pruners.MedianPruner(
@@ -147,21 +160,26 @@ def run(
     try:
         study = optuna.create_study(
             storage=storage,
-            study_name=study_name,
+            study_name=name,
             direction=direction,
             load_if_exists=True,
             pruner=pruner,
             sampler=optuna.samplers.TPESampler(seed=spec.seed),
         )
     except (ValueError, ImportError) as err:
-        raise InputError(f"study {study_name} in {storage}: {err}") from None
+        raise InputError(f"study {name} in {storage}: {err}") from None
     if study.direction.name.lower() != direction:
         raise InputError(
-            f"study {study_name} in {storage} is to {study.direction.name.lower()}; "
+            f"study {name} in {storage} is to {study.direction.name.lower()}; "
             f"this recipe wants {direction}: use another --study"
         )
+    return study
 
-    # a trial interrupted (or left RUNNING by a killed process) runs again first
+
+def _requeue_interrupted(study: Any) -> None:
+    """A trial interrupted (or left RUNNING by a killed process) runs again first."""
+    from optuna.trial import TrialState
+
     for t in study.trials:
         if t.state == TrialState.RUNNING:
             study.tell(t.number, state=TrialState.FAIL)
@@ -170,6 +188,13 @@ def run(
             study.enqueue_trial(t.params, skip_if_exists=False)
             study.set_user_attr("requeued", [*study.user_attrs.get("requeued", []), t.number])
             log.info("hpo: trial %d was interrupted; its parameters run again", t.number)
+
+
+def _objective(
+    recipe: Path, overrides: list[str], spec: HpoSection, base: Path
+) -> Callable[[Any], float]:
+    """One trial: a ``train.run`` with the sampled values, in ``base/trial-NNN``; its metric."""
+    import optuna
 
     def objective(trial: Any) -> float:
         params = {key: _suggest(trial, key, space) for key, space in spec.params.items()}
@@ -221,21 +246,7 @@ def run(
         log.info("hpo: trial %d: %s %.4f", trial.number, spec.metric, value)
         return float(value)
 
-    done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
-    todo = max(0, trials - done)
-    log.info(
-        "hpo: study %s (%s %s) in %s: %d trial(s) finished, %d to run",
-        study_name,
-        direction,
-        spec.metric,
-        storage,
-        done,
-        todo,
-    )
-    started = time.time()
-    if todo:
-        study.optimize(objective, n_trials=todo)
-    return _result(study, loaded, spec, base, storage, direction, time.time() - started)
+    return objective
 
 
 def _result(

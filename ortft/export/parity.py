@@ -1,0 +1,298 @@
+"""export.json: run an exported model on the parity samples, judge it against its reference,
+and build the report, with one set of pass rules for every export.
+
+The reference is PyTorch's fp32 logits (``export_model``), or the trained ONNX model itself
+when there is no PyTorch model (an ``ort-ondevice`` run's final/). The rules:
+
+- ``parity`` (``model.onnx``) and ``optimize`` (``model.opt.onnx``) keep the reference's
+  precision: they pass when max |logits - reference| <= the tolerance (``--tolerance``,
+  ``export.tolerance``; 1e-4 by default).
+- ``fp16`` and ``int8`` are reduced precision, judged by predictions, not by max |diff| (their
+  logits move by 1e-4 .. 1e-1 on a healthy model): the agreement of their predictions with the
+  reference's must reach ``min_agreement`` and, when the samples have labels, their accuracy
+  may fall by at most ``max_accuracy_drop`` below the reference's (``THRESHOLDS``). Without
+  labels the accuracy is measured against the reference's predictions, which is the agreement
+  again, so only the agreement is gated.
+- ``training`` (``--training-artifacts``): the loss falls over three steps on one batch.
+
+The export passes when every section it has passes; ``failures`` holds one line per section
+that did not. Torch-free: ONNX Runtime and the converters are imported when used.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortft.errors import InputError
+
+EXPORT_FORMAT_VERSION = 2
+IGNORE = -100  # the label transformers' losses skip
+THRESHOLDS = {
+    "fp16": {"min_agreement": 0.99, "max_accuracy_drop": 0.01},
+    "int8": {"min_agreement": 0.90, "max_accuracy_drop": 0.02},
+}
+QUANTIZE_CHOICES = ("int8",)
+# kind: (file, export.json "files" key); the order is the report's and the latency table's
+VARIANTS = {
+    "optimize": ("model.opt.onnx", "optimized"),
+    "fp16": ("model.fp16.onnx", "fp16"),
+    "int8": ("model.int8.onnx", "int8"),
+}
+LATENCY_BATCH, LATENCY_REPEATS = 8, 10
+
+
+# --------------------------------------------------------------------------- running and judging
+
+
+def session(path: Path, threads: int = 0) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    sess = session(path)
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0].astype(
+        np.float32
+    )
+
+
+def predictions(
+    logits: np.ndarray, feeds: dict[str, np.ndarray], positions: str
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(predicted ids, labels or None) at the positions that count.
+
+    ``positions``: "row" (one prediction per row: classification), "token" (every position with a
+    label, else every unpadded one) or "next-token" (causal LM: the prediction at t against the
+    label at t + 1, where that label is real).
+    """
+    labels = feeds.get("labels")
+    if positions == "row":
+        return logits.argmax(-1), labels
+    if positions == "token":
+        keep = feeds["attention_mask"].astype(bool)
+        if labels is not None:
+            keep &= labels != IGNORE
+        return logits.argmax(-1)[keep], (labels[keep] if labels is not None else None)
+    pred = logits[:, :-1].argmax(-1)
+    target = labels[:, 1:] if labels is not None else feeds["input_ids"][:, 1:]
+    keep = feeds["attention_mask"][:, 1:].astype(bool) & (target != IGNORE)
+    return pred[keep], (target[keep] if labels is not None else None)
+
+
+def judge(
+    got: np.ndarray, ref: np.ndarray, feeds: dict[str, np.ndarray], positions: str
+) -> dict[str, Any]:
+    """Prediction agreement with ``ref`` and the accuracy delta, against labels when there are
+    any, else against ``ref``'s predictions (then the delta is just agreement - 1)."""
+    p_got, labels = predictions(got, feeds, positions)
+    p_ref, _ = predictions(ref, feeds, positions)
+    if labels is not None and labels.shape != p_ref.shape:  # labels of another kind (e.g. spans)
+        labels = None
+    truth = labels if labels is not None else p_ref
+    acc_got, acc_ref = float(np.mean(p_got == truth)), float(np.mean(p_ref == truth))
+    return {
+        "max_abs_diff": float(np.max(np.abs(got - ref))),
+        "prediction_agreement": float(np.mean(p_got == p_ref)),
+        "accuracy": round(acc_got, 6),
+        "accuracy_fp32": round(acc_ref, 6),
+        "accuracy_delta": round(acc_got - acc_ref, 6),
+        "accuracy_against": "labels" if labels is not None else "fp32 predictions",
+    }
+
+
+def latency_ms(
+    paths: dict[str, Path], feeds: dict[str, np.ndarray], repeats: int = 20
+) -> dict[str, dict[str, float]]:
+    """Median ms per batch ("run") and session creation ms ("load"), the models taken in turn
+    (interleaved) on one thread so that a busy machine slows them alike.
+
+    Sessions use ORT's default options, as a user's would: ORT then applies its online graph
+    optimizations to every model, so an offline-optimized file mostly saves load time.
+    """
+    load: dict[str, float] = {}
+    sessions = {}
+    for k, p in paths.items():
+        t0 = time.perf_counter()
+        sessions[k] = session(p, threads=1)
+        load[k] = round((time.perf_counter() - t0) * 1e3, 1)
+    inputs = {k: {i.name: feeds[i.name] for i in s.get_inputs()} for k, s in sessions.items()}
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    for i in range(repeats + 2):
+        for k, s in sessions.items():
+            t0 = time.perf_counter()
+            s.run(None, inputs[k])
+            if i >= 2:  # the first runs allocate
+                times[k].append((time.perf_counter() - t0) * 1e3)
+    run_ms = {k: round(statistics.median(v), 3) for k, v in times.items()}
+    return {"run": run_ms, "load": load}
+
+
+def dir_bytes(path: Path, stem: str) -> int:
+    """A model's size: its .onnx file plus any external data written next to it."""
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file() and f.name.startswith(stem))
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What every model file of one export is judged against."""
+
+    feeds: dict[str, np.ndarray]  # input_ids, attention_mask, and labels when the samples have them
+    logits: np.ndarray  # the reference model's output on ``feeds``
+    positions: str  # see ``predictions``
+    tolerance: float  # max |diff| for the full-precision files
+    source: str  # where the samples come from: "eval data" | "synthetic"
+
+    @property
+    def inputs(self) -> dict[str, np.ndarray]:
+        return {k: self.feeds[k] for k in ("input_ids", "attention_mask")}
+
+    def judge(self, path: Path) -> dict[str, Any]:
+        return judge(run(path, self.inputs), self.logits, self.feeds, self.positions)
+
+
+def wanted(optimize: bool, fp16: bool, quantize: str | None) -> list[str]:
+    """The variants asked for, in ``VARIANTS`` order; an unknown ``quantize`` is an input error."""
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise InputError(f"--quantize {quantize}: choose one of {', '.join(QUANTIZE_CHOICES)}")
+    asked = {"optimize": optimize, "fp16": fp16, "int8": quantize == "int8"}
+    return [kind for kind in VARIANTS if asked[kind]]
+
+
+def passed(kind: str, rep: dict[str, Any]) -> bool:
+    """The pass rule of one section (see the module docstring)."""
+    limit = THRESHOLDS.get(kind)
+    if limit is None:  # full precision: parity, optimize
+        return bool(rep["max_abs_diff"] <= rep["tolerance"])
+    return bool(
+        rep["prediction_agreement"] >= limit["min_agreement"]
+        and (
+            rep["accuracy_against"] != "labels"
+            or rep["accuracy_delta"] >= -limit["max_accuracy_drop"]
+        )
+    )
+
+
+def failures(result: dict[str, Any]) -> list[str]:
+    """One line per section of ``result`` that did not pass, in report order."""
+    out = []
+    for kind in ("parity", *VARIANTS):
+        rep = result.get(kind)
+        if rep is None or rep["passed"]:
+            continue
+        if kind in THRESHOLDS:
+            limit = THRESHOLDS[kind]
+            out.append(
+                f"{kind}: agreement {rep['prediction_agreement']:.3f} (min {limit['min_agreement']}), "
+                f"accuracy delta {rep['accuracy_delta']:+.3f} (max drop {limit['max_accuracy_drop']})"
+            )
+        else:
+            out.append(f"{kind}: max |diff| {rep['max_abs_diff']:.2e} > {rep['tolerance']:g}")
+    training = result.get("training")
+    if training is not None and not training["check"]["passed"]:
+        out.append(f"training artifacts: loss did not fall {training['check']['losses']}")
+    return out
+
+
+def finish(result: dict[str, Any]) -> dict[str, Any]:
+    result["failures"] = failures(result)
+    result["passed"] = not result["failures"]
+    return result
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def build_report(
+    folder: Path,
+    ref: Reference,
+    *,
+    task: str,
+    model_type: str | None,
+    opset: int,
+    kinds: Sequence[str] = (),
+    export_s: float | None = None,
+    against: str | None = None,
+) -> dict[str, Any]:
+    """export.json for ``folder/model.onnx``: its parity section, then one section per variant
+    in ``kinds`` (each written next to it) and their latency. ``finish`` adds the verdict."""
+    path = folder / "model.onnx"
+    j = ref.judge(path)
+    parity: dict[str, Any] = {"samples": int(len(ref.feeds["input_ids"])), "source": ref.source}
+    if against:
+        parity["against"] = against
+    parity.update(
+        max_abs_diff=j["max_abs_diff"],
+        prediction_agreement=j["prediction_agreement"],
+        tolerance=ref.tolerance,
+    )
+    parity["passed"] = passed("parity", parity)
+    result: dict[str, Any] = {
+        "format_version": EXPORT_FORMAT_VERSION,
+        "task": task,
+        "model_type": model_type,
+        "opset": opset,
+        "files": {"model": path.name},
+        "bytes": dir_bytes(folder, path.name),
+    }
+    if export_s is not None:
+        result["export_s"] = round(export_s, 3)
+    result.update(inputs=["input_ids", "attention_mask"], outputs=["logits"], parity=parity)
+    files = {kind: _variant(kind, folder, ref, result["bytes"]) for kind in kinds}
+    for kind, file in files.items():
+        result[kind] = file.pop("report")
+        result["files"][VARIANTS[kind][1]] = file["path"].name
+    if files:
+        result["latency"] = _latency(
+            {"fp32": path, **{VARIANTS[k][1]: f["path"] for k, f in files.items()}}, ref
+        )
+    return result
+
+
+def _variant(kind: str, folder: Path, ref: Reference, fp32_bytes: int) -> dict[str, Any]:
+    """Write one variant of ``folder/model.onnx`` and judge it: {"path", "report"}."""
+    import onnx
+
+    from ortft.export import onnx_tools as tools  # the converters; imported here: torch
+
+    convert = {"optimize": tools.optimize, "fp16": tools.to_fp16, "int8": tools.quantize_int8}
+    dst = folder / VARIANTS[kind][0]
+    rep = convert[kind](folder / "model.onnx", dst)
+    onnx.checker.check_model(str(dst))
+    rep.update(ref.judge(dst))
+    size = dir_bytes(folder, dst.name)
+    rep.update(
+        THRESHOLDS.get(kind, {"tolerance": ref.tolerance}),
+        bytes=size,
+        size_ratio=round(size / fp32_bytes, 3),
+    )
+    rep["passed"] = passed(kind, rep)
+    return {"path": dst, "report": rep}
+
+
+def _latency(paths: dict[str, Path], ref: Reference) -> dict[str, Any]:
+    small = {k: v[:LATENCY_BATCH] for k, v in ref.inputs.items()}
+    timing = latency_ms(paths, small, repeats=LATENCY_REPEATS)
+    ms = timing["run"]
+    return {
+        "batch": list(small["input_ids"].shape),
+        "threads": 1,
+        "method": f"median of {LATENCY_REPEATS} interleaved runs, default session options",
+        "ms": ms,
+        "session_load_ms": timing["load"],
+        "speedup_vs_fp32": {k: round(ms["fp32"] / v, 3) for k, v in ms.items() if k != "fp32"},
+    }

@@ -1,0 +1,251 @@
+"""``ortft export SOURCE``: find the model in a run folder, a checkpoint or a saved Hugging Face
+model, load it (a LoRA adapter merged in on request) and export it with ``exporter.export_model``.
+
+An ONNX final/ (``backend.name: ort-ondevice``) has no PyTorch model: it is copied, and the copy
+and its variants are judged against the trained ONNX model itself, by the same rules
+(``ortft.export.parity``). A failed check is a GateError naming the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ortft.errors import GateError, InputError
+from ortft.export import onnx_tools as tools
+from ortft.export import parity
+from ortft.export.exporter import (
+    PARITY_SAMPLES,
+    _samples,
+    _task_of,
+    check_output,
+    export_model,
+    prediction_positions,
+    publish,
+    samples_source,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("ortft")
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+
+
+def _recipe_samples(model_dir: Path, tokenizer: Any, task: str, config: Any) -> Any:
+    """Held-out rows from the recipe saved in final/, when its data can still be read here
+    (``pkg://`` and absolute paths can; paths relative to a recipe elsewhere may not)."""
+    if not (model_dir / "recipe.yaml").exists():
+        return None
+    from ortft import data, tasks
+    from ortft.recipe import io as recipe_io
+
+    try:
+        loaded = recipe_io.load(model_dir / "recipe.yaml")
+        d = loaded.recipe.data
+        if d.format == "hub" or not all(recipe_io.looks_local(v) for v in (d.train, d.eval) if v):
+            return None  # never reach for the network to export
+        t = tasks.get(task, loaded.recipe.task if loaded.recipe.task.name == task else None)
+        rows = data.load_splits(loaded, t).eval[:PARITY_SAMPLES]
+        label2id = dict(config.label2id) if t.needs_labels else None
+        return t.encode(rows, tokenizer, loaded.recipe.data, label2id) if rows else None
+    except Exception as err:  # noqa: BLE001 - any failure means: use synthetic samples
+        log.info(
+            "parity samples: synthetic (the recipe's eval data cannot be read here: %s)",
+            _first_line(err),
+        )
+        return None
+
+
+def _merge_adapter(
+    model: torch.nn.Module, adapter_dir: Path, checkpoint_dir: Path | None
+) -> torch.nn.Module:
+    """The base ``model`` with the adapter of final/adapter/ (or of a checkpoint) merged in."""
+    from peft import PeftModel
+
+    from ortft import checkpoint
+
+    adapted = PeftModel.from_pretrained(model, str(adapter_dir))
+    if checkpoint_dir is not None:  # a LoRA checkpoint holds the trainable weights only
+        for p in adapted.parameters():
+            p.requires_grad_(False)
+        for name, p in adapted.named_parameters():
+            if "lora_" in name or "modules_to_save" in name:
+                p.requires_grad_(True)
+        checkpoint.load_trainable(adapted, checkpoint_dir / checkpoint.ADAPTER_WEIGHTS)
+    return adapted.merge_and_unload()
+
+
+def export_source(
+    source: Path,
+    output: Path | None,
+    *,
+    opset: int,
+    tolerance: float,
+    merge_adapters: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
+    """``ortft export``: SOURCE is a run dir (uses final/), a checkpoint or an HF model dir.
+
+    ``options`` are export_model's: optimize, fp16, quantize, training_artifacts, trainable.
+    ``merge_adapters``: a LoRA run's final/ holds the base model and ``adapter/``; fold the
+    adapter (from final/, or a checkpoint's ``adapter.safetensors``) into the base first.
+    A failed check is a GateError naming the report.
+    """
+    if not source.exists():
+        raise InputError(f"{source}: not found")
+    if not source.is_dir():
+        raise InputError(f"{source}: not a folder (expected a run, a checkpoint or a saved model)")
+    out = output or (source / "onnx")
+    check_output(out)
+    model_dir, weights_dir = _model_dirs(source)
+    if (model_dir / "model.onnx").exists() and not any(model_dir.glob("*.safetensors")):
+        result = _export_onnx_source(model_dir, out, tolerance=tolerance, **options)  # ort-ondevice
+    else:
+        model, tokenizer, task, config = _load_model(model_dir, weights_dir, merge_adapters)
+        samples = _recipe_samples(model_dir, tokenizer, task, config)
+        result = export_model(
+            model,
+            tokenizer,
+            task,
+            out,
+            opset=opset,
+            tolerance=tolerance,
+            samples=samples,
+            **options,
+        )
+    if not result["passed"]:
+        raise GateError(
+            f"export check failed: {'; '.join(result['failures'])} "
+            f"(report: {Path(result['dir']) / 'export.json'})"
+        )
+    return result
+
+
+def _model_dirs(source: Path) -> tuple[Path, Path]:
+    """(the folder with config.json and the tokenizer, the folder with the weights): final/ for
+    a run, the run's final/ and the checkpoint for a checkpoint, SOURCE for a saved model."""
+    from ortft import checkpoint
+
+    model_dir = source / "final" if (source / "final").is_dir() else source
+    weights_dir = model_dir
+    if (model_dir / checkpoint.MANIFEST).exists():  # a checkpoint: config/tokenizer from its run
+        problem = checkpoint.verify(model_dir, deep=True)
+        if problem:
+            raise InputError(f"{model_dir}: not a usable checkpoint: {problem}")
+        model_dir = model_dir.parent / "final"
+        if not model_dir.is_dir():
+            raise InputError(
+                f"{source}: exporting a checkpoint needs its run's final/ for the config"
+            )
+    if not (model_dir / "config.json").exists():
+        raise InputError(
+            f"{model_dir}: no config.json (not a run, checkpoint or saved Hugging Face model)"
+        )
+    return model_dir, weights_dir
+
+
+def _load_model(
+    model_dir: Path, weights_dir: Path, merge_adapters: bool
+) -> tuple[torch.nn.Module, Any, str, Any]:
+    """(model, tokenizer, task, config) of a saved PyTorch model; a LoRA adapter merged in."""
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ortft import tasks
+
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+        task = _task_of(config, model_dir)
+        auto = getattr(transformers, tasks.get(task).auto_class)
+        model = auto.from_pretrained(model_dir, attn_implementation="eager")
+        adapter_dir = model_dir / "adapter"
+        if (adapter_dir / "adapter_config.json").exists() != merge_adapters:
+            raise InputError(
+                f"{model_dir}: holds a LoRA adapter (adapter/); pass --merge-adapters to "
+                "fold it into the base model before export"
+                if not merge_adapters
+                else f"--merge-adapters: {model_dir} holds no LoRA adapter (no adapter/)"
+            )
+        if merge_adapters:
+            model = _merge_adapter(
+                model, adapter_dir, weights_dir if weights_dir != model_dir else None
+            )
+        elif weights_dir != model_dir:
+            from safetensors.torch import load_model
+
+            load_model(model, str(weights_dir / "model.safetensors"))
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except InputError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise InputError(f"{model_dir}: cannot load the model: {_first_line(err)}") from None
+    return model, tokenizer, task, config
+
+
+def _export_onnx_source(
+    model_dir: Path,
+    out: Path,
+    *,
+    tolerance: float,
+    optimize: bool = False,
+    fp16: bool = False,
+    quantize: str | None = None,
+    training_artifacts: bool = False,
+    trainable: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """An ONNX final/ (``backend.name: ort-ondevice``): there is no PyTorch model to compare
+    with, so the copy and its variants are checked against the trained ONNX model itself."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if training_artifacts:
+        raise InputError(
+            f"--training-artifacts: {model_dir} was trained on device; its training "
+            "artifacts are in the run's ondevice/artifacts/"
+        )
+    kinds = parity.wanted(optimize, fp16, quantize)
+    try:
+        config, tokenizer = (
+            AutoConfig.from_pretrained(model_dir),
+            AutoTokenizer.from_pretrained(model_dir),
+        )
+    except (OSError, ValueError, KeyError) as err:
+        raise InputError(f"{model_dir}: cannot load config/tokenizer: {_first_line(err)}") from None
+    task = _task_of(config, model_dir)
+    samples = _recipe_samples(model_dir, tokenizer, task, config)
+    feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
+    src = model_dir / "model.onnx"
+    want = parity.run(src, {k: feeds[k] for k in ("input_ids", "attention_mask")})
+    ref = parity.Reference(
+        feeds, want, prediction_positions(task), tolerance, samples_source(samples)
+    )
+
+    def build(tmp: Path) -> dict[str, Any]:
+        for f in model_dir.iterdir():
+            if f.is_file() and f.name.startswith("model.onnx"):  # + external data, if any
+                shutil.copy2(f, tmp / f.name)
+        tokenizer.save_pretrained(tmp)
+        config.save_pretrained(tmp)
+        return parity.build_report(
+            tmp,
+            ref,
+            task=task,
+            model_type=getattr(config, "model_type", None),
+            opset=tools.TRAINING_OPSET,
+            kinds=kinds,
+            against=f"the trained ONNX model {src} (no PyTorch model: ort-ondevice run)",
+        )
+
+    result = publish(out, build)
+    log.info(
+        "exported %s (parity against the trained ONNX model: max |diff| %.2e)",
+        result["dir"],
+        result["parity"]["max_abs_diff"],
+    )
+    return result
