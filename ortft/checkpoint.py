@@ -277,3 +277,14 @@ def load(path: Path, model: torch.nn.Module) -> Loaded:
         scheduler=torch.load(path / "scheduler.pt", weights_only=True),
         rng=torch.load(path / "rng.pt", weights_only=True),
     )
+
+
+def kind_problem(path: Path, kind: str) -> str | None:
+    """Why ``path`` is not a checkpoint of ``kind`` (written by another backend), or None."""
+    problem = verify(path) if path.is_dir() else "not a directory"
+    if problem:
+        return problem
+    found = json.loads((path / MANIFEST).read_text()).get("kind", "ortft-checkpoint")
+    if found != kind:
+        return f"a {found}, not an {kind} (written by another backend)"
+    return None

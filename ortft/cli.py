@@ -167,6 +167,8 @@ def _train(
     gate: list[str],
     report: list[Path],
 ) -> None:
+    import os
+
     from ortft.errors import GateError
     from ortft.recipe import io as recipe_io
     from ortft.run import gates
@@ -176,27 +178,22 @@ def _train(
     for text in gate:
         gates.parse(text)  # a malformed gate is a usage error before anything runs
     loaded = recipe_io.load(recipe, overrides)
-    ondevice = loaded.recipe.backend.name == "ort-ondevice"
     _thread_env(loaded.recipe.backend.name)
-    quiet_libraries(_state["debug"], with_torch=not ondevice)
-    if ondevice:  # its loop imports no PyTorch (the artifacts' build does, lazily)
-        from ortft.backends import ondevice as train_mod
-    else:
-        from ortft.run import lifecycle as train_mod  # type: ignore[no-redef]
-    run_dir = train_mod.resolve_run_dir(loaded, output_dir)
+    # ort-ondevice trains without PyTorch (only building its artifacts imports it, lazily)
+    quiet_libraries(_state["debug"], with_torch=loaded.recipe.backend.name != "ort-ondevice")
+    from ortft.run import lifecycle
+
+    run_dir = lifecycle.resolve_run_dir(loaded, output_dir)
     try:
-        summary = train_mod.run(loaded, output_dir=output_dir, extra_gates=gate)
+        summary = lifecycle.run(loaded, output_dir=output_dir, extra_gates=gate)
     except GateError as err:
         emit_summary(err.summary, as_json, report)
         raise
     except OrtftError:
         report_failed_run(report, run_dir)  # failed/interrupted runs get their report too
         raise
-    if not ondevice:  # ort-ondevice: one process, no PyTorch (distributed imports it)
-        from ortft.backends import distributed
-
-        if not distributed.is_main():  # under torchrun, one process prints the result
-            return
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, one process prints the result
+        return
     emit_summary(summary, as_json, report)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from ortft.backends import get
+from ortft.backends.pytorch import wrapper as get
 from ortft.errors import BackendError
 from ortft.recipe.schema import BackendSection
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from ortft import backends, checkpoint, data, models
+from ortft import checkpoint, data, models
+from ortft.backends.pytorch import wrapper
 from ortft.errors import BackendError
 from ortft.recipe.io import LoadedRecipe
 
@@ -42,8 +43,8 @@ def _time_backend(
 ) -> list[float]:
     """Wall time of each of ``PROBE_STEPS`` optimizer steps (one micro-batch each)."""
     r = loaded.recipe
-    backend = backends.get(name, r.backend)
-    # the same model train.run builds (keep the two in step)
+    backend = wrapper(name, r.backend)
+    # the same model the PyTorch engine builds (keep the two in step)
     model = models.build_model(
         loaded, task.auto_class, tokenizer, labels, attn=backend.attn_implementation
     )

@@ -41,7 +41,6 @@ FORMAT_VERSION = 1
 # (ortft.tasks.options(name, ...) builds one).
 TaskSection = TaskField
 
-BackendName = Literal["ort", "torch", "auto", "ort-ondevice"]
 Architecture = Literal["bert", "gpt2", "t5"]
 Scheduler = Literal[
     "linear",
@@ -325,13 +324,25 @@ class HardwareSection(Section):
 
 
 class BackendSection(Section):
-    name: BackendName = Field(
+    name: str = Field(
         "ort",
         description="ort (ORTModule), torch (eager PyTorch), auto (time a few steps of both on "
         "the first batches, train with the faster; recorded in summary.json), or ort-ondevice "
         "(export once to ONNX training artifacts, then train in onnxruntime.training.api: no "
-        "PyTorch in the loop).",
+        "PyTorch in the loop); or a backend registered with ortft.backends.register.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from ortft import backends  # the registry is torch-free; engines load when created
+
+        known = backends.names()
+        if value not in known:
+            choices = ", ".join(repr(n) for n in known[:-1]) + f" or {known[-1]!r}"
+            raise ValueError(f"Input should be {choices}")
+        return value
+
     trainable: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = (
         Field(
             None,

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ortft import fsutil
 from ortft.checkpoint import TrainState
 from ortft.recipe.schema import Recipe, metric_mode
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("ortft")
 

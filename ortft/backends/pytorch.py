@@ -1,0 +1,335 @@
+"""The PyTorch module engine: ``backend.name`` torch, ort or auto.
+
+A Hugging Face model inside ``models.TaskModule``, wrapped by a module wrapper — eager PyTorch
+(``torch.py``) or ORTModule (``ort.py``), or the faster of the two on a short probe (``auto.py``) —
+then by DDP (under torchrun) or a DeepSpeed engine (``deepspeed:``). Mixed precision is autocast
+around the forward plus a GradScaler for fp16. The run's lifecycle (``ortft.run``) calls the
+``Engine`` methods; everything that touches torch is here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ortft import checkpoint, models, runtime
+from ortft.backends import Started, StepResult, distributed
+from ortft.checkpoint import TrainState
+from ortft.errors import InputError
+from ortft.recipe.io import LoadedRecipe, dump
+from ortft.run.summary import BackendReport, Precision
+
+log = logging.getLogger("ortft")
+
+CHECKPOINT_KIND = "ortft-checkpoint"
+
+
+def wrapper(name: str, options: Any) -> Any:
+    """The module wrapper for ``name``: ``wrap`` / ``after_step`` / ``report`` (torch.py, ort.py)."""
+    if name == "torch":
+        from ortft.backends.torch import TorchBackend
+
+        return TorchBackend()
+    if name == "ort":
+        from ortft.backends.ort import OrtBackend
+
+        return OrtBackend(options)
+    raise ValueError(f"unknown module wrapper {name}")
+
+
+def build_optimizer(params: list[torch.nn.Parameter], recipe: Any, device: torch.device) -> Any:
+    o, t = recipe.optimizer, recipe.training
+    if o.name == "adamw_ort_fused":
+        from onnxruntime.training.optim import FusedAdam
+
+        return FusedAdam(params, lr=t.lr, betas=o.betas, eps=o.eps, weight_decay=t.weight_decay)
+    kw: dict[str, Any] = {}
+    if o.implementation in ("auto", "fused"):
+        kw["fused"] = True  # torch 2.6 has fused AdamW kernels for CPU and CUDA
+    else:
+        kw["foreach"] = o.implementation == "foreach"
+    # no weight decay on biases and LayerNorm weights (1-D tensors)
+    groups = [
+        {"params": [p for p in params if p.ndim > 1], "weight_decay": t.weight_decay},
+        {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=o.betas, eps=o.eps, **kw)
+
+
+def to_device(batch: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")}
+
+
+def create(loaded: LoadedRecipe) -> PyTorchEngine:
+    return PyTorchEngine(loaded)
+
+
+class PyTorchEngine:
+    def __init__(self, loaded: LoadedRecipe):
+        self.loaded, self.recipe = loaded, loaded.recipe
+        self.name = self.recipe.backend.name
+        self.device = torch.device("cpu")
+        self.probe: dict[str, Any] | None = None  # backend.name=auto: the probe's record
+        self.wrapper: Any = None
+        self.deepspeed: Any = None  # DeepSpeed's engine, when the recipe has a deepspeed section
+        self.skipped_steps = 0  # fp16: steps the GradScaler skipped (overflow)
+
+    # ---- start: device, threads, seeds, the process group
+    def start(self, recipe: Any) -> Started:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # ortft reports its own progress on stderr
+        rt = runtime.resolve(recipe.hardware)
+        runtime.check_precision(recipe.precision.dtype, self.name, rt.device)
+        # DDP under torchrun: join the process group (a no-op in one process); cuda:LOCAL_RANK
+        rt = dataclasses.replace(rt, device=distributed.setup(rt.device))
+        self.device = rt.device
+        world = distributed.world_size()
+        if world > 1 and self.name == "auto":
+            raise InputError(
+                "backend.name=auto times backends in one process; under torchrun choose "
+                "backend.name=ort or torch"
+            )
+        runtime.seed_everything(recipe.training.seed)
+        if recipe.training.deterministic:
+            runtime.make_deterministic()
+        return Started(str(rt.device), rt.threads, rt.reason, world, distributed.summary())
+
+    def is_main(self) -> bool:
+        return distributed.is_main()
+
+    def any_rank(self, *flags: bool) -> tuple[bool, ...]:
+        return distributed.any_rank(*flags)
+
+    def tokenizer(
+        self, loaded: LoadedRecipe, run_dir: Path, task: Any, train_rows: list, labels: Any
+    ) -> Any:
+        """Loaded from the model, or trained on the texts; rank 0 saves it, the others load it."""
+        r = loaded.recipe
+        tok_dir = run_dir / "tokenizer"
+        if not distributed.is_main():
+            distributed.barrier()
+        tokenizer = models.load_tokenizer(loaded, saved_dir=tok_dir if tok_dir.exists() else None)
+        if tokenizer is None:
+            texts = task.texts(train_rows, r.data)
+            tokenizer = models.train_tokenizer(texts, r.model.tokenizer.train)
+            log.info(
+                "trained a %s tokenizer: %d tokens", r.model.tokenizer.train.kind, len(tokenizer)
+            )
+        if not tok_dir.exists():
+            tokenizer.save_pretrained(tok_dir)
+        if distributed.is_main():
+            distributed.barrier()  # the saved tokenizer is there for the other ranks
+        return tokenizer
+
+    # ---- prepare: model, wrapper, optimizer, schedule, resume
+    def prepare(self, loaded, task, tokenizer, labels, train, run_dir, resume_from, total_steps):
+        r, t = self.recipe, self.recipe.training
+        self.task, self.tokenizer_ = task, tokenizer
+        wrapper_name = self.name
+        if self.name == "auto":  # time a few steps of each wrapper on the first batches
+            from ortft.backends import auto
+
+            wrapper_name, self.probe = auto.choose(
+                loaded, task, tokenizer, labels, train, self.device, build_optimizer
+            )
+        self.wrapper = wrapper(wrapper_name, r.backend)
+        self.model = self._build_model(loaded, task, tokenizer, labels)
+        self.module = models.TaskModule(self.model, is_decoder=task.is_decoder, task=task)
+        self.module.to(self.device)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, r, self.device)
+        from transformers import get_scheduler
+
+        warmup = t.warmup_steps or int(t.warmup_ratio * total_steps)
+        self.scheduler = get_scheduler(
+            t.scheduler, self.optimizer, num_warmup_steps=warmup, num_training_steps=total_steps
+        )
+        state = TrainState()
+        if resume_from is not None:
+            ck = checkpoint.load(resume_from, self.model)
+            self.optimizer.load_state_dict(ck.optimizer)
+            self.scheduler.load_state_dict(ck.scheduler)
+            checkpoint.set_rng_state(ck.rng)
+            state = ck.state
+        self.wrapped = self.wrapper.wrap(self.module, run_dir)  # after loading: ORT shares tensors
+        self.wrapped.train()
+        if r.deepspeed is not None:  # ZeRO 1/2 around ORTModule; the engine does DDP's job too
+            from ortft.backends import deepspeed
+
+            self.deepspeed = deepspeed.start(
+                self.wrapped, self.optimizer, self.scheduler, r, loaded.base_dir,
+                distributed.world_size(),
+            )  # fmt: skip
+            self.forward: torch.nn.Module = self.deepspeed
+        else:
+            self.forward = distributed.wrap(self.wrapped, self.device)  # DDP around ORTModule
+        # DeepSpeed runs fp16/bf16 by casting the model itself; otherwise autocast the forward
+        self.amp_dtype = "fp32" if self.deepspeed is not None else r.precision.dtype
+        # fp16: loss scaling; for fp32/bf16 the scaler is disabled and each call is a no-op
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == "fp16")
+        self.recipe_yaml = dump(r, base_dir=loaded.base_dir)
+        return state
+
+    def _build_model(self, loaded, task, tokenizer, labels) -> torch.nn.Module:
+        r = self.recipe
+        attn = self.wrapper.attn_implementation
+        model = models.build_model(loaded, task.auto_class, tokenizer, labels, attn=attn)
+        if r.hardware.gradient_checkpointing:  # torch backend only (recipe check)
+            model.gradient_checkpointing_enable()  # type: ignore[operator]
+            log.info("gradient checkpointing: activations are recomputed in the backward")
+        if r.adapter is not None:  # LoRA: the base is frozen, only adapter (+ head) weights train
+            model = models.apply_adapter(model, r.adapter)
+            log.info(
+                "adapter: lora r=%d alpha=%g; %d of %d parameters train", r.adapter.rank,
+                r.adapter.alpha, models.count_parameters(model, trainable=True),
+                models.count_parameters(model),
+            )  # fmt: skip
+        if r.backend.trainable:  # the rest is frozen (no gradient, not in the optimizer)
+            models.freeze(model, r.backend.trainable)
+            log.info(
+                "backend.trainable: %d of %d parameters train",
+                models.count_parameters(model, trainable=True), models.count_parameters(model),
+            )  # fmt: skip
+        log.info("%s", models.model_log_line(model, attn))
+        if self.wrapper.name == "ort":
+            log.info(
+                "backend: ort (ORTModule); eager attention, since ORTModule cannot build "
+                "gradients for sdpa attention"
+            )
+        return model
+
+    # ---- the step
+    def train_step(self, micro_batches: list[dict[str, np.ndarray]]) -> StepResult:
+        accum = len(micro_batches)
+        loss_sum = torch.zeros((), device=self.device)
+        lr = self.scheduler.get_last_lr()[0]
+        for batch in micro_batches:
+            inputs = to_device(distributed.shard(batch), self.device)  # DDP: this rank's rows
+            with runtime.autocast(self.amp_dtype, self.device):  # disabled for fp32
+                loss, _ = self.forward(**inputs)
+            if self.deepspeed is not None:  # DeepSpeed scales, accumulates, reduces gradients
+                self.deepspeed.backward(loss)
+                self.deepspeed.step()  # clip + optimizer + schedule at the accumulation boundary
+            else:
+                self.scaler.scale(loss / accum).backward()  # DDP all-reduces gradients here
+            self.wrapper.after_step(self.wrapped)
+            loss_sum += loss.detach().float()
+        if self.deepspeed is None:
+            applied = self._optimizer_step()
+        else:
+            applied = self.deepspeed.was_step_applied()
+        self.skipped_steps += not applied  # fp16 overflow: not an error
+        # the one CPU-GPU sync per step; DDP: the mean over ranks (= the global batch's loss)
+        loss = float(distributed.all_reduce_mean(loss_sum)) / accum
+        return StepResult(loss=loss, lr=lr, applied=applied)
+
+    def _optimizer_step(self) -> bool:
+        """Clip, step, schedule, zero the gradients; False when fp16 loss scaling skipped it."""
+        self.scaler.unscale_(self.optimizer)  # fp16: clip the true gradients, not the scaled
+        if self.recipe.training.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.params, self.recipe.training.max_grad_norm)
+        scale = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)  # fp16: skipped when a gradient overflowed (inf/nan)
+        self.scaler.update()
+        applied = self.scaler.get_scale() >= scale  # the scale shrinks only after a skip
+        if applied:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return applied
+
+    # ---- eval
+    def eval_mode(self, on: bool) -> None:
+        self.wrapped.train(not on)
+
+    def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[float, np.ndarray | None]:
+        valid = int(batch["_valid"])
+        with torch.no_grad():
+            loss, logits = self.wrapped(**to_device(batch, self.device))
+        out = logits[:valid].float().cpu().numpy() if self.task.needs_logits else None
+        return float(loss), out
+
+    def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
+        return task.generate_metrics(self.model, tokenizer, encoded)
+
+    # ---- files
+    def save(
+        self, run_dir: Path, state: TrainState, recipe_yaml: str, keep_last: int
+    ) -> Path | None:
+        if self.deepspeed is not None:  # ZeRO partitions the optimizer state over the ranks
+            log.warning(
+                "no checkpoint at step %d: DeepSpeed runs write no resumable checkpoints yet",
+                state.step,
+            )
+            return None
+        if not distributed.is_main():  # one writer; every rank resumes from the same folder
+            return None
+        return checkpoint.save(
+            run_dir, state, self.model, self.optimizer, self.scheduler, recipe_yaml, keep_last
+        )
+
+    def checkpoint_problem(self, path: Path) -> str | None:
+        return checkpoint.kind_problem(path, CHECKPOINT_KIND)
+
+    def save_best(self, run_dir: Path, state: TrainState) -> None:
+        if distributed.is_main():
+            from ortft.run.early_stopping import save_best
+
+            save_best(run_dir, self.model, state)
+
+    def select_final(self, selector: Any, run_dir: Path, state: TrainState) -> None:
+        selector.load_final(run_dir, self.model, state)
+
+    def write_final(self, folder: Path) -> None:
+        """A Hugging Face model folder. A LoRA run's holds the base model (frozen weights,
+        trained head) and, in adapter/, the adapter in PEFT's format (`ortft export
+        --merge-adapters` merges them)."""
+        if models.is_adapted(self.model):
+            import copy
+
+            copy.deepcopy(self.model).unload().save_pretrained(folder)
+            self.model.save_pretrained(folder / "adapter")
+        else:
+            self.model.save_pretrained(folder)
+
+    def export(self, run_dir: Path, final_dir: Path, samples: Any) -> dict[str, Any] | None:
+        spec, task = self.recipe.export, self.task
+        if not spec.enabled:
+            return None
+        if task.export_skip:  # a task the exporter cannot write: say so, do not fail
+            log.info("ONNX export skipped for %s: %s", task.name, task.export_skip)
+            return {"skipped": task.export_skip}
+        from ortft.export import exporter
+
+        # a LoRA model is exported merged: the adapter folded into the base weights
+        return exporter.export_model(
+            models.merged_copy(self.model), self.tokenizer_, task.name, run_dir / "onnx",
+            opset=spec.opset, tolerance=spec.tolerance, samples=samples,
+        )  # fmt: skip
+
+    # ---- what ran
+    def parameter_counts(self) -> tuple[int, int]:
+        m = self.model
+        return models.count_parameters(m), models.count_parameters(m, trainable=True)
+
+    def precision(self) -> Precision:
+        return Precision(self.recipe.precision.dtype, self.skipped_steps)
+
+    def report(self) -> BackendReport:
+        if self.wrapper is None:  # failed before the model was built
+            return BackendReport(requested=self.name, used=self.name)
+        rep = self.wrapper.report()
+        if self.probe is not None:
+            rep = dataclasses.replace(rep, requested="auto")
+            rep.extra["probe"] = self.probe
+        return rep
+
+    def close(self, ok: bool) -> None:
+        """The collectives are over: drop what holds the process group, then leave it."""
+        self.forward = self.deepspeed = None  # DDP's reducer holds the process group
+        distributed.teardown()

@@ -1,0 +1,215 @@
+"""The training loop, read top to bottom: batches -> engine step -> log -> eval -> save -> stop rules.
+
+Torch-free. The engine (``ortft.backends``) runs each optimizer step and each eval batch; this
+module decides what happens around them and in which order, the same for every backend.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortft import data
+from ortft.checkpoint import TrainState
+from ortft.errors import RunError
+from ortft.progress import Progress
+
+
+class Signals:
+    """First SIGINT/SIGTERM: finish the step, checkpoint, stop. Second: stop at once."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import logging
+
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+        logging.getLogger("ortft").warning(
+            "signal %d: finishing this step, then saving a checkpoint (again to abort)", signum
+        )
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+@dataclass
+class Meter:
+    """Samples and tokens per second: over the logging window, and over the steady state
+    (every step after this process's first, which holds ORT's export and session build)."""
+
+    first_step_s: float = 0.0
+    steady: dict[str, float] = field(
+        default_factory=lambda: {"time": 0.0, "samples": 0, "tokens": 0, "first_step_s": 0.0}
+    )
+    window: list[float] = field(default_factory=lambda: [0.0, 0, 0])  # time, samples, tokens
+    steps: int = 0
+
+    def add(self, dt: float, samples: int, tokens: int) -> None:
+        self.window = [self.window[0] + dt, self.window[1] + samples, self.window[2] + tokens]
+        self.steps += 1
+        if self.steps == 1:
+            self.steady["first_step_s"] = dt
+        else:
+            self.steady["time"] += dt
+            self.steady["samples"] += samples
+            self.steady["tokens"] += tokens
+
+    def take_window(self) -> tuple[float, float]:
+        """(samples/s, tokens/s) since the last logged row; starts a new window."""
+        t, samples, tokens = self.window
+        self.window = [0.0, 0, 0]
+        return samples / t, tokens / t
+
+
+@dataclass
+class Loop:
+    """What one run's loop works with (built by ``lifecycle.run``)."""
+
+    engine: Any
+    task: Any
+    training: Any  # the recipe's training section
+    steps: int  # optimizer steps of the whole run
+    global_batch: int  # rows per micro-batch over all processes
+    per_epoch: int  # micro-batches per epoch
+    batches: Iterator[tuple[int, dict[str, np.ndarray]]]
+    eval_data: Any  # tasks.Encoded or None
+    tokenizer: Any
+    tracker: Any
+    progress: Progress
+    selector: Any
+    signals: Signals
+    save: Callable[[TrainState], Path | None]  # write a checkpoint (the lifecycle records it)
+    run_dir: Path
+    started: float  # wall clock at the run's start
+    on_eval: Callable[[int, dict[str, float]], None] | None = None
+    save_every: int | None = None  # checkpoint.save_every
+    meter: Meter = field(default_factory=Meter)
+    last_checkpoint: Path | None = None
+
+
+def train(loop: Loop, state: TrainState) -> str | None:
+    """Step until ``loop.steps``; the stop reason: None (done), "early_stopping", "max_time",
+    or "signal" (the lifecycle checkpoints and reports the interruption)."""
+    t = loop.training
+    while state.step < loop.steps:
+        t0 = time.perf_counter()
+        micro, tokens = [], 0
+        for _ in range(t.gradient_accumulation_steps):
+            epoch, batch = next(loop.batches)
+            batch = loop.task.collate(batch, epoch, t.seed)  # masked-lm: this epoch's masking
+            tokens += int(batch["attention_mask"].sum())  # of the global batch
+            micro.append(batch)
+            state.micro_step += 1
+            state.epoch = epoch
+        result = loop.engine.train_step(micro)
+        state.step += 1
+        dt = time.perf_counter() - t0
+        samples = loop.global_batch * len(micro)
+        state.train_time_s += dt
+        state.samples += samples
+        state.tokens += tokens
+        loop.meter.add(dt, samples, tokens)
+        if not math.isfinite(result.loss):
+            where = (
+                f"; last good checkpoint: {loop.last_checkpoint}" if loop.last_checkpoint else ""
+            )
+            raise RunError(f"loss is {result.loss} at step {state.step}{where}")
+        state.last_train_loss = result.loss
+        loop.progress.update(state.step, loss=result.loss)
+        if state.step % t.log_every == 0 or state.step == loop.steps:
+            _log_row(loop, state, result.lr, dt)
+        if loop.eval_data is not None and (
+            (t.eval_every and state.step % t.eval_every == 0) or state.step == loop.steps
+        ):
+            _eval(loop, state)
+        if loop.save_every and state.step % loop.save_every == 0:
+            loop.save(state)
+        if loop.selector.should_stop(state):  # early stopping: a normal, completed end
+            loop.progress.log(loop.selector.stop_message(state))
+            return "early_stopping"
+        # under torchrun every process must stop at the same step: the flags are OR-ed
+        out_of_time, signalled = loop.engine.any_rank(
+            bool(t.max_time and time.time() - loop.started >= t.max_time),
+            loop.signals.received is not None,
+        )
+        if out_of_time:  # the CI slot's budget: stop cleanly, resumable, final/ still written
+            loop.progress.log(f"training.max_time ({t.max_time:g}s) reached at step {state.step}")
+            loop.save(state)
+            return "max_time"
+        if signalled:
+            return "signal"
+    return None
+
+
+def _log_row(loop: Loop, state: TrainState, lr: float, dt: float) -> None:
+    samples_per_s, tokens_per_s = loop.meter.take_window()
+    row = {
+        "kind": "train",
+        "step": state.step,
+        "epoch": state.micro_step / loop.per_epoch,
+        "loss": state.last_train_loss,
+        "lr": lr,
+        "samples_per_s": samples_per_s,
+        "tokens_per_s": tokens_per_s,
+        "step_time_s": round(dt, 6),  # this step alone (ortft bench reads it)
+        "time_s": round(time.time() - loop.started, 3),
+    }
+    loop.tracker.write(row)
+    loop.progress.log(
+        f"step {state.step}/{loop.steps}  loss {state.last_train_loss:.4f}  "
+        f"lr {lr:.2e}  {samples_per_s:.1f} samples/s"
+    )
+
+
+def _eval(loop: Loop, state: TrainState) -> None:
+    t = loop.training
+    state.eval_metrics = evaluate(loop.engine, loop.eval_data, loop.task, t.batch_size, t.seed,
+                                  loop.tokenizer)  # fmt: skip
+    epoch = state.micro_step / loop.per_epoch
+    loop.tracker.write({"kind": "eval", "step": state.step, "epoch": epoch, **state.eval_metrics})
+    loop.progress.eval(state.eval_metrics)
+    if loop.selector.observe(state):  # a new best: best/
+        loop.engine.save_best(loop.run_dir, state)
+    if loop.on_eval is not None:  # ortft hpo: report the eval, maybe prune the trial
+        loop.on_eval(state.step, state.eval_metrics)
+
+
+def evaluate(engine: Any, encoded: Any, task: Any, batch_size: int, seed: int, tokenizer: Any):
+    """Loss over every eval row (label-weighted) plus the task's metrics; a task whose metrics
+    need generation gets them from the engine (``extra_metrics``)."""
+    engine.eval_mode(True)
+    total, weight, logits_all, labels_all = 0.0, 0, [], []
+    try:
+        for batch in data.eval_batches(encoded, batch_size):
+            batch = task.collate(batch, None, seed)  # None: the task's fixed eval variant
+            labels = batch["labels"]
+            counted = labels[:, 1:] if task.shift_labels else labels
+            n = int((counted != -100).sum())
+            loss, logits = engine.eval_batch(batch)
+            total += loss * n
+            weight += n
+            if task.needs_logits:
+                logits_all.append(logits)
+                labels_all.append(labels[: int(batch["_valid"])])
+    finally:
+        engine.eval_mode(False)
+    metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)
+    metrics.update(engine.extra_metrics(task, tokenizer, encoded))
+    return metrics

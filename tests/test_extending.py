@@ -1,0 +1,166 @@
+"""Extending ortft without touching the loop: a toy engine registered from a test drives the one
+lifecycle (run dir, loop, checkpoints, stop rules, final/, gates, summary) end to end; and the
+lifecycle itself stays torch-free."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import tiny_classifier, write_classification_csv, write_recipe
+
+from ortft import backends, checkpoint, models
+from ortft.backends import Started, StepResult
+from ortft.errors import GateError
+from ortft.recipe import io as recipe_io
+from ortft.run import lifecycle
+from ortft.run.summary import BackendReport
+
+
+class ToyEngine:
+    """A model with one number: the loss halves every step. Enough to exercise the lifecycle."""
+
+    name = "toy"
+
+    def __init__(self, loaded: Any) -> None:
+        self.recipe, self.value, self.steps_run, self.closed = loaded.recipe, 1.0, 0, None
+
+    def start(self, recipe: Any) -> Started:
+        return Started("cpu", 1, "toy")
+
+    def is_main(self) -> bool:
+        return True
+
+    def any_rank(self, *flags: bool) -> tuple[bool, ...]:
+        return flags
+
+    def tokenizer(self, loaded, run_dir, task, train_rows, labels) -> Any:
+        texts = [str(r["text"]) for r in train_rows]
+        return models.train_tokenizer(texts, loaded.recipe.model.tokenizer.train)
+
+    def prepare(self, loaded, task, tokenizer, labels, train, run_dir, resume_from, total_steps):
+        self.task = task
+        state = checkpoint.TrainState()
+        if resume_from is not None:
+            state = checkpoint.TrainState(**json.loads((resume_from / "state.json").read_text()))
+            self.value = json.loads((resume_from / "toy.json").read_text())["value"]
+        return state
+
+    def train_step(self, micro_batches: list[dict[str, np.ndarray]]) -> StepResult:
+        assert micro_batches[0]["input_ids"].shape[0] == self.recipe.training.batch_size
+        self.value /= 2
+        self.steps_run += 1
+        return StepResult(loss=self.value, lr=self.recipe.training.lr)
+
+    def eval_mode(self, on: bool) -> None:
+        pass
+
+    def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[float, np.ndarray]:
+        valid = int(batch["_valid"])
+        logits = np.zeros((valid, 2), dtype=np.float32)
+        logits[:, 1] = 1.0  # always the second label
+        return self.value, logits
+
+    def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
+        return {}
+
+    def save(self, run_dir: Path, state, recipe_yaml: str, keep_last: int) -> Path:
+        from ortft import fsutil
+
+        final = run_dir / checkpoint.checkpoint_name(state.step)
+        with fsutil.atomic_dir(final) as tmp:
+            (tmp / "toy.json").write_text(json.dumps({"value": self.value}))
+            (tmp / "state.json").write_text(json.dumps(asdict(state)))
+            checkpoint.write_manifest(tmp, state.step, "toy-checkpoint")
+        return final
+
+    def checkpoint_problem(self, path: Path) -> str | None:
+        return checkpoint.kind_problem(path, "toy-checkpoint")
+
+    def save_best(self, run_dir: Path, state) -> None:
+        pass
+
+    def select_final(self, selector: Any, run_dir: Path, state) -> None:
+        selector.load_final(run_dir, None, state)
+
+    def write_final(self, folder: Path) -> None:
+        (folder / "toy.json").write_text(json.dumps({"value": self.value}))
+
+    def export(self, run_dir: Path, final_dir: Path, samples: Any) -> None:
+        return None
+
+    def parameter_counts(self) -> tuple[int, int]:
+        return 1, 1
+
+    def precision(self) -> None:
+        return None
+
+    def report(self) -> BackendReport:
+        return BackendReport(requested="toy", used="toy", notes=["a test's engine"])
+
+    def close(self, ok: bool) -> None:
+        self.closed = ok
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> list[ToyEngine]:
+    made: list[ToyEngine] = []
+
+    def factory(loaded: Any) -> ToyEngine:
+        made.append(ToyEngine(loaded))
+        return made[-1]
+
+    monkeypatch.setitem(backends._FACTORIES, "toy", factory)
+    return made
+
+
+def _recipe(tmp_path: Path) -> Path:
+    write_classification_csv(tmp_path / "train.csv")
+    r = tiny_classifier("train.csv", backend="torch", max_steps=6, batch_size=8)
+    r["checkpoint"] = {"save_every": 2}
+    r["export"] = {"enabled": False}
+    return write_recipe(tmp_path / "r.yaml", r)
+
+
+def test_a_registered_engine_runs_the_whole_lifecycle(tmp_path: Path, toy: list) -> None:
+    loaded = recipe_io.load(_recipe(tmp_path), ["backend.name=toy"])
+    summary = lifecycle.run(loaded, output_dir=tmp_path / "run")
+    engine = toy[0]
+    assert engine.steps_run == 6 and engine.closed is True
+    assert summary.status == "completed" and summary.steps == 6
+    assert summary.backend.used == "toy" and summary.metrics["train_loss"] == 1 / 64
+    assert "eval_accuracy" in summary.metrics  # the task's metrics, from the toy's logits
+    run = tmp_path / "run"
+    assert json.loads((run / "final/toy.json").read_text()) == {"value": 1 / 64}
+    assert (run / "final/recipe.yaml").exists() and (run / "final/README.md").exists()
+    assert [p.name for p in checkpoint.list_checkpoints(run)][-1] == "step-000006"
+    on_disk = json.loads((run / "summary.json").read_text())
+    assert on_disk["backend"]["notes"] == ["a test's engine"] and on_disk["steps"] == 6
+
+
+def test_the_toy_engine_resumes_and_gets_gate_verdicts(tmp_path: Path, toy: list) -> None:
+    path, run = _recipe(tmp_path), tmp_path / "run"
+    lifecycle.run(recipe_io.load(path, ["backend.name=toy", "training.max_steps=4"]), run)
+    for name in ("final", "summary.json"):  # as if killed after step 4's checkpoint
+        target = run / name
+        target.unlink() if target.is_file() else __import__("shutil").rmtree(target)
+    summary = lifecycle.run(recipe_io.load(path, ["backend.name=toy"]), run)
+    assert toy[1].steps_run == 2 and summary.resumed_from.endswith("step-000004")
+    assert summary.metrics["train_loss"] == 1 / 64  # the value came back from the checkpoint
+    with pytest.raises(GateError):  # a finished run re-run with a gate: a verdict, exit 3
+        lifecycle.run(recipe_io.load(path, ["backend.name=toy"]), run, ["train.loss<0.001"])
+
+
+def test_the_lifecycle_and_the_ondevice_engine_import_no_torch() -> None:
+    code = (
+        "import sys; import ortft.run.lifecycle, ortft.run.loop, ortft.backends.ondevice, ortft.cli;"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
