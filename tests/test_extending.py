@@ -164,3 +164,13 @@ def test_the_lifecycle_and_the_ondevice_engine_import_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_resume_hint_resumes_even_when_the_recipe_says_never(tmp_path: Path) -> None:
+    from ortft.run import rundir
+
+    path = _recipe(tmp_path)
+    hint = rundir.resume_command(recipe_io.load(path, ["checkpoint.resume=never"]), tmp_path)
+    assert hint.endswith(f"checkpoint.resume=auto --output-dir {tmp_path}")
+    assert "checkpoint.resume=never" not in hint
+    assert "checkpoint.resume" not in rundir.resume_command(recipe_io.load(path), tmp_path)

@@ -238,3 +238,65 @@ def test_trainable_pattern_matching_nothing_is_an_input_error(tmp_path):
     path = write_recipe(tmp_path / "cls.yaml", tiny_classifier("train.csv", backend="ort-ondevice"))
     res = _train(path, tmp_path / "run", "backend.trainable=[clasifier.*]")
     assert res.returncode == 2 and "clasifier.* matches no parameter" in res.stderr
+
+
+# ---- the on-device backend runs the one lifecycle: what its own copy of the loop used to miss
+
+
+def _given_artifacts(run: Path) -> list[str]:
+    """Overrides that train from the fixture's artifacts (no PyTorch build: seconds)."""
+    art = run / "ondevice/artifacts"
+    return ["model.from_config=null", "model.tokenizer.train=null", f"model.name_or_path={art}"]
+
+
+def test_max_time_stops_the_run(trained, tmp_path):
+    recipe, run, _ = trained
+    res = _train(recipe, tmp_path / "r", *_given_artifacts(run), "training.max_time=0.001")
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout)
+    assert summary["stop_reason"] == "max_time" and summary["status"] == "stopped"
+    assert summary["steps"] == 1 and (tmp_path / "r/step-000001").is_dir()  # resumable
+
+
+def test_threads_and_determinism_reach_the_session(trained, monkeypatch):
+    from ortft.backends import ondevice
+    from ortft.recipe import io as recipe_io
+
+    recipe, run, _ = trained
+    overrides = [*_given_artifacts(run), "hardware.threads=1", "training.deterministic=true"]
+    engine = ondevice.create(recipe_io.load(recipe, overrides))
+    started = engine.start(engine.recipe)
+    assert started.threads == 1 and engine.options.intra_op_num_threads == 1
+    assert engine.options.use_deterministic_compute
+    plain = ondevice.create(recipe_io.load(recipe, _given_artifacts(run)))
+    plain.start(plain.recipe)
+    assert not plain.options.use_deterministic_compute
+    seen = {}
+    api = ondevice.training_api()
+
+    class Module(api.Module):  # the options prepare() hands to onnxruntime.training
+        def __init__(self, *args, session_options=None, **kwargs):
+            seen["threads"] = session_options.intra_op_num_threads
+            super().__init__(*args, session_options=session_options, **kwargs)
+
+    monkeypatch.setattr(api, "Module", Module)
+    engine.tokenizer(engine.loaded, run, None, [], None)
+    engine.prepare(engine.loaded, None, None, None, None, run, None, 6)
+    assert seen == {"threads": 1}
+
+
+def test_a_finished_run_rerun_with_a_gate_gets_a_verdict(trained):
+    recipe, run, _ = trained
+    res = _train(recipe, run, "--gate", "train.loss<0")
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert "already holds a finished run" in res.stderr and "gate FAIL" in res.stderr
+
+
+def test_a_foreign_summary_format_is_refused(trained, tmp_path):
+    recipe, run, _ = trained
+    (tmp_path / "r").mkdir()
+    summary = json.loads((run / "summary.json").read_text())
+    (tmp_path / "r/summary.json").write_text(json.dumps({**summary, "format_version": 99}))
+    res = _train(recipe, tmp_path / "r", *_given_artifacts(run))
+    assert res.returncode == 2
+    assert "format_version 99 is not one this ortft reads" in res.stderr
