@@ -57,20 +57,14 @@ def _json(help: str) -> Any:
     return typer.Option("--json", help=help)
 
 
-# The ort backend's process, where ORT's threads and PyTorch's OpenMP threads share the cores:
-# after a PyTorch kernel ORT calls (backends/ort_kernels.py), or the optimizer step, libgomp's
-# workers spin-wait 300,000 times by default, taking a core from the ORT MatMul that runs next.
-# Measured on 2 cores (`ortft bench`, benchmarks/README.md): with 1000 spins ORT ran at 0.89x
-# PyTorch on bert-cls against 0.61x with the default, 0.92x against 0.87x on gpt2-clm. libgomp
-# reads it when torch is imported, so it is set here, before; the environment's own setting wins.
-ORT_THREAD_ENV = {"GOMP_SPINCOUNT": "1000"}
-
-
 def _thread_env(backend: str) -> None:
+    """The backend's process environment (ORT: libgomp's spin count), set before torch loads."""
     import os
 
-    if backend == "ort" and "torch" not in sys.modules:
-        for key, value in ORT_THREAD_ENV.items():
+    from ortft import backends
+
+    if "torch" not in sys.modules:
+        for key, value in backends.process_env(backend).items():
             os.environ.setdefault(key, value)
 
 

@@ -219,7 +219,8 @@ def test_the_loop_module_imports_no_torch():
     "override, message",
     [
         ("adapter.rank=4", "does not support adapter"),
-        ("training.scheduler=polynomial", "training.scheduler=polynomial"),
+        ("precision.dtype=bf16", "precision.dtype=bf16"),
+        ("backend.save_onnx=true", "backend.save_onnx"),
         ("task=masked-lm", "task masked-lm"),
     ],
 )

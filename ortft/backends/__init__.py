@@ -5,7 +5,8 @@
 - ``ort-ondevice`` (``ondevice.py``): ONNX Runtime's on-device training API; no PyTorch in the loop.
 
 Adding a backend is a new file with a class that follows ``Engine`` plus one line in ``REGISTRY``
-(``register`` does the same from outside the package, e.g. a test's toy engine). This module is
+(its engine factory, its own recipe checks, its process environment); ``register`` adds an engine
+from outside the package, e.g. a test's toy engine. This module is
 torch-free: engines import their frameworks when they are created.
 """
 
@@ -129,14 +130,40 @@ class Engine(Protocol):
         """Release the engine (process group, sessions); ``ok``: the run ended normally."""
 
 
-# backend.name -> "module:factory"; a factory takes the loaded recipe and returns an Engine.
-REGISTRY: dict[str, str] = {
-    "torch": "ortft.backends.pytorch:create",
-    "ort": "ortft.backends.pytorch:create",
-    "auto": "ortft.backends.pytorch:create",
-    "ort-ondevice": "ortft.backends.ondevice:create",
+@dataclass(frozen=True)
+class Backend:
+    """One registry line: where the engine is, the recipe checks that are its own, and the
+    environment its process needs before torch is imported."""
+
+    engine: str  # "module:factory"; the factory takes the loaded recipe, returns an Engine
+    checks: str  # "module:function"; (recipe) -> list of problems; a torch-free module
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# The ort backend's process, where ORT's threads and PyTorch's OpenMP threads share the cores:
+# after a PyTorch kernel ORT calls (backends/ort_kernels.py), or the optimizer step, libgomp's
+# workers spin-wait 300,000 times by default, taking a core from the ORT MatMul that runs next.
+# Measured on 2 cores (`ortft bench`, benchmarks/README.md): with 1000 spins ORT ran at 0.89x
+# PyTorch on bert-cls against 0.61x with the default, 0.92x against 0.87x on gpt2-clm. libgomp
+# reads it when torch is imported, so the CLI sets it before; the environment's own setting wins.
+ORT_THREAD_ENV = {"GOMP_SPINCOUNT": "1000"}
+
+REGISTRY: dict[str, Backend] = {
+    "torch": Backend("ortft.backends.pytorch:create", "ortft.backends.torch:recipe_problems"),
+    "ort": Backend(
+        "ortft.backends.pytorch:create", "ortft.backends.ort:recipe_problems", ORT_THREAD_ENV
+    ),
+    "auto": Backend("ortft.backends.pytorch:create", "ortft.backends.ort:recipe_problems"),
+    "ort-ondevice": Backend(
+        "ortft.backends.ondevice:create", "ortft.backends.ondevice:recipe_problems"
+    ),
 }
 _FACTORIES: dict[str, Callable[[LoadedRecipe], Engine]] = {}
+
+
+def _load(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def names() -> list[str]:
@@ -155,6 +182,17 @@ def create(loaded: LoadedRecipe) -> Engine:
     if name in _FACTORIES:
         return _FACTORIES[name](loaded)
     if name not in REGISTRY:
-        raise ValueError(f"unknown backend {name} (known: {', '.join(sorted(REGISTRY))})")
-    module, _, factory = REGISTRY[name].partition(":")
-    return getattr(importlib.import_module(module), factory)(loaded)
+        raise ValueError(f"unknown backend {name} (known: {', '.join(names())})")
+    return _load(REGISTRY[name].engine)(loaded)
+
+
+def recipe_problems(recipe: Recipe) -> list[str]:
+    """What the recipe's backend cannot do (its own checks; none for a registered engine)."""
+    entry = REGISTRY.get(recipe.backend.name)
+    return _load(entry.checks)(recipe) if entry is not None else []
+
+
+def process_env(name: str) -> dict[str, str]:
+    """Environment the backend's process needs before torch is imported (the CLI sets it)."""
+    entry = REGISTRY.get(name)
+    return dict(entry.env) if entry is not None else {}

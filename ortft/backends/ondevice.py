@@ -39,6 +39,35 @@ CKPT_KIND = "ortft-ondevice-checkpoint"
 INPUTS = ("input_ids", "attention_mask", "labels")
 
 
+def recipe_problems(r: Any) -> list[str]:
+    """What backend.name=ort-ondevice supports; the rest is a recipe error, never a no-op."""
+    from ortft import tasks
+    from ortft.backends.torch import ortmodule_fields_set
+
+    problems = []
+    if not tasks.get(r.task.name, r.task).ondevice:
+        supported = [n for n in tasks.names() if tasks.get(n).ondevice]
+        problems.append(f"task {r.task.name} (supported: {', '.join(supported)})")
+    if r.model.from_config and r.model.from_config.architecture == "t5":
+        problems.append("model.from_config.architecture=t5 (bert and gpt2 are measured)")
+    if r.adapter is not None:
+        problems.append("adapter (use backend.trainable to train part of the model)")
+    if r.training.early_stopping is not None or r.checkpoint.final == "best":
+        problems.append("training.early_stopping / checkpoint.final=best")
+    if r.optimizer.name != "adamw":
+        problems.append(f"optimizer.name={r.optimizer.name} (ORT's AdamW graph is used)")
+    if r.precision.dtype != "fp32":
+        problems.append(f"precision.dtype={r.precision.dtype} (it trains in fp32 only)")
+    if r.hardware.gradient_checkpointing:
+        problems.append("hardware.gradient_checkpointing (a PyTorch feature)")
+    problems += [f"{name} (an ORTModule setting)" for name in ortmodule_fields_set(r)]
+    if r.deepspeed is not None:
+        problems.append("deepspeed (one process, ORT's own optimizer)")
+    if not problems:
+        return []
+    return ["backend.name=ort-ondevice does not support " + "; ".join(problems)]
+
+
 # --------------------------------------------------------------------------- artifacts
 
 

@@ -22,12 +22,13 @@ import io
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
-from ortft.backends import BackendReport
 from ortft.errors import BackendError
+from ortft.run.summary import BackendReport
+
+if TYPE_CHECKING:
+    from torch import nn
 
 log = logging.getLogger("ortft")
 
@@ -121,6 +122,31 @@ def _install_label_hook_fix() -> None:
 
     fixed._ortft_fixed = True  # type: ignore[attr-defined]
     cls._add_check_label_sparsity_hook = staticmethod(fixed)
+
+
+def recipe_problems(recipe: Any) -> list[str]:
+    """What ORTModule (backend.name=ort, and auto, which may choose it) refuses; torch-free."""
+    problems = []
+    dtype, device, name = recipe.precision.dtype, recipe.hardware.device, recipe.backend.name
+    if dtype == "bf16" and device == "cpu":
+        problems.append(
+            "precision.dtype=bf16 on cpu needs backend.name=torch: ONNX Runtime's CPU "
+            "provider has no bf16 MatMul"
+        )
+    if recipe.hardware.gradient_checkpointing:
+        problems.append(
+            "hardware.gradient_checkpointing is for backend.name=torch: ORTModule builds "
+            "its own backward graph, so it would save nothing; use "
+            "backend.memory_optimization_level=1 (or 2) instead"
+        )
+    if recipe.optimizer.name == "adamw_ort_fused" and name != "ort":
+        problems.append("optimizer.name=adamw_ort_fused needs backend.name=ort")
+    if name == "auto" and recipe.adapter is not None:
+        problems.append(
+            "adapter: backend.name=auto times full fine-tuning, not the adapter; "
+            "choose backend.name=ort or torch"
+        )
+    return problems
 
 
 def export_count() -> int:

@@ -11,8 +11,6 @@ from ortft import tasks
 if TYPE_CHECKING:
     from ortft.recipe.schema import DataSection, Recipe
 
-ONDEVICE_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
-
 
 def has_eval_data(data: DataSection) -> bool:
     return (
@@ -25,24 +23,11 @@ def has_eval_data(data: DataSection) -> bool:
 def combinations(r: Recipe) -> None:
     """Precision, device, backend, optimizer, adapter and task/architecture combinations."""
     # hardware.device=auto is checked again once resolved (runtime.check_precision).
-    dtype, device, backend = r.precision.dtype, r.hardware.device, r.backend.name
+    dtype, device = r.precision.dtype, r.hardware.device
     if dtype == "fp16" and device == "cpu":
         raise ValueError(
             "precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training on cpu; "
             "use bf16 (backend.name=torch) or fp32"
-        )
-    if dtype == "bf16" and device == "cpu" and backend in ("ort", "auto"):
-        raise ValueError(
-            "precision.dtype=bf16 on cpu needs backend.name=torch: ONNX Runtime's CPU "
-            "provider has no bf16 MatMul"
-        )
-    if dtype != "fp32" and backend == "ort-ondevice":
-        raise ValueError(f"precision.dtype={dtype}: backend.name=ort-ondevice trains in fp32 only")
-    if r.hardware.gradient_checkpointing and backend != "torch":
-        raise ValueError(
-            "hardware.gradient_checkpointing is for backend.name=torch: ORTModule builds "
-            "its own backward graph, so it would save nothing; use "
-            "backend.memory_optimization_level=1 (or 2) instead"
         )
     if isinstance(r.deepspeed, dict):
         from ortft.backends import deepspeed as zero
@@ -54,17 +39,13 @@ def combinations(r: Recipe) -> None:
         raise ValueError(f"deepspeed: {r.deepspeed!r} is not a .json file path")
     if r.optimizer.name == "adamw_ort_fused" and device == "cpu":
         raise ValueError("optimizer.name=adamw_ort_fused needs CUDA; use adamw on cpu")
-    if r.optimizer.name == "adamw_ort_fused" and backend != "ort":
-        raise ValueError("optimizer.name=adamw_ort_fused needs backend.name=ort")
-    if backend == "ort-ondevice":
-        ondevice(r)
+    from ortft import backends  # each backend's own checks live with it (torch-free modules)
+
+    problems = backends.recipe_problems(r)
+    if problems:
+        raise ValueError("; ".join(problems))
     if r.adapter is not None and r.backend.trainable:
         raise ValueError("backend.trainable and adapter both choose what trains; use one of them")
-    if r.adapter is not None and backend == "auto":
-        raise ValueError(
-            "adapter: backend.name=auto times full fine-tuning, not the adapter; "
-            "choose backend.name=ort or torch"
-        )
     task_architecture(r)
 
 
@@ -87,29 +68,6 @@ def task_architecture(r: Recipe) -> None:
         f"model.from_config.architecture={fc.architecture} cannot learn {name} "
         f"(it needs {' or '.join(allowed)})"
     )
-
-
-def ondevice(r: Recipe) -> None:
-    """What backend.name=ort-ondevice supports; the rest is a recipe error, never a no-op."""
-    problems = []
-    if not tasks.get(r.task.name, r.task).ondevice:
-        supported = [n for n in tasks.names() if tasks.get(n).ondevice]
-        problems.append(f"task {r.task.name} (supported: {', '.join(supported)})")
-    if r.model.from_config and r.model.from_config.architecture == "t5":
-        problems.append("model.from_config.architecture=t5 (bert and gpt2 are measured)")
-    if r.adapter is not None:
-        problems.append("adapter (use backend.trainable to train part of the model)")
-    if r.training.scheduler not in ONDEVICE_SCHEDULERS:
-        problems.append(
-            f"training.scheduler={r.training.scheduler} "
-            f"(supported: {', '.join(ONDEVICE_SCHEDULERS)})"
-        )
-    if r.training.early_stopping is not None or r.checkpoint.final == "best":
-        problems.append("training.early_stopping / checkpoint.final=best")
-    if r.optimizer.name != "adamw":
-        problems.append(f"optimizer.name={r.optimizer.name} (ORT's AdamW graph is used)")
-    if problems:
-        raise ValueError("backend.name=ort-ondevice does not support " + "; ".join(problems))
 
 
 def eval_users(r: Recipe) -> None:

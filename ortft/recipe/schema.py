@@ -32,7 +32,7 @@ from ortft.recipe.hpo import (  # noqa: F401 - re-exported
     HpoPruning,
     HpoSection,
 )
-from ortft.recipe.rules import ONDEVICE_SCHEDULERS, has_eval_data  # noqa: F401 - re-exported
+from ortft.recipe.rules import has_eval_data  # noqa: F401 - re-exported
 from ortft.recipe.task import TaskField
 
 FORMAT_VERSION = 1
