@@ -387,3 +387,12 @@ def test_whole_recipe_errors_have_no_doubled_prefix() -> None:
         "recipe: precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training "
         "on cpu; use bf16 (backend.name=torch) or fp32"
     )
+
+
+def test_ortmodule_settings_are_refused_where_they_would_do_nothing(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    for backend in ("torch", "ort-ondevice"):
+        err = load_error(path, [f"backend.name={backend}", "backend.save_onnx=true"])
+        assert "backend.save_onnx" in str(err)
+    recipe_io.load(path, ["backend.name=ort", "backend.save_onnx=true"])  # ORTModule's own
+    recipe_io.load(path, ["backend.name=torch", "backend.save_onnx=false"])  # a default is fine

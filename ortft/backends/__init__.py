@@ -30,12 +30,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REGISTRY",
+    "Backend",
     "BackendReport",
     "Engine",
     "Started",
     "StepResult",
     "create",
     "names",
+    "process_env",
+    "recipe_problems",
     "register",
 ]
 
@@ -149,10 +152,10 @@ class Backend:
 ORT_THREAD_ENV = {"GOMP_SPINCOUNT": "1000"}
 
 REGISTRY: dict[str, Backend] = {
-    "torch": Backend("ortft.backends.pytorch:create", "ortft.backends.torch:recipe_problems"),
     "ort": Backend(
         "ortft.backends.pytorch:create", "ortft.backends.ort:recipe_problems", ORT_THREAD_ENV
     ),
+    "torch": Backend("ortft.backends.pytorch:create", "ortft.backends.torch:recipe_problems"),
     "auto": Backend("ortft.backends.pytorch:create", "ortft.backends.ort:recipe_problems"),
     "ort-ondevice": Backend(
         "ortft.backends.ondevice:create", "ortft.backends.ondevice:recipe_problems"
