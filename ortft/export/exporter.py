@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ortft.errors import GateError, InputError, RunError
+from ortft.export import ondevice_reference
 from ortft.export import onnx_tools as tools
 
 log = logging.getLogger("ortft")
@@ -551,7 +552,9 @@ def _export_onnx_source(
     trainable: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """An ONNX final/ (``backend.name: ort-ondevice``): there is no PyTorch model to compare
-    with, so the copy and its variants are checked against the trained ONNX model itself."""
+    with, so the copy and its variants are checked against the run's eval graph with its
+    last-step checkpoint (``ondevice_reference``), or, without that checkpoint, against the
+    trained ONNX model itself (then ``parity.independent`` is false)."""
     from transformers import AutoConfig, AutoTokenizer
 
     if training_artifacts:
@@ -576,7 +579,12 @@ def _export_onnx_source(
     feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
     inputs = {k: feeds[k] for k in ("input_ids", "attention_mask")}
     src = model_dir / "model.onnx"
-    want = tools.run(src, inputs)
+    reference = ondevice_reference.eval_graph_logits(model_dir, inputs)
+    if reference is None:  # no last-step checkpoint: a copy compared with itself (0 by design)
+        want = tools.run(src, inputs)
+        against = f"the trained ONNX model {src} itself (no checkpoint at the last step)"
+    else:
+        want, against = reference
     tmp = _staging(out)
     try:
         for f in model_dir.iterdir():
@@ -587,7 +595,8 @@ def _export_onnx_source(
         parity = {
             "samples": int(len(inputs["input_ids"])),
             "source": "eval data" if samples is not None and len(samples) else "synthetic",
-            "against": f"the trained ONNX model {src} (no PyTorch model: ort-ondevice run)",
+            "against": against,  # no PyTorch model: an ort-ondevice run
+            "independent": reference is not None,
             "max_abs_diff": j["max_abs_diff"],
             "prediction_agreement": j["prediction_agreement"],
             "tolerance": tolerance,
