@@ -48,9 +48,13 @@ def eval_graph_logits(
     ckpt = model_dir.parent / checkpoint.checkpoint_name(steps) / "checkpoint"
     if art is None or not ckpt.exists() or not (art / "training_model.onnx").is_file():
         return None
+    import onnxruntime
+
     from ortft.backends.ondevice import training_api
 
     api = training_api()
+    # as in training: the session warns about every unused initializer of the eval graph
+    onnxruntime.set_default_logger_severity(3)
     state = api.CheckpointState.load_checkpoint(str(ckpt))
     module = api.Module(str(art / "training_model.onnx"), state, str(art / "eval_model.onnx"))
     module.eval()
