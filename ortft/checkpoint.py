@@ -106,8 +106,10 @@ def save(
     scheduler: Any,
     recipe_yaml: str,
     keep_last: int,
+    scaler: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``step-NNNNNN/`` atomically, then prune to the newest ``keep_last``."""
+    """Write ``step-NNNNNN/`` atomically, then prune to the newest ``keep_last``. ``scaler``:
+    the fp16 GradScaler's state (``backends.amp.scaler_state``), kept as scaler.pt when set."""
     import torch
     from safetensors.torch import save_model
 
@@ -123,6 +125,8 @@ def save(
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(rng_state(), tmp / "rng.pt")
+            if scaler:  # fp16: a resumed run starts at the loss scale this one reached
+                torch.save(scaler, tmp / "scaler.pt")
             (tmp / "recipe.yaml").write_text(recipe_yaml)
             (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
             write_manifest(tmp, state.step, "ortft-checkpoint")
@@ -240,6 +244,7 @@ class Loaded:
     optimizer: dict[str, Any]
     scheduler: dict[str, Any]
     rng: dict[str, Any]
+    scaler: dict[str, Any] | None = None  # fp16 runs' GradScaler state
 
 
 def load(path: Path, model: torch.nn.Module) -> Loaded:
@@ -276,6 +281,11 @@ def load(path: Path, model: torch.nn.Module) -> Loaded:
         optimizer=torch.load(path / "optimizer.pt", weights_only=True),
         scheduler=torch.load(path / "scheduler.pt", weights_only=True),
         rng=torch.load(path / "rng.pt", weights_only=True),
+        scaler=(
+            torch.load(path / "scaler.pt", weights_only=True)
+            if (path / "scaler.pt").exists()
+            else None
+        ),
     )
 
 

@@ -1,6 +1,8 @@
 """Progress and log lines on stderr (stdout stays for results).
 
-A Rich progress bar when stderr is a terminal; plain lines otherwise (CI logs).
+A Rich progress bar when stderr is a terminal; plain lines otherwise (CI logs). Every line is
+printed as plain text, never as Rich markup: messages carry user text (labels, paths, metric
+names), and a ``[/x]`` in one would otherwise raise ``MarkupError`` and stop the run.
 """
 
 from __future__ import annotations
@@ -10,19 +12,20 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 _console = Console(stderr=True, highlight=False)
+
+
+def _line(message: str) -> Text:
+    """The dimmed "ortft" tag, then ``message`` exactly as given (no markup parsed)."""
+    return Text.assemble(("ortft", "dim"), " ", message)
 
 
 class _Handler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         prefix = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
-        _console.print(
-            f"[dim]ortft[/dim] {prefix}{record.getMessage()}",
-            markup=True,
-            highlight=False,
-            soft_wrap=True,
-        )
+        _console.print(_line(prefix + record.getMessage()), highlight=False, soft_wrap=True)
 
 
 def setup_logging(level: int = logging.INFO) -> None:
@@ -50,8 +53,8 @@ class Progress:
                 TextColumn("train"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}"),
-                TextColumn("{task.fields[eval]}"),
+                TextColumn("loss {task.fields[loss]}", markup=False),
+                TextColumn("{task.fields[eval]}", markup=False),  # metric names: user labels
                 TimeRemainingColumn(),
                 console=_console,
                 transient=True,
@@ -76,7 +79,7 @@ class Progress:
             )
 
     def log(self, line: str) -> None:
-        _console.print(f"[dim]ortft[/dim] {line}", markup=True, highlight=False, soft_wrap=True)
+        _console.print(_line(line), highlight=False, soft_wrap=True)
 
     def __exit__(self, *exc: Any) -> None:
         if self._bar is not None:

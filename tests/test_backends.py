@@ -47,12 +47,39 @@ def _step(backend, wrapped) -> None:
 
 
 def test_strict_policy_stops_instead_of_falling_back(tmp_path: Path) -> None:
+    """ortft sets ORTMODULE_FALLBACK_POLICY=FALLBACK_DISABLE, so ORTModule itself raises on the
+    first forward: it cannot flatten the DynamicCache output (ORT 1.19.2). No PyTorch step ran."""
+    from onnxruntime.training.ortmodule._fallback_exceptions import ORTModuleIOError
+
     backend = get("ort", BackendSection(name="ort"))
     wrapped = backend.wrap(_ReturnsCache(), tmp_path)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(ORTModuleIOError, match=r"Unsupported flatten data type: .*DynamicCache"):
         _step(backend, wrapped)
-    # either ORTModule raised (fallback disabled) or ortft noticed ORT did not run
-    assert not isinstance(info.value, AssertionError)
+    assert backend.report().fallback is False
+
+
+def test_strict_policy_stops_a_fallback_ortmodule_took_anyway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second line of defence: had ORTModule fallen back regardless (its policy left at its
+    default), ortft's after_step sees it and stops with the reason and the fix."""
+    backend = get("ort", BackendSection(name="ort"))
+    configure = backend._configure_env
+
+    def leave_fallback_on(run_dir: Path) -> None:
+        configure(run_dir)
+        monkeypatch.delenv(
+            "ORTMODULE_FALLBACK_POLICY", raising=False
+        )  # ORTModule's default: fall back
+
+    monkeypatch.setattr(backend, "_configure_env", leave_fallback_on)
+    wrapped = backend.wrap(_ReturnsCache(), tmp_path)
+    with pytest.raises(
+        BackendError,
+        match=r"ONNX Runtime could not run this model \(ORTModuleIOError: .*DynamicCache.*\); "
+        r"set backend.name=torch, or backend.allow_fallback=true",
+    ):
+        _step(backend, wrapped)
 
 
 def test_allowed_fallback_is_recorded(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -141,3 +142,14 @@ def test_real_doctor_text_has_no_warning_or_failure():
     assert not [line for line in lines if line.startswith(("warn", "fail"))]
     assert any(line.startswith("ok    ORTModule extensions") for line in lines)
     assert lines[-1].endswith("0 warn, 0 fail: ORT training should work here")
+
+
+def test_real_doctor_prints_no_library_banner_on_stderr():
+    """A fresh process, as a user runs it: torch's cpp_extension says "No CUDA runtime is
+    found, using CUDA_HOME=..." at import on a machine without CUDA; doctor keeps it out."""
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "doctor"], capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.startswith("ortft doctor (known-good:")
+    assert not [line for line in res.stderr.splitlines() if "CUDA_HOME" in line], res.stderr

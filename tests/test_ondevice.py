@@ -199,9 +199,54 @@ def test_ortft_eval_and_export_accept_the_onnx_final(trained, tmp_path):
         timeout=300,
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    rep = json.loads((tmp_path / "onnx/export.json").read_text())
-    assert rep["passed"] and rep["parity"]["max_abs_diff"] == 0.0
-    assert "trained ONNX model" in rep["parity"]["against"]
+    parity = json.loads((tmp_path / "onnx/export.json").read_text())["parity"]
+    # against the eval graph with the last checkpoint, not final/model.onnx itself (0 by design)
+    assert parity["independent"] and parity["passed"], parity
+    assert "eval_model.onnx" in parity["against"] and "step-000006" in parity["against"]
+    assert parity["max_abs_diff"] <= 1e-5
+
+
+def _export(source: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ortft", "export", str(source), "-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_export_of_an_onnx_final_without_the_trained_weights_fails(trained, tmp_path):
+    """A final/model.onnx whose classifier was changed after training no longer matches the
+    eval graph with the last checkpoint: the export's parity check fails (exit 3)."""
+    import onnx
+
+    _, run, _ = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    model = onnx.load(str(copy / "final/model.onnx"))
+    weight = next(i for i in model.graph.initializer if i.name == "classifier.weight")
+    weight.CopyFrom(
+        onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(weight) + 0.5, weight.name)
+    )
+    onnx.save(model, str(copy / "final/model.onnx"))
+    res = _export(copy, tmp_path / "onnx")
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert "export check failed: parity" in res.stderr
+    parity = json.loads((tmp_path / "onnx.failed/export.json").read_text())["parity"]
+    assert parity["independent"] and not parity["passed"] and parity["max_abs_diff"] > 1e-2
+
+
+def test_export_of_an_onnx_final_says_when_nothing_independent_was_there(trained, tmp_path):
+    """Without a checkpoint at the last step there is only final/model.onnx to compare with:
+    the export passes and says so (independent: false)."""
+    _, run, _ = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "step-000006")
+    res = _export(copy, tmp_path / "onnx")
+    assert res.returncode == 0, res.stderr[-2000:]
+    parity = json.loads((tmp_path / "onnx/export.json").read_text())["parity"]
+    assert parity["independent"] is False and "itself" in parity["against"]
 
 
 def test_the_loop_module_imports_no_torch():

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from ortft import checkpoint, models, runtime
-from ortft.backends import Started, StepResult, distributed
+from ortft.backends import Started, StepResult, amp, distributed
 from ortft.checkpoint import TrainState
 from ortft.errors import InputError
-from ortft.recipe.io import LoadedRecipe, dump
+from ortft.recipe.io import LoadedRecipe
 from ortft.run.summary import BackendReport, Precision
 
 log = logging.getLogger("ortft")
@@ -150,7 +150,7 @@ class PyTorchEngine:
         self.scheduler = get_scheduler(
             t.scheduler, self.optimizer, num_warmup_steps=warmup, num_training_steps=total_steps
         )
-        state = TrainState()
+        state, ck = TrainState(), None
         if resume_from is not None:
             ck = checkpoint.load(resume_from, self.model)
             self.optimizer.load_state_dict(ck.optimizer)
@@ -173,7 +173,7 @@ class PyTorchEngine:
         self.amp_dtype = "fp32" if self.deepspeed is not None else r.precision.dtype
         # fp16: loss scaling; for fp32/bf16 the scaler is disabled and each call is a no-op
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == "fp16")
-        self.recipe_yaml = dump(r, base_dir=loaded.base_dir)
+        amp.load_scaler_state(self.scaler, ck.scaler if ck is not None else None)
         return state
 
     def _build_model(self, loaded, task, tokenizer, labels) -> torch.nn.Module:
@@ -221,27 +221,16 @@ class PyTorchEngine:
             self.wrapper.after_step(self.wrapped)
             loss_sum += loss.detach().float()
         if self.deepspeed is None:
-            applied = self._optimizer_step()
+            r = self.recipe.training
+            applied = amp.optimizer_step(
+                self.optimizer, self.scheduler, self.scaler, self.params, r.max_grad_norm
+            )
         else:
             applied = self.deepspeed.was_step_applied()
         self.skipped_steps += not applied  # fp16 overflow: not an error
         # the one CPU-GPU sync per step; DDP: the mean over ranks (= the global batch's loss)
         loss = float(distributed.all_reduce_mean(loss_sum)) / accum
         return StepResult(loss=loss, lr=lr, applied=applied)
-
-    def _optimizer_step(self) -> bool:
-        """Clip, step, schedule, zero the gradients; False when fp16 loss scaling skipped it."""
-        self.scaler.unscale_(self.optimizer)  # fp16: clip the true gradients, not the scaled
-        if self.recipe.training.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self.params, self.recipe.training.max_grad_norm)
-        scale = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)  # fp16: skipped when a gradient overflowed (inf/nan)
-        self.scaler.update()
-        applied = self.scaler.get_scale() >= scale  # the scale shrinks only after a skip
-        if applied:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return applied
 
     # ---- eval
     def eval_mode(self, on: bool) -> None:
@@ -270,8 +259,9 @@ class PyTorchEngine:
         if not distributed.is_main():  # one writer; every rank resumes from the same folder
             return None
         return checkpoint.save(
-            run_dir, state, self.model, self.optimizer, self.scheduler, recipe_yaml, keep_last
-        )
+            run_dir, state, self.model, self.optimizer, self.scheduler, recipe_yaml, keep_last,
+            scaler=amp.scaler_state(self.scaler),
+        )  # fmt: skip
 
     def checkpoint_problem(self, path: Path) -> str | None:
         return checkpoint.kind_problem(path, CHECKPOINT_KIND)

@@ -227,6 +227,7 @@ def build_report(
     kinds: Sequence[str] = (),
     export_s: float | None = None,
     against: str | None = None,
+    independent: bool | None = None,
 ) -> dict[str, Any]:
     """export.json for ``folder/model.onnx``: its parity section, then one section per variant
     in ``kinds`` (each written next to it) and their latency. ``finish`` adds the verdict."""
@@ -235,6 +236,8 @@ def build_report(
     parity: dict[str, Any] = {"samples": int(len(ref.feeds["input_ids"])), "source": ref.source}
     if against:
         parity["against"] = against
+    if independent is not None:  # ort-ondevice source: was the reference computed apart?
+        parity["independent"] = independent
     parity.update(
         max_abs_diff=j["max_abs_diff"],
         prediction_agreement=j["prediction_agreement"],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import io
 import json
 import os
 import platform
@@ -212,11 +213,21 @@ def probe_runtime(fix: bool = False) -> list[Check]:
     # torch and onnxruntime print banners on import (CUDA_HOME, cudart); keep stdout clean.
     with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        _quiet_cpp_extension_import()
         checks += _probe_torch()
         checks += _probe_ort()
         checks += _probe_extensions(fix)
         checks += _probe_onnx()
     return checks
+
+
+def _quiet_cpp_extension_import() -> None:
+    """Import torch.utils.cpp_extension with its stderr swallowed: on a machine without a CUDA
+    toolkit it prints "No CUDA runtime is found, using CUDA_HOME=..." at import, which ORTModule's
+    import then triggers. That line is no finding of ours (the gpu line says what torch sees).
+    Any import error is left for the probes below to report."""
+    with contextlib.suppress(Exception), contextlib.redirect_stderr(io.StringIO()):
+        import torch.utils.cpp_extension  # noqa: F401
 
 
 def _probe_torch() -> list[Check]:
