@@ -55,10 +55,11 @@ def run(
     if previous and previous.status == "completed" and r.checkpoint.resume == "auto":
         return _already_finished(previous, loaded, run_dir, extra_gates)
     engine = backends.create(loaded)
-    resume_from = rundir.find_resume(loaded, run_dir, engine.checkpoint_problem)
     rundir.make(run_dir)
-    fsutil.remove_stale(run_dir, ".*.tmp-*")  # what a kill -9 left of a save
-    return _Run(loaded, run_dir, engine, resume_from, extra_gates, on_eval).execute()
+    with rundir.lock(run_dir):  # a second run on this directory: exit 2, naming this one's pid
+        resume_from = rundir.find_resume(loaded, run_dir, engine.checkpoint_problem)
+        fsutil.remove_stale(run_dir, ".*.tmp-*")  # what a kill -9 left of a save
+        return _Run(loaded, run_dir, engine, resume_from, extra_gates, on_eval).execute()
 
 
 def _already_finished(

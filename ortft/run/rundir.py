@@ -1,10 +1,13 @@
-"""The run directory: where a run writes, whether it resumes, and the command that resumes it."""
+"""The run directory: where a run writes, who owns it, whether it resumes, and the command that
+resumes it."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ortft import checkpoint
@@ -64,3 +67,38 @@ def resume_command(loaded: LoadedRecipe, run_dir: Path) -> str:
         again.append("checkpoint.resume=auto")
     args = ["ortft", "train", str(loaded.path or "RECIPE"), *again, "--output-dir", str(run_dir)]
     return shlex.join(args)
+
+
+LOCK_NAME = ".ortft.lock"
+
+
+@contextlib.contextmanager
+def lock(run_dir: Path) -> Iterator[None]:
+    """The run owns ``run_dir`` while it lives: an exclusive ``flock`` on ``<run>/.ortft.lock``.
+
+    A second run on the same directory gets a one-line error naming the holder's pid (exit 2).
+    The kernel drops the lock when its process dies, so a run killed with kill -9 leaves no stale
+    lock: the pid written in the file is information, never the lock itself. Under torchrun only
+    global rank 0 takes it (the other ranks and nodes share the directory); after an elastic
+    restart the new rank 0 takes it again. On NFS, Linux emulates flock with byte-range locks
+    (lockd); a filesystem without working locks makes two runs on one directory possible again.
+    """
+    if os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    path = run_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise InputError(
+                f"{run_dir} is in use by another ortft run (pid {holder}); wait for it to "
+                "finish, or choose another --output-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
