@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ortft import checkpoint, fsutil
-from ortft.backends import Started, StepResult
+from ortft.backends import Started, StepResult, ort_rng
 from ortft.checkpoint import TrainState
 from ortft.errors import InputError, RunError
 from ortft.recipe.io import LoadedRecipe
@@ -235,7 +235,7 @@ class OnDeviceEngine:
         state = TrainState()
         if resume_from is not None:
             state = TrainState(**json.loads((resume_from / "state.json").read_text()))
-        self.step = state.step
+        self.step, self.micro_step = state.step, state.micro_step
         try:
             self.ckpt = api.CheckpointState.load_checkpoint(
                 str((resume_from or art_dir) / "checkpoint")
@@ -266,6 +266,8 @@ class OnDeviceEngine:
         self.optimizer.set_learning_rate(lr)
         loss_sum = 0.0
         for batch in micro_batches:  # gradients add up in the module until lazy_reset_grad
+            ort_rng.reseed(t.seed, self.micro_step)  # dropout: a function of where the run is
+            self.micro_step += 1
             loss_sum += float(self.module(*_feeds(batch)))  # training graph: the loss alone
         self.optimizer.step()
         self.module.lazy_reset_grad()

@@ -241,6 +241,12 @@ class OrtBackend:
         self._report.used = "torch"
         self._report.fallback_reason = reason
 
+    def before_forward(self, seed: int, micro_step: int) -> None:
+        """Dropout masks of ORT's graph: a function of the seed and the micro-step (ort_rng)."""
+        from ortft.backends import ort_rng
+
+        ort_rng.reseed(seed, micro_step)
+
     def after_step(self, wrapped: nn.Module) -> None:
         if self._checked and not self._report.fallback:
             return

@@ -157,6 +157,7 @@ class PyTorchEngine:
             self.scheduler.load_state_dict(ck.scheduler)
             checkpoint.set_rng_state(ck.rng)
             state = ck.state
+        self.micro_step = state.micro_step  # ORT's random stream follows the data position
         self.wrapped = self.wrapper.wrap(self.module, run_dir)  # after loading: ORT shares tensors
         self.wrapped.train()
         if r.deepspeed is not None:  # ZeRO 1/2 around ORTModule; the engine does DDP's job too
@@ -210,6 +211,8 @@ class PyTorchEngine:
         loss_sum = torch.zeros((), device=self.device)
         lr = self.scheduler.get_last_lr()[0]
         for batch in micro_batches:
+            self.wrapper.before_forward(self.recipe.training.seed, self.micro_step)
+            self.micro_step += 1
             inputs = to_device(distributed.shard(batch), self.device)  # DDP: this rank's rows
             with runtime.autocast(self.amp_dtype, self.device):  # disabled for fp32
                 loss, _ = self.forward(**inputs)

@@ -60,6 +60,9 @@ class TorchBackend:
             return torch.compile(module)  # type: ignore[return-value]
         return module
 
+    def before_forward(self, seed: int, micro_step: int) -> None:
+        return None  # torch's own RNG state is in every checkpoint
+
     def after_step(self, wrapped: nn.Module) -> None:
         return None
 
