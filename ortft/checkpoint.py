@@ -43,7 +43,8 @@ class TrainState:
     micro_step: int = 0  # micro-batches consumed (data position)
     epoch: int = 0
     samples: int = 0
-    tokens: int = 0
+    tokens: int = 0  # real (non-padding) tokens trained on
+    padded_tokens: int = 0  # token slots trained on, padding included (data.padding)
     train_time_s: float = 0.0
     last_train_loss: float | None = None
     eval_metrics: dict[str, float] = field(default_factory=dict)

@@ -15,14 +15,13 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ortft import fsutil
+from ortft import batches, fsutil
 from ortft.errors import InputError
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import DataSection
@@ -31,6 +30,10 @@ from ortft.tasks import Encoded, Task
 log = logging.getLogger("ortft")
 
 CACHE_VERSION = 1
+
+
+# data fields that change how batches are cut, not what is tokenized (not in the cache key)
+BATCHING_FIELDS = {"padding", "pad_to_multiple_of", "buckets", "group_by_length", "shuffle"}
 
 
 def cache_root() -> Path:
@@ -284,7 +287,7 @@ def encode_cached(
     for part in [
         str(CACHE_VERSION),
         task.name + getattr(task, "options_key", ""),
-        data.model_dump_json(),
+        data.model_dump_json(exclude=BATCHING_FIELDS),  # how batches are cut: not the tokens
         json.dumps(label2id),
         hashlib.sha256(tok_state.encode()).hexdigest(),
         str(len(rows)),
@@ -295,10 +298,10 @@ def encode_cached(
     if path.exists():
         try:
             with np.load(path) as z:
-                return Encoded({k: z[k] for k in z.files}), True
+                return batches.with_lengths(Encoded({k: z[k] for k in z.files})), True
         except (OSError, ValueError):
             path.unlink(missing_ok=True)  # a torn cache file: rebuild it
-    encoded = task.encode(rows, tokenizer, data, label2id)
+    encoded = batches.with_lengths(task.encode(rows, tokenizer, data, label2id))
     path.parent.mkdir(parents=True, exist_ok=True)
     with fsutil.atomic_file(path, "wb") as fh:  # a file object: np.savez adds no suffix
         np.savez(fh, **encoded.arrays)
@@ -328,39 +331,7 @@ def encode_splits(
 
 
 # --------------------------------------------------------------------------- batches
-
-
-def batches_per_epoch(n: int, batch_size: int) -> int:
-    return n // batch_size  # drop the last partial batch: every step has the same shape
-
-
-def train_batches(
-    encoded: Encoded, batch_size: int, seed: int, shuffle: bool, start_micro: int = 0
-) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-    """Yield (epoch, batch) forever from micro-batch number ``start_micro`` on."""
-    per_epoch = batches_per_epoch(len(encoded), batch_size)
-    micro = start_micro
-    while True:
-        epoch, index = divmod(micro, per_epoch)
-        order = (
-            np.random.default_rng(seed + epoch).permutation(len(encoded))
-            if shuffle
-            else np.arange(len(encoded))
-        )
-        for b in range(index, per_epoch):
-            yield epoch, encoded.take(order[b * batch_size : (b + 1) * batch_size])
-        micro = (epoch + 1) * per_epoch
-
-
-def eval_batches(encoded: Encoded, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-    """All eval rows in order; the last batch is padded with copies and marked by ``_valid``."""
-    n = len(encoded)
-    for start in range(0, n, batch_size):
-        idx = np.arange(start, min(start + batch_size, n))
-        valid = len(idx)
-        if valid < batch_size:  # keep the shape fixed: pad with the last row, ignore it after
-            idx = np.concatenate([idx, np.full(batch_size - valid, idx[-1])])
-        batch = encoded.take(idx)
-        batch["labels"][valid:] = -100  # padded rows are ignored by the loss
-        batch["_valid"] = np.array(valid)
-        yield batch
+# (ortft/batches.py; these names stay here for the callers that read rows and batches together)
+batches_per_epoch = batches.batches_per_epoch
+train_batches = batches.train_batches
+eval_batches = batches.eval_batches

@@ -207,22 +207,30 @@ class PyTorchEngine:
 
     # ---- the step
     def train_step(self, micro_batches: list[dict[str, np.ndarray]]) -> StepResult:
-        accum = len(micro_batches)
+        """One optimizer step. The loss is the mean over the real (label-carrying) tokens of the
+        whole step, over its micro-batches and processes, as the Trainer's num_items_in_batch
+        does: each micro-batch's mean is weighted by its share of the step's tokens, so a short
+        micro-batch does not count as much as a long one. (One row per label, as classification
+        has, gives equal weights: the plain mean.)"""
+        world, lr = distributed.world_size(), self.scheduler.get_last_lr()[0]
+        total = max(sum(self._counted(b) for b in micro_batches), 1)  # over all processes
         loss_sum = torch.zeros((), device=self.device)
-        lr = self.scheduler.get_last_lr()[0]
         for batch in micro_batches:
             self.wrapper.before_forward(self.recipe.training.seed, self.micro_step)
             self.micro_step += 1
-            inputs = to_device(distributed.shard(batch), self.device)  # DDP: this rank's rows
+            mine = distributed.shard(batch)  # DDP: this rank's rows
+            inputs = to_device(mine, self.device)
             with runtime.autocast(self.amp_dtype, self.device):  # disabled for fp32
                 loss, _ = self.forward(**inputs)
+            share = self._counted(mine) / total
             if self.deepspeed is not None:  # DeepSpeed scales, accumulates, reduces gradients
-                self.deepspeed.backward(loss)
+                # (it divides by the accumulation steps and averages ranks itself)
+                self.deepspeed.backward(loss * share * world * len(micro_batches))
                 self.deepspeed.step()  # clip + optimizer + schedule at the accumulation boundary
-            else:
-                self.scaler.scale(loss / accum).backward()  # DDP all-reduces gradients here
+            else:  # DDP averages the ranks' gradients: x world makes that a sum of shares
+                self.scaler.scale(loss * (share * world)).backward()
             self.wrapper.after_step(self.wrapped)
-            loss_sum += loss.detach().float()
+            loss_sum += loss.detach().float() * share
         if self.deepspeed is None:
             r = self.recipe.training
             applied = amp.optimizer_step(
@@ -231,9 +239,15 @@ class PyTorchEngine:
         else:
             applied = self.deepspeed.was_step_applied()
         self.skipped_steps += not applied  # fp16 overflow: not an error
-        # the one CPU-GPU sync per step; DDP: the mean over ranks (= the global batch's loss)
-        loss = float(distributed.all_reduce_mean(loss_sum)) / accum
+        # the one CPU-GPU sync per step; DDP: summed over ranks (= the global step's loss)
+        loss = float(distributed.all_reduce_mean(loss_sum)) * world
         return StepResult(loss=loss, lr=lr, applied=applied)
+
+    def _counted(self, batch: dict[str, np.ndarray]) -> int:
+        """The positions the loss averages over: labels other than -100 (shifted for decoders)."""
+        labels = batch["labels"]
+        counted = labels[:, 1:] if self.task.shift_labels and labels.ndim > 1 else labels
+        return int((counted != -100).sum())
 
     # ---- eval
     def eval_mode(self, on: bool) -> None:

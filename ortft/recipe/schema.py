@@ -194,7 +194,28 @@ class DataSection(Section):
         None, description="Label names in id order; default: the sorted distinct labels of train."
     )
     max_length: Annotated[int, Field(ge=8, le=8192)] = Field(
-        128, description="Tokens per example; batches are padded to this fixed length."
+        128, description="Tokens per example at most: longer texts are truncated to this."
+    )
+    padding: Literal["longest", "buckets", "max_length"] = Field(
+        "longest",
+        description="How long each batch is: longest (the batch's longest row, rounded up to "
+        "pad_to_multiple_of), buckets (the smallest of `buckets` that fits the longest row: few "
+        "distinct shapes), or max_length (every batch padded to max_length). The model sees the "
+        "same real tokens either way; padding only costs time.",
+    )
+    pad_to_multiple_of: Annotated[int, Field(ge=1, le=512)] = Field(
+        8, description="padding=longest: batch lengths are rounded up to a multiple of this."
+    )
+    buckets: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None,
+        description="padding=buckets: the batch lengths allowed (default: max_length/4, /2, 3/4 "
+        "and max_length).",
+    )
+    group_by_length: bool = Field(
+        False,
+        description="Batch rows of similar length together (like transformers' group_by_length): "
+        "each epoch's seeded order is cut into groups of 50 batches, each sorted by length. "
+        "Less padding per batch; the order stays a function of the seed and the epoch.",
     )
     packing: bool = Field(
         True, description="causal-lm: concatenate texts and cut into max_length blocks."
@@ -206,6 +227,15 @@ class DataSection(Section):
     max_eval_samples: PositiveInt | None = Field(
         None, description="Use at most this many eval rows."
     )
+
+    @model_validator(mode="after")
+    def _buckets_fit(self) -> DataSection:
+        if self.buckets is not None and self.padding != "buckets":
+            raise ValueError("data.buckets applies to data.padding=buckets")
+        too_long = [b for b in self.buckets or [] if b > self.max_length]
+        if too_long:
+            raise ValueError(f"data.buckets {too_long} exceed data.max_length={self.max_length}")
+        return self
 
 
 class EarlyStopping(Section):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ortft import backends, checkpoint, data, fsutil, tasks
+from ortft import backends, batches, checkpoint, data, fsutil, tasks
 from ortft.errors import GateError, InputError, Interrupted, OrtftError, RunError
 from ortft.progress import Progress
 from ortft.recipe.io import LoadedRecipe, dump
@@ -124,6 +124,8 @@ class _Run:
                 f"training.batch_size={t.batch_size}{world}"
             )
         steps = total_steps(t, len(train), started.world_size)
+        # rows that fill max_length: truncated there, or exactly that long
+        self.at_max_length = int((batches.lengths(train) >= r.data.max_length).sum())
         # ---- the engine: model, optimizer, schedule, and a resumed run's state
         self.state = self.engine.prepare(
             self.loaded, task, tokenizer, labels, train, self.run_dir, self.resume_from, steps
@@ -143,8 +145,11 @@ class _Run:
             engine=self.engine, task=task, training=t, steps=steps, global_batch=global_batch,
             per_epoch=per_epoch, eval_data=evals, tokenizer=tokenizer, tracker=self.tracker,
             # the same seeded order in every process, cut into global batches
-            batches=data.train_batches(train, global_batch, t.seed, r.data.shuffle,
-                                       start_micro=self.state.micro_step),
+            batches=batches.train_batches(
+                train, global_batch, t.seed, r.data.shuffle, start_micro=self.state.micro_step,
+                group_by_length=r.data.group_by_length,
+            ),
+            padding=batches.Padding.of(r.data),
             progress=Progress(total=steps, start=self.state.step), selector=self.selector,
             signals=loop.Signals(), save=self._save, run_dir=self.run_dir, started=self.started,
             on_eval=self.on_eval, save_every=r.checkpoint.save_every,
@@ -252,6 +257,15 @@ class _Run:
         s.backend = self.engine.report()
         s.precision = self.engine.precision()
         s.steps, s.samples, s.tokens = state.step, state.samples, state.tokens
+        if hasattr(self, "loop"):
+            s.data = {
+                "padding": self.loop.padding.mode,
+                "padding_fraction": 1 - state.tokens / state.padded_tokens
+                if state.padded_tokens
+                else 0.0,
+                "batch_shapes": len(self.loop.shapes),  # distinct, in this process
+                "rows_at_max_length": self.at_max_length,
+            }
         s.epochs = state.micro_step / per_epoch if per_epoch else 0.0
         s.metrics, s.throughput = metrics, report.throughput(meter.steady)
         s.train_time_s, s.wall_time_s = state.train_time_s, time.time() - self.started

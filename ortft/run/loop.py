@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ortft import data
+from ortft import batches, data
 from ortft.checkpoint import TrainState
 from ortft.errors import RunError
 from ortft.progress import Progress
@@ -100,6 +100,8 @@ class Loop:
     started: float  # wall clock at the run's start
     on_eval: Callable[[int, dict[str, float]], None] | None = None
     save_every: int | None = None  # checkpoint.save_every
+    padding: batches.Padding = field(default_factory=batches.Padding)  # data.padding
+    shapes: set[tuple[int, ...]] = field(default_factory=set)  # distinct batch shapes trained
     meter: Meter = field(default_factory=Meter)
     last_checkpoint: Path | None = None
 
@@ -114,7 +116,10 @@ def train(loop: Loop, state: TrainState) -> str | None:
         for _ in range(t.gradient_accumulation_steps):
             epoch, batch = next(loop.batches)
             batch = loop.task.collate(batch, epoch, t.seed)  # masked-lm: this epoch's masking
-            tokens += int(batch["attention_mask"].sum())  # of the global batch
+            batch = batches.cut(batch, loop.padding, loop.task.aligned_keys)  # data.padding
+            tokens += int(batch["attention_mask"].sum())  # of the global batch: real tokens
+            state.padded_tokens += batch["attention_mask"].size  # real + padding
+            loop.shapes.add(batch["input_ids"].shape)
             micro.append(batch)
             state.micro_step += 1
             state.epoch = epoch
@@ -180,8 +185,9 @@ def _log_row(loop: Loop, state: TrainState, lr: float, dt: float) -> None:
 
 def _eval(loop: Loop, state: TrainState) -> None:
     t = loop.training
-    state.eval_metrics = evaluate(loop.engine, loop.eval_data, loop.task, t.batch_size, t.seed,
-                                  loop.tokenizer)  # fmt: skip
+    state.eval_metrics = evaluate(
+        loop.engine, loop.eval_data, loop.task, t.batch_size, t.seed, loop.tokenizer, loop.padding
+    )
     epoch = state.micro_step / loop.per_epoch
     loop.tracker.write({"kind": "eval", "step": state.step, "epoch": epoch, **state.eval_metrics})
     loop.progress.eval(state.eval_metrics)
@@ -191,7 +197,15 @@ def _eval(loop: Loop, state: TrainState) -> None:
         loop.on_eval(state.step, state.eval_metrics)
 
 
-def evaluate(engine: Any, encoded: Any, task: Any, batch_size: int, seed: int, tokenizer: Any):
+def evaluate(
+    engine: Any,
+    encoded: Any,
+    task: Any,
+    batch_size: int,
+    seed: int,
+    tokenizer: Any,
+    padding: batches.Padding | None = None,
+) -> dict[str, float]:
     """Loss over every eval row (label-weighted) plus the task's metrics; a task whose metrics
     need generation gets them from the engine (``extra_metrics``)."""
     engine.eval_mode(True)
@@ -199,6 +213,7 @@ def evaluate(engine: Any, encoded: Any, task: Any, batch_size: int, seed: int, t
     try:
         for batch in data.eval_batches(encoded, batch_size):
             batch = task.collate(batch, None, seed)  # None: the task's fixed eval variant
+            batch = batches.cut(batch, padding or batches.Padding(), task.aligned_keys)
             labels = batch["labels"]
             counted = labels[:, 1:] if task.shift_labels else labels
             n = int((counted != -100).sum())

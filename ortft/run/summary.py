@@ -192,6 +192,7 @@ class RunSummary:
     epochs: float = 0.0
     samples: int = 0
     tokens: int = 0
+    data: dict[str, Any] | None = None  # batching: padding mode, padding fraction, shapes
     metrics: dict[str, float | None] = field(default_factory=dict)
     throughput: dict[str, Any] = field(default_factory=dict)
     train_time_s: float = 0.0
@@ -232,6 +233,10 @@ class RunSummary:
             epochs=self.epochs,
             samples=self.samples,
             tokens=self.tokens,
+        )
+        if self.data is not None:
+            out["data"] = self.data
+        out.update(
             metrics=self.metrics,
             throughput=self.throughput,
             train_time_s=self.train_time_s,

@@ -62,6 +62,8 @@ class Task:
     shift_labels = False  # the model predicts labels[:, 1:] (eval counts those positions)
     own_columns = False  # rows are read through the task's task.*_column options, not data.*
     export_kind: ExportKind = "encoder"
+    # arrays with one value per input position: cut with input_ids when a batch is shortened
+    aligned_keys: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids", "labels")
     export_skip: str | None = None  # why `ortft train` cannot export this task (export skipped)
     ondevice = False  # measured with backend.name=ort-ondevice / export --training-artifacts
     eval_metrics: tuple[str, ...] = ("eval_loss",)  # the summary.json names of its eval metrics

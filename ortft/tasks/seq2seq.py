@@ -59,6 +59,7 @@ class Seq2Seq(Task):
     export_kind = "seq2seq"
     eval_metrics = ("eval_loss", "eval_perplexity", "eval_exact_match", "eval_token_f1")
     architectures = ("t5",)  # an encoder-decoder
+    aligned_keys = ("input_ids", "attention_mask")  # labels are the target: their own length
     export_skip = (
         "encoder-decoder models need separate encoder and decoder ONNX graphs, which "
         "this exporter does not write; final/ holds the trained model"
