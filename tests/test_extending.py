@@ -174,3 +174,49 @@ def test_the_resume_hint_resumes_even_when_the_recipe_says_never(tmp_path: Path)
     assert hint.endswith(f"checkpoint.resume=auto --output-dir {tmp_path}")
     assert "checkpoint.resume=never" not in hint
     assert "checkpoint.resume" not in rundir.resume_command(recipe_io.load(path), tmp_path)
+
+
+# ---- a task registered from a test trains through the real PyTorch engine, loop untouched
+
+
+def test_a_registered_task_trains_end_to_end(tmp_path: Path, monkeypatch) -> None:
+    from typing import Literal
+
+    from ortft import tasks
+
+    class ParityOptions(tasks.TaskOptions):
+        name: Literal["toy-parity"] = "toy-parity"
+
+    class Parity(tasks.Task):
+        """Whether a text has an even or an odd number of words."""
+
+        name, auto_class, needs_logits = "toy-parity", "AutoModelForSequenceClassification", True
+        eval_metrics = ("eval_loss", "eval_accuracy")
+
+        def __init__(self, options: ParityOptions) -> None:
+            pass
+
+        def label_names(self, rows, data):
+            return ["even", "odd"]
+
+        def encode(self, rows, tokenizer, data, label2id) -> tasks.Encoded:
+            texts = [str(r["text"]) for r in rows]
+            enc = tokenizer(texts, max_length=data.max_length, truncation=True,
+                            padding="max_length", return_tensors="np")  # fmt: skip
+            labels = np.array([len(t.split()) % 2 for t in texts], dtype=np.int64)
+            return tasks.Encoded({"input_ids": enc["input_ids"].astype(np.int64),
+                                  "attention_mask": enc["attention_mask"].astype(np.int64),
+                                  "labels": labels})  # fmt: skip
+
+        def metrics(self, loss, logits, labels):
+            pred, gold = np.concatenate([lg.argmax(-1) for lg in logits]), np.concatenate(labels)
+            return {"loss": loss, "accuracy": float(np.mean(pred == gold))}
+
+    monkeypatch.setattr(tasks, "_tasks", dict(tasks._tasks))  # the registration ends here
+    tasks.register("toy-parity", ParityOptions, Parity)
+    path = _recipe(tmp_path)
+    loaded = recipe_io.load(path, ["task=toy-parity", "training.max_steps=2"])
+    summary = lifecycle.run(loaded, output_dir=tmp_path / "run")
+    assert summary.status == "completed" and summary.task == "toy-parity" and summary.steps == 2
+    assert summary.backend.used == "torch" and "eval_accuracy" in summary.metrics
+    assert (tmp_path / "run/final/config.json").exists()
