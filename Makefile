@@ -4,12 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHON VENV
 
-.PHONY: help setup demo doctor test test-slow quality style bench clean
+.PHONY: help setup demo doctor test test-recipes test-slow quality style bench clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
 	@echo "make demo       setup if needed, then train recipes/quickstart.yaml"
-	@echo "make test       setup if needed, then the fast tests (not slow, not gpu)"
+	@echo "make test       setup if needed, then the fast tests (not slow, not gpu, not recipes)"
+	@echo "make test-recipes  every shipped CPU recipe, 2 steps end to end (minutes)"
 	@echo "make test-slow  the slow tests (minutes)"
 	@echo "make doctor     check this machine against the known-good stack"
 	@echo "make quality    ruff lint + format check, mypy"
@@ -27,7 +28,10 @@ doctor: setup
 	$(BIN)/ortft doctor
 
 test: setup
-	$(BIN)/pytest -m "not slow and not gpu"
+	$(BIN)/pytest -m "not slow and not gpu and not recipes"
+
+test-recipes: setup
+	$(BIN)/pytest -m "recipes and not gpu"
 
 test-slow: setup
 	$(BIN)/pytest -m "slow and not gpu"
