@@ -21,7 +21,24 @@ from conftest import tiny_causal_lm, tiny_classifier, train_losses, write_recipe
 from ortft import batches
 from ortft.tasks import Encoded
 
-WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "in", "parks", "and", "birds", "sang", "over", "trees"]
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "while",
+    "dogs",
+    "ran",
+    "in",
+    "parks",
+    "and",
+    "birds",
+    "sang",
+    "over",
+    "trees",
+]
 
 
 def _varied_csv(path: Path, n: int = 96) -> Path:

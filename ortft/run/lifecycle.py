@@ -89,6 +89,9 @@ class _Run:
         self.state = checkpoint.TrainState()
         self.stop_reason: str | None = None
         self.selector = Selector(self.recipe)
+        self.loop: loop.Loop | None = None  # built once the data and the engine are ready
+        self.tracker: Any = None
+        self.at_max_length = 0
         self.summary = RunSummary(
             task=self.recipe.task.name,
             provenance=Provenance.collect(loaded.path, loaded.sha256, device="", threads=0),
@@ -251,13 +254,13 @@ class _Run:
         metrics.update(
             self.selector.final_eval or {f"eval_{k}": v for k, v in state.eval_metrics.items()}
         )
-        per_epoch = getattr(getattr(self, "loop", None), "per_epoch", 0)
-        meter = self.loop.meter if hasattr(self, "loop") else loop.Meter()
+        per_epoch = self.loop.per_epoch if self.loop else 0
+        meter = self.loop.meter if self.loop else loop.Meter()
         s.status, s.error = status, error
         s.backend = self.engine.report()
         s.precision = self.engine.precision()
         s.steps, s.samples, s.tokens = state.step, state.samples, state.tokens
-        if hasattr(self, "loop"):
+        if self.loop:
             s.data = {
                 "padding": self.loop.padding.mode,
                 "padding_fraction": 1 - state.tokens / state.padded_tokens
@@ -273,7 +276,7 @@ class _Run:
         s.apply(self.selector.report(state, self.stop_reason))
         s.provenance.finished_at = report.utc_now()
         if write and self.engine.is_main():
-            if hasattr(self, "tracker"):
+            if self.tracker is not None:
                 self.tracker.close()  # flush TensorBoard, draw curves.png
             try:
                 s.write(self.run_dir / "summary.json")
