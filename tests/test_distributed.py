@@ -101,7 +101,7 @@ def test_ddp_checkpoints_resume(recipe: Path, tmp_path: Path) -> None:
 # still alive then frees the tensor during interpreter finalization: SIGABRT ("terminate called
 # without an active exception"), as every run did before the fix.
 EXIT_RACE = """
-import atexit, os, time
+import atexit, os, sys, time
 if os.environ["RANK"] == "1":  # registered first, runs last: sum() holds the GIL in C (~2 s)
     atexit.register(sum, range(100_000_000))
 import torch
@@ -122,7 +122,8 @@ else:
     time.sleep(1.0)
     torch.distributed.all_reduce(torch.ones(2))
 distributed.teardown()
-print(f"rank {distributed.rank()}: threads {before} before setup, {threads()} after teardown")
+# one write: torchrun runs python -u, and print's separate newline could interleave the ranks
+sys.stdout.write(f"rank {distributed.rank()}: threads {before} before setup, {threads()} after\\n")
 """
 
 
@@ -139,11 +140,10 @@ def test_teardown_joins_the_group_before_exit(tmp_path: Path) -> None:
         check=False,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    lines = sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))
-    assert len(lines) == 2, res.stdout
-    for line in lines:  # e.g. "rank 1: threads 1 before setup, 1 after teardown"
-        before, after = re.findall(r"(\d+) (?:before|after)", line)
-        assert before == after, line  # before the fix: 1 before, 4 after (gloo's 3 threads)
+    counts = re.findall(r"rank (\d): threads (\d+) before setup, (\d+) after", res.stdout)
+    assert sorted(rank for rank, _, _ in counts) == ["0", "1"], res.stdout
+    for rank, before, after in counts:  # before the fix: 1 before, 4 after (gloo's 3 threads)
+        assert before == after, f"rank {rank}: {before} threads before setup, {after} after"
 
 
 def test_shard_takes_this_ranks_rows(monkeypatch: pytest.MonkeyPatch) -> None:
