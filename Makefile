@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHON VENV
 
-.PHONY: help setup demo doctor test test-recipes test-slow quality style bench clean
+.PHONY: help setup demo doctor test test-recipes test-slow quality style bench soak-ddp clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -16,6 +16,7 @@ help:
 	@echo "make quality    ruff lint + format check, mypy"
 	@echo "make style      apply ruff fixes and formatting"
 	@echo "make bench      ORT vs PyTorch on recipes/bench/*.yaml (CPU); JSON in benchmarks/results/"
+	@echo "make soak-ddp   2-process DDP N times (N=20): counts failed exits (SOAK_MODE=train)"
 	@echo "make clean      remove $(VENV) and build/test caches (keeps ~/.cache/ortft)"
 
 setup:
@@ -54,6 +55,14 @@ bench: setup
 		--plot benchmarks/results/bert-cls.png > benchmarks/results/bert-cls.json
 	$(BIN)/ortft bench recipes/bench/gpt2-clm.yaml $(BENCH_ARGS) --json \
 		--plot benchmarks/results/gpt2-clm.png > benchmarks/results/gpt2-clm.json
+
+# Not CI: the 2-process DDP run N times, counting the runs that fail (the SIGABRT at rank exit
+# that teardown now prevents); one line a run, then the failed runs' stderr tails.
+# SOAK_MODE=train (default, ~10 s a run), race (the exit race forced), tests (test_distributed.py).
+N ?= 20
+SOAK_MODE ?= train
+soak-ddp: setup
+	N=$(N) SOAK_MODE=$(SOAK_MODE) scripts/soak-ddp.sh
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .mypy_cache

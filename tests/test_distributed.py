@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,57 @@ def test_ddp_checkpoints_resume(recipe: Path, tmp_path: Path) -> None:
     assert summary(run_dir)["resumed_from"].endswith("step-000002")
     assert train_losses(run_dir) == pytest.approx(full, abs=1e-6)
     assert len(train_losses(run_dir)) == 4
+
+
+# Two ranks that leave the exit race of distributed.teardown (its docstring) no room to miss:
+# rank 1's last all_reduce is left to its gloo worker (the tensor's Python object dies first,
+# rank 0 comes in 1 s later), and rank 1 holds the GIL at the very end of atexit, so a worker
+# still alive then frees the tensor during interpreter finalization: SIGABRT ("terminate called
+# without an active exception"), as every run did before the fix.
+EXIT_RACE = """
+import atexit, os, sys, time
+if os.environ["RANK"] == "1":  # registered first, runs last: sum() holds the GIL in C (~2 s)
+    atexit.register(sum, range(100_000_000))
+import torch
+from ortft.backends import distributed
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+before = threads()
+device = distributed.setup(torch.device("cpu"))
+ddp = distributed.wrap(torch.nn.Linear(4, 2), device)  # its Reducer holds the group
+ddp(torch.ones(3, 4)).sum().backward()
+if distributed.rank() == 1:
+    t = torch.ones(2)
+    work = torch.distributed.all_reduce(t, async_op=True)
+    del work, t
+else:
+    time.sleep(1.0)
+    torch.distributed.all_reduce(torch.ones(2))
+distributed.teardown()
+# one write: torchrun runs python -u, and print's separate newline could interleave the ranks
+sys.stdout.write(f"rank {distributed.rank()}: threads {before} before setup, {threads()} after\\n")
+"""
+
+
+def test_teardown_joins_the_group_before_exit(tmp_path: Path) -> None:
+    """No thread of the process group outlives teardown, so none can abort the exit."""
+    script = tmp_path / "exit_race.py"
+    script.write_text(EXIT_RACE)
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        + [str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = re.findall(r"rank (\d): threads (\d+) before setup, (\d+) after", res.stdout)
+    assert sorted(rank for rank, _, _ in counts) == ["0", "1"], res.stdout
+    for rank, before, after in counts:  # before the fix: 1 before, 4 after (gloo's 3 threads)
+        assert before == after, f"rank {rank}: {before} threads before setup, {after} after"
 
 
 def test_shard_takes_this_ranks_rows(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,13 +10,18 @@ How the loop uses it: every rank draws the same seeded permutation of the data w
 processes sees the same examples per step as one process with that global batch; DDP
 averages the gradients; ``all_reduce_mean`` averages the logged loss. Only rank 0 logs,
 writes checkpoints, final/, the export and summary.json.
+
+Shutdown (``teardown``) joins the group's worker threads while the interpreter is still whole;
+see its docstring for why ``destroy_process_group`` alone does not.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -57,9 +62,17 @@ def setup(device: torch.device) -> torch.device:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if not torch.distributed.is_initialized():
+        # torch.distributed.nn.functional binds `group.WORLD` as default arguments when it is
+        # imported; DDP's constructor imports it (through torch._dynamo), so imported after
+        # init_process_group it would hold the group until interpreter exit, out of teardown's
+        # reach. Imported here, before the group exists, its defaults are None (4 ms).
+        import torch.distributed.nn as _dist_nn  # noqa: F401  (binds no local `torch`)
+
         # env:// rendezvous: MASTER_ADDR/MASTER_PORT (or torchrun's c10d store) from the environment
         torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-        atexit.register(teardown)  # a failed run still leaves the group cleanly
+        # a failed run too leaves the group before interpreter finalization; no barrier there
+        # (another rank may have died or be stuck in a collective)
+        atexit.register(teardown, ok=False)
     if not is_main():
         from ortft import progress
 
@@ -74,9 +87,48 @@ def setup(device: torch.device) -> torch.device:
     return device
 
 
-def teardown() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+# every DDP wrapper wrap() made that is still alive: teardown takes the group out of them
+_wrappers: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def teardown(ok: bool = True) -> None:
+    """Leave the process group for good, its worker threads joined, before the interpreter exits.
+
+    Why: a gloo worker thread can hold the last reference to a tensor whose Python object died
+    first (the tensor of the last all_reduce, freed by the caller while the worker is still
+    finishing the op: seen in 2 of 16 all_reduces on 2 busy cores). Freeing it takes the GIL;
+    if the main thread has begun interpreter finalization by then, Python ends the worker thread
+    (pthread_exit) inside a C++ destructor and the process aborts: "terminate called without
+    an active exception", SIGABRT, after a run that trained fine. destroy_process_group alone
+    does not stop the workers while DDP's Reducer (or anything else) still holds the group.
+
+    In order: every rank at a barrier (ok=True; on an error path another rank may never come),
+    the group taken out of the DDP wrappers, destroy_process_group, then the last reference to
+    each backend dropped: its destructor joins the worker threads with the GIL released (torch
+    holds backends in a no-GIL destructor), so a worker freeing a tensor can still take the GIL.
+    (Were the group itself the last reference, its destructor would join holding the GIL: such
+    a worker would wait forever.) Safe to call twice; the DDP wrappers must not run afterwards.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    if ok:
+        barrier()
+    for ddp in list(_wrappers):
+        _release(ddp)
+    group = torch.distributed.distributed_c10d._get_default_group()
+    backends = []
+    for device_type in ("cpu", "cuda"):
+        with contextlib.suppress(RuntimeError):  # no backend for that device in this group
+            backends.append(group._get_backend(torch.device(device_type)))
+    del group
+    torch.distributed.destroy_process_group()
+    backends.clear()  # the last references: ~ProcessGroupGloo joins its threads here
+
+
+def _release(ddp: torch.nn.Module) -> None:
+    """Drop a DDP wrapper's references to the process group (its Reducer holds it in C++)."""
+    for name in ("reducer", "logger", "process_group"):
+        ddp.__dict__.pop(name, None)
 
 
 def wrap(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
@@ -84,7 +136,9 @@ def wrap(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     if not active():
         return module
     ids = [device.index] if device.type == "cuda" else None
-    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
+    ddp = torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
+    _wrappers.add(ddp)
+    return ddp
 
 
 def shard(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
