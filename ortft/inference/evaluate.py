@@ -284,7 +284,7 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> di
         len(encoded),
         spec.max_length,
     )
-    seed = loaded.recipe.training.seed if loaded else TrainingSection().seed
+    seed = loaded.recipe.training.seed if loaded else TrainingSection.model_fields["seed"].default
     metrics = score(m, encoded, batch_size, seed)
     return {
         "model": str(m.path),

@@ -239,6 +239,9 @@ def run(
         return tag(m, [_words(m, w, o) for w, o in inputs], max_length, batch_size)
     if kind == "answer":
         q, c = m.spec.question_column, m.spec.context_column
+        for where, o in inputs:
+            if q not in o and c not in o:  # a plain line
+                raise InputError(f'{where}: give JSON lines {{"{q}": ..., "{c}": ...}}')
         pairs = [(_field(o, q, w), _field(o, c, w)) for w, o in inputs]
         return answer(m, pairs, max_length, batch_size)
     texts = [_field(o, "text", w) for w, o in inputs]

@@ -88,9 +88,9 @@ class Task:
     ) -> Encoded:
         raise NotImplementedError
 
-    def metrics(
-        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
-    ) -> dict[str, Any]:
+    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[Any]) -> dict[str, Any]:
+        """The eval metrics: ``loss`` (mean over counted labels), and per eval batch its logits
+        and what ``metric_labels`` gave for it (default: the labels array)."""
         raise NotImplementedError
 
     def columns(self, data: DataSection) -> list[str]:
