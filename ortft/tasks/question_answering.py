@@ -14,6 +14,8 @@ Metrics: ``exact_match`` and ``f1`` of that text against the answer text, with t
 SQuAD v1.1 normalization (``tasks/squad.py``); an answer truncated away is a miss. To score
 text, each encoded row carries the context part its window covers (``_window``, UTF-8), each
 token's byte span in it (``_spans``) and the answer (``_answer``); the model never sees them.
+Their size is of the order of the token ids' own: a 384-token window covers ~2 KB of text and
+its spans take 3 KB (int32), next to 3 KB of int64 input_ids.
 """
 
 from __future__ import annotations
