@@ -409,23 +409,30 @@ def predict(
     input_path: Annotated[
         str,
         typer.Option(
-            "--input", "-i", help="Texts, one per line or JSONL with a 'text' field; - for stdin."
+            "--input",
+            "-i",
+            help="Texts, one per line, or JSONL ('text'; token-cls: or 'tokens'; QA: 'question' and 'context'); - for stdin.",
         ),
     ] = "-",
     max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", min=1, help="causal-lm: tokens to generate (greedy).")
+        int,
+        typer.Option(
+            "--max-new-tokens",
+            min=1,
+            help="causal-lm, instruction, seq2seq: tokens to generate (greedy).",
+        ),
     ] = 32,
     max_length: Annotated[
         int | None,
         typer.Option(
             "--max-length",
             min=1,
-            help="classification: truncate inputs (default: the training length).",
+            help="Truncate inputs to this many tokens (default: the training length; not causal LMs).",
         ),
     ] = None,
     as_json: Annotated[bool, _json("One JSON object per input on stdout.")] = False,
 ) -> None:
-    """Run a trained model on texts: label + scores (classification) or generated text (causal LM)."""
+    """Run a trained model on inputs: a label, tags per word, an answer span, filled masks or text."""
 
     def body() -> None:
         from ortft.inference import predict as predict_mod

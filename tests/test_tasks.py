@@ -144,14 +144,13 @@ def test_token_classification_labels_first_subtoken_only() -> None:
 
 
 def test_entity_f1_counts_exact_spans() -> None:
-    from ortft.tasks.token_classification import spans
-
-    assert spans(["B-PER", "I-PER", "O", "B-LOC", "I-ORG"]) == {
-        (0, 2, "PER"),
-        (3, 4, "LOC"),
-        (4, 5, "ORG"),
-    }
+    """Entity precision / recall / F1 are seqeval's (default mode: a stray I-X starts an entity)."""
     task = tasks.get("token-classification")
+    task.id2label = ["B-PER", "I-PER", "O", "B-LOC", "I-ORG"]
+    stray = task.metrics(0.0, [np.eye(5)[[0, 1, 2, 3, 2]][None]], [np.array([[0, 1, 2, 3, 4]])])
+    # the stray I-ORG is a gold entity: 2 of 3 found, both predictions right
+    assert (stray["precision"], stray["recall"]) == (1.0, pytest.approx(2 / 3))
+    assert stray["f1"] == pytest.approx(2 * 2 / (3 + 2))
     task.id2label = ["B-PER", "I-PER", "O"]
     gold = np.array([[0, 1, 2, -100]])
     perfect = np.eye(3)[[0, 1, 2, 2]][None]
@@ -159,6 +158,11 @@ def test_entity_f1_counts_exact_spans() -> None:
     assert task.metrics(0.0, [perfect], [gold])["f1"] == 1.0
     assert task.metrics(0.0, [wrong_end], [gold])["f1"] == 0.0  # a partial span is a miss
     assert task.metrics(0.0, [wrong_end], [gold])["accuracy"] == pytest.approx(2 / 3)
+    m = task.metrics(0.0, [np.eye(3)[[0, 1, 2, 0]][None]], [np.array([[0, 1, 2, 0]])])
+    assert (m["precision"], m["recall"], m["f1"]) == (1.0, 1.0, 1.0)
+    task.id2label = ["NOUN", "VERB", "DET"]  # not BIO: no entities, f1 is the macro-F1 over tags
+    m = task.metrics(0.0, [wrong_end], [gold])
+    assert m["f1"] == m["f1_macro"] and "precision" not in m
 
 
 def test_masked_lm_masking_is_seeded_per_epoch_and_80_10_10() -> None:
@@ -191,13 +195,40 @@ def test_question_answering_offsets_map_to_the_answer() -> None:
         assert tok.decode(ids[s : e + 1]).replace(" ", "") == row["answer_text"].lower().replace(
             " ", ""
         )
-    perfect = np.zeros((1, 2, 64))
-    perfect[0, 0, 5], perfect[0, 1, 7] = 9, 9
-    m = task.metrics(0.0, [perfect], [np.array([[5, 7]])])
-    assert m["exact_match"] == 1.0 and m["f1"] == 1.0
-    assert task.metrics(0.0, [perfect], [np.array([[6, 9]])])["f1"] == pytest.approx(
-        2 * 2 / (3 + 4)
-    )
+    # the metrics read the span's text from the context: SQuAD v1.1 EM / F1 after normalization
+    first = enc.take(np.arange(1))  # "... Northwind Labs in 2000. The company ..."; answer "2000"
+    s, e = first["labels"][0]
+
+    def scores(start: int, end: int) -> dict[str, float]:
+        logits = np.zeros((1, 2, 64))
+        logits[0, 0, start], logits[0, 1, end] = 9, 9
+        return task.metrics(0.0, [logits], [task.metric_labels(first, 1)])
+
+    assert scores(s, e) == {"loss": 0.0, "exact_match": 1.0, "f1": 1.0}
+    assert scores(s, e + 1)["exact_match"] == 1.0  # "2000." normalizes to "2000"
+    wider = scores(s - 1, e)  # "in 2000": one extra word
+    assert wider["exact_match"] == 0.0 and wider["f1"] == pytest.approx(2 * 0.5 * 1 / 1.5)
+    assert scores(1, 2)["exact_match"] == 0.0  # a span in the question is never picked
+
+
+def test_squad_v11_normalization_and_scores() -> None:
+    """The official SQuAD v1.1 script's normalize_answer / exact_match_score / f1_score."""
+    from ortft.tasks.squad import exact_match, f1, normalize_answer
+
+    assert normalize_answer("The Denver Broncos") == "denver broncos"
+    assert normalize_answer("  A  cat, an apple;\tthe END.  ") == "cat apple end"
+    assert normalize_answer("theater Anna anthem") == "theater anna anthem"  # whole words only
+    assert (
+        normalize_answer("New-York's $1,000") == "newyorks 1000"
+    )  # punctuation dropped, not split
+    assert normalize_answer("\u00abOslo\u00bb") == "\u00aboslo\u00bb"  # only ASCII punctuation
+    assert exact_match("Denver Broncos", "the Denver Broncos.") == 1.0
+    assert exact_match("Broncos", "Denver Broncos") == 0.0
+    # words [cat sat on mat] vs [cat on mat]: precision 3/4, recall 1
+    assert f1("the cat sat on the mat", "a cat on a mat") == pytest.approx(2 * 0.75 / 1.75)
+    assert f1("cat cat", "cat") == pytest.approx(2 * 0.5 / 1.5)  # a multiset: one cat shared
+    assert f1("", "Oslo") == 0.0 and f1("the", "a") == 0.0  # v1.1: nothing shared is 0
+    assert exact_match("the", "a") == 1.0  # both normalize to ""
 
 
 def test_instruction_masks_prompts_and_packs_whole_examples() -> None:

@@ -4,7 +4,10 @@ The model is a run directory (its ``final/``), a saved Hugging Face model direct
 ONNX export folder (``model.onnx`` + tokenizer + config), which runs in an onnxruntime
 ``InferenceSession``. Both kinds go through the same code: the model gives logits, and the
 loss and metrics are computed from them here, so a PyTorch model and its ONNX export report
-the same numbers (to float rounding). The default data is the eval split the run's recipe used
+the same numbers (to float rounding). Batches get the task's fixed eval variant first, as in
+training's eval (masked-lm: the eval masking, seeded by the recipe's training.seed). A seq2seq
+model (PyTorch only: it is not exported) gets its logits from the decoder fed the target, and
+its generate metrics (exact match, token F1) as in training. The default data is the eval split the run's recipe used
 (``final/recipe.yaml``); ``--data`` scores another file in any format ``data.py`` reads.
 The task is the run's own (its recipe's ``task:``, or the one an ONNX folder's export.json
 records), so an instruction run is scored as instruction; only a plain Hugging Face model that
@@ -27,7 +30,7 @@ from ortft import data as data_mod
 from ortft import tasks
 from ortft.errors import InputError, RecipeError
 from ortft.recipe.io import LoadedRecipe
-from ortft.recipe.schema import Recipe
+from ortft.recipe.schema import Recipe, TrainingSection
 from ortft.recipe.task import read_task
 from ortft.run.summary import RunSummary
 
@@ -50,7 +53,10 @@ class SavedModel:
     _model: Any = None
     spec: Any = None  # the task itself (tasks.Task), built with the run's task options
 
-    def logits(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    def logits(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, labels: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The model's logits; ``labels`` only for an encoder-decoder (its decoder's input)."""
         if self.runtime == "onnxruntime":
             feeds = {
                 "input_ids": input_ids.astype(np.int64),
@@ -59,7 +65,9 @@ class SavedModel:
             return self._model.run(["logits"], feeds)[0]
         import torch
 
-        kw = {"use_cache": False} if self.spec.is_decoder else {}
+        kw: dict[str, Any] = {"use_cache": False} if self.spec.is_decoder else {}
+        if self.spec.export_kind == "seq2seq":  # T5/BART shift the labels right themselves
+            kw["labels"] = torch.from_numpy(labels)
         with torch.no_grad():
             out = self._model(
                 input_ids=torch.from_numpy(input_ids),
@@ -142,12 +150,8 @@ def open_model(source: Path) -> SavedModel:
         None,
     )
     task = _task(source, recipe_yaml, config)
-    if task.export_kind == "seq2seq":
-        raise InputError(
-            f"{source}: ortft eval / predict run one forward pass per batch; a {task.name} "
-            "model generates with an encoder and a decoder (its run's summary.json has its "
-            "eval metrics)"
-        )
+    if task.needs_labels:  # the model's label names, in id order (token-cls metrics read them)
+        task.bind_labels([str(config.id2label[i]) for i in range(len(config.id2label))])
     common = dict(
         path=source,
         task=task.name,
@@ -190,10 +194,12 @@ def training_recipe(m: SavedModel) -> LoadedRecipe | None:
     return dataclasses.replace(loaded, base_dir=base)
 
 
-def load_rows(m: SavedModel, data_file: Path | None) -> tuple[list[dict[str, Any]], Any, str]:
-    """(rows, the data section to encode them with, a description of where they came from)."""
+def load_rows(
+    m: SavedModel, data_file: Path | None, loaded: LoadedRecipe | None
+) -> tuple[list[dict[str, Any]], Any, str]:
+    """(rows, the data section to encode them with, a description of where they came from);
+    ``loaded``: the model's training recipe, when known."""
     task = m.spec
-    loaded = training_recipe(m)
     if data_file is None:
         if loaded is None:
             raise InputError(
@@ -240,25 +246,33 @@ def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray, causal: bool) -> t
     return float((logz - flat[np.arange(len(gold)), gold]).sum()), int(len(gold))
 
 
-def score(m: SavedModel, encoded: tasks.Encoded, batch_size: int = 32) -> dict[str, float]:
-    """Loss (mean over every counted label) and the task's metrics, from the model's logits."""
+def score(
+    m: SavedModel, encoded: tasks.Encoded, batch_size: int = 32, seed: int = 42
+) -> dict[str, float]:
+    """Loss (mean over every counted label) and the task's metrics, from the model's logits;
+    ``seed``: the training seed the task's eval variant is drawn with (masked-lm's masking)."""
     task = m.spec
     total, weight, logits_all, labels_all = 0.0, 0, [], []
     for start in range(0, len(encoded), batch_size):
         batch = encoded.take(np.arange(start, min(start + batch_size, len(encoded))))
-        logits = m.logits(batch["input_ids"], batch["attention_mask"])
+        batch = task.collate(batch, None, seed)  # None: the fixed eval variant, as training's
+        logits = m.logits(batch["input_ids"], batch["attention_mask"], batch["labels"])
         s, n = cross_entropy_sum(logits, batch["labels"], causal=task.shift_labels)
         total, weight = total + s, weight + n
         if task.needs_logits:
             logits_all.append(logits)
-            labels_all.append(batch["labels"])
-    return task.metrics(total / max(weight, 1), logits_all, labels_all)
+            labels_all.append(task.metric_labels(batch, len(batch["labels"])))
+    metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)
+    if m.runtime == "pytorch":  # metrics that need generation (seq2seq), as training's eval
+        metrics.update(task.generate_metrics(m._model, m.tokenizer, encoded))
+    return metrics
 
 
 def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> dict[str, Any]:
     t0 = time.perf_counter()
     m = open_model(source)
-    rows, spec, where = load_rows(m, data_file)
+    loaded = training_recipe(m)
+    rows, spec, where = load_rows(m, data_file, loaded)
     labels = m.labels()
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
     encoded = m.spec.encode(rows, m.tokenizer, spec, label2id)
@@ -270,7 +284,8 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> di
         len(encoded),
         spec.max_length,
     )
-    metrics = score(m, encoded, batch_size)
+    seed = loaded.recipe.training.seed if loaded else TrainingSection.model_fields["seed"].default
+    metrics = score(m, encoded, batch_size, seed)
     return {
         "model": str(m.path),
         "runtime": m.runtime,

@@ -1,11 +1,22 @@
-"""``ortft predict``: run a trained model (PyTorch ``final/`` or its ONNX export) on texts.
+"""``ortft predict``: run a trained model (PyTorch ``final/`` or its ONNX export) on inputs.
 
-Input: one text per line, or JSONL whose objects carry a ``text`` field (a line that starts
-with ``{`` is read as JSON); blank lines are skipped. Output, one line per input, in order:
-classification gives the label with softmax scores, a decoder task (causal LM, instruction) the
-greedy continuation (an instruction run's input is formatted as a prompt, as in training).
-Greedy decoding re-runs the whole sequence for each new token (no KV cache), the same loop
-for PyTorch and ONNX Runtime, so both give the same text.
+Input: one text per line, or JSONL objects (a line that starts with ``{``); blank lines are
+skipped. A JSON line gives its ``text`` field, token classification also takes a ``tokens``
+list (the task's tokens column), question answering needs ``question`` and ``context`` fields
+(the task's columns). Output, one line per input, in order; what a task gives is its
+``Task.predicts``:
+
+- label (sequence classification): the label, with softmax scores over all labels;
+- tags (token classification): one tag per word (words: whitespace-separated, or the tokens
+  list), from the word's first sub-token as in training; a word cut off by max_length: null;
+- answer (question answering): the best span of the context (as eval picks it), its character
+  offsets and score (start probability x end probability);
+- fill-mask (masked LM): each mask token's best token with its top-5 candidates, and the text
+  with the masks filled;
+- generate (causal LM, instruction, seq2seq): the greedy continuation (an instruction run's
+  input is formatted as a prompt, as in training). A decoder re-runs the whole sequence for
+  each new token (no KV cache), the same loop for PyTorch and ONNX Runtime, so both give the
+  same text; a seq2seq model (PyTorch only, it is not exported) uses ``model.generate``.
 """
 
 from __future__ import annotations
@@ -21,23 +32,32 @@ import numpy as np
 from ortft.errors import InputError
 from ortft.inference.evaluate import SavedModel, open_model, training_recipe
 
+TOP_K = 5  # fill-mask candidates per mask, as the transformers fill-mask pipeline's default
 
-def read_texts(stream: TextIO, name: str) -> list[str]:
-    texts = []
+
+def read_inputs(stream: TextIO, name: str) -> list[tuple[str, dict[str, Any]]]:
+    """(where, object) per non-blank line: a plain line is ``{"text": line}``."""
+    inputs = []
     for n, line in enumerate(stream, 1):
         line = line.rstrip("\n")
         if not line.strip():
             continue
+        obj: Any = {"text": line}
         if line.lstrip().startswith("{"):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
                 raise InputError(f"{name}:{n}: not valid JSON ({err.msg})") from None
-            if not isinstance(obj.get("text"), str):
-                raise InputError(f"{name}:{n}: a JSON line needs a string field 'text'")
-            line = obj["text"]
-        texts.append(line)
-    return texts
+            if not isinstance(obj, dict):
+                raise InputError(f"{name}:{n}: a JSON line must be an object")
+        inputs.append((f"{name}:{n}", obj))
+    return inputs
+
+
+def _field(obj: dict[str, Any], key: str, where: str) -> Any:
+    if not isinstance(obj.get(key), str):
+        raise InputError(f"{where}: a JSON line needs a string field '{key}'")
+    return obj[key]
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -45,12 +65,16 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
+def _chunks(items: list[Any], size: int) -> Iterator[tuple[int, list[Any]]]:
+    for start in range(0, len(items), size):
+        yield start, items[start : start + size]
+
+
 def classify(
     m: SavedModel, texts: list[str], max_length: int, batch_size: int
 ) -> Iterator[dict[str, Any]]:
     labels = m.labels() or []
-    for start in range(0, len(texts), batch_size):
-        chunk = texts[start : start + batch_size]
+    for start, chunk in _chunks(texts, batch_size):
         enc = m.tokenizer(
             chunk, max_length=max_length, truncation=True, padding=True, return_tensors="np"
         )
@@ -63,6 +87,70 @@ def classify(
                 "score": float(p[best]),
                 "scores": {name: float(v) for name, v in zip(labels, p, strict=True)},
             }
+
+
+def tag(
+    m: SavedModel, words: list[list[str]], max_length: int, batch_size: int
+) -> Iterator[dict[str, Any]]:
+    labels = m.labels() or []
+    for start, chunk in _chunks(words, batch_size):
+        enc = m.tokenizer(
+            chunk,
+            is_split_into_words=True,
+            max_length=max_length,
+            truncation=True,
+            padding=True,
+            return_tensors="np",
+        )
+        best = m.logits(enc["input_ids"], enc["attention_mask"]).argmax(-1)
+        for i, row in enumerate(chunk):
+            tags: list[str | None] = [None] * len(row)  # a word truncated away keeps None
+            for pos, word in enumerate(enc.word_ids(i)):
+                if word is not None and tags[word] is None:  # the word's first sub-token
+                    tags[word] = labels[int(best[i, pos])]
+            yield {"index": start + i, "tokens": row, "tags": tags}
+
+
+def answer(
+    m: SavedModel, pairs: list[tuple[str, str]], max_length: int, batch_size: int
+) -> Iterator[dict[str, Any]]:
+    from ortft.tasks.question_answering import best_span, context_char_spans
+
+    for start, chunk in _chunks(pairs, batch_size):
+        questions, contexts = [q for q, _ in chunk], [c for _, c in chunk]
+        enc = m.spec.tokenize(questions, contexts, m.tokenizer, max_length)
+        ids = np.asarray(enc["input_ids"], dtype=np.int64)
+        logits = m.logits(ids, np.asarray(enc["attention_mask"], dtype=np.int64))
+        for i, context in enumerate(contexts):
+            chars = context_char_spans(enc, i)
+            span = best_span(logits[i, 0], logits[i, 1], chars[:, 0] >= 0)
+            out: dict[str, Any] = {"index": start + i, "answer": "", "start": None, "end": None}
+            if span is not None:  # else the context was truncated away entirely
+                (s, e), p = span, _softmax(logits[i].astype(np.float64))
+                first, last = int(chars[s, 0]), int(chars[e, 1])
+                out.update(answer=context[first:last], start=first, end=last)
+                out["score"] = float(p[0, s] * p[1, e])
+            yield out
+
+
+def fill_mask(
+    m: SavedModel, texts: list[str], max_length: int, batch_size: int
+) -> Iterator[dict[str, Any]]:
+    tok = m.tokenizer
+    for start, chunk in _chunks(texts, batch_size):
+        enc = tok(chunk, max_length=max_length, truncation=True, padding=True, return_tensors="np")
+        ids = enc["input_ids"].astype(np.int64)
+        logits = m.logits(ids, enc["attention_mask"].astype(np.int64))
+        for i in range(len(chunk)):
+            filled, masks = ids[i].copy(), []
+            for pos in np.flatnonzero(ids[i] == tok.mask_token_id):
+                p = _softmax(logits[i, pos].astype(np.float64))
+                top = np.argsort(-p, kind="stable")[:TOP_K]
+                filled[pos] = top[0]
+                cands = [{"token": tok.decode([int(t)]).strip(), "score": float(p[t])} for t in top]
+                masks.append({**cands[0], "candidates": cands})
+            text = tok.decode(filled[enc["attention_mask"][i] == 1], skip_special_tokens=True)
+            yield {"index": start + i, "filled": text, "masks": masks}
 
 
 def generate(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[dict[str, Any]]:
@@ -87,6 +175,47 @@ def generate(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[d
         }
 
 
+def generate_seq2seq(
+    m: SavedModel, texts: list[str], max_new_tokens: int, max_length: int, batch_size: int
+) -> Iterator[dict[str, Any]]:
+    tok = m.tokenizer
+    special = set(tok.all_special_ids)
+    for start, chunk in _chunks(texts, batch_size):
+        enc = tok(chunk, max_length=max_length, truncation=True, padding=True, return_tensors="np")
+        out = m.spec.generate(
+            m._model,
+            enc["input_ids"].astype(np.int64),
+            enc["attention_mask"].astype(np.int64),
+            max_new_tokens,
+        )
+        for i, row in enumerate(out):
+            yield {
+                "index": start + i,
+                "generated": tok.decode(row, skip_special_tokens=True),
+                "new_tokens": sum(int(t) not in special for t in row),
+            }
+
+
+def _read(input_path: str) -> list[tuple[str, dict[str, Any]]]:
+    if input_path == "-":
+        return read_inputs(sys.stdin, "<stdin>")
+    path = Path(input_path)
+    if not path.is_file():
+        raise InputError(f"{path}: input file not found")
+    with open(path, encoding="utf-8") as fh:
+        return read_inputs(fh, str(path))
+
+
+def _words(m: SavedModel, where: str, obj: dict[str, Any]) -> list[str]:
+    column = m.spec.tokens_column
+    words = obj.get(column)
+    if words is None:
+        return _field(obj, "text", where).split()
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise InputError(f"{where}: '{column}' must be a list of strings")
+    return words
+
+
 def run(
     source: Path,
     input_path: str,
@@ -95,33 +224,48 @@ def run(
     max_length: int | None = None,
     batch_size: int = 16,
 ) -> Iterator[dict[str, Any]]:
-    """One result dict per input text."""
+    """One result dict per input."""
     m = open_model(source)
-    if m.spec.export_kind != "decoder" and not (
-        m.spec.export_kind == "encoder" and m.spec.needs_labels
-    ):
-        raise InputError(
-            f"{source}: ortft predict classifies texts or continues them; it has no output "
-            f"for {m.task} (use ortft eval to score it)"
-        )
-    if input_path == "-":
-        texts = read_texts(sys.stdin, "<stdin>")
-    else:
-        path = Path(input_path)
-        if not path.is_file():
-            raise InputError(f"{path}: input file not found")
-        with open(path, encoding="utf-8") as fh:
-            texts = read_texts(fh, str(path))
-    if m.spec.export_kind == "decoder":
-        return generate(m, texts, max_new_tokens)
+    kind = m.spec.predicts
+    if kind is None:
+        raise InputError(f"{source}: ortft predict has no output for {m.task} (use ortft eval)")
+    inputs = _read(input_path)
+    if kind == "generate" and m.spec.export_kind == "decoder":
+        return generate(m, [_field(o, "text", w) for w, o in inputs], max_new_tokens)
     if max_length is None:  # the length the model was trained with, else its own limit
         loaded = training_recipe(m)
         max_length = loaded.recipe.data.max_length if loaded else min(512, m.max_positions() or 512)
+    if kind == "tags":
+        return tag(m, [_words(m, w, o) for w, o in inputs], max_length, batch_size)
+    if kind == "answer":
+        q, c = m.spec.question_column, m.spec.context_column
+        for where, o in inputs:
+            if q not in o and c not in o:  # a plain line
+                raise InputError(f'{where}: give JSON lines {{"{q}": ..., "{c}": ...}}')
+        pairs = [(_field(o, q, w), _field(o, c, w)) for w, o in inputs]
+        return answer(m, pairs, max_length, batch_size)
+    texts = [_field(o, "text", w) for w, o in inputs]
+    if kind == "fill-mask":
+        mask = m.tokenizer.mask_token
+        for (where, _), text in zip(inputs, texts, strict=True):
+            if mask not in text:
+                raise InputError(f"{where}: no {mask} in the text (masked-lm predict fills them)")
+        return fill_mask(m, texts, max_length, batch_size)
+    if kind == "generate":  # an encoder-decoder
+        return generate_seq2seq(m, texts, max_new_tokens, max_length, batch_size)
     return classify(m, texts, max_length, batch_size)
 
 
 def format_line(result: dict[str, Any]) -> str:
-    """The plain (non --json) line: label and score, or the generated text on one line."""
+    """The plain (non --json) line: label and score, word/TAG pairs, the answer and its score,
+    the filled text, or the generated text, on one line."""
     if "label" in result:
         return f"{result['label']}\t{result['score']:.4f}"
-    return result["generated"].replace("\n", "\\n")
+    if "tags" in result:
+        return " ".join(
+            f"{w}/{t or '-'}" for w, t in zip(result["tokens"], result["tags"], strict=True)
+        )
+    if "answer" in result:
+        return f"{result['answer']}\t{result.get('score', 0.0):.4f}"
+    text = result["filled"] if "filled" in result else result["generated"]
+    return text.replace("\n", "\\n")

@@ -222,7 +222,7 @@ def evaluate(
             weight += n
             if task.needs_logits:
                 logits_all.append(logits)
-                labels_all.append(labels[: int(batch["_valid"])])
+                labels_all.append(task.metric_labels(batch, int(batch["_valid"])))
     finally:
         engine.eval_mode(False)
     metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)

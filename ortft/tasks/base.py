@@ -71,6 +71,10 @@ class Task:
     # substrings of a saved model's config.architectures that imply this task; only for a plain
     # Hugging Face model without an ortft recipe (eval / predict / export SOURCE fall back to it)
     hf_architectures: tuple[str, ...] = ()
+    # what `ortft predict` gives per input: "label" (with scores), "tags" (one per word),
+    # "answer" (a span of the context), "fill-mask" (each [MASK]'s token), "generate" (text);
+    # None: predict refuses the task
+    predicts: str | None = None
 
     @property
     def options_key(self) -> str:
@@ -86,9 +90,9 @@ class Task:
     ) -> Encoded:
         raise NotImplementedError
 
-    def metrics(
-        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
-    ) -> dict[str, Any]:
+    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[Any]) -> dict[str, Any]:
+        """The eval metrics: ``loss`` (mean over counted labels), and per eval batch its logits
+        and what ``metric_labels`` gave for it (default: the labels array)."""
         raise NotImplementedError
 
     def columns(self, data: DataSection) -> list[str]:
@@ -132,6 +136,15 @@ class Task:
     ) -> dict[str, np.ndarray]:
         """Per-batch work after slicing (``epoch`` None: the fixed eval variant)."""
         return batch
+
+    def metric_labels(self, batch: dict[str, np.ndarray], valid: int) -> Any:
+        """What ``metrics`` gets for one eval batch's first ``valid`` rows (default: the labels;
+        question answering adds the context text its answers are read from)."""
+        return batch["labels"][:valid]
+
+    def bind_labels(self, names: list[str]) -> None:
+        """The label names of a saved model in id order (``ortft eval`` reads them from its
+        config.json); a task whose metrics read label names keeps them (default: ignore)."""
 
     def generate_metrics(self, model: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
         """Eval metrics that need generation, on the plain PyTorch model (default: none)."""

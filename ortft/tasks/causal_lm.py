@@ -30,6 +30,7 @@ class CausalLM(Task):
     is_decoder = True  # called with use_cache=False: ORTModule cannot flatten a KV cache
     shift_labels = True  # position t predicts labels[t + 1]
     export_kind = "decoder"
+    predicts = "generate"
     ondevice = True
     eval_metrics = ("eval_loss", "eval_perplexity")
     hf_architectures = ("CausalLM", "LMHead")

@@ -20,6 +20,7 @@ class SequenceClassification(Task):
     needs_logits = True  # eval keeps logits only where a metric needs them
     needs_labels = True
     ondevice = True
+    predicts = "label"
     eval_metrics = ("eval_loss", "eval_accuracy", "eval_f1_macro")
     hf_architectures = ("SequenceClassification",)
 

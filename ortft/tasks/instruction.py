@@ -68,6 +68,7 @@ class Instruction(Task):
     shift_labels = True
     own_columns = True
     export_kind = "decoder"
+    predicts = "generate"  # the input as a prompt, formatted as in training
     eval_metrics = ("eval_loss", "eval_perplexity")
 
     @property

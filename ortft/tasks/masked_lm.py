@@ -40,6 +40,7 @@ class MaskedLM(Task):
     needs_labels = False
     needs_logits = False
     export_kind = "per-token"
+    predicts = "fill-mask"  # each [MASK] of the input text
     eval_metrics = ("eval_loss", "eval_perplexity")
     architectures = ("bert",)  # an encoder: masks are predicted from both sides
     hf_architectures = ("MaskedLM",)

@@ -1,15 +1,21 @@
-"""question-answering: extractive, SQuAD-style; exact match and F1 over answer spans.
+"""question-answering: extractive, SQuAD-style; SQuAD v1.1 exact match and F1 over answer text.
 
 Data: rows with ``question``, ``context``, ``answer_text`` and ``answer_start`` (the answer's
 character offset in the context; column names under ``task:``). Question and context are
-tokenized as a pair (only the context is truncated); the tokenizer's offsets map the answer's
-characters to its first and last token, the labels ``[start, end]``. An answer cut off by
-truncation points at the first token ([CLS]), the SQuAD convention for "no answer here".
+tokenized as a pair (only the context is truncated; one window per example, no doc stride);
+the tokenizer's offsets map the answer's characters to its first and last token, the labels
+``[start, end]``. An answer cut off by truncation points at the first token ([CLS]), the SQuAD
+convention for "no answer here".
 
 The model returns start and end logits; ortft stacks them as ``logits`` of shape
-[batch, 2, sequence] (also the ONNX output). Metrics: ``exact_match`` (predicted span equals
-the gold span) and ``f1`` (token overlap of the two spans), SQuAD's definitions taken over
-token positions rather than normalized words.
+[batch, 2, sequence] (also the ONNX output). The predicted span is the best start + end score
+over context tokens (end >= start, at most 30 tokens), read back as the context's characters.
+Metrics: ``exact_match`` and ``f1`` of that text against the answer text, with the official
+SQuAD v1.1 normalization (``tasks/squad.py``); an answer truncated away is a miss. To score
+text, each encoded row carries the context part its window covers (``_window``, UTF-8), each
+token's byte span in it (``_spans``) and the answer (``_answer``); the model never sees them.
+Their size is of the order of the token ids' own: a 384-token window covers ~2 KB of text and
+its spans take 3 KB (int32), next to 3 KB of int64 input_ids.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 from pydantic import Field
 
 from ortft.errors import InputError
+from ortft.tasks import squad
 from ortft.tasks.base import Encoded, Task, TaskOptions
 
 if TYPE_CHECKING:
@@ -58,6 +65,7 @@ class QuestionAnswering(Task):
     needs_logits = True
     own_columns = True
     export_kind = "encoder"  # one [2, sequence] row of start/end logits per example
+    predicts = "answer"
     eval_metrics = ("eval_loss", "eval_exact_match", "eval_f1")
     hf_architectures = ("QuestionAnswering",)
 
@@ -65,6 +73,7 @@ class QuestionAnswering(Task):
     def options_key(self) -> str:
         return "|".join(
             [
+                "text-v2",  # the encoding: rows carry their text (a cache from before has not)
                 self.question_column,
                 self.context_column,
                 self.answer_column,
@@ -83,18 +92,23 @@ class QuestionAnswering(Task):
     def texts(self, rows: list[dict[str, Any]], data: Any) -> list[str]:
         return [f"{r[self.question_column]} {r[self.context_column]}" for r in rows]
 
-    def encode(self, rows, tokenizer, data, label2id) -> Encoded:
-        questions = [str(r[self.question_column]) for r in rows]
-        contexts = [str(r[self.context_column]) for r in rows]
-        enc = tokenizer(
+    def tokenize(self, questions: list[str], contexts: list[str], tokenizer: Any, length: int):
+        """Question/context pairs as ``length`` tokens (only the context truncated), with offsets."""
+        return tokenizer(
             questions,
             contexts,
-            max_length=data.max_length,
+            max_length=length,
             truncation="only_second",
             padding="max_length",
             return_offsets_mapping=True,
         )
+
+    def encode(self, rows, tokenizer, data, label2id) -> Encoded:
+        questions = [str(r[self.question_column]) for r in rows]
+        contexts = [str(r[self.context_column]) for r in rows]
+        enc = self.tokenize(questions, contexts, tokenizer, data.max_length)
         labels = np.zeros((len(rows), 2), dtype=np.int64)
+        windows, spans, answers = [], [], []
         for i, r in enumerate(rows):
             answer, context = str(r[self.answer_column]), contexts[i]
             try:
@@ -109,22 +123,29 @@ class QuestionAnswering(Task):
                     f"row {i + 1}: the context at {self.answer_start_column}={start_char} "
                     f"is {context[start_char:end_char]!r}, not the answer {answer!r}"
                 )
-            seq = enc.sequence_ids(i)
-            offsets = enc["offset_mapping"][i]
-            tokens = [t for t, s in enumerate(seq) if s == 1]
-            start = next((t for t in tokens if offsets[t][0] <= start_char < offsets[t][1]), None)
-            end = next(
-                (t for t in reversed(tokens) if offsets[t][0] < end_char <= offsets[t][1]), None
-            )
+            chars = context_char_spans(enc, i)
+            tokens = np.flatnonzero(chars[:, 0] >= 0)
+            start = next((t for t in tokens if chars[t, 0] <= start_char < chars[t, 1]), None)
+            end = next((t for t in reversed(tokens) if chars[t, 0] < end_char <= chars[t, 1]), None)
             if start is not None and end is not None:  # else truncated away: point at [CLS]
                 labels[i] = (start, end)
+            window, byte_spans = _window(context, chars)
+            windows.append(window)
+            spans.append(byte_spans)
+            answers.append(answer.encode("utf-8"))
         return Encoded(
             {
                 "input_ids": np.asarray(enc["input_ids"], dtype=np.int64),
                 "attention_mask": np.asarray(enc["attention_mask"], dtype=np.int64),
                 "labels": labels,
+                "_window": _padded_bytes(windows),
+                "_spans": np.stack(spans).astype(np.int32),
+                "_answer": _padded_bytes(answers),
             }
         )
+
+    def metric_labels(self, batch: dict[str, np.ndarray], valid: int) -> dict[str, np.ndarray]:
+        return {k: batch[k][:valid] for k in ("labels", "_window", "_spans", "_answer")}
 
     def forward(
         self,
@@ -148,15 +169,22 @@ class QuestionAnswering(Task):
         return out.loss, torch.stack([out.start_logits, out.end_logits], dim=1)
 
     def metrics(
-        self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
+        self, loss: float, logits: list[np.ndarray], labels: list[dict[str, np.ndarray]]
     ) -> dict[str, Any]:
         em, f1 = [], []
-        for lg, lb in zip(logits, labels, strict=False):
-            for (start_logits, end_logits), (gs, ge) in zip(lg, lb, strict=False):
-                ps, pe = best_span(start_logits, end_logits)
-                em.append(float((ps, pe) == (gs, ge)))
-                overlap = max(0, min(pe, ge) - max(ps, gs) + 1)
-                f1.append(2 * overlap / ((pe - ps + 1) + (ge - gs + 1)))
+        for lg, lb in zip(logits, labels, strict=True):
+            for row, (start_logits, end_logits) in enumerate(lg):
+                spans = lb["_spans"][row]
+                best = best_span(start_logits, end_logits, spans[:, 0] >= 0)
+                window = bytes(lb["_window"][row])
+                pred = (
+                    window[spans[best[0], 0] : spans[best[1], 1]].decode("utf-8")
+                    if best is not None
+                    else ""
+                )
+                gold = bytes(lb["_answer"][row]).rstrip(b"\0").decode("utf-8")
+                em.append(squad.exact_match(pred, gold))
+                f1.append(squad.f1(pred, gold))
         return {
             "loss": loss,
             "exact_match": float(np.mean(em)) if em else 0.0,
@@ -164,13 +192,50 @@ class QuestionAnswering(Task):
         }
 
 
-def best_span(start_logits: np.ndarray, end_logits: np.ndarray) -> tuple[int, int]:
-    """The (start, end) with the highest start + end score, end >= start, at most 30 tokens."""
+def context_char_spans(enc: Any, i: int) -> np.ndarray:
+    """[sequence, 2] character offsets into the context of row ``i``'s context tokens; -1 on
+    every other position (special tokens, the question, padding)."""
+    seq = enc.sequence_ids(i)
+    out = np.full((len(seq), 2), -1, dtype=np.int64)
+    for t, (s, offsets) in enumerate(zip(seq, enc["offset_mapping"][i], strict=True)):
+        if s == 1:
+            out[t] = offsets
+    return out
+
+
+def _window(context: str, chars: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The context part the window's tokens cover (UTF-8), and each token's byte span in it."""
+    spans = np.full(chars.shape, -1, dtype=np.int64)
+    inside = chars[:, 0] >= 0
+    if not inside.any():
+        return b"", spans
+    first, last = int(chars[inside, 0].min()), int(chars[inside, 1].max())
+    text = context[first:last]
+    at = np.cumsum([0] + [len(ch.encode("utf-8")) for ch in text])  # char -> byte offset
+    spans[inside] = at[chars[inside] - first]
+    return text.encode("utf-8"), spans
+
+
+def _padded_bytes(items: list[bytes]) -> np.ndarray:
+    """Byte strings as one uint8 array, NUL-padded to the longest (np.savez needs no pickle)."""
+    out = np.zeros((len(items), max((len(b) for b in items), default=0)), dtype=np.uint8)
+    for i, b in enumerate(items):
+        out[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
+    return out
+
+
+def best_span(
+    start_logits: np.ndarray, end_logits: np.ndarray, allowed: np.ndarray
+) -> tuple[int, int] | None:
+    """The (start, end) with the highest start + end score among the ``allowed`` positions (the
+    context's tokens), end >= start, at most 30 tokens; None when no position is allowed."""
     n = len(start_logits)
-    score = start_logits[:, None] + end_logits[None, :]
+    score = start_logits[:, None].astype(np.float64) + end_logits[None, :]
     i, j = np.indices((n, n))
-    score = np.where((j >= i) & (j - i < MAX_ANSWER_TOKENS), score, -np.inf)
-    s, e = np.unravel_index(int(np.argmax(score)), score.shape)
+    ok = (j >= i) & (j - i < MAX_ANSWER_TOKENS) & allowed[:, None] & allowed[None, :]
+    if not ok.any():
+        return None
+    s, e = np.unravel_index(int(np.argmax(np.where(ok, score, -np.inf))), score.shape)
     return int(s), int(e)
 
 

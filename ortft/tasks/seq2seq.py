@@ -7,9 +7,10 @@ get -100. The model builds its decoder inputs from the labels itself (T5 and BAR
 right), so a batch is just input_ids, attention_mask and labels.
 
 Eval: the loss over every eval row, then ``model.generate`` (greedy, plain PyTorch: generation
-runs outside ORTModule) on the first ``task.generate_samples`` rows. ``exact_match`` compares
-the decoded output with the decoded target (whitespace-normalised, case-insensitive);
-``token_f1`` is SQuAD's bag-of-words F1 between the two.
+runs outside ORTModule) on the first ``task.generate_samples`` rows. ``exact_match`` and
+``token_f1`` are SQuAD v1.1's exact match and word-overlap F1 (``tasks/squad.py``: lowercase,
+no punctuation, no articles a/an/the, collapsed whitespace) of the decoded output against the
+decoded target. ``ortft eval`` reports the same on a saved model; ``ortft predict`` generates.
 
 ONNX: not exported by ``ortft train``: an encoder-decoder needs an encoder graph and a decoder
 graph with its own inputs, which the exporter (one graph of input_ids, attention_mask ->
@@ -19,13 +20,13 @@ logits) does not write. The run records ``export: {"skipped": ...}``.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
 
+from ortft.tasks import squad
 from ortft.tasks.base import Encoded, Task, TaskOptions
 
 IGNORE = -100
@@ -57,6 +58,7 @@ class Seq2Seq(Task):
     is_decoder = True  # use_cache=False: no past_key_values through ORTModule
     own_columns = True
     export_kind = "seq2seq"
+    predicts = "generate"  # model.generate from the input as source (PyTorch only)
     eval_metrics = ("eval_loss", "eval_perplexity", "eval_exact_match", "eval_token_f1")
     architectures = ("t5",)  # an encoder-decoder
     aligned_keys = ("input_ids", "attention_mask")  # labels are the target: their own length
@@ -104,53 +106,48 @@ class Seq2Seq(Task):
     ) -> dict[str, Any]:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
-    def generate_metrics(self, model: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
+    def generate(
+        self, model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int
+    ) -> np.ndarray:
+        """Greedy ``model.generate`` on the plain PyTorch model: the output token ids."""
         import torch
 
-        n = min(self.generate_samples, len(encoded))
-        if n == 0:
-            return {}
-        rows = encoded.take(np.arange(n))
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
         with torch.no_grad():
             out = model.generate(
-                input_ids=torch.from_numpy(rows["input_ids"]).to(device),
-                attention_mask=torch.from_numpy(rows["attention_mask"]).to(device),
-                max_new_tokens=self.max_target_length,
+                input_ids=torch.from_numpy(input_ids).to(device),
+                attention_mask=torch.from_numpy(attention_mask).to(device),
+                max_new_tokens=max_new_tokens,
                 do_sample=False,
                 num_beams=1,
             )
         model.train(was_training)
-        preds = tokenizer.batch_decode(out.cpu().numpy(), skip_special_tokens=True)
+        return out.cpu().numpy()
+
+    def generate_metrics(self, model: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
+        n = min(self.generate_samples, len(encoded))
+        if n == 0:
+            return {}
+        rows = encoded.take(np.arange(n))
+        out = self.generate(
+            model, rows["input_ids"], rows["attention_mask"], self.max_target_length
+        )
+        preds = tokenizer.batch_decode(out, skip_special_tokens=True)
         golds = tokenizer.batch_decode(
             [[t for t in row if t != IGNORE] for row in rows["labels"]], skip_special_tokens=True
         )
+        pairs = list(zip(preds, golds, strict=True))
         return {
-            "exact_match": float(
-                np.mean([_norm(p) == _norm(g) for p, g in zip(preds, golds, strict=False)])
-            ),
-            "token_f1": float(
-                np.mean([token_f1(p, g) for p, g in zip(preds, golds, strict=False)])
-            ),
+            "exact_match": float(np.mean([squad.exact_match(p, g) for p, g in pairs])),
+            "token_f1": float(np.mean([squad.f1(p, g) for p, g in pairs])),
         }
 
 
-def _norm(text: str) -> list[str]:
-    return text.lower().split()
-
-
 def token_f1(pred: str, gold: str) -> float:
-    """SQuAD's F1: the harmonic mean of precision and recall of the shared words."""
-    p, g = _norm(pred), _norm(gold)
-    if not p or not g:
-        return float(p == g)
-    common = sum((Counter(p) & Counter(g)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(p), common / len(g)
-    return 2 * precision * recall / (precision + recall)
+    """SQuAD v1.1's word-overlap F1 (kept under this name: ``eval_token_f1``)."""
+    return squad.f1(pred, gold)
 
 
 def build(section: Options) -> Seq2Seq:

@@ -5,9 +5,12 @@ word (``task.tags_column``, default ``tags``). Words are tokenized with
 ``is_split_into_words``; the first sub-token of each word carries the word's tag, the other
 sub-tokens and the special tokens get -100, so the loss and the metrics count each word once.
 
-Metrics: ``accuracy`` over labelled words; ``f1`` is entity-level (exact spans, seqeval-style)
-when the tags are BIO/IOB2 (``B-X`` / ``I-X`` / ``O``), else the macro-F1 over tags;
-``f1_macro`` is always the macro-F1 over tags.
+Metrics: ``accuracy`` over labelled words. When the tags are BIO/IOB2 (``B-X`` / ``I-X`` /
+``O``): ``precision``, ``recall`` and ``f1`` are seqeval's entity-level scores
+(``seqeval.metrics``, default mode: conlleval's chunking, a stray ``I-X`` starts an entity;
+micro-averaged over entity types). A tag set that is not BIO has no entities: ``f1`` is then the
+macro-F1 over tags. ``f1_macro`` is always ortft's macro-F1 over tags (the unweighted mean of
+each tag's F1 over words, ``classification.macro_f1``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class TokenClassification(Task):
     needs_logits = True
     own_columns = True
     export_kind = "per-token"
+    predicts = "tags"
     eval_metrics = ("eval_loss", "eval_accuracy", "eval_f1", "eval_f1_macro")
     hf_architectures = ("TokenClassification",)
 
@@ -79,8 +83,15 @@ class TokenClassification(Task):
             if data.label_names
             else sorted({t for i, r in enumerate(rows) for t in self._words(r, i)[1]})
         )
-        self.id2label = names
+        self.bind_labels(names)
         return names
+
+    def bind_labels(self, names: list[str]) -> None:
+        self.id2label = list(names)
+
+    def words(self, text: str) -> list[str]:
+        """``ortft predict``: a plain text's words (whitespace-separated)."""
+        return text.split()
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         pairs = [self._words(r, i) for i, r in enumerate(rows)]
@@ -124,34 +135,29 @@ class TokenClassification(Task):
         gold = np.concatenate(golds) if golds else np.zeros(0, dtype=np.int64)
         macro = macro_f1(pred, gold)
         names = self.id2label
-        bio = bool(names) and all(n == "O" or n[:2] in ("B-", "I-") for n in names)
-        return {
-            "loss": loss,
-            "accuracy": float(np.mean(pred == gold)) if len(gold) else 0.0,
-            "f1": _entity_f1(preds, golds, names) if bio else macro,
-            "f1_macro": macro,
-        }
+        out = {"loss": loss, "accuracy": float(np.mean(pred == gold)) if len(gold) else 0.0}
+        if bool(names) and all(n == "O" or n[:2] in ("B-", "I-") for n in names):
+            out.update(entity_scores(golds, preds, names))
+        else:
+            out["f1"] = macro
+        out["f1_macro"] = macro
+        return out
 
 
-def spans(tags: list[str]) -> set[tuple[int, int, str]]:
-    """Entity spans (start, end, type) of a BIO tag sequence; a stray I-X starts an entity."""
-    out, start, kind = set(), None, None
-    for i, tag in enumerate([*tags, "O"]):
-        inside = tag.startswith("I-") and kind == tag[2:]
-        if start is not None and not inside:
-            out.add((start, i, kind))
-            start, kind = None, None
-        if tag.startswith("B-") or (tag.startswith("I-") and not inside):
-            start, kind = i, tag[2:]
-    return out
+def entity_scores(
+    golds: list[np.ndarray], preds: list[np.ndarray], names: list[str]
+) -> dict[str, float]:
+    """seqeval's entity precision / recall / F1 (default mode) of per-sentence tag ids."""
+    from seqeval.metrics import f1_score, precision_score, recall_score
 
-
-def _entity_f1(preds: list[np.ndarray], golds: list[np.ndarray], names: list[str]) -> float:
-    tp = n_pred = n_gold = 0
-    for p, g in zip(preds, golds, strict=False):
-        ps, gs = spans([names[i] for i in p]), spans([names[i] for i in g])
-        tp, n_pred, n_gold = tp + len(ps & gs), n_pred + len(ps), n_gold + len(gs)
-    return 2 * tp / (n_pred + n_gold) if n_pred + n_gold else 0.0
+    y_true = [[names[i] for i in g] for g in golds]
+    y_pred = [[names[i] for i in p] for p in preds]
+    # zero_division=0: no predicted (or gold) entity scores 0, as seqeval's default, unwarned
+    return {
+        "precision": float(precision_score(y_true, y_pred, zero_division=0)),
+        "recall": float(recall_score(y_true, y_pred, zero_division=0)),
+        "f1": float(f1_score(y_true, y_pred, zero_division=0)),
+    }
 
 
 def build(section: Options) -> TokenClassification:

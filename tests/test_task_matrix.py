@@ -1,0 +1,218 @@
+"""The task matrix: every task x {eval, predict} x {PyTorch final/, ONNX export onnx/}.
+
+Each task trains one tiny model for 2 steps with export on (shared by its cells, module scope).
+An eval cell scores the run's eval split: the PyTorch numbers are the ones training reported in
+summary.json (same eval variant, e.g. masked-lm's fixed masking; same metrics), the ONNX
+numbers the PyTorch ones. A predict cell checks the output has the task's shape (a label per
+text, a tag per word, an answer span of the context, filled masks, generated text), and the
+ONNX predictions equal the PyTorch ones. A task ortft does not export (Task.export_skip) has
+its ONNX cells skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import (
+    tiny_causal_lm,
+    tiny_classifier,
+    write_classification_csv,
+    write_corpus,
+    write_recipe,
+)
+from test_tasks import DATA, RECIPES
+from typer.testing import CliRunner
+
+from ortft import tasks
+from ortft.cli import app
+
+TASKS = [
+    "sequence-classification",
+    "token-classification",
+    "question-answering",
+    "masked-lm",
+    "causal-lm",
+    "instruction",
+    "seq2seq",
+]
+MAX_NEW = 4  # generated tokens per prompt
+
+
+def _recipe(task: str, tmp: Path) -> dict[str, Any]:
+    if task == "sequence-classification":
+        r = tiny_classifier(str(write_classification_csv(tmp / "train.csv", n=80)))
+    elif task == "causal-lm":
+        r = tiny_causal_lm(str(write_corpus(tmp / "corpus.txt", n=40)))
+    else:
+        r = RECIPES[task]()
+    r["data"]["eval_fraction"] = r["data"].get("eval_fraction", 0.2)
+    r["data"]["max_eval_samples"] = 12  # few eval rows: a fast eval, still every code path
+    r["training"].update(max_steps=2, batch_size=4)
+    r["backend"] = {"name": "torch"}
+    return r
+
+
+def _inputs(task: str, tmp: Path) -> Path:
+    """A few predict inputs in the task's format (plain lines and JSONL)."""
+    rows = lambda name: [json.loads(x) for x in (DATA / name).read_text().splitlines()[:2]]  # noqa: E731
+    lines = {
+        "sequence-classification": ["great fun movie", '{"text": "terrible plot"}'],
+        # (words of several sub-tokens, each tagged by its first: Bergenholm, Kiramensah)
+        "token-classification": ["Kiramensah Mensah flew to Bergenholm and Redstoneclinic ."]
+        + [json.dumps({"tokens": r["tokens"]}) for r in rows("ner-eval.jsonl")],
+        "question-answering": [
+            json.dumps({"question": r["question"], "context": r["context"]})
+            for r in rows("qa-eval.jsonl")
+        ],
+        "masked-lm": ["The company is [MASK] in Hobart.", "Fay [MASK] Northwind [MASK] in 2000."],
+        "causal-lm": ["the cat sat", "dogs ran in"],
+        "instruction": ["Is 3 larger than 2?", "Add 17 and 10."],
+        "seq2seq": [r["source"] for r in rows("numbers-eval.jsonl")],
+    }[task]
+    path = tmp / "inputs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Matrix:
+    """Trains each task once and runs each (op, runtime) once; tests read the results."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.runs: dict[str, Path] = {}
+        self.results: dict[tuple[str, str, str], Any] = {}
+
+    def run(self, task: str) -> Path:
+        if task not in self.runs:
+            tmp = self.root / task
+            tmp.mkdir()
+            recipe = write_recipe(tmp / "r.yaml", _recipe(task, tmp))
+            res = subprocess.run(
+                [sys.executable, "-m", "ortft", "train", str(recipe), "-o", str(tmp / "run")],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+                env={**os.environ, "NO_COLOR": "1"},
+            )
+            assert res.returncode == 0, res.stderr[-3000:]
+            self.runs[task] = tmp / "run"
+        return self.runs[task]
+
+    def summary(self, task: str) -> dict[str, Any]:
+        return json.loads((self.run(task) / "summary.json").read_text())
+
+    def result(self, task: str, op: str, runtime: str) -> Any:
+        key = (task, op, runtime)
+        if key not in self.results:
+            run = self.run(task)
+            source = run / "onnx" if runtime == "onnx" else run
+            args = ["eval", str(source), "--json"]
+            if op == "predict":
+                inputs = _inputs(task, run.parent)
+                args = ["predict", str(source), "-i", str(inputs), "--json"]
+                args += ["--max-new-tokens", str(MAX_NEW)]
+            res = CliRunner().invoke(app, args)
+            assert res.exit_code == 0, res.stderr + str(res.exception)
+            out = res.stdout
+            self.results[key] = (
+                json.loads(out) if op == "eval" else [json.loads(x) for x in out.splitlines()]
+            )
+        return self.results[key]
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
+    return Matrix(tmp_path_factory.mktemp("matrix"))
+
+
+def _cell(task: str, op: str, runtime: str) -> Any:
+    skip = tasks.get(task).export_skip if runtime == "onnx" else None
+    marks = [pytest.mark.skip(reason=f"{task} is not exported: {skip}")] if skip else []
+    return pytest.param(task, op, runtime, id=f"{task}-{op}-{runtime}", marks=marks)
+
+
+CELLS = [
+    _cell(t, op, rt) for t in TASKS for op in ("eval", "predict") for rt in ("pytorch", "onnx")
+]
+
+
+# --------------------------------------------------------------------------- what a cell checks
+
+
+def _check_eval(task: str, got: dict[str, Any], m: Matrix, runtime: str) -> None:
+    spec = tasks.get(task)
+    assert got["task"] == task and got["examples"] > 0
+    assert got["runtime"] == {"pytorch": "pytorch", "onnx": "onnxruntime"}[runtime]
+    names = {k.removeprefix("eval_") for k in spec.eval_metrics}
+    assert names <= set(got["metrics"]), (names, got["metrics"])
+    if runtime == "pytorch":  # the numbers training reported on the same split
+        trained = m.summary(task)["metrics"]
+        for k, v in got["metrics"].items():
+            assert v == pytest.approx(trained[f"eval_{k}"], rel=1e-4, abs=1e-5), k
+    else:  # the numbers PyTorch gives
+        want = m.result(task, "eval", "pytorch")
+        assert got["examples"] == want["examples"]
+        for k, v in want["metrics"].items():
+            assert got["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-5), k
+
+
+def _check_predict(task: str, got: list[dict[str, Any]], m: Matrix) -> None:
+    inputs = [x for x in _inputs(task, m.run(task).parent).read_text().splitlines() if x]
+    assert [r["index"] for r in got] == list(range(len(inputs)))
+    kind = tasks.get(task).predicts
+    config = json.loads((m.run(task) / "final" / "config.json").read_text())
+    labels = set(config.get("id2label", {}).values())
+    for line, r in zip(inputs, got, strict=True):
+        obj = json.loads(line) if line.startswith("{") else {"text": line}
+        if kind == "label":
+            assert r["label"] in labels and set(r["scores"]) == labels
+            assert sum(r["scores"].values()) == pytest.approx(1.0)
+        elif kind == "tags":  # one tag per word
+            words = obj.get("tokens") or obj["text"].split()
+            assert r["tokens"] == words and len(r["tags"]) == len(words)
+            assert set(r["tags"]) <= labels
+        elif kind == "answer":  # a span of the context, its character offsets
+            assert r["answer"] and obj["context"][r["start"] : r["end"]] == r["answer"]
+            assert 0 < r["score"] <= 1
+        elif kind == "fill-mask":  # each [MASK] filled, with its candidates
+            assert len(r["masks"]) == obj["text"].count("[MASK]")
+            assert all(len(x["candidates"]) == 5 for x in r["masks"])
+            assert "[MASK]" not in r["filled"] and r["filled"]
+        else:
+            assert kind == "generate"
+            assert isinstance(r["generated"], str) and 0 <= r["new_tokens"] <= MAX_NEW
+
+
+def _same_predictions(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    """Equal outputs: texts, labels and offsets exactly, scores (floats) to 1e-4."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert _close(g, w), (g, w)
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(b, float):
+        return a == pytest.approx(b, abs=1e-4)
+    if isinstance(b, dict):
+        return set(a) == set(b) and all(_close(a[k], b[k]) for k in b)
+    if isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+@pytest.mark.parametrize(("task", "op", "runtime"), CELLS)
+def test_task_matrix(task: str, op: str, runtime: str, matrix: Matrix) -> None:
+    got = matrix.result(task, op, runtime)
+    if op == "eval":
+        _check_eval(task, got, matrix, runtime)
+        return
+    _check_predict(task, got, matrix)
+    if runtime == "onnx":
+        _same_predictions(got, matrix.result(task, "predict", "pytorch"))
