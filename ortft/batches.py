@@ -80,8 +80,10 @@ def cut(batch: dict[str, np.ndarray], padding: Padding, aligned: tuple[str, ...]
     if padding.mode == "max_length" or LENGTH not in batch:
         return batch
     n = padding.length(int(batch[LENGTH].max()))
+    # contiguous copies: a column slice is a strided view, and torch.from_numpy keeps the
+    # strides, which .view() inside transformers' losses refuses
     return {
-        k: v[:, :n] if k in aligned and v.ndim >= 2 and v.shape[1] > n else v
+        k: np.ascontiguousarray(v[:, :n]) if k in aligned and v.ndim >= 2 and v.shape[1] > n else v
         for k, v in batch.items()
     }
 

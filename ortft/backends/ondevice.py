@@ -57,7 +57,7 @@ def recipe_problems(r: Any) -> list[str]:
     if r.optimizer.name != "adamw":
         problems.append(f"optimizer.name={r.optimizer.name} (ORT's AdamW graph is used)")
     if r.precision.dtype != "fp32":
-        problems.append(f"precision.dtype={r.precision.dtype} (it trains in fp32 only)")
+        problems.append(f"precision.dtype={r.precision.dtype} (ort-ondevice trains in fp32 only)")
     if r.hardware.gradient_checkpointing:
         problems.append("hardware.gradient_checkpointing (a PyTorch feature)")
     problems += [f"{name} (an ORTModule setting)" for name in ortmodule_fields_set(r)]

@@ -257,6 +257,7 @@ def score(
         batch = encoded.take(np.arange(start, min(start + batch_size, len(encoded))))
         batch = task.collate(batch, None, seed)  # None: the fixed eval variant, as training's
         logits = m.logits(batch["input_ids"], batch["attention_mask"], batch["labels"])
+        logits = task.eval_logits(logits, batch)
         s, n = cross_entropy_sum(logits, batch["labels"], causal=task.shift_labels)
         total, weight = total + s, weight + n
         if task.needs_logits:

@@ -137,6 +137,11 @@ class Task:
         """Per-batch work after slicing (``epoch`` None: the fixed eval variant)."""
         return batch
 
+    def eval_logits(self, logits: np.ndarray, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """A saved model's logits as training's ``forward`` returns them (``ortft eval`` on
+        PyTorch or ONNX; default: as they are; question answering masks the padding)."""
+        return logits
+
     def metric_labels(self, batch: dict[str, np.ndarray], valid: int) -> Any:
         """What ``metrics`` gets for one eval batch's first ``valid`` rows (default: the labels;
         question answering adds the context text its answers are read from)."""

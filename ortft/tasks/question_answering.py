@@ -144,6 +144,9 @@ class QuestionAnswering(Task):
             }
         )
 
+    # _spans holds one byte span per input position: cut with input_ids (data.padding)
+    aligned_keys = ("input_ids", "attention_mask", "token_type_ids", "_spans")
+
     def metric_labels(self, batch: dict[str, np.ndarray], valid: int) -> dict[str, np.ndarray]:
         return {k: batch[k][:valid] for k in ("labels", "_window", "_spans", "_answer")}
 
@@ -157,16 +160,22 @@ class QuestionAnswering(Task):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
-        # -100 (eval's padded rows) becomes the sequence length: transformers ignores that index
-        positions = torch.where(labels < 0, torch.full_like(labels, input_ids.shape[1]), labels)
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            start_positions=positions[:, 0],
-            end_positions=positions[:, 1],
-            return_dict=True,
-        )
-        return out.loss, torch.stack([out.start_logits, out.end_logits], dim=1)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+        logits = torch.stack([out.start_logits, out.end_logits], dim=1)
+        # padding is never an answer: masked out of the softmax, so the loss does not depend on
+        # how much of it a batch carries (data.padding), as transformers' own QA loss would
+        logits = logits.masked_fill(attention_mask[:, None, :] == 0, torch.finfo(logits.dtype).min)
+        # -100 (eval's padded rows) becomes the sequence length, which the loss ignores
+        seq = input_ids.shape[1]
+        positions = torch.where(labels < 0, torch.full_like(labels, seq), labels).clamp(0, seq)
+        ce = torch.nn.CrossEntropyLoss(ignore_index=seq)
+        loss = (ce(logits[:, 0], positions[:, 0]) + ce(logits[:, 1], positions[:, 1])) / 2
+        return loss, logits
+
+    def eval_logits(self, logits: np.ndarray, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """A saved model's raw start/end logits, masked as training's (``forward``)."""
+        pad = batch["attention_mask"][:, None, :] == 0
+        return np.where(pad, np.finfo(np.float32).min, logits).astype(np.float32)
 
     def metrics(
         self, loss: float, logits: list[np.ndarray], labels: list[dict[str, np.ndarray]]
