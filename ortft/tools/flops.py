@@ -11,8 +11,9 @@ A forward pass over ``rows`` rows of ``length`` positions costs
 and forward + backward is taken as 3 × the forward (the backward computes two products per
 forward one: the input's gradient and the weight's). Embedding tables are lookups, not matmuls,
 and are left out, as are biases, LayerNorm, softmax and activations (no matmuls). The former
-``6 × parameters × batch × max_length`` counted the embeddings (2.2M of bert-cls's 5.4M
-parameters) and padding that ``data.padding: longest`` no longer runs: 109.8% MFU for torch.
+``6 × parameters × batch × max_length`` counted the embeddings (1.7M of bert-cls's 4.9M
+parameters; 3.2M are matmul weights) and padding that ``data.padding: longest`` no longer
+runs: it read 109.8% for torch.
 
 "Useful" FLOPs are those of the real tokens only: a row of ``l`` real tokens costs what a
 batch of one row cut to ``l`` would (``Σ l`` and ``Σ l²`` over the rows); "hardware" FLOPs are
