@@ -15,7 +15,7 @@ help:
 	@echo "make quality    ruff lint + format check, mypy"
 	@echo "make style      apply ruff fixes and formatting"
 	@echo "make bench      ORT vs PyTorch on the CPU recipes in recipes/bench/; JSON in benchmarks/results/"
-	@echo "make bench-peer ortft (torch, ort) vs transformers' Trainer, same fine-tune (CPU, ~25 min)"
+	@echo "make bench-peer ortft (torch, ort) vs transformers' Trainer, same fine-tune (CPU, ~30 min)"
 	@echo "make clean      remove $(VENV) and build/test caches (keeps ~/.cache/ortft)"
 
 setup:
@@ -56,7 +56,7 @@ bench: setup
 	done
 
 # ortft's torch and ort backends against transformers' Trainer on the same fine-tune (MiniLM,
-# short and long texts), alternating, 5 pairs: about 25 minutes on 2 quiet cores. Not in CI.
+# short and long texts), alternating, 5 pairs: about 30 minutes on 2 quiet cores. Not in CI.
 PEER_ARGS ?= --pairs 5
 bench-peer: setup
 	@mkdir -p benchmarks/results

@@ -1,6 +1,6 @@
 """ortft against transformers' Trainer: the same fine-tune, each measurement in its own process.
 
-Run (``make bench-peer``; about 25 minutes on 2 quiet CPU cores, not in CI):
+Run (``make bench-peer``; about 30 minutes on 2 quiet CPU cores, not in CI):
 
     python benchmarks/peer.py --pairs 5 --out benchmarks/results/peer.json
 
