@@ -284,8 +284,9 @@ def run(
     peak["flops"] = max(peak_samples)
     results = {
         v.label: _aggregate(
-            v, [x for x in runs if x.label == v.label], warmup, t.batch_size, flop_model,
-            peak["flops"],
+            v, [x for x in runs if x.label == v.label], warmup,
+            loaded[v.label].recipe.training.batch_size,  # rows per micro-batch (a variant's own)
+            flop_model, peak["flops"],
         )
         for v in variants
     }  # fmt: skip
