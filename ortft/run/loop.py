@@ -112,12 +112,13 @@ def train(loop: Loop, state: TrainState) -> str | None:
     t = loop.training
     while state.step < loop.steps:
         t0 = time.perf_counter()
-        micro, tokens = [], 0
+        micro, tokens, shapes = [], 0, {"padded_tokens": 0, "batch_lengths": [], "tokens_sq": 0}
         for _ in range(t.gradient_accumulation_steps):
             epoch, batch = next(loop.batches)
             batch = loop.task.collate(batch, epoch, t.seed)  # masked-lm: this epoch's masking
             batch = batches.cut(batch, loop.padding, loop.task.aligned_keys)  # data.padding
             tokens += int(batch["attention_mask"].sum())  # of the global batch: real tokens
+            _add_shape(shapes, batch["attention_mask"])
             state.padded_tokens += batch["attention_mask"].size  # real + padding
             loop.shapes.add(batch["input_ids"].shape)
             micro.append(batch)
@@ -139,7 +140,7 @@ def train(loop: Loop, state: TrainState) -> str | None:
         state.last_train_loss = result.loss
         loop.progress.update(state.step, loss=result.loss)
         if state.step % t.log_every == 0 or state.step == loop.steps:
-            _log_row(loop, state, result.lr, dt)
+            _log_row(loop, state, result.lr, dt, {"tokens": tokens, **shapes})
         if loop.eval_data is not None and (
             (t.eval_every and state.step % t.eval_every == 0) or state.step == loop.steps
         ):
@@ -163,7 +164,16 @@ def train(loop: Loop, state: TrainState) -> str | None:
     return None
 
 
-def _log_row(loop: Loop, state: TrainState, lr: float, dt: float) -> None:
+def _add_shape(shapes: dict[str, Any], mask: np.ndarray) -> None:
+    """This micro-batch's shape, for the metrics row: what ``ortft bench`` counts FLOPs from."""
+    shapes["padded_tokens"] += mask.size  # rows × batch length: what the hardware ran
+    shapes["batch_lengths"].append(mask.shape[1])
+    shapes["tokens_sq"] += int((mask.sum(axis=1, dtype=np.int64) ** 2).sum())  # attention: Σ l²
+
+
+def _log_row(
+    loop: Loop, state: TrainState, lr: float, dt: float, step_shapes: dict[str, Any]
+) -> None:
     samples_per_s, tokens_per_s = loop.meter.take_window()
     row = {
         "kind": "train",
@@ -174,6 +184,8 @@ def _log_row(loop: Loop, state: TrainState, lr: float, dt: float) -> None:
         "samples_per_s": samples_per_s,
         "tokens_per_s": tokens_per_s,
         "step_time_s": round(dt, 6),  # this step alone (ortft bench reads it)
+        # this step alone too: real tokens, padded tokens, each micro-batch's length, Σ row length²
+        **step_shapes,
         "time_s": round(time.time() - loop.started, 3),
     }
     loop.tracker.write(row)

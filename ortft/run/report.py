@@ -4,7 +4,9 @@ summary.json: its schema is ``RunSummary`` in ortft/run/summary.py (format_versi
 
 metrics.jsonl — one JSON object per line:
   {"kind": "train", "step", "epoch", "loss", "lr", "samples_per_s", "tokens_per_s", "step_time_s",
-   "time_s"}
+   "tokens", "padded_tokens", "batch_lengths", "tokens_sq", "time_s"}
+   (step_time_s to tokens_sq: the logged step alone: its real tokens, rows × batch length summed
+   over its micro-batches, each micro-batch's length, and Σ over rows of real length²)
   {"kind": "eval", "step", "epoch", "loss", and the task's metrics (accuracy, f1_macro | perplexity)}
 """
 

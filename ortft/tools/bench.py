@@ -11,6 +11,12 @@ followed by ``+key=value`` settings: a dotted recipe key (``ort+backend.compute_
 or an ``ORTFT_*`` / ``OMP_*`` / ``GOMP_*`` / ``MKL_*`` environment variable
 (``ort+ORTFT_ORT_SPINNING=1``).
 That is how the speed levers are measured against each other in one run.
+
+Tokens and FLOPs come from the shapes each step ran (its metrics row: real tokens, padded
+tokens, each micro-batch's length): tokens/s counts real tokens, and MFU counts matmul FLOPs
+(``ortft.tools.flops``) for the real tokens (useful work) and for the padded shapes (what the
+hardware ran). An MFU above 100% is reported as it is, with a warning: it means the measured
+peak or the FLOP count is wrong, not that the run was fast.
 """
 
 from __future__ import annotations
@@ -30,8 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortft.errors import RunError, UsageError
+from ortft.errors import UsageError
 from ortft.run.summary import BackendReport, RunSummary
+from ortft.tools import flops
+from ortft.tools.bench_report import plot, print_table
+
+__all__ = ["parse_variants", "plot", "print_table", "run"]
 
 log = logging.getLogger("ortft")
 
@@ -43,6 +53,8 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
     # trains in onnxruntime.training.api; its process imports PyTorch only to build the artifacts
     "ort-ondevice": ({"backend.name": "ort-ondevice"}, {}),
     "torch-eager-attn": ({"backend.name": "torch"}, {"ORTFT_TORCH_ATTN": "eager"}),
+    # inductor: its first steps compile (one graph, then one with a dynamic length when
+    # data.padding changes the batch length): give it --warmup 4 or more
     "torch-compile": ({"backend.name": "torch"}, {"ORTFT_TORCH_COMPILE": "1"}),
 }
 # A variant that may fail or time out without failing the bench (recorded as skipped).
@@ -75,6 +87,8 @@ class RunResult:
     ok: bool
     error: str | None = None
     step_times: list[float] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl train rows
+    out_dir: Path | None = None  # the run's folder (gone when the bench ends)
     first_step_s: float | None = None
     loss: float | None = None
     rss_mb: float | None = None
@@ -200,7 +214,9 @@ def _run_one(
         return res
     summary = RunSummary.from_dict(json.loads(stdout_path.read_text()))  # `ortft train --json`
     rows = [json.loads(ln) for ln in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    res.step_times = [r["step_time_s"] for r in rows if r["kind"] == "train"]
+    res.rows = [r for r in rows if r["kind"] == "train"]
+    res.step_times = [r["step_time_s"] for r in res.rows]
+    res.out_dir = out_dir
     res.first_step_s = summary.throughput["first_step_s"]
     res.loss = summary.metrics["train_loss"]
     res.summary = summary
@@ -249,7 +265,6 @@ def run(
     r = next(iter(loaded.values())).recipe
     t = r.training
     samples_per_step = t.batch_size * t.gradient_accumulation_steps
-    padded_tokens_per_step = samples_per_step * r.data.max_length
     import torch
 
     cuda = r.hardware.device != "cpu" and torch.cuda.is_available()
@@ -257,47 +272,24 @@ def run(
     peak = measure_peak_flops("cuda" if cuda else "cpu", threads)
     log.info(
         "bench: %s, %d steps (first %d not timed) × %d repeat(s) of %s; peak %.1f GFLOP/s",
-        recipe,
-        steps,
-        warmup,
-        repeats,
-        ", ".join(v.label for v in variants),
-        peak["flops"] / 1e9,
-    )
+        recipe, steps, warmup, repeats, ", ".join(v.label for v in variants), peak["flops"] / 1e9,
+    )  # fmt: skip
     load_before = _load_avg()
-    runs: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="ortft-bench-") as tmp:
-        for rep in range(repeats):
-            for v in variants:
-                res = _run_one(recipe, v, steps, rep, timeout, Path(tmp))
-                runs.append(res)
-                if res.ok:
-                    med = statistics.median(res.step_times[warmup:])
-                    log.info(
-                        "bench: %-20s repeat %d: %.1f ms/step, first step %.2f s, loss %.4f",
-                        v.label,
-                        rep + 1,
-                        med * 1000,
-                        res.first_step_s,
-                        res.loss,
-                    )
-                else:
-                    log.warning("bench: %s repeat %d failed: %s", v.label, rep + 1, res.error)
+        runs = _run_all(recipe, variants, steps, warmup, repeats, timeout, Path(tmp))
+        flop_model = _flop_model(runs, r)  # from a run's final/config.json, before it is gone
     # the machine's load drifts: measure the peak again and keep the better of the two
     after = measure_peak_flops(peak["device"], threads)
     peak_samples = [peak["flops"], after["flops"]]
     peak["flops"] = max(peak_samples)
     results = {
         v.label: _aggregate(
-            v,
-            [x for x in runs if x.label == v.label],
-            warmup,
-            samples_per_step,
-            padded_tokens_per_step,
-            peak["flops"],
+            v, [x for x in runs if x.label == v.label], warmup,
+            loaded[v.label].recipe.training.batch_size,  # rows per micro-batch (a variant's own)
+            flop_model, peak["flops"],
         )
         for v in variants
-    }
+    }  # fmt: skip
     _add_ratios(results, runs, warmup)
     failed = [
         lbl
@@ -305,7 +297,7 @@ def run(
         if res["status"] == "failed" and lbl.split("+")[0] not in OPTIONAL
     ]
     return {
-        "format_version": 1,
+        "format_version": 2,  # 2: tokens, padding and MFU from the shapes each step ran
         "recipe": str(recipe),
         "steps": steps,
         "warmup": warmup,
@@ -314,7 +306,9 @@ def run(
         "batch": {
             "samples_per_step": samples_per_step,
             "max_length": r.data.max_length,
-            "padded_tokens_per_step": padded_tokens_per_step,
+            "padding": r.data.padding,
+            "pad_to_multiple_of": r.data.pad_to_multiple_of,
+            "group_by_length": r.data.group_by_length,
         },
         "machine": {
             **_machine(),
@@ -328,21 +322,91 @@ def run(
             "before_after": peak_samples,
             "how": peak["how"] + "; the better of before and after the runs",
         },
-        "mfu_formula": "6 × parameters × padded tokens per step / median step time / peak "
-        "(attention score FLOPs left out)",
+        "flop_model": flop_model.as_dict() if flop_model else None,
+        "mfu_formula": MFU_FORMULA,
+        "throughput_formula": "totals over the timed steps of every repeat / their total time "
+        "(batch lengths vary with data.padding, so a median step is no batch's throughput)",
         "ratio_formula": "median over repeats of (baseline median step time / this median step "
         "time), each pair run back to back: > 1 is faster than the baseline",
         "backends": results,
+        "warnings": _warnings(results),
         "failed": failed,
     }
+
+
+MFU_FORMULA = (
+    "matmul FLOPs of the timed steps / their total time / peak. FLOPs per step: 3 × forward "
+    "(forward + backward), forward = Σ over micro-batches of 2 × matmul weights per position × "
+    "rows × length + 2 × per-row head weights × rows + 4 × layers × attention width × rows × "
+    "length² (embedding tables are lookups: not counted). mfu: each row at its real length "
+    "(useful work); mfu_padded: at the batch's padded length (what the hardware ran)"
+)
+
+
+def _run_all(
+    recipe: Path, variants: list[Variant], steps: int, warmup: int, repeats: int,
+    timeout: float, tmp: Path,
+) -> list[RunResult]:  # fmt: skip
+    """Every variant, ``repeats`` times, alternating (A B A B ...)."""
+    runs: list[RunResult] = []
+    for rep in range(repeats):
+        for v in variants:
+            res = _run_one(recipe, v, steps, rep, timeout, tmp)
+            runs.append(res)
+            if res.ok:
+                log.info(
+                    "bench: %-20s repeat %d: %.1f ms/step, first step %.2f s, loss %.4f",
+                    v.label, rep + 1, statistics.median(res.step_times[warmup:]) * 1000,
+                    res.first_step_s, res.loss,
+                )  # fmt: skip
+            else:
+                log.warning("bench: %s repeat %d failed: %s", v.label, rep + 1, res.error)
+    return runs
+
+
+def _flop_model(runs: list[RunResult], recipe: Any) -> flops.FlopModel | None:
+    """The FLOP model of the model the runs trained (read from the first good run's final/)."""
+    from ortft import tasks
+
+    done = next((x for x in runs if x.ok and x.out_dir and (x.out_dir / "final").is_dir()), None)
+    if done is None or done.out_dir is None:
+        return None
+    try:
+        auto_class = tasks.get(recipe.task.name, recipe.task).auto_class
+        return flops.from_saved(done.out_dir / "final", auto_class, recipe.task.name)
+    except Exception as err:  # noqa: BLE001 - no MFU is no reason to lose the timings
+        log.warning("bench: no MFU (cannot count the model's FLOPs: %s)", err)
+        return None
+
+
+def _work(
+    rows: list[dict[str, Any]], rows_per_micro: int, flop_model: flops.FlopModel | None
+) -> dict[str, float]:
+    """Real and padded tokens, rows, and useful and hardware FLOPs of these metrics rows (each
+    holds its step's shapes: real tokens, Σ row length², each micro-batch's length)."""
+    rows_of = [rows_per_micro * len(r["batch_lengths"]) for r in rows]
+    out = {
+        "tokens": float(sum(r["tokens"] for r in rows)),
+        "padded_tokens": float(sum(r["padded_tokens"] for r in rows)),
+        "rows": float(sum(rows_of)),
+    }
+    if flop_model is not None:
+        out["useful_flops"] = sum(
+            flop_model.useful(n, r["tokens"], r["tokens_sq"])
+            for n, r in zip(rows_of, rows, strict=True)
+        )
+        out["hardware_flops"] = sum(
+            flop_model.hardware(rows_per_micro, r["batch_lengths"]) for r in rows
+        )
+    return out
 
 
 def _aggregate(
     v: Variant,
     runs: list[RunResult],
     warmup: int,
-    samples_per_step: int,
-    padded_tokens: int,
+    rows_per_micro: int,
+    flop_model: flops.FlopModel | None,
     peak: float,
 ) -> dict[str, Any]:
     good = [x for x in runs if x.ok]
@@ -350,12 +414,14 @@ def _aggregate(
     if not good:
         status = "skipped" if v.label.split("+")[0] in OPTIONAL else "failed"
         return {**out, "status": status, "error": runs[0].error if runs else "not run"}
-    steady = [s for x in good for s in x.step_times[warmup:]]
-    med = statistics.median(steady)
+    timed = [row for x in good for row in x.rows[warmup:]]
+    steady = [row["step_time_s"] for row in timed]
+    med, total = statistics.median(steady), sum(steady)
+    work = _work(timed, rows_per_micro, flop_model)
     s0 = good[0].summary
-    tokens_per_step = s0.tokens / max(s0.steps, 1)  # non-padding tokens, as train reports
-    params = s0.parameters or None
     b = s0.backend or BackendReport(requested=v.label, used="?")
+    mfu = work["useful_flops"] / total / peak if flop_model else None
+    mfu_padded = work["hardware_flops"] / total / peak if flop_model else None
     return {
         **out,
         "status": "ok" if len(good) == len(runs) else "partial",
@@ -367,15 +433,33 @@ def _aggregate(
         "ort_exports": max(x.summary.backend.ort_exports if x.summary.backend else 0 for x in good),
         "first_step_s": statistics.median(x.first_step_s or 0.0 for x in good),
         "step_s": {"median": med, "min": min(steady), "max": max(steady)},
-        "samples_per_s": samples_per_step / med,
-        "tokens_per_s": tokens_per_step / med,
+        "timed_steps": len(steady),
+        "timed_s": total,
+        "samples_per_s": work["rows"] / total,
+        "tokens_per_s": work["tokens"] / total,  # real (non-padding) tokens
+        "padded_tokens_per_s": work["padded_tokens"] / total,
+        "padding_fraction": 1 - work["tokens"] / work["padded_tokens"],
+        "mean_batch_length": work["padded_tokens"] / work["rows"],
         "peak_rss_mb": max(x.rss_mb or 0.0 for x in good),
         "loss": good[0].loss,
         "losses": [x.loss for x in good],
-        "parameters": params,
-        "mfu": (6 * params * padded_tokens / med / peak) if params else None,
+        "parameters": s0.parameters or None,
+        "mfu": mfu,  # useful work: each row at its real length
+        "mfu_padded": mfu_padded,  # hardware work: the padded shapes that ran
+        # not clamped: above 100% the peak or the FLOP count is wrong, not the run that fast
+        "mfu_above_100": any(m is not None and m > 1 for m in (mfu, mfu_padded)),
         "per_repeat_median_step_s": [statistics.median(x.step_times[warmup:]) for x in good],
     }
+
+
+def _warnings(results: dict[str, Any]) -> list[str]:
+    return [
+        f"{label}: MFU {r['mfu']:.1%} (padded {r['mfu_padded']:.1%}) is above 100%: a "
+        "measurement problem, not a speed (the peak was measured on a busier machine than "
+        "the run, or the FLOP count is too high)"
+        for label, r in results.items()
+        if r.get("mfu_above_100")
+    ]
 
 
 def _add_ratios(results: dict[str, Any], runs: list[RunResult], warmup: int) -> None:
@@ -395,100 +479,3 @@ def _add_ratios(results: dict[str, Any], runs: list[RunResult], warmup: int) -> 
         res["ratios_per_repeat"] = ratios
         if base and base.get("loss") is not None and res.get("loss") is not None:
             res["loss_diff_vs_torch"] = res["loss"] - base["loss"]
-
-
-def print_table(result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    m = result["machine"]
-    title = (
-        f"ortft bench {result['recipe']}: {result['steps']} steps "
-        f"(first {result['warmup']} untimed) × {result['repeats']}, "
-        f"{result['batch']['samples_per_step']}×{result['batch']['max_length']} tokens/step"
-    )
-    caption = (
-        f"{m['cpu']}, {m['threads']} threads, load avg {m['load_avg_before']} → "
-        f"{m['load_avg_after']}; peak {result['peak']['flops'] / 1e9:.0f} GFLOP/s "
-        "(measured matmul)"
-    )
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for col in (
-        "backend",
-        "vs torch",
-        "step ms",
-        "min–max",
-        "samples/s",
-        "tokens/s",
-        "1st step s",
-        "RSS MB",
-        "loss",
-        "Δloss",
-        "exports",
-        "MFU",
-    ):
-        table.add_column(col, justify="left" if col == "backend" else "right")
-    for label, r in result["backends"].items():
-        if "step_s" not in r:
-            table.add_row(label, r["status"], (r.get("error") or "")[:80], *[""] * 9)
-            continue
-        s = r["step_s"]
-        ratio = r.get("ratio_vs_torch")
-        diff = r.get("loss_diff_vs_torch")
-        table.add_row(
-            label + ("" if r["status"] == "ok" else f" ({r['status']})"),
-            f"{ratio:.2f}×" if ratio is not None else "—",
-            f"{s['median'] * 1000:.0f}",
-            f"{s['min'] * 1000:.0f}–{s['max'] * 1000:.0f}",
-            f"{r['samples_per_s']:.1f}",
-            f"{r['tokens_per_s']:.0f}",
-            f"{r['first_step_s']:.2f}",
-            f"{r['peak_rss_mb']:.0f}",
-            f"{r['loss']:.5f}",
-            f"{diff:+.1e}" if diff is not None else "—",
-            str(r["ort_exports"]),
-            f"{r['mfu'] * 100:.1f}%" if r.get("mfu") is not None else "—",
-        )
-    # a wide table even in CI logs, where rich would otherwise assume 80 columns
-    Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 150).print(table)
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
-    rows = [(lbl, r) for lbl, r in result["backends"].items() if "step_s" in r]
-    if not rows:
-        raise RunError("--plot: no backend finished, nothing to plot")
-    fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(rows)), 3.5))
-    spp = result["batch"]["samples_per_step"]
-    heights = [r["samples_per_s"] for _, r in rows]
-    lo = [h - spp / r["step_s"]["max"] for h, (_, r) in zip(heights, rows, strict=True)]
-    hi = [spp / r["step_s"]["min"] - h for h, (_, r) in zip(heights, rows, strict=True)]
-    bars = ax.bar(
-        [lbl for lbl, _ in rows],
-        heights,
-        yerr=[lo, hi],
-        capsize=4,
-        color=["#888" if lbl == BASELINE else "#3a7" for lbl, _ in rows],
-    )
-    for bar, (_, r) in zip(bars, rows, strict=True):
-        if r.get("ratio_vs_torch") is not None:
-            ax.annotate(
-                f"{r['ratio_vs_torch']:.2f}×",
-                (bar.get_x() + bar.get_width() / 2, 0),
-                xytext=(0, 4),
-                textcoords="offset points",
-                ha="center",
-                color="white",
-            )
-    ax.set_ylabel("samples/s (bars: min–max step)")
-    ax.set_title(f"{Path(result['recipe']).name}: {result['machine']['cpu'][:40]}", fontsize=9)
-    plt.xticks(rotation=20, ha="right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
