@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ortft.recipe import rules
+from ortft.recipe.data import DataFormat, DataSection  # noqa: F401 - re-exported
 from ortft.recipe.fields import (  # noqa: F401 - re-exported: other modules import them from here
     LOWER_IS_BETTER,
     EvalMetric,
@@ -51,7 +52,6 @@ Scheduler = Literal[
     "constant_with_warmup",
     "inverse_sqrt",
 ]
-DataFormat = Literal["auto", "csv", "json", "jsonl", "parquet", "txt", "folder", "disk", "hub"]
 
 
 class FromConfig(Section):
@@ -161,81 +161,6 @@ class AdapterSection(Section):
         True,
         description="Also train the new task head (classifier / qa_outputs) in full; the base stays frozen.",
     )
-
-
-class DataSection(Section):
-    train: str = Field(
-        description=(
-            "Training data: a csv/json/jsonl/parquet/txt file, a folder of class sub-folders of "
-            ".txt files, a saved `datasets` directory, 'pkg://<package>/<path>', or a Hub dataset name."
-        )
-    )
-    eval: str | None = Field(None, description="Evaluation data (same forms as train).")
-    eval_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
-        0.1,
-        description="Held-out share of train used for eval when `eval` is not given (0: no eval).",
-    )
-    format: DataFormat = Field("auto", description="Input format; auto infers it from the path.")
-    split: str = Field(
-        "train", description="Split to read from a Hub dataset or saved DatasetDict."
-    )
-    eval_split: str | None = Field(
-        None, description="Split for eval from a Hub dataset / DatasetDict."
-    )
-    decode_errors: Literal["strict", "replace"] = Field(
-        "strict",
-        description="Bytes that are not UTF-8: strict stops with the file and line; replace "
-        "substitutes U+FFFD (for corpora with a few stray legacy-encoded bytes).",
-    )
-    text_column: str = Field("text", description="Column holding the text.")
-    text_pair_column: str | None = Field(None, description="Second text column for pair tasks.")
-    label_column: str = Field("label", description="Column holding the label (classification).")
-    label_names: list[str] | None = Field(
-        None, description="Label names in id order; default: the sorted distinct labels of train."
-    )
-    max_length: Annotated[int, Field(ge=8, le=8192)] = Field(
-        128, description="Tokens per example at most: longer texts are truncated to this."
-    )
-    padding: Literal["longest", "buckets", "max_length"] = Field(
-        "longest",
-        description="How long each batch is: longest (the batch's longest row, rounded up to "
-        "pad_to_multiple_of), buckets (the smallest of `buckets` that fits the longest row: few "
-        "distinct shapes), or max_length (every batch padded to max_length). The model sees the "
-        "same real tokens either way; padding only costs time.",
-    )
-    pad_to_multiple_of: Annotated[int, Field(ge=1, le=512)] = Field(
-        8, description="padding=longest: batch lengths are rounded up to a multiple of this."
-    )
-    buckets: list[Annotated[int, Field(ge=1)]] | None = Field(
-        None,
-        description="padding=buckets: the batch lengths allowed (default: max_length/4, /2, 3/4 "
-        "and max_length).",
-    )
-    group_by_length: bool = Field(
-        False,
-        description="Batch rows of similar length together (like transformers' group_by_length): "
-        "each epoch's seeded order is cut into groups of 50 batches, each sorted by length. "
-        "Less padding per batch; the order stays a function of the seed and the epoch.",
-    )
-    packing: bool = Field(
-        True, description="causal-lm: concatenate texts and cut into max_length blocks."
-    )
-    shuffle: bool = Field(True, description="Shuffle the training order each epoch (seeded).")
-    max_train_samples: PositiveInt | None = Field(
-        None, description="Use at most this many train rows."
-    )
-    max_eval_samples: PositiveInt | None = Field(
-        None, description="Use at most this many eval rows."
-    )
-
-    @model_validator(mode="after")
-    def _buckets_fit(self) -> DataSection:
-        if self.buckets is not None and self.padding != "buckets":
-            raise ValueError("data.buckets applies to data.padding=buckets")
-        too_long = [b for b in self.buckets or [] if b > self.max_length]
-        if too_long:
-            raise ValueError(f"data.buckets {too_long} exceed data.max_length={self.max_length}")
-        return self
 
 
 class EarlyStopping(Section):
