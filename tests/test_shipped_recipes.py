@@ -201,7 +201,8 @@ def test_quickstart_on_ort_with_dropout_resumes_exactly_after_kill_9(tmp_path: P
     import time
 
     args = ["train", str(RECIPES / "quickstart.yaml"), "training.max_steps=8",
-            "checkpoint.save_every=4", "export.enabled=false", "data.max_eval_samples=16"]  # fmt: skip
+            "checkpoint.save_every=4", "training.log_every=1", "export.enabled=false",
+            "data.max_eval_samples=16"]  # fmt: skip
     full, cut = tmp_path / "full", tmp_path / "cut"
     res = ortft(*args, "--output-dir", str(full), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
