@@ -1,5 +1,5 @@
 """The PyTorch half of ``backend.name: ort-ondevice``: build the model once and write its
-on-device training artifacts. The loop (``train_ondevice.py``) then trains them without PyTorch.
+on-device training artifacts. The on-device engine (``ondevice.py``) then trains them without PyTorch.
 
 ``<run>/ondevice/artifacts/`` holds ``training_model.onnx``, ``eval_model.onnx``,
 ``optimizer_model.onnx`` (AdamW with the recipe's betas, eps, weight decay and gradient
