@@ -130,7 +130,7 @@ class PyTorchEngine:
     # ---- prepare: model, wrapper, optimizer, schedule, resume
     def prepare(self, loaded, task, tokenizer, labels, train, run_dir, resume_from, total_steps):
         r, t = self.recipe, self.recipe.training
-        self.task, self.tokenizer_ = task, tokenizer
+        self.task, self._tokenizer = task, tokenizer
         wrapper_name = self.name
         if self.name == "auto":  # time a few steps of each wrapper on the first batches
             from ortft.backends import auto
@@ -315,7 +315,7 @@ class PyTorchEngine:
 
         # a LoRA model is exported merged: the adapter folded into the base weights
         return exporter.export_model(
-            models.merged_copy(self.model), self.tokenizer_, task.name, run_dir / "onnx",
+            models.merged_copy(self.model), self._tokenizer, task.name, run_dir / "onnx",
             opset=spec.opset, tolerance=spec.tolerance, samples=samples,
         )  # fmt: skip
 
