@@ -25,6 +25,9 @@ NEG = [
     "dreadful slow mess",
 ]
 
+# the tiny corpora's vocabulary (write_corpus, and tests that need texts of varied length)
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "in", "parks", "and", "birds", "sang", "over", "trees"]
+
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(
@@ -48,24 +51,7 @@ def write_classification_csv(path: Path, n: int = 160, seed: int = 0) -> Path:
 
 def write_corpus(path: Path, n: int = 80, seed: int = 0) -> Path:
     rng = random.Random(seed)
-    words = [
-        "the",
-        "cat",
-        "sat",
-        "on",
-        "a",
-        "mat",
-        "while",
-        "dogs",
-        "ran",
-        "in",
-        "parks",
-        "and",
-        "birds",
-        "sang",
-        "over",
-        "trees",
-    ]
+    words = WORDS
     paras = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) for _ in range(n)]
     path.write_text("\n\n".join(paras))
     return path

@@ -16,29 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_causal_lm, tiny_classifier, train_losses, write_recipe
+from conftest import WORDS, tiny_causal_lm, tiny_classifier, train_losses, write_recipe
 
 from ortft import batches
 from ortft.tasks import Encoded
-
-WORDS = [
-    "the",
-    "cat",
-    "sat",
-    "on",
-    "a",
-    "mat",
-    "while",
-    "dogs",
-    "ran",
-    "in",
-    "parks",
-    "and",
-    "birds",
-    "sang",
-    "over",
-    "trees",
-]
 
 
 def _varied_csv(path: Path, n: int = 96) -> Path:
