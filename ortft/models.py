@@ -259,18 +259,15 @@ def build_model(
 
 
 class TaskModule(nn.Module):
-    """What the backends wrap: a forward that returns just ``(loss, logits)``.
+    """What the backends wrap: a forward that returns just ``(loss, logits)``, as the task
+    calls its model (``Task.forward``; question answering's start/end positions, decoders'
+    ``use_cache=False``, which keeps a ``DynamicCache`` out of ORTModule's outputs: it cannot
+    flatten one and would silently fall back to PyTorch)."""
 
-    ``use_cache=False`` keeps decoders from returning a ``DynamicCache``, which ORTModule
-    cannot flatten (it would silently fall back to PyTorch).
-    """
-
-    def __init__(self, model: nn.Module, is_decoder: bool, task: Any = None):
+    def __init__(self, model: nn.Module, task: Any):
         super().__init__()
         self.model = model
-        self.is_decoder = is_decoder
-        # a task that calls its model differently (question answering's start/end positions)
-        self._task_forward = getattr(task, "forward", None)
+        self._task_forward = task.forward
 
     def forward(
         self,
@@ -279,18 +276,7 @@ class TaskModule(nn.Module):
         labels: torch.Tensor,
         **extra: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._task_forward is not None:
-            return self._task_forward(self.model, input_ids, attention_mask, labels, **extra)
-        kwargs: dict[str, Any] = {"use_cache": False} if self.is_decoder else {}
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            labels=labels,
-            return_dict=True,
-            **extra,
-            **kwargs,
-        )
-        return out.loss, out.logits
+        return self._task_forward(self.model, input_ids, attention_mask, labels, **extra)
 
 
 # --------------------------------------------------------------------------- LoRA adapters

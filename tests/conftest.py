@@ -26,7 +26,24 @@ NEG = [
 ]
 
 # the tiny corpora's vocabulary (write_corpus, and tests that need texts of varied length)
-WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "in", "parks", "and", "birds", "sang", "over", "trees"]
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "while",
+    "dogs",
+    "ran",
+    "in",
+    "parks",
+    "and",
+    "birds",
+    "sang",
+    "over",
+    "trees",
+]
 
 
 @pytest.fixture(autouse=True)

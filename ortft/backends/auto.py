@@ -50,9 +50,7 @@ def _time_backend(
     )
     if r.adapter is not None:
         model = models.apply_adapter(model, r.adapter)
-    module = models.TaskModule(model, is_decoder=getattr(task, "is_decoder", False), task=task).to(
-        device
-    )
+    module = models.TaskModule(model, task).to(device)
     wrapped = backend.wrap(module, scratch / name)
     wrapped.train()
     params = [p for p in module.parameters() if p.requires_grad]

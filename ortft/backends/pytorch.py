@@ -140,7 +140,7 @@ class PyTorchEngine:
             )
         self.wrapper = wrapper(wrapper_name, r.backend)
         self.model = self._build_model(loaded, task, tokenizer, labels)
-        self.module = models.TaskModule(self.model, is_decoder=task.is_decoder, task=task)
+        self.module = models.TaskModule(self.model, task)
         self.module.to(self.device)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, r, self.device)
