@@ -132,6 +132,9 @@ def test_auto_picks_a_backend_and_trains_as_it_would(cls_recipe: Path, tmp_path:
     assert set(probe["backends"]) == {"ort", "torch"}
     for timing in probe["backends"].values():
         assert timing["median_step_s"] > 0 and len(timing["step_times_s"]) == probe["steps"] - 1
+        # the probe times the batches the run trains on: data.padding=longest, not max_length
+        assert len(timing["sequence_lengths"]) == probe["steps"]
+        assert max(timing["sequence_lengths"]) < 16  # tiny_classifier: data.max_length 16
     assert f"auto chose {b['used']}" in res.stderr
     # the probe leaves no trace: the same losses as a plain run on the chosen backend
     plain = cli(

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ortft import checkpoint, data, models
+from ortft import batches, checkpoint, models
 from ortft.backends.pytorch import wrapper
 from ortft.errors import BackendError
 from ortft.recipe.io import LoadedRecipe
@@ -40,8 +40,10 @@ def _time_backend(
     device: torch.device,
     build_optimizer: Callable[..., Any],
     scratch: Path,
+    widths: list[int],
 ) -> list[float]:
-    """Wall time of each of ``PROBE_STEPS`` optimizer steps (one micro-batch each)."""
+    """Wall time of each of ``PROBE_STEPS`` optimizer steps (one micro-batch each); the width
+    of each batch (tokens per row after padding) is appended to ``widths``."""
     r = loaded.recipe
     backend = wrapper(name, r.backend)
     # the same model the PyTorch engine builds (keep the two in step)
@@ -55,11 +57,19 @@ def _time_backend(
     wrapped.train()
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, r, device)
-    batches = data.train_batches(encoded, r.training.batch_size, r.training.seed, r.data.shuffle)
+    # the batches the run will see: the task's collate, then cut to data.padding (a probe of
+    # max_length batches would time a 3x longer step on short texts than the run then takes)
+    rows = batches.train_batches(
+        encoded, r.training.batch_size, r.training.seed, r.data.shuffle,
+        group_by_length=r.data.group_by_length,
+    )  # fmt: skip
+    padding = batches.Padding.of(r.data)
     times = []
     for _ in range(PROBE_STEPS):
         t0 = time.perf_counter()
-        _, batch = next(batches)
+        epoch, batch = next(rows)
+        batch = batches.cut(task.collate(batch, epoch, r.training.seed), padding, task.aligned_keys)
+        widths.append(int(batch["input_ids"].shape[1]))
         inputs = {
             k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")
         }
@@ -101,6 +111,7 @@ def choose(
                         device,
                         build_optimizer,
                         Path(scratch),
+                        widths := [],
                     )
                 except BackendError as err:  # ORT cannot run this model: torch it is
                     result["backends"][name] = {"error": str(err)}
@@ -112,6 +123,7 @@ def choose(
                     "first_step_s": round(times[0], 4),
                     "step_times_s": [round(t, 4) for t in times[1:]],
                     "median_step_s": round(statistics.median(times[1:]), 4),
+                    "sequence_lengths": widths,
                 }
     finally:
         checkpoint.set_rng_state(rng)

@@ -143,8 +143,10 @@ def training_api() -> Any:
     return importlib.import_module("onnxruntime.training.api")
 
 
-def _feeds(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return [np.ascontiguousarray(batch[k], dtype=np.int64) for k in INPUTS]
+def _feeds(batch: dict[str, np.ndarray], scale: float | None = None) -> list[np.ndarray]:
+    """The graph's inputs in order; ``scale`` for artifacts whose graphs take ``loss_scale``."""
+    feeds = [np.ascontiguousarray(batch[k], dtype=np.int64) for k in INPUTS]
+    return feeds if scale is None else [*feeds, np.array(scale, dtype=np.float32)]
 
 
 def _peak_rss_mb() -> float:
@@ -163,6 +165,7 @@ class OnDeviceEngine:
     def __init__(self, loaded: LoadedRecipe):
         self.loaded, self.recipe = loaded, loaded.recipe
         self.exports = 0  # 1 when this run built the artifacts (PyTorch's ONNX export)
+        self.scaled = False  # the artifacts' graphs take loss_scale (set in prepare)
         self.art_dir: Path | None = None
         self.device = "cpu"
 
@@ -245,11 +248,21 @@ class OnDeviceEngine:
                 device=self.device, session_options=self.options,
             )  # fmt: skip
             self.optimizer = api.Optimizer(str(art_dir / "optimizer_model.onnx"), self.module)
+            # ortft's own artifacts take loss_scale; `ortft export --training-artifacts` ones
+            # (made for other trainers) do not: their micro-batches weigh equally (see train_step)
+            self.scaled = "loss_scale" in self.module.input_names()
         except Exception as err:  # noqa: BLE001 - ORT raises RuntimeError / its own Fail types
             first = (str(err).strip().splitlines() or [type(err).__name__])[-1]
             raise RunError(
                 f"onnxruntime.training could not open {art_dir} on {self.device}: {first[:300]}"
             ) from err
+        if not self.scaled and self.recipe.training.gradient_accumulation_steps > 1:
+            log.warning(
+                "%s: these artifacts take no loss_scale input, so the %d micro-batches of a step "
+                "weigh equally (not by their real tokens); rebuild them with ortft train "
+                "(backend.name=ort-ondevice) for token-weighted accumulation",
+                art_dir, self.recipe.training.gradient_accumulation_steps,
+            )  # fmt: skip
         n_train, n_all = self.parameter_counts()[::-1]
         log.info(
             "backend: ort-ondevice (onnxruntime.training.api on %s); %s; %d of %d parameters train",
@@ -264,21 +277,28 @@ class OnDeviceEngine:
         lr = lr_at(self.step, schedule=t.scheduler, lr=t.lr, warmup_steps=warmup,
                    total_steps=self.total_steps)  # fmt: skip
         self.optimizer.set_learning_rate(lr)
+        # Gradients add up in the module until lazy_reset_grad. Each micro-batch's loss (a mean
+        # over its counted tokens) is scaled by its share of the step's tokens: the sum is the
+        # mean over all of them, as on the PyTorch engine; equal shares without loss_scale.
+        counts = [self.task.counted(b) for b in micro_batches]
+        total = max(sum(counts), 1)
         loss_sum = 0.0
-        for batch in micro_batches:  # gradients add up in the module until lazy_reset_grad
+        for batch, count in zip(micro_batches, counts, strict=True):
             ort_rng.reseed(t.seed, self.micro_step)  # dropout: a function of where the run is
             self.micro_step += 1
-            loss_sum += float(self.module(*_feeds(batch)))  # training graph: the loss alone
+            scale = count / total if self.scaled else None
+            loss = float(self.module(*_feeds(batch, scale)))  # training graph: the loss alone
+            loss_sum += loss if self.scaled else loss / len(micro_batches)
         self.optimizer.step()
         self.module.lazy_reset_grad()
         self.step += 1
-        return StepResult(loss=loss_sum / len(micro_batches), lr=lr)
+        return StepResult(loss=loss_sum, lr=lr)
 
     def eval_mode(self, on: bool) -> None:
         self.module.eval() if on else self.module.train()
 
     def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[float, np.ndarray | None]:
-        loss, logits = self.module(*_feeds(batch))
+        loss, logits = self.module(*_feeds(batch, 1.0 if self.scaled else None))
         valid = int(batch["_valid"])
         out = np.asarray(logits[:valid], dtype=np.float32) if self.task.needs_logits else None
         return float(loss), out
@@ -328,7 +348,7 @@ class OnDeviceEngine:
 
         probe = next(data.eval_batches(samples, self.recipe.training.batch_size))
         self.module.eval()
-        _, want = self.module(*_feeds(probe))
+        _, want = self.module(*_feeds(probe, 1.0 if self.scaled else None))
         self.module.train()
         model = final_dir / "model.onnx"
         sess = InferenceSession(str(model), providers=["CPUExecutionProvider"])

@@ -29,7 +29,7 @@ from ortft.recipe.io import LoadedRecipe
 
 log = logging.getLogger("ortft")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the graphs take loss_scale (token-weighted gradient accumulation)
 MARKER = "artifacts.json"
 
 
@@ -117,6 +117,7 @@ def build(
                     "weight_decay": t.weight_decay,
                     "max_grad_norm": t.max_grad_norm,
                 },
+                loss_scale=True,
             )
         tokenizer.save_pretrained(tmp)
         model.config.architectures = [type(model).__name__]  # what ortft eval / export read

@@ -213,7 +213,7 @@ class PyTorchEngine:
         micro-batch does not count as much as a long one. (One row per label, as classification
         has, gives equal weights: the plain mean.)"""
         world, lr = distributed.world_size(), self.scheduler.get_last_lr()[0]
-        total = max(sum(self._counted(b) for b in micro_batches), 1)  # over all processes
+        total = max(sum(self.task.counted(b) for b in micro_batches), 1)  # over all processes
         loss_sum = torch.zeros((), device=self.device)
         for batch in micro_batches:
             self.wrapper.before_forward(self.recipe.training.seed, self.micro_step)
@@ -222,7 +222,7 @@ class PyTorchEngine:
             inputs = to_device(mine, self.device)
             with runtime.autocast(self.amp_dtype, self.device):  # disabled for fp32
                 loss, _ = self.forward(**inputs)
-            share = self._counted(mine) / total
+            share = self.task.counted(mine) / total
             if self.deepspeed is not None:  # DeepSpeed scales, accumulates, reduces gradients
                 # (it divides by the accumulation steps and averages ranks itself)
                 self.deepspeed.backward(loss * share * world * len(micro_batches))
@@ -242,12 +242,6 @@ class PyTorchEngine:
         # the one CPU-GPU sync per step; DDP: summed over ranks (= the global step's loss)
         loss = float(distributed.all_reduce_mean(loss_sum)) * world
         return StepResult(loss=loss, lr=lr, applied=applied)
-
-    def _counted(self, batch: dict[str, np.ndarray]) -> int:
-        """The positions the loss averages over: labels other than -100 (shifted for decoders)."""
-        labels = batch["labels"]
-        counted = labels[:, 1:] if self.task.shift_labels and labels.ndim > 1 else labels
-        return int((counted != -100).sum())
 
     # ---- eval
     def eval_mode(self, on: bool) -> None:

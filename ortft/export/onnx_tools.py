@@ -122,14 +122,21 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
 class _LossOnly(torch.nn.Module):
     """The model's own loss (transformers' shift-and-mask for causal LM), as the graph's first
     output: on-device training then optimizes exactly what PyTorch training did. ``logits`` is
-    the second output: eval metrics read it, and ``export_model_for_inferencing`` keeps it."""
+    the second output: eval metrics read it, and ``export_model_for_inferencing`` keeps it.
+    With ``loss_scale`` (a scalar input) the loss output is ``loss * loss_scale``: the on-device
+    engine feeds each micro-batch its share of the step's real tokens, so accumulated gradients
+    are a token-weighted mean (as the PyTorch engine's), not a mean of per-batch means."""
 
     def __init__(self, model: torch.nn.Module, is_decoder: bool):
         super().__init__()
         self.model, self.is_decoder = model, is_decoder
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        loss_scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         kw = {"use_cache": False} if self.is_decoder else {}
         out = self.model(
@@ -139,7 +146,8 @@ class _LossOnly(torch.nn.Module):
             return_dict=True,
             **kw,
         )
-        return out.loss, out.logits
+        loss = out.loss if loss_scale is None else out.loss * loss_scale
+        return loss, out.logits
 
 
 def training_feeds(
@@ -184,6 +192,7 @@ def generate_training_artifacts(
     trainable: Sequence[str] | None = None,
     opset: int = TRAINING_OPSET,
     optimizer: dict[str, Any] | None = None,
+    loss_scale: bool = False,
 ) -> dict[str, Any]:
     """Write ``training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx`` (AdamW) and
     ``checkpoint`` to ``out_dir`` for ``onnxruntime.training.api``.
@@ -196,6 +205,8 @@ def generate_training_artifacts(
     graph ``loss`` and ``logits``.
     ``optimizer``: AdamW settings baked into the optimizer graph (``betas``, ``eps``,
     ``weight_decay``, ``max_grad_norm``); default ORT's AdamW (eps 1e-6, no decay, no clipping).
+    ``loss_scale``: both graphs take a fourth input, a float scalar the loss is multiplied by
+    (see ``_LossOnly``); the inference graph never needs it.
     """
     import onnxruntime as ort
 
@@ -204,7 +215,9 @@ def generate_training_artifacts(
     names = [n for n, _ in model.named_parameters()]
     chosen = select_trainable(names, trainable)
     out_dir.mkdir(parents=True, exist_ok=True)
-    graph, inputs = _training_graph(model, task, example, opset, out_dir / ".base.onnx")
+    graph, inputs = _training_graph(
+        model, task, example, opset, out_dir / ".base.onnx", loss_scale
+    )
     in_graph = {i.name for i in graph.graph.initializer}
     params = [n for n in names if n in in_graph]  # tied weights appear once
     requires = [n for n in params if n in chosen]
@@ -246,14 +259,22 @@ def _check_training_support(model: torch.nn.Module, task: str, opset: int) -> No
 
 
 def _training_graph(
-    model: torch.nn.Module, task: str, example: dict[str, np.ndarray], opset: int, base: Path
+    model: torch.nn.Module,
+    task: str,
+    example: dict[str, np.ndarray],
+    opset: int,
+    base: Path,
+    loss_scale: bool = False,
 ) -> tuple[Any, list[str]]:
     """The loss graph (``_LossOnly``) as an onnx ModelProto with Hugging Face parameter names,
     and its input names; ``base`` is a scratch file, removed again."""
     import onnx
 
     wrapper = _LossOnly(model, task == "causal-lm")
-    args = tuple(torch.from_numpy(example[k]) for k in ("input_ids", "attention_mask", "labels"))
+    names = ["input_ids", "attention_mask", "labels"] + (["loss_scale"] if loss_scale else [])
+    args = tuple(torch.from_numpy(example[k]) for k in names[:3])
+    if loss_scale:  # a 0-d float: its value in the example does not matter to the graph
+        args += (torch.tensor(1.0),)
     axes = {
         "input_ids": {0: "batch", 1: "sequence"},
         "attention_mask": {0: "batch", 1: "sequence"},
@@ -268,7 +289,7 @@ def _training_graph(
             wrapper,
             args,
             str(base),
-            input_names=list(axes)[:3],
+            input_names=names,
             output_names=["loss", "logits"],
             opset_version=opset,
             dynamo=False,
@@ -286,7 +307,7 @@ def _training_graph(
         init.name = rename[init.name]
     for node in graph.graph.node:
         node.input[:] = [rename.get(x, x) for x in node.input]
-    return graph, list(axes)[:3]
+    return graph, names
 
 
 def _write_artifacts(

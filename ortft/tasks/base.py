@@ -131,6 +131,14 @@ class Task:
         )
         return out.loss, out.logits
 
+    def counted(self, batch: dict[str, np.ndarray]) -> int:
+        """How many positions the model's loss averages over in ``batch``: labels other than
+        -100 (from the second on for decoders). A step's micro-batches weigh by it, so the step
+        loss is a mean over its real tokens (``num_items_in_batch`` in transformers' Trainer)."""
+        labels = batch["labels"]
+        counted = labels[:, 1:] if self.shift_labels and labels.ndim > 1 else labels
+        return int((counted != -100).sum())
+
     def collate(
         self, batch: dict[str, np.ndarray], epoch: int | None, seed: int
     ) -> dict[str, np.ndarray]:
