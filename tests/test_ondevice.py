@@ -77,6 +77,7 @@ def test_trains_and_writes_a_run(trained):
     assert summary["status"] == "completed" and summary["steps"] == 6
     assert summary["backend"]["used"] == "ort-ondevice" and summary["backend"]["ort_exports"] == 1
     assert summary["backend"]["peak_rss_mb"] > 0
+    assert "ORTFT_ORT_SPINNING=0" in summary["backend"]["notes"]  # ORTModule's session defaults
     assert {
         "checkpoint",
         "training_model.onnx",
@@ -348,12 +349,19 @@ def test_threads_and_determinism_reach_the_session(trained, monkeypatch):
     class Module(api.Module):  # the options prepare() hands to onnxruntime.training
         def __init__(self, *args, session_options=None, **kwargs):
             seen["threads"] = session_options.intra_op_num_threads
+            seen["spinning"] = session_options.get_session_config_entry(
+                "session.intra_op.allow_spinning"
+            )
             super().__init__(*args, session_options=session_options, **kwargs)
 
     monkeypatch.setattr(api, "Module", Module)
     engine.tokenizer(engine.loaded, run, None, [], None)
     engine.prepare(engine.loaded, None, None, None, None, run, None, 6)
-    assert seen == {"threads": 1}
+    assert seen == {"threads": 1, "spinning": "0"}  # ORTModule's session defaults too
+    monkeypatch.setenv("ORTFT_ORT_SPINNING", "1")  # the bench's lever, as for ORTModule
+    spinning = ondevice.create(recipe_io.load(recipe, _given_artifacts(run)))
+    spinning.start(spinning.recipe)
+    assert spinning.options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
 
 
 def test_a_finished_run_rerun_with_a_gate_gets_a_verdict(trained):

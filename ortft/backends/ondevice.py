@@ -174,6 +174,8 @@ class OnDeviceEngine:
         training.deterministic asks ORT for deterministic kernels: both applied, never ignored."""
         import onnxruntime as ort
 
+        from ortft.backends.ort import apply_session_settings
+
         hw, t = recipe.hardware, recipe.training
         ort.set_default_logger_severity(3)  # the session warns about every frozen initializer
         gpu = (
@@ -190,7 +192,16 @@ class OnDeviceEngine:
             else ("auto: a CUDA GPU is visible" if gpu else "auto: no CUDA GPU visible")
         )
         self.options = ort.SessionOptions()
-        threads = hw.threads or os.cpu_count() or 1
+        # ORTModule's session settings (spinning off; ORTFT_ORT_* overrides), then the recipe's
+        # threads. Spinning off measured 1.40x faster steps on bert-cls (one process, the two
+        # settings alternating, 10 steps each, a loaded 2-core machine; benchmarks/README.md).
+        apply_session_settings(self.options)
+        threads = (
+            hw.threads
+            or int(os.environ.get("ORTFT_ORT_INTRA_OP_THREADS", 0))
+            or os.cpu_count()
+            or 1
+        )
         self.options.intra_op_num_threads = threads
         if t.deterministic:
             self.options.use_deterministic_compute = True
@@ -379,8 +390,11 @@ class OnDeviceEngine:
         note = "onnxruntime.training.api; " + (
             "PyTorch only to build the artifacts" if self.exports else "no PyTorch"
         )
+        from ortft.backends.ort import session_settings
+
+        settings = [f"{k}={v}" for k, v in sorted(session_settings().items())]
         rep = BackendReport(requested=self.name, used=self.name, ort_exports=self.exports,
-                            notes=[note])  # fmt: skip
+                            notes=[note, *settings])  # fmt: skip
         rep.extra.update(peak_rss_mb=round(_peak_rss_mb(), 1), artifacts=str(self.art_dir))
         return rep
 

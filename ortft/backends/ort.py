@@ -55,33 +55,41 @@ def session_settings() -> dict[str, str]:
     return out
 
 
-def _install_session_tweaks() -> None:
-    """Apply ``session_settings()`` to every session ORTModule creates (once per process)."""
+def apply_session_settings(session_options: Any) -> None:
+    """``session_settings()`` applied to one ``onnxruntime.SessionOptions``: ORTModule's
+    sessions (below) and the on-device engine's (no PyTorch there, but its optimizer runs in a
+    second session while the training session's idle threads would spin)."""
     from onnxruntime import GraphOptimizationLevel
-    from onnxruntime.training.ortmodule import _graph_execution_manager as gem
 
-    cls = gem.GraphExecutionManager
-    if getattr(cls._get_session_config, "_ortft_tweaked", False):
-        return
-    original = cls._get_session_config
     levels = {
         "disable": GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": GraphOptimizationLevel.ORT_ENABLE_BASIC,
         "extended": GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": GraphOptimizationLevel.ORT_ENABLE_ALL,
     }
+    settings = session_settings()
+    if "ORTFT_ORT_INTRA_OP_THREADS" in settings:
+        session_options.intra_op_num_threads = int(settings["ORTFT_ORT_INTRA_OP_THREADS"])
+    if "ORTFT_ORT_SPINNING" in settings:
+        session_options.add_session_config_entry(
+            "session.intra_op.allow_spinning", settings["ORTFT_ORT_SPINNING"]
+        )
+    if "ORTFT_ORT_OPT_LEVEL" in settings:
+        session_options.graph_optimization_level = levels[settings["ORTFT_ORT_OPT_LEVEL"]]
+
+
+def _install_session_tweaks() -> None:
+    """Apply ``session_settings()`` to every session ORTModule creates (once per process)."""
+    from onnxruntime.training.ortmodule import _graph_execution_manager as gem
+
+    cls = gem.GraphExecutionManager
+    if getattr(cls._get_session_config, "_ortft_tweaked", False):
+        return
+    original = cls._get_session_config
 
     def tweaked(self: Any) -> Any:
         session_options, providers, provider_options = original(self)
-        settings = session_settings()
-        if "ORTFT_ORT_INTRA_OP_THREADS" in settings:
-            session_options.intra_op_num_threads = int(settings["ORTFT_ORT_INTRA_OP_THREADS"])
-        if "ORTFT_ORT_SPINNING" in settings:
-            session_options.add_session_config_entry(
-                "session.intra_op.allow_spinning", settings["ORTFT_ORT_SPINNING"]
-            )
-        if "ORTFT_ORT_OPT_LEVEL" in settings:
-            session_options.graph_optimization_level = levels[settings["ORTFT_ORT_OPT_LEVEL"]]
+        apply_session_settings(session_options)
         return session_options, providers, provider_options
 
     tweaked._ortft_tweaked = True  # type: ignore[attr-defined]

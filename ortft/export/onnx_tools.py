@@ -215,9 +215,7 @@ def generate_training_artifacts(
     names = [n for n, _ in model.named_parameters()]
     chosen = select_trainable(names, trainable)
     out_dir.mkdir(parents=True, exist_ok=True)
-    graph, inputs = _training_graph(
-        model, task, example, opset, out_dir / ".base.onnx", loss_scale
-    )
+    graph, inputs = _training_graph(model, task, example, opset, out_dir / ".base.onnx", loss_scale)
     in_graph = {i.name for i in graph.graph.initializer}
     params = [n for n in names if n in in_graph]  # tied weights appear once
     requires = [n for n in params if n in chosen]
