@@ -90,6 +90,13 @@ def expected_names(ext_dir: Path, cuda: bool) -> list[str]:
     return [p.parent.name for kind in kinds for p in _setup_scripts(ext_dir, kind)]
 
 
+def missing_cuda(ext_dir: Path) -> list[str]:
+    """The CUDA extensions (fused_ops, torch_gpu_allocator) not built in ``ext_dir``, whether
+    or not a GPU is visible: the GPU profile reports them without one."""
+    present = {_module_name(p) for p in _built_files(ext_dir)}
+    return [p.parent.name for p in _setup_scripts(ext_dir, "cuda") if p.parent.name not in present]
+
+
 def _built_files(ext_dir: Path) -> list[Path]:
     return sorted(ext_dir.glob("*.so"))
 
