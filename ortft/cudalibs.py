@@ -168,8 +168,9 @@ def unresolved(library: Path, extra_dirs: list[Path] | None = None) -> list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ortft.cudalibs``: what setup.sh runs after installing the GPU profile.
-    Prints the unresolved libraries of ORT's CUDA provider (none: exit 0)."""
+    """What setup.sh runs after installing the GPU profile (``python -c 'import sys,
+    ortft.cudalibs as c; sys.exit(c.main([]))'``): names the unresolved libraries of ORT's CUDA
+    provider, exit 1; none, exit 0."""
     provider = provider_library()
     if provider is None:
         print("error: onnxruntime has no CUDA provider library here", file=sys.stderr)

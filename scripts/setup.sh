@@ -61,7 +61,8 @@ gpu_profile() {
   fi
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "import ortft.cudalibs; ortft.cudalibs.install_hook()" >"$site/ortft-cuda11.pth"
-  "$VENV/bin/python" -m ortft.cudalibs >&2 ||
+  # -c, not -m: the .pth has imported ortft.cudalibs already, and runpy warns about that
+  "$VENV/bin/python" -c 'import sys, ortft.cudalibs as c; sys.exit(c.main([]))' >&2 ||
     fail "ORT's CUDA provider still has unresolved libraries (the line above names them)" \
       "rm -rf $dest, then make setup GPU=1 again"
 }

@@ -69,7 +69,7 @@ BENCH_OVERRIDES = {
     "training.eval_every": "null",
     "training.log_every": "1",
 }
-# environment a variant may set: ortft's own knobs and the thread runtimes' (OpenMP, MKL)
+# environment a variant may set: ortft's and ORTModule's own knobs, the thread runtimes' (OpenMP, MKL)
 _ENV_KEY = re.compile(r"^(ORTFT|ORTMODULE|OMP|GOMP|MKL)_[A-Z0-9_]+$")
 
 
