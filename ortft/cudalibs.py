@@ -25,6 +25,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 SUBDIR = "cuda11"  # under sys.prefix: where setup.sh's `pip install --target` puts the wheels
@@ -74,6 +75,18 @@ def lib_dirs() -> list[Path]:
     return sorted({(base / rel).parent for rel in LIBRARIES})
 
 
+def library_path(rel: str) -> Path:
+    """Where to load ``rel`` from. cuRAND is the one soname CUDA 11.8 and 12.4 share
+    (``libcurand.so.10``: 10.3.0 and 10.3.5) and a process holds one of them, so it is torch's
+    newer copy when torch's wheel is installed: it serves ORT (same soname, so ABI-compatible)
+    and also whatever torch needs of 10.3.5, whichever of the two is imported first."""
+    if rel.startswith("curand/"):
+        torch_copy = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / rel
+        if torch_copy.is_file():
+            return torch_copy
+    return root() / "nvidia" / rel
+
+
 def loaded() -> list[str]:
     """The libraries :func:`preload` has loaded into this process (full paths)."""
     return list(_loaded)
@@ -85,9 +98,8 @@ def preload() -> list[str]:
 
     if _loaded:
         return list(_loaded)
-    base = root() / "nvidia"
     for rel in LIBRARIES:
-        path = base / rel
+        path = library_path(rel)
         if not path.is_file():
             raise CudaLibsError(
                 f"{path} is missing from the GPU profile; run `make setup GPU=1` again"

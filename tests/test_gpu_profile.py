@@ -259,3 +259,15 @@ def test_the_gpu_lock_resolves_every_library_of_the_cuda_provider(tmp_path):
     assert out["missing"] == []
     assert len(out["loaded"]) == len(cudalibs.LIBRARIES)
     assert out["mapped"] == out["loaded"]
+
+
+def test_curand_comes_from_torch_when_torch_has_it(tmp_path, monkeypatch):
+    """libcurand.so.10 is CUDA 11.8's and 12.4's soname alike; the process gets torch's newer
+    copy, which both can use, instead of whichever import came first."""
+    monkeypatch.setenv(cudalibs.ENV_ROOT, str(tmp_path))
+    site = Path(__import__("sysconfig").get_paths()["purelib"])
+    assert (site / "nvidia/curand/lib/libcurand.so.10").is_file()  # torch 2.6.0's cu12 wheel
+    assert cudalibs.library_path("curand/lib/libcurand.so.10").is_relative_to(site)
+    assert cudalibs.library_path("cublas/lib/libcublas.so.11") == (
+        tmp_path / "nvidia/cublas/lib/libcublas.so.11"
+    )
