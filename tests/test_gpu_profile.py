@@ -271,3 +271,17 @@ def test_curand_comes_from_torch_when_torch_has_it(tmp_path, monkeypatch):
     assert cudalibs.library_path("cublas/lib/libcublas.so.11") == (
         tmp_path / "nvidia/cublas/lib/libcublas.so.11"
     )
+
+
+def test_gpu_check_records_a_step_whatever_its_outcome(tmp_path):
+    gc = _gpu_check_module()
+    ok = gc.run_step(
+        {"name": "a", "cmd": [sys.executable, "-c", "print('{\"x\": 1}')"]}, tmp_path, 60
+    )
+    assert (ok["exit_code"], ok["result"]) == (0, {"x": 1})
+    code = "import sys; print('noise'); print('{\"y\": 2}'); sys.exit(3)"
+    bad = gc.run_step({"name": "b", "cmd": [sys.executable, "-c", code]}, tmp_path, 60)
+    assert (bad["exit_code"], bad["result"]) == (3, {"y": 2})
+    slow = gc.run_step({"name": "c", "cmd": [sys.executable, "-c", "import time; time.sleep(5)"]},
+                       tmp_path, 0.5)  # fmt: skip
+    assert slow["timed_out"] and slow["exit_code"] is None
