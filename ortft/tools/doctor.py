@@ -316,7 +316,9 @@ def provider_library(provider: str) -> tuple[str, Any]:
 
     if provider == "CPUExecutionProvider":
         spec = importlib.util.find_spec("onnxruntime")
-        capi = Path(list(spec.submodule_search_locations)[0]) / "capi"  # type: ignore[union-attr]
+        if spec is None or not spec.submodule_search_locations:
+            return "CPU provider", None
+        capi = Path(list(spec.submodule_search_locations)[0]) / "capi"
         found = sorted(capi.glob("onnxruntime_pybind11_state*.so"))
         return "CPU provider", found[0] if found else None
     short = provider.removesuffix("ExecutionProvider")
