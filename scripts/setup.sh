@@ -67,6 +67,9 @@ gpu_profile() {
       "rm -rf $dest, then make setup GPU=1 again"
 }
 
+want_gpu=0
+if gpu_profile_wanted; then want_gpu=1; fi # before anything is installed: GPU=maybe fails now
+
 # 1. A Python 3.11 (onnxruntime-training 1.19.2 has wheels for 3.11 on Linux x86_64 only).
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
   fail "$PYTHON not found; ortft's pinned stack needs Python 3.11" \
@@ -143,7 +146,7 @@ else
 fi
 
 # 4. The GPU profile (CUDA 11.8 libraries for ORT's CUDA provider): see gpu_profile below.
-if gpu_profile_wanted; then
+if [ "$want_gpu" = 1 ]; then
   gpu_profile
 fi
 
