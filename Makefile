@@ -2,12 +2,16 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-export PYTHON VENV
+# GPU=1: the GPU profile (CUDA 11.8 libraries for ORT's CUDA provider) even without a GPU;
+# GPU=0: never; unset: when nvidia-smi lists a GPU. See docs/gpu.md.
+GPU ?=
+export PYTHON VENV GPU
 
-.PHONY: help setup demo doctor test test-recipes test-slow quality style bench bench-peer soak-ddp clean
+.PHONY: help setup demo doctor test test-recipes test-slow quality style bench bench-peer soak-ddp gpu-check clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
+	@echo "make setup GPU=1  also the GPU profile: CUDA 11.8 libraries for ORT's CUDA provider"
 	@echo "make demo       setup if needed, then train recipes/quickstart.yaml"
 	@echo "make test       setup if needed, then the fast tests (not slow, not gpu, not recipes)"
 	@echo "make test-recipes  every shipped CPU recipe, 2 steps end to end (minutes)"
@@ -18,6 +22,7 @@ help:
 	@echo "make bench      ORT vs PyTorch on the CPU recipes in recipes/bench/; JSON in benchmarks/results/"
 	@echo "make bench-peer ortft (torch, ort) vs transformers' Trainer, same fine-tune (CPU, ~30 min)"
 	@echo "make soak-ddp   2-process DDP N times (N=20): counts failed exits (SOAK_MODE=train)"
+	@echo "make gpu-check  on a GPU machine: doctor, GPU benches, fused Adam, DDP; JSON in benchmarks/results/"
 	@echo "make clean      remove $(VENV) and build/test caches (keeps ~/.cache/ortft)"
 
 setup:
@@ -74,6 +79,11 @@ N ?= 20
 SOAK_MODE ?= train
 soak-ddp: setup
 	N=$(N) SOAK_MODE=$(SOAK_MODE) scripts/soak-ddp.sh
+
+# On a machine with an NVIDIA GPU: checks the GPU path end to end and brings back numbers
+# (scripts/gpu-check.sh says what it runs). Refuses with exit 2 where no GPU is visible.
+gpu-check:
+	@scripts/gpu-check.sh
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .mypy_cache

@@ -20,6 +20,56 @@ fail() {
   exit 1
 }
 
+# --------------------------------------------------------------------------- the GPU profile
+# GPU=1 installs it on any machine (so it can be built and checked without a GPU), GPU=0 never;
+# unset: when `nvidia-smi -L` lists a GPU. requirements/gpu-cu11.txt goes to $VENV/cuda11 with
+# pip --target (the cu11 and torch's cu12 wheels share folder names: side by side in
+# site-packages one would overwrite the other's files), and a .pth in the venv preloads it before
+# onnxruntime's first import (ortft/cudalibs.py says why; docs/gpu.md the design).
+GPU_LOCK=requirements/gpu-cu11.txt
+
+gpu_profile_wanted() {
+  case "${GPU:-}" in
+    1 | yes | true) return 0 ;;
+    0 | no | false) return 1 ;;
+    "") command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU ' ;;
+    *) fail "GPU=$GPU is neither 1 nor 0" "make setup GPU=1 (the GPU profile) or GPU=0 (not)" ;;
+  esac
+}
+
+gpu_profile() {
+  [ -f "$GPU_LOCK" ] || fail "$GPU_LOCK is missing" "run make setup from a complete checkout of ortft"
+  local gpu_hash dest site
+  gpu_hash=$(sha256sum "$GPU_LOCK" | cut -c1-16)
+  dest="$VENV/cuda11"
+  if [ -f "$dest/.ortft-gpu-$gpu_hash" ]; then
+    step "GPU profile: CUDA 11.8 libraries up to date ($dest)"
+  else
+    if [ ! -f "$wheels/.complete-gpu-$gpu_hash" ]; then
+      step "GPU profile: downloading the CUDA 11.8 wheels into $wheels (first time: ~1.4 GB)"
+      mkdir -p "$wheels"
+      "${pip[@]}" download --no-deps -d "$wheels" -r "$GPU_LOCK" ||
+        fail "pip could not download $GPU_LOCK" "$pip_fix"
+      touch "$wheels/.complete-gpu-$gpu_hash"
+    fi
+    step "GPU profile: installing the CUDA 11.8 libraries into $dest (~2.2 GB)"
+    rm -rf "$dest"
+    "${pip[@]}" install --no-index --find-links "$wheels" --no-deps --target "$dest" -r "$GPU_LOCK" ||
+      fail "pip could not install $GPU_LOCK into $dest" \
+        "read pip's error above; if the wheelhouse is damaged: rm -rf $wheels, then make setup GPU=1 again"
+    touch "$dest/.ortft-gpu-$gpu_hash"
+  fi
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import ortft.cudalibs; ortft.cudalibs.install_hook()" >"$site/ortft-cuda11.pth"
+  # -c, not -m: the .pth has imported ortft.cudalibs already, and runpy warns about that
+  "$VENV/bin/python" -c 'import sys, ortft.cudalibs as c; sys.exit(c.main([]))' >&2 ||
+    fail "ORT's CUDA provider still has unresolved libraries (the line above names them)" \
+      "rm -rf $dest, then make setup GPU=1 again"
+}
+
+want_gpu=0
+if gpu_profile_wanted; then want_gpu=1; fi # before anything is installed: GPU=maybe fails now
+
 # 1. A Python 3.11 (onnxruntime-training 1.19.2 has wheels for 3.11 on Linux x86_64 only).
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
   fail "$PYTHON not found; ortft's pinned stack needs Python 3.11" \
@@ -95,7 +145,12 @@ else
   touch "$stamp"
 fi
 
-# 4. ORTModule's C++ extensions: kept, restored from ~/.cache/ortft, or built (~5 min, 2 cores).
+# 4. The GPU profile (CUDA 11.8 libraries for ORT's CUDA provider): see gpu_profile below.
+if [ "$want_gpu" = 1 ]; then
+  gpu_profile
+fi
+
+# 5. ORTModule's C++ extensions: kept, restored from ~/.cache/ortft, or built (~5 min, 2 cores).
 step "ORTModule's C++ extensions"
 "$VENV/bin/python" -m ortft.tools.extensions >/dev/null ||
   fail "ORTModule's C++ extensions are not in place (the line starting with 'error:' above says why)" \

@@ -100,6 +100,9 @@ def test_parse_variants() -> None:
     ]
     assert v[0].overrides["backend.pytorch_kernels"] == "[gelu,layer_norm]"
     assert v[0].env == {"GOMP_SPINCOUNT": "5"}
+    # ORTModule's own switches (padding elimination off, as make gpu-check measures it)
+    v = bench.parse_variants("ort+ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER=0,torch")
+    assert v[0].env == {"ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER": "0"}
 
 
 def test_bench_usage_errors_exit_2(cls_recipe: Path) -> None:

@@ -75,3 +75,17 @@ def test_no_onnxruntime_is_a_clear_error(monkeypatch):
     assert extensions.status(cuda=False).problem == "onnxruntime-training is not installed"
     with pytest.raises(extensions.ExtensionError, match="onnxruntime-training is not installed"):
         extensions.ensure_built()
+
+
+def test_the_gpu_build_covers_v100_to_h100(monkeypatch, tmp_path):
+    """The cached CUDA build must serve every GPU sharing the cache, not just the one it was
+    built on; a TORCH_CUDA_ARCH_LIST the user set wins."""
+    seen = []
+    monkeypatch.setattr(
+        extensions, "_run_logged", lambda cmd, cwd, env, log, what: seen.append(env)
+    )
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    extensions._build_gpu(tmp_path, tmp_path / "log")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    extensions._build_gpu(tmp_path, tmp_path / "log")
+    assert [env["TORCH_CUDA_ARCH_LIST"] for env in seen] == ["7.0;7.5;8.0;8.6;8.9;9.0", "8.0"]

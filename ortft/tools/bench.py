@@ -8,8 +8,8 @@ ratio is against it, taken as the median of the per-repeat ratios (each pair ran
 
 A backend entry is a ``backend.name`` value or a bench-only variant (``VARIANTS``), optionally
 followed by ``+key=value`` settings: a dotted recipe key (``ort+backend.compute_optimizer=false``)
-or an ``ORTFT_*`` / ``OMP_*`` / ``GOMP_*`` / ``MKL_*`` environment variable
-(``ort+ORTFT_ORT_SPINNING=1``).
+or an ``ORTFT_*`` / ``ORTMODULE_*`` / ``OMP_*`` / ``GOMP_*`` / ``MKL_*`` environment variable
+(``ort+ORTFT_ORT_SPINNING=1``, ``ort+ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER=0``).
 That is how the speed levers are measured against each other in one run.
 
 Tokens and FLOPs come from the shapes each step ran (its metrics row: real tokens, padded
@@ -69,8 +69,8 @@ BENCH_OVERRIDES = {
     "training.eval_every": "null",
     "training.log_every": "1",
 }
-# environment a variant may set: ortft's own knobs and the thread runtimes' (OpenMP, MKL)
-_ENV_KEY = re.compile(r"^(ORTFT|OMP|GOMP|MKL)_[A-Z0-9_]+$")
+# environment a variant may set: ortft's and ORTModule's own knobs, the thread runtimes' (OpenMP, MKL)
+_ENV_KEY = re.compile(r"^(ORTFT|ORTMODULE|OMP|GOMP|MKL)_[A-Z0-9_]+$")
 
 
 @dataclass
@@ -130,7 +130,7 @@ def parse_variants(spec: str) -> list[Variant]:
             else:
                 raise UsageError(
                     f"--backends: {key!r} in {item!r} is neither a dotted recipe key "
-                    "nor an ORTFT_*, OMP_*, GOMP_* or MKL_* environment variable"
+                    "nor an ORTFT_*, ORTMODULE_*, OMP_*, GOMP_* or MKL_* environment variable"
                 )
         out.append(Variant(item, overrides, env))
     if not out:

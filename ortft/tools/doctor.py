@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import importlib.util
 import io
 import json
 import os
@@ -22,6 +23,7 @@ import re
 import sys
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from ortft import __version__
@@ -217,6 +219,7 @@ def probe_runtime(fix: bool = False) -> list[Check]:
         checks += _probe_torch()
         checks += _probe_ort()
         checks += _probe_extensions(fix)
+        checks += _probe_cuda_extensions()
         checks += _probe_onnx()
     return checks
 
@@ -279,6 +282,7 @@ def _probe_ort() -> list[Check]:
     if _gpu_visible() and not gpu_providers & set(providers):
         value = "a GPU is visible but onnxruntime has no CUDA/ROCm provider: ORT would run on CPU"
         checks.append(Check("gpu provider", WARN, value, fix))
+    checks += [_probe_provider(name, _gpu_visible()) for name in providers]
     try:
         from onnxruntime.training.ortmodule import ORTModule  # noqa: F401
     except Exception as err:
@@ -286,6 +290,98 @@ def _probe_ort() -> list[Check]:
     else:
         checks.append(Check("ORTModule import", OK, "onnxruntime.training.ortmodule.ORTModule"))
     return checks
+
+
+# --------------------------------------------------------------------------- GPU pieces
+
+GPU_PROFILE_FIX = "make setup GPU=1  (the CUDA 11.8 libraries ORT's CUDA provider links against)"
+CUDA_EXT_FIX = (
+    "on the GPU machine, with a CUDA 12.x toolkit (nvcc) installed: ortft doctor --fix "
+    "(PyPI has no CUDA 12 nvcc; docs/gpu.md)"
+)
+
+
+def gpu_verdict(gpu_visible: bool, gpu_profile: bool) -> str:
+    """How much a missing GPU piece matters: it breaks training on a visible GPU (fail), it is
+    expected but absent in the GPU profile on a machine without one (warn), else context."""
+    if gpu_visible:
+        return FAIL
+    return WARN if gpu_profile else INFO
+
+
+def provider_library(provider: str) -> tuple[str, Any]:
+    """The shared library an execution provider lives in: the CPU provider is inside the
+    Python binding; the others are libonnxruntime_providers_<name>.so beside it."""
+    from ortft import cudalibs
+
+    if provider == "CPUExecutionProvider":
+        spec = importlib.util.find_spec("onnxruntime")
+        if spec is None or not spec.submodule_search_locations:
+            return "CPU provider", None
+        capi = Path(list(spec.submodule_search_locations)[0]) / "capi"
+        found = sorted(capi.glob("onnxruntime_pybind11_state*.so"))
+        return "CPU provider", found[0] if found else None
+    short = provider.removesuffix("ExecutionProvider")
+    return f"{short} provider", cudalibs.provider_library(short.lower())
+
+
+def provider_check(
+    name: str, library: str, missing: list[str], gpu_visible: bool, gpu_profile: bool
+) -> Check:
+    """The verdict on one provider library, from what its dependencies resolve to."""
+    if not missing:
+        return Check(name, OK, f"{library}: every library it needs resolves")
+    value = f"{library} cannot load: {', '.join(missing)} not found"
+    if name == "CPU provider":
+        return Check(name, FAIL, value, _pin("onnxruntime-training"))
+    return Check(name, gpu_verdict(gpu_visible, gpu_profile), value, GPU_PROFILE_FIX)
+
+
+def _probe_provider(provider: str, gpu_visible: bool) -> Check:
+    """Whether a listed provider can load here: ldd of its library, with the GPU profile's
+    CUDA 11.8 folders first on the search path as the preload puts them in the process.
+    (ORT lists every provider it was built with, whether it loads or not.)"""
+    from ortft import cudalibs
+
+    profile = cudalibs.installed()
+    name, library = provider_library(provider)
+    if library is None:
+        value = f"{provider} is listed but its library is not in onnxruntime/capi"
+        return Check(name, FAIL, value, _pin("onnxruntime-training"))
+    try:
+        missing = cudalibs.unresolved(library, cudalibs.lib_dirs() if profile else [])
+    except cudalibs.CudaLibsError as err:
+        return Check(name, FAIL, str(err), "apt-get install libc-bin")
+    check = provider_check(name, library.name, missing, gpu_visible, profile)
+    if check.verdict == OK and profile and provider == "CUDAExecutionProvider":
+        check.value += f" (CUDA 11.8 from {cudalibs.root()})"
+        if not cudalibs.loaded():  # doctor imported onnxruntime: the .pth hook should have run
+            check.verdict = gpu_verdict(gpu_visible, profile)
+            check.value += "; but nothing preloaded them into this process (ortft-cuda11.pth?)"
+            check.fix = GPU_PROFILE_FIX
+    return check
+
+
+def cuda_extensions_check(missing: list[str], gpu_visible: bool, gpu_profile: bool) -> Check:
+    if not missing:
+        return Check("CUDA extensions", OK, "fused_ops, torch_gpu_allocator built")
+    value = (
+        f"{', '.join(missing)} not built: optimizer.name=adamw_ort_fused and ORT allocating "
+        "through torch's CUDA allocator need them"
+    )
+    return Check("CUDA extensions", gpu_verdict(gpu_visible, gpu_profile), value, CUDA_EXT_FIX)
+
+
+def _probe_cuda_extensions() -> list[Check]:
+    """torch-ort's CUDA extensions, reported apart from the CPU ones (which every run needs)."""
+    from ortft import cudalibs
+    from ortft.tools import extensions
+
+    ext_dir = extensions.extensions_dir()
+    if ext_dir is None:
+        return []  # the onnxruntime lines already say it is missing
+    missing = extensions.missing_cuda(ext_dir)
+    return [cuda_extensions_check(missing, _gpu_visible(), cudalibs.installed())]
 
 
 def _probe_extensions(fix: bool) -> list[Check]:
@@ -351,8 +447,8 @@ REPORT_ORDER = [
     "ortft", "python", "os", "cpu",
     "torch", "torch import", "torch build", "gpu",
     "onnxruntime-training", "onnxruntime import", "execution providers", "gpu provider",
-    "ORTModule import",
-    "ORTModule extensions", "torch-ort", "onnx", "onnx import", "onnx IR", "transformers",
+    "CPU provider", "CUDA provider", "ORTModule import",
+    "ORTModule extensions", "CUDA extensions", "torch-ort", "onnx", "onnx import", "onnx IR", "transformers",
     "numpy", "protobuf",
 ]  # fmt: skip
 

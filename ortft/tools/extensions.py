@@ -90,6 +90,13 @@ def expected_names(ext_dir: Path, cuda: bool) -> list[str]:
     return [p.parent.name for kind in kinds for p in _setup_scripts(ext_dir, kind)]
 
 
+def missing_cuda(ext_dir: Path) -> list[str]:
+    """The CUDA extensions (fused_ops, torch_gpu_allocator) not built in ``ext_dir``, whether
+    or not a GPU is visible: the GPU profile reports them without one."""
+    present = {_module_name(p) for p in _built_files(ext_dir)}
+    return [p.parent.name for p in _setup_scripts(ext_dir, "cuda") if p.parent.name not in present]
+
+
 def _built_files(ext_dir: Path) -> list[Path]:
     return sorted(ext_dir.glob("*.so"))
 
@@ -274,10 +281,18 @@ def _build_cpu(ext_dir: Path, log: Path) -> None:
             shutil.copyfile(so, ext_dir / so.name)
 
 
+# V100 to H100: what torch 2.6's CUDA 12.4 and ORT's CUDA 11.8 build both run on. Without it
+# torch builds for the visible GPU only, and the cache (keyed on versions, not on the GPU) would
+# hand an A100 build to an H100 sharing the same ~/.cache ("no kernel image is available").
+CUDA_ARCHS = "7.0;7.5;8.0;8.6;8.9;9.0"
+
+
 def _build_gpu(ext_dir: Path, log: Path) -> None:
     _say("a GPU is visible: running `python -m torch_ort.configure` (CUDA + CPU extensions)")
     cmd = [sys.executable, "-m", "torch_ort.configure"]
-    _run_logged(cmd, ext_dir, dict(os.environ), log, "ORTModule's extensions (torch_ort.configure)")
+    env = dict(os.environ)
+    env.setdefault("TORCH_CUDA_ARCH_LIST", CUDA_ARCHS)
+    _run_logged(cmd, ext_dir, env, log, "ORTModule's extensions (torch_ort.configure)")
 
 
 def ensure_built(force: bool = False, use_cache: bool = True) -> Status:
