@@ -123,7 +123,10 @@ def test_parity_within_tolerance(exported):
         "fp16": "model.fp16.onnx",
         "int8": "model.int8.onnx",
         "training": "training/",
+        "card": "README.md",
     }
+    assert on_disk["ir_version"] >= 7
+    assert on_disk["runtimes"][0]["package"] == "onnxruntime-training"
     assert not list(out.parent.glob(".out.tmp-*")) and not (out.parent / "out.failed").exists()
 
 
@@ -158,6 +161,27 @@ def test_folder_is_self_contained(exported, tmp_path):
     np.testing.assert_allclose(
         logits[0, : alone.shape[1]] if logits.ndim == 3 else logits[0], alone[0], atol=1e-5
     )
+
+
+def test_tokenizer_has_no_fixed_padding(exported):
+    """A plain `tokenizers` client gets as many ids as the text has, truncated at the model's
+    limit, and the card's snippet runs as written (from the folder)."""
+    from tokenizers import Tokenizer
+
+    out, report = exported
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert len(tok.encode("the cat sat").ids) < 10
+    limit = report["tokenizer"]["truncation"]
+    assert limit == 64 if report["model_type"] == "gpt2" else limit == 512
+    assert len(tok.encode(" ".join(["cat"] * 2 * limit)).ids) == limit
+    from ortft.export.deploy import card_snippet
+
+    code = card_snippet((out / "README.md").read_text())
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=out, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip()
 
 
 def test_optimize_fp16_int8_are_valid_and_reported(exported):

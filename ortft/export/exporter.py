@@ -144,6 +144,30 @@ def publish(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any
     return result
 
 
+def deployable(
+    folder: Path,
+    task: str,
+    tokenizer: Any,
+    config: Any,
+    result: dict[str, Any],
+    max_length: int | None,
+) -> dict[str, Any]:
+    """The export folder made ready for clients (``ortft.export.deploy``): the tokenizer
+    without training's padding, the IR version and the runtime checked, the model card."""
+    from ortft import tasks
+    from ortft.export import deploy
+
+    result["ir_version"] = deploy.ir_version(folder / result["files"]["model"])
+    result["runtimes"] = [deploy.checked_runtime("loaded; parity checked against the reference")]
+    result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
+    spec = tasks.get(task)
+    if spec.needs_labels:
+        deploy.label_names(folder, config)
+    deploy.write_card(folder, spec, tokenizer, result)
+    result["files"]["card"] = "README.md"
+    return result
+
+
 def prediction_positions(task: str) -> str:
     """Which logits are predictions (see ``parity.predictions``)."""
     return POSITIONS[_kind(task)]
@@ -170,8 +194,12 @@ def export_model(
     quantize: str | None = None,
     training_artifacts: bool = False,
     trainable: Sequence[str] | None = None,
+    max_length: int | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` to ``out_dir``, check it, write export.json; return the report.
+
+    ``max_length``: the length the model was trained with (recorded with the tokenizer, which
+    itself truncates at the model's position limit: see ``ortft.export.deploy``).
 
     The report's ``passed`` says whether every check passed (the rules: ``ortft.export.parity``);
     the folder is then ``out_dir``, else ``out_dir.failed`` (``report["dir"]``). Callers turn a
@@ -216,7 +244,7 @@ def export_model(
                 model, tokenizer, task, tmp / "training", feeds, example, trainable
             )
             result["files"]["training"] = "training/"
-        return result
+        return deployable(tmp, task, tokenizer, model.config, result, max_length)
 
     result = publish(out_dir, build)
     p = result["parity"]

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ortft.errors import GateError, InputError
-from ortft.export import ondevice_reference, parity
+from ortft.export import deploy, ondevice_reference, parity
 from ortft.export import onnx_tools as tools
 from ortft.export.exporter import (
     PARITY_SAMPLES,
     _samples,
     _task_of,
     check_output,
+    deployable,
     export_model,
     prediction_positions,
     publish,
@@ -118,6 +119,7 @@ def export_source(
             opset=opset,
             tolerance=tolerance,
             samples=samples,
+            max_length=deploy.training_max_length(model_dir),
             **options,
         )
     if not result["passed"]:
@@ -240,7 +242,7 @@ def _export_onnx_source(
                 shutil.copy2(f, tmp / f.name)
         tokenizer.save_pretrained(tmp)
         config.save_pretrained(tmp)
-        return parity.build_report(
+        result = parity.build_report(
             tmp,
             ref,
             task=task,
@@ -249,6 +251,9 @@ def _export_onnx_source(
             kinds=kinds,
             against=against,  # no PyTorch model: an ort-ondevice run
             independent=reference is not None,
+        )
+        return deployable(
+            tmp, task, tokenizer, config, result, deploy.training_max_length(model_dir)
         )
 
     result = publish(out, build)
