@@ -70,6 +70,8 @@ def _save_tiny(path: Path, kind: str) -> Path:
                 pad_token_id=tok.pad_token_id,
             )
         )
+    # as a pretrained tokenizer may (MiniLM's does): fixed padding, which the export drops
+    tok.backend_tokenizer.enable_padding(length=48, pad_id=tok.pad_token_id or 0)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
