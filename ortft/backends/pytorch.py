@@ -317,7 +317,7 @@ class PyTorchEngine:
         return exporter.export_model(
             models.merged_copy(self.model), self._tokenizer, task.name, run_dir / "onnx",
             opset=spec.opset, tolerance=spec.tolerance, samples=samples,
-            max_length=self.recipe.data.max_length,
+            max_length=self.recipe.data.max_length, kv_cache=spec.kv_cache,
         )  # fmt: skip
 
     # ---- what ran

@@ -22,6 +22,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ import torch
 
 from ortft import fsutil
 from ortft.errors import InputError, RunError
+from ortft.export import decoder, parity
 from ortft.export import onnx_tools as tools
-from ortft.export import parity
 
 log = logging.getLogger("ortft")
 
@@ -41,8 +42,9 @@ DEFAULT_OPSET = 20
 PARITY_SAMPLES = 64
 
 
-# What parity compares, per export kind (Task.export_kind, from the task registry); decoders
-# are exported with use_cache=False; per-token and decoder logits have a sequence axis.
+# What parity compares, per export kind (Task.export_kind, from the task registry); a decoder's
+# logits are compared on the whole sequence (an empty past); per-token and decoder logits have
+# a sequence axis.
 POSITIONS = {"encoder": "row", "per-token": "token", "decoder": "next-token"}
 
 
@@ -157,6 +159,8 @@ def deployable(
     from ortft import tasks
     from ortft.export import deploy
 
+    if _kind(task) == "decoder":
+        result.setdefault("kv_cache", False)  # an ONNX final/ (ort-ondevice) has no cache
     result["ir_version"] = deploy.ir_version(folder / result["files"]["model"])
     result["runtimes"] = [deploy.checked_runtime("loaded; parity checked against the reference")]
     result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
@@ -195,11 +199,14 @@ def export_model(
     training_artifacts: bool = False,
     trainable: Sequence[str] | None = None,
     max_length: int | None = None,
+    kv_cache: bool = True,
 ) -> dict[str, Any]:
     """Export ``model`` to ``out_dir``, check it, write export.json; return the report.
 
     ``max_length``: the length the model was trained with (recorded with the tokenizer, which
     itself truncates at the model's position limit: see ``ortft.export.deploy``).
+    ``kv_cache``: a decoder's graph takes and gives its KV cache (``ortft.export.decoder``);
+    False: the graph of the whole sequence (input_ids, attention_mask -> logits).
 
     The report's ``passed`` says whether every check passed (the rules: ``ortft.export.parity``);
     the folder is then ``out_dir``, else ``out_dir.failed`` (``report["dir"]``). Callers turn a
@@ -212,15 +219,14 @@ def export_model(
             f"not {task}"
         )
     model = model.eval().to("cpu")
-    is_decoder = _kind(task) == "decoder"
-    # eval() on the wrapper itself: torch.onnx.export restores the wrapper's own mode after
-    # exporting, and a wrapper left in training mode would switch dropout back on.
-    wrapper = _LogitsOnly(model, is_decoder).eval()
+    cache = kv_cache and _kind(task) == "decoder"
+    wrapper = _LogitsOnly(model, _kind(task) == "decoder").eval()  # the reference logits
     feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
     example = _tracing_example(feeds, tokenizer)
 
     def build(tmp: Path) -> dict[str, Any]:
-        export_s = _torch_export(wrapper, example, tmp / "model.onnx", task, opset)
+        graph = _graph(model, task, example, cache)
+        export_s = _torch_export(graph, tmp / "model.onnx", opset)
         with torch.no_grad():
             want = wrapper(
                 torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
@@ -239,6 +245,13 @@ def export_model(
             kinds=kinds,
             export_s=export_s,
         )
+        result.update(inputs=graph.inputs, outputs=graph.outputs)
+        if _kind(task) == "decoder":
+            result["kv_cache"] = cache
+        if cache:  # the cache over several steps, against PyTorch's generate
+            result["generation"] = decoder.generation_check(
+                model, tmp / "model.onnx", feeds, tolerance
+            )
         if training_artifacts:
             result["training"] = _training(
                 model, tokenizer, task, tmp / "training", feeds, example, trainable
@@ -258,9 +271,36 @@ def export_model(
     return result
 
 
-def _torch_export(
-    wrapper: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path, task: str, opset: int
-) -> float:
+@dataclass
+class Graph:
+    """What torch.onnx.export traces: the module, its example inputs, names and dynamic axes."""
+
+    module: torch.nn.Module
+    example: tuple[torch.Tensor, ...]
+    inputs: list[str]
+    outputs: list[str]
+    axes: dict[str, dict[int, str]]
+
+
+def _graph(model: torch.nn.Module, task: str, example: tuple[torch.Tensor, ...], cache: bool):
+    """The graph of ``model.onnx``: logits only, or a decoder with its KV cache (``decoder``)."""
+    if cache:
+        shape = decoder.cache_shape(model)
+        inputs, outputs, axes = decoder.signature(shape[0])
+        module = decoder.WithPast(model, shape[0]).eval()
+        return Graph(module, decoder.tracing_example(example, shape), inputs, outputs, axes)
+    axes = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "sequence"},
+        "logits": {0: "batch", 1: "sequence"} if _kind(task) != "encoder" else {0: "batch"},
+    }
+    # eval() on the wrapper itself: torch.onnx.export restores the wrapper's own mode after
+    # exporting, and a wrapper left in training mode would switch dropout back on.
+    module = _LogitsOnly(model, _kind(task) == "decoder").eval()
+    return Graph(module, example, ["input_ids", "attention_mask"], ["logits"], axes)
+
+
+def _torch_export(graph: Graph, path: Path, opset: int) -> float:
     """torch.onnx.export to ``path``, checked (ONNX checker, no ATen fallbacks); its seconds."""
     import onnx
 
@@ -268,21 +308,15 @@ def _torch_export(
     try:
         with torch.no_grad(), tools.standard_symbolics():
             torch.onnx.export(
-                wrapper,
-                example,
+                graph.module,
+                graph.example,
                 str(path),
-                input_names=["input_ids", "attention_mask"],
-                output_names=["logits"],
+                input_names=graph.inputs,
+                output_names=graph.outputs,
                 opset_version=opset,
                 do_constant_folding=True,
                 dynamo=False,
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "sequence"},
-                    "attention_mask": {0: "batch", 1: "sequence"},
-                    "logits": (
-                        {0: "batch", 1: "sequence"} if _kind(task) != "encoder" else {0: "batch"}
-                    ),
-                },
+                dynamic_axes=graph.axes,
             )
     except Exception as err:
         first = (str(err).strip().splitlines() or [""])[0][:300]

@@ -94,7 +94,8 @@ def export_source(
 ) -> dict[str, Any]:
     """``ortft export``: SOURCE is a run dir (uses final/), a checkpoint or an HF model dir.
 
-    ``options`` are export_model's: optimize, fp16, quantize, training_artifacts, trainable.
+    ``options`` are export_model's: optimize, fp16, quantize, training_artifacts, trainable,
+    kv_cache (an ONNX final/ is copied as it is: its graph has no cache).
     ``merge_adapters``: a LoRA run's final/ holds the base model and ``adapter/``; fold the
     adapter (from final/, or a checkpoint's ``adapter.safetensors``) into the base first.
     A failed check is a GateError naming the report.
@@ -201,6 +202,7 @@ def _export_onnx_source(
     quantize: str | None = None,
     training_artifacts: bool = False,
     trainable: Sequence[str] | None = None,
+    kv_cache: bool = True,
 ) -> dict[str, Any]:
     """An ONNX final/ (``backend.name: ort-ondevice``): there is no PyTorch model to compare
     with, so the copy and its variants are checked against the run's eval graph with its

@@ -58,11 +58,13 @@ class SavedModel:
     ) -> np.ndarray:
         """The model's logits; ``labels`` only for an encoder-decoder (its decoder's input)."""
         if self.runtime == "onnxruntime":
+            from ortft.export.parity import session_feeds
+
             feeds = {
                 "input_ids": input_ids.astype(np.int64),
                 "attention_mask": attention_mask.astype(np.int64),
             }
-            return self._model.run(["logits"], feeds)[0]
+            return self._model.run(["logits"], session_feeds(self._model, feeds))[0]
         import torch
 
         kw: dict[str, Any] = {"use_cache": False} if self.spec.is_decoder else {}
