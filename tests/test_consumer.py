@@ -51,9 +51,28 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
     return Matrix(tmp_path_factory.mktemp("consumer"))
 
 
-def _exports(task: str, m: Matrix) -> list[tuple[str, Path]]:
-    """(name, ONNX folder) of the task's exports."""
-    return [("onnx", m.run(task) / "onnx")]
+def _exports(task: str, m: Matrix) -> list[Path]:
+    """The task's ONNX folders: training's export, and for a decoder (with its KV cache by
+    default) also ``ortft export --no-kv-cache``."""
+    run = m.run(task)
+    folders = [run / "onnx"]
+    if tasks.get(task).export_kind == "decoder":
+        folders.append(run / "onnx-nocache")
+        if not folders[-1].exists():
+            res = subprocess.run(
+                [sys.executable, "-m", "ortft", "export", str(run), "-o", str(folders[-1])]
+                + ["--no-kv-cache"],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            assert res.returncode == 0, res.stderr[-3000:]
+    for folder in folders[1:]:  # the graph asked for: with the cache, then without
+        assert json.loads((folder / "export.json").read_text())["kv_cache"] is False
+    if len(folders) > 1:
+        assert json.loads((folders[0] / "export.json").read_text())["kv_cache"] is True
+    return folders
 
 
 def _consumer(python: str, *args: Any, cwd: Path | None = None) -> str:
@@ -73,6 +92,23 @@ def _predict(source: Path, inputs: Path, max_new: int) -> list[dict[str, Any]]:
     return [json.loads(x) for x in res.stdout.splitlines()]
 
 
+def _prompts(folder: Path, inputs: Path) -> Path:
+    """A decoder task's inputs as the prompts the model sees (an instruction model's training
+    template around each text), which a client formats itself; other tasks' as they are."""
+    from ortft.inference.evaluate import open_model
+
+    m = open_model(folder)
+    if m.spec.predicts != "generate":
+        return inputs
+    lines = [x for x in inputs.read_text().splitlines() if x.strip()]
+    texts = [json.loads(x)["text"] if x.startswith("{") else x for x in lines]
+    out = folder.parent / f"prompts-{folder.name}.jsonl"
+    out.write_text(
+        "".join(json.dumps({"text": m.spec.prompt(t, m.tokenizer)}) + "\n" for t in texts)
+    )
+    return out
+
+
 EXPORTED = [t for t in TASKS if not tasks.get(t).export_skip]
 
 
@@ -84,9 +120,11 @@ def _ids(task: str) -> str:
 def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str) -> None:
     kind = tasks.get(task).predicts
     inputs = _inputs(task, matrix.run(task).parent)
-    for _, folder in _exports(task, matrix):
+    for folder in _exports(task, matrix):
         want = _predict(folder, inputs, MAX_NEW)
-        out = _consumer(consumer_python, "-I", CLIENT, folder, inputs, kind, MAX_NEW)
+        out = _consumer(
+            consumer_python, "-I", CLIENT, folder, _prompts(folder, inputs), kind, MAX_NEW
+        )
         got = [json.loads(x) for x in out.splitlines()]
         assert len(got) == len(want)
         for g, w in zip(got, want, strict=True):
@@ -100,7 +138,7 @@ def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str)
 @pytest.mark.parametrize("task", EXPORTED, ids=_ids)
 def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: str) -> None:
     spec = tasks.get(task)
-    for _, folder in _exports(task, matrix):
+    for folder in _exports(task, matrix):
         code = deploy.card_snippet((folder / "README.md").read_text())
         inputs = folder.parent / f"card-{folder.name}.jsonl"
         inputs.write_text(json.dumps(deploy.example_input(spec, None)) + "\n")
