@@ -142,7 +142,7 @@ def publish(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    result.update(dir=str(final), model=str(final / "model.onnx"))
+    result.update(dir=str(final), model=str(final / next(iter(result["files"].values()))))
     return result
 
 
@@ -161,7 +161,7 @@ def deployable(
 
     if _kind(task) == "decoder":
         result.setdefault("kv_cache", False)  # an ONNX final/ (ort-ondevice) has no cache
-    result["ir_version"] = deploy.ir_version(folder / result["files"]["model"])
+    result["ir_version"] = deploy.ir_version(folder / next(iter(result["files"].values())))
     result["runtimes"] = [deploy.checked_runtime("loaded; parity checked against the reference")]
     result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
     spec = tasks.get(task)
@@ -213,6 +213,13 @@ def export_model(
     failure into a GateError.
     """
     kinds = parity.wanted(optimize, fp16, quantize)
+    if _kind(task) == "seq2seq":
+        if kinds or training_artifacts:
+            raise InputError(
+                "seq2seq exports the encoder and decoder graphs only: --optimize, --fp16, "
+                "--quantize and --training-artifacts are for single-graph models"
+            )
+        return _export_seq2seq(model, tokenizer, out_dir, opset, tolerance, samples, max_length)
     if training_artifacts and task not in tools.training_tasks():
         raise InputError(
             f"--training-artifacts: built and tested for {', '.join(tools.training_tasks())}, "
@@ -298,6 +305,41 @@ def _graph(model: torch.nn.Module, task: str, example: tuple[torch.Tensor, ...],
     # exporting, and a wrapper left in training mode would switch dropout back on.
     module = _LogitsOnly(model, _kind(task) == "decoder").eval()
     return Graph(module, example, ["input_ids", "attention_mask"], ["logits"], axes)
+
+
+def _export_seq2seq(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    out_dir: Path,
+    opset: int,
+    tolerance: float,
+    samples: Any,
+    max_length: int | None,
+) -> dict[str, Any]:
+    """An encoder-decoder as two graphs (``ortft.export.seq2seq``), checked the same way."""
+    from ortft.export import seq2seq
+
+    model = model.eval().to("cpu")
+    feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        try:
+            result = seq2seq.build_report(
+                model, tmp, samples, feeds, opset=opset, tolerance=tolerance,
+                source=samples_source(samples),
+            )  # fmt: skip
+        except RuntimeError as err:  # the tracer's failures
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            raise RunError(f"ONNX export (opset {opset}) failed: {first}") from err
+        tokenizer.save_pretrained(tmp)
+        model.config.save_pretrained(tmp)
+        return deployable(tmp, "seq2seq", tokenizer, model.config, result, max_length)
+
+    result = publish(out_dir, build)
+    log.info(
+        "exported %s (parity: max |diff| %.2e)", result["dir"], result["parity"]["max_abs_diff"]
+    )
+    return result
 
 
 def _torch_export(graph: Graph, path: Path, opset: int) -> float:
