@@ -93,6 +93,10 @@ def predict(folder: Path, obj: dict, kind: str, max_new: int) -> dict:
     labels = config.get("id2label", {})
     if kind == "generate":
         new = greedy(folder, tok, config, obj["text"], max_new)
+        if (folder / "encoder.onnx").exists():  # as ortft predict counts a seq2seq output
+            spec = json.loads((folder / "tokenizer.json").read_text())
+            special = {t["id"] for t in spec["added_tokens"] if t["special"]}
+            return {"generated": tok.decode(new), "new_tokens": sum(t not in special for t in new)}
         return {"generated": tok.decode(new), "new_tokens": len(new)}
     sess = session(folder / "model.onnx")
     if kind == "label":
