@@ -32,7 +32,24 @@ def _model_and_tokenizer():
     from ortft.models import train_tokenizer
     from ortft.recipe.schema import TrainTokenizer
 
-    words = "the cat sat on a mat while dogs ran over trees in parks and birds sang".split()
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "while",
+        "dogs",
+        "ran",
+        "over",
+        "trees",
+        "in",
+        "parks",
+        "and",
+        "birds",
+        "sang",
+    ]
     tok = train_tokenizer([" ".join(words[i:] + words[:i]) for i in range(len(words))] * 20,
                           TrainTokenizer(kind="byte-bpe", vocab_size=400))  # fmt: skip
     torch.manual_seed(0)
@@ -44,7 +61,13 @@ def _whole(sess, prompt: list[int], steps: int) -> int:
     ids = list(prompt)
     for _ in range(steps):
         x = np.asarray([ids], dtype=np.int64)
-        ids.append(int(sess.run(["logits"], {"input_ids": x, "attention_mask": np.ones_like(x)})[0][0, -1].argmax()))
+        ids.append(
+            int(
+                sess.run(["logits"], {"input_ids": x, "attention_mask": np.ones_like(x)})[0][
+                    0, -1
+                ].argmax()
+            )
+        )
     return len(ids) - len(prompt)
 
 
@@ -87,7 +110,10 @@ def main() -> int:
     }
     t = result["tokens_per_s"]
     result["speedup"] = round(t["with cache"] / t["without cache"], 2)
-    print(f"{'graph':<15} tokens/s (median of {args.runs}, {args.new_tokens} new tokens)", file=sys.stderr)
+    print(
+        f"{'graph':<15} tokens/s (median of {args.runs}, {args.new_tokens} new tokens)",
+        file=sys.stderr,
+    )
     for k, v in t.items():
         print(f"{k:<15} {v}", file=sys.stderr)
     if args.out:

@@ -144,11 +144,21 @@ def test_folder_is_self_contained(exported, tmp_path):
         ["the cat sat", "great fun movie loved the acting"], padding=True, return_tensors="np"
     )
     sess = ort.InferenceSession(str(copy / "model.onnx"), providers=["CPUExecutionProvider"])
+
+    def past(batch: int) -> dict[str, np.ndarray]:  # GPT-2's KV cache: empty at the first step
+        return {
+            i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), np.float32)
+            for i in sess.get_inputs()
+            if i.name.startswith("past_key_values")
+        }
+
+    assert bool(past(1)) == (report["model_type"] == "gpt2") == report.get("kv_cache", False)
     logits = sess.run(
         ["logits"],
         {
             "input_ids": enc["input_ids"].astype(np.int64),
             "attention_mask": enc["attention_mask"].astype(np.int64),
+            **past(2),
         },
     )[0]
     assert logits.shape[0] == 2 and np.isfinite(logits).all()
@@ -158,6 +168,7 @@ def test_folder_is_self_contained(exported, tmp_path):
         {
             "input_ids": enc["input_ids"][:1, : enc["attention_mask"][0].sum()].astype(np.int64),
             "attention_mask": np.ones((1, enc["attention_mask"][0].sum()), np.int64),
+            **past(1),
         },
     )[0]
     np.testing.assert_allclose(
