@@ -354,6 +354,15 @@ def export(
             "without (the whole sequence each step).",
         ),
     ] = True,
+    check_runtime: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--check-runtime",
+            help="A Python with another onnxruntime (e.g. a deployment venv's bin/python): "
+            "load the export there and compare its outputs; recorded in export.json "
+            "(repeatable).",
+        ),
+    ] = None,
     as_json: Annotated[bool, _json("Print export.json on stdout.")] = False,
 ) -> None:
     """Export a trained model to ONNX and check it against PyTorch."""
@@ -379,6 +388,7 @@ def export(
             trainable=trainable,
             merge_adapters=merge_adapters,
             kv_cache=kv_cache,
+            check_runtimes=check_runtime or (),
         )
         typer.echo(json.dumps(report, indent=2) if as_json else report["dir"])
 

@@ -51,23 +51,27 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
     return Matrix(tmp_path_factory.mktemp("consumer"))
 
 
-def _exports(task: str, m: Matrix) -> list[Path]:
+def _export(run: Path, out: Path, *args: str) -> dict[str, Any]:
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "export", str(run), "-o", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads((out / "export.json").read_text())
+
+
+def _exports(task: str, m: Matrix, python: str) -> list[Path]:
     """The task's ONNX folders: training's export, and for a decoder (with its KV cache by
-    default) also ``ortft export --no-kv-cache``."""
+    default) also ``ortft export --no-kv-cache``, checked in the consumer runtime too."""
     run = m.run(task)
     folders = [run / "onnx"]
     if tasks.get(task).export_kind == "decoder":
         folders.append(run / "onnx-nocache")
         if not folders[-1].exists():
-            res = subprocess.run(
-                [sys.executable, "-m", "ortft", "export", str(run), "-o", str(folders[-1])]
-                + ["--no-kv-cache"],
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-            assert res.returncode == 0, res.stderr[-3000:]
+            _export(run, folders[-1], "--no-kv-cache", "--check-runtime", python)
     for folder in folders[1:]:  # the graph asked for: with the cache, then without
         assert json.loads((folder / "export.json").read_text())["kv_cache"] is False
     if len(folders) > 1:
@@ -120,7 +124,7 @@ def _ids(task: str) -> str:
 def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str) -> None:
     kind = tasks.get(task).predicts
     inputs = _inputs(task, matrix.run(task).parent)
-    for folder in _exports(task, matrix):
+    for folder in _exports(task, matrix, consumer_python):
         want = _predict(folder, inputs, MAX_NEW)
         out = _consumer(
             consumer_python, "-I", CLIENT, folder, _prompts(folder, inputs), kind, MAX_NEW
@@ -138,7 +142,7 @@ def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str)
 @pytest.mark.parametrize("task", EXPORTED, ids=_ids)
 def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: str) -> None:
     spec = tasks.get(task)
-    for folder in _exports(task, matrix):
+    for folder in _exports(task, matrix, consumer_python):
         code = deploy.card_snippet((folder / "README.md").read_text())
         inputs = folder.parent / f"card-{folder.name}.jsonl"
         inputs.write_text(json.dumps(deploy.example_input(spec, None)) + "\n")
@@ -151,6 +155,28 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
         }.get(spec.predicts, format_line)(want)
         got = _consumer(consumer_python, "-I", "-c", code, cwd=folder)
         assert got.rstrip("\n") == expected, (folder.name, code)
+
+
+@pytest.mark.parametrize("task", ["sequence-classification", "seq2seq"])
+def test_export_records_the_consumer_runtime(
+    task: str, matrix: Matrix, consumer_python: str
+) -> None:
+    """``ortft export --check-runtime PYTHON`` loads the export in that runtime, compares its
+    outputs, and only then lists it in export.json (and the card)."""
+    run = matrix.run(task)
+    report = _export(run, run / "onnx-checked", "--check-runtime", consumer_python)
+    assert [r["version"] for r in report["runtimes"]][1:] == [_pinned_version()]
+    checked = report["runtimes"][1]
+    assert checked["package"] == "onnxruntime" and checked["passed"]
+    assert checked["max_abs_diff"] <= report["parity"]["tolerance"]
+    assert f"onnxruntime {_pinned_version()}" in (run / "onnx-checked" / "README.md").read_text()
+    plain = json.loads((run / "onnx" / "export.json").read_text())  # without --check-runtime
+    assert [r["package"] for r in plain["runtimes"]] == ["onnxruntime-training"]
+
+
+def _pinned_version() -> str:
+    pins = (ROOT / "requirements" / "consumer.txt").read_text().splitlines()
+    return next(p.split("==")[1] for p in pins if p.startswith("onnxruntime=="))
 
 
 def test_consumer_runtime_is_clean(consumer_python: str) -> None:

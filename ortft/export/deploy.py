@@ -290,3 +290,99 @@ def card_snippet(readme: str) -> str:
     """The snippet of a model card (the first python block)."""
     start = readme.index(CARD_FENCE) + len(CARD_FENCE) + 1
     return readme[start : readme.index("```", start)]
+
+
+# --------------------------------------------------------------------------- another runtime
+
+# Run in the other runtime's Python (``python -I``: nothing of ortft or its venv): each graph on
+# the feeds saved for it, outputs saved back; the version and the package it came from too.
+_RUNNER = """
+import importlib.metadata as md, json, sys
+import numpy as np, onnxruntime as ort
+folder, feeds_path, out_path = sys.argv[1:4]
+feeds = np.load(feeds_path)
+out = {}
+for name in sorted({k.split("/")[0] for k in feeds.files}):
+    sess = ort.InferenceSession(f"{folder}/{name}", providers=["CPUExecutionProvider"])
+    given = {k.split("/")[1]: feeds[k] for k in feeds.files if k.startswith(name + "/")}
+    for o, v in zip(sess.get_outputs(), sess.run(None, given)):
+        out[f"{name}/{o.name}"] = v
+np.savez(out_path, **out)
+package = next((p for p in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-training")
+                if p in {d.metadata["Name"] for d in md.distributions()}), "onnxruntime")
+print(json.dumps({"package": package, "version": ort.__version__}))
+"""
+
+
+def full_precision(files: dict[str, str]) -> list[str]:
+    """The export's fp32 graphs: the ones compared across runtimes to the fp32 tolerance (the
+    fp16 and int8 variants' outputs move by more between builds: 1.1e-4 measured for fp16)."""
+    return [f for k, f in files.items() if f.endswith(".onnx") and k not in ("fp16", "int8")]
+
+
+def graph_feeds(folder: Path, files: dict[str, str], feeds: dict[str, Any]) -> dict[str, Any]:
+    """``{"<graph>/<input>": array}`` for every graph of the export: the parity rows (at most
+    8), an empty past, and for a seq2seq decoder the encoder's output and 4 target tokens."""
+    import numpy as np
+
+    from ortft.export import parity
+
+    rows = {k: feeds[k][:8] for k in ("input_ids", "attention_mask")}
+    out: dict[str, Any] = {}
+    hidden = None
+    for name in full_precision(files):
+        sess = parity.session(folder / name)
+        given = {i.name: rows[i.name] for i in sess.get_inputs() if i.name in rows}
+        given.update(parity.empty_past(sess, len(rows["input_ids"])))
+        if "encoder_hidden_states" in {i.name for i in sess.get_inputs()}:
+            given["input_ids"] = np.ascontiguousarray(rows["input_ids"][:, :4])
+            given.update(
+                encoder_hidden_states=hidden, encoder_attention_mask=rows["attention_mask"]
+            )
+        if name == "encoder.onnx":
+            hidden = sess.run(None, given)[0]
+        out.update({f"{name}/{k}": v for k, v in given.items()})
+    return out
+
+
+def check_runtime(python: str, folder: Path, files: dict[str, str], feeds: dict[str, Any],
+                  tolerance: float) -> dict[str, Any]:  # fmt: skip
+    """Load every graph of the export in another onnxruntime (``python``: a Python with it
+    installed) and compare its outputs with this runtime's on the same feeds. Returns a
+    ``runtimes`` entry; ``passed`` says whether every output was within ``tolerance``."""
+    import subprocess
+    import tempfile
+
+    import numpy as np
+
+    from ortft.errors import InputError
+    from ortft.export import parity
+
+    given = graph_feeds(folder, files, feeds)
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(f"{tmp}/feeds.npz", **given)
+        try:
+            proc = subprocess.run(
+                [python, "-I", "-c", _RUNNER, str(folder), f"{tmp}/feeds.npz", f"{tmp}/out.npz"],
+                capture_output=True, text=True, timeout=600, check=False,
+            )  # fmt: skip
+        except OSError as err:
+            raise InputError(f"--check-runtime {python}: cannot run it ({err.strerror})") from None
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            raise InputError(f"--check-runtime {python}: the export did not run there: {last}")
+        got = dict(np.load(f"{tmp}/out.npz"))
+    diff = 0.0
+    for name in sorted({k.split("/")[0] for k in given}):
+        sess = parity.session(folder / name)
+        mine = {k.split("/")[1]: v for k, v in given.items() if k.startswith(name + "/")}
+        for o, v in zip(sess.get_outputs(), sess.run(None, mine), strict=True):
+            diff = max(diff, float(np.max(np.abs(got[f"{name}/{o.name}"] - v), initial=0.0)))
+    entry = json.loads(proc.stdout.strip().splitlines()[-1])
+    entry.update(
+        checked=f"loaded {', '.join(full_precision(files))}; outputs compared with this "
+        "build's on the parity rows",
+        max_abs_diff=diff,
+        passed=diff <= tolerance,
+    )
+    return entry

@@ -153,22 +153,44 @@ def deployable(
     config: Any,
     result: dict[str, Any],
     max_length: int | None,
+    task_options: Any = None,
 ) -> dict[str, Any]:
     """The export folder made ready for clients (``ortft.export.deploy``): the tokenizer
-    without training's padding, the IR version and the runtime checked, the model card."""
+    without training's padding, the IR version and the runtime checked, the model card
+    (``task_options``: the run's ``task:``, e.g. an instruction model's prompt template)."""
     from ortft import tasks
     from ortft.export import deploy
 
     if _kind(task) == "decoder":
         result.setdefault("kv_cache", False)  # an ONNX final/ (ort-ondevice) has no cache
     result["ir_version"] = deploy.ir_version(folder / next(iter(result["files"].values())))
-    result["runtimes"] = [deploy.checked_runtime("loaded; parity checked against the reference")]
     result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
-    spec = tasks.get(task)
+    own = task_options is not None and getattr(task_options, "name", None) == task
+    spec = tasks.get(task, task_options if own else None)
     if spec.needs_labels:
         deploy.label_names(folder, config)
     deploy.write_card(folder, spec, tokenizer, result)
     result["files"]["card"] = "README.md"
+    return result
+
+
+def other_runtimes(
+    folder: Path,
+    result: dict[str, Any],
+    feeds: dict[str, np.ndarray],
+    tolerance: float,
+    pythons: Sequence[str],
+) -> dict[str, Any]:
+    """export.json's ``runtimes``: this build (the checks ran in it), then each other
+    onnxruntime of ``--check-runtime`` the export was loaded and run in (only what was checked:
+    nothing is claimed for a runtime not run). Before ``deployable``: the card lists them."""
+    from ortft.export import deploy
+
+    result["runtimes"] = [deploy.checked_runtime("loaded; parity checked against the reference")]
+    for python in pythons:
+        result["runtimes"].append(
+            deploy.check_runtime(python, folder, result["files"], feeds, tolerance)
+        )
     return result
 
 
@@ -200,6 +222,8 @@ def export_model(
     trainable: Sequence[str] | None = None,
     max_length: int | None = None,
     kv_cache: bool = True,
+    task_options: Any = None,
+    check_runtimes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Export ``model`` to ``out_dir``, check it, write export.json; return the report.
 
@@ -207,6 +231,9 @@ def export_model(
     itself truncates at the model's position limit: see ``ortft.export.deploy``).
     ``kv_cache``: a decoder's graph takes and gives its KV cache (``ortft.export.decoder``);
     False: the graph of the whole sequence (input_ids, attention_mask -> logits).
+    ``task_options``: the run's ``task:`` (the model card's example follows it).
+    ``check_runtimes``: Pythons with another onnxruntime to load the export in and compare
+    (``deploy.check_runtime``); each one checked is added to export.json's ``runtimes``.
 
     The report's ``passed`` says whether every check passed (the rules: ``ortft.export.parity``);
     the folder is then ``out_dir``, else ``out_dir.failed`` (``report["dir"]``). Callers turn a
@@ -219,7 +246,10 @@ def export_model(
                 "seq2seq exports the encoder and decoder graphs only: --optimize, --fp16, "
                 "--quantize and --training-artifacts are for single-graph models"
             )
-        return _export_seq2seq(model, tokenizer, out_dir, opset, tolerance, samples, max_length)
+        return _export_seq2seq(
+            model, tokenizer, out_dir, opset, tolerance, samples, max_length, task_options,
+            check_runtimes,
+        )  # fmt: skip
     if training_artifacts and task not in tools.training_tasks():
         raise InputError(
             f"--training-artifacts: built and tested for {', '.join(tools.training_tasks())}, "
@@ -264,7 +294,8 @@ def export_model(
                 model, tokenizer, task, tmp / "training", feeds, example, trainable
             )
             result["files"]["training"] = "training/"
-        return deployable(tmp, task, tokenizer, model.config, result, max_length)
+        result = other_runtimes(tmp, result, feeds, tolerance, check_runtimes)
+        return deployable(tmp, task, tokenizer, model.config, result, max_length, task_options)
 
     result = publish(out_dir, build)
     p = result["parity"]
@@ -315,6 +346,8 @@ def _export_seq2seq(
     tolerance: float,
     samples: Any,
     max_length: int | None,
+    task_options: Any,
+    check_runtimes: Sequence[str],
 ) -> dict[str, Any]:
     """An encoder-decoder as two graphs (``ortft.export.seq2seq``), checked the same way."""
     from ortft.export import seq2seq
@@ -333,7 +366,8 @@ def _export_seq2seq(
             raise RunError(f"ONNX export (opset {opset}) failed: {first}") from err
         tokenizer.save_pretrained(tmp)
         model.config.save_pretrained(tmp)
-        return deployable(tmp, "seq2seq", tokenizer, model.config, result, max_length)
+        result = other_runtimes(tmp, result, feeds, tolerance, check_runtimes)
+        return deployable(tmp, "seq2seq", tokenizer, model.config, result, max_length, task_options)
 
     result = publish(out_dir, build)
     log.info(

@@ -248,6 +248,12 @@ def failures(result: dict[str, Any]) -> list[str]:
             f"PyTorch's generate, max |diff| {generation['max_abs_diff']:.2e} "
             f"({generation['steps_compared']} steps compared)"
         )
+    for rt in result.get("runtimes", []):
+        if not rt.get("passed", True):
+            out.append(
+                f"onnxruntime {rt['version']}: outputs differ from this build's by "
+                f"{rt['max_abs_diff']:.2e}"
+            )
     training = result.get("training")
     if training is not None and not training["check"]["passed"]:
         out.append(f"training artifacts: loss did not fall {training['check']['losses']}")

@@ -24,10 +24,12 @@ from ortft.export.exporter import (
     check_output,
     deployable,
     export_model,
+    other_runtimes,
     prediction_positions,
     publish,
     samples_source,
 )
+from ortft.recipe.task import read_task
 
 if TYPE_CHECKING:
     import torch
@@ -95,7 +97,7 @@ def export_source(
     """``ortft export``: SOURCE is a run dir (uses final/), a checkpoint or an HF model dir.
 
     ``options`` are export_model's: optimize, fp16, quantize, training_artifacts, trainable,
-    kv_cache (an ONNX final/ is copied as it is: its graph has no cache).
+    kv_cache (an ONNX final/ is copied as it is: its graph has no cache), check_runtimes.
     ``merge_adapters``: a LoRA run's final/ holds the base model and ``adapter/``; fold the
     adapter (from final/, or a checkpoint's ``adapter.safetensors``) into the base first.
     A failed check is a GateError naming the report.
@@ -121,6 +123,7 @@ def export_source(
             tolerance=tolerance,
             samples=samples,
             max_length=deploy.training_max_length(model_dir),
+            task_options=read_task(model_dir / "recipe.yaml"),
             **options,
         )
     if not result["passed"]:
@@ -203,6 +206,7 @@ def _export_onnx_source(
     training_artifacts: bool = False,
     trainable: Sequence[str] | None = None,
     kv_cache: bool = True,
+    check_runtimes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """An ONNX final/ (``backend.name: ort-ondevice``): there is no PyTorch model to compare
     with, so the copy and its variants are checked against the run's eval graph with its
@@ -254,9 +258,10 @@ def _export_onnx_source(
             against=against,  # no PyTorch model: an ort-ondevice run
             independent=reference is not None,
         )
-        return deployable(
-            tmp, task, tokenizer, config, result, deploy.training_max_length(model_dir)
-        )
+        max_length = deploy.training_max_length(model_dir)
+        options = read_task(model_dir / "recipe.yaml")
+        result = other_runtimes(tmp, result, feeds, tolerance, check_runtimes)
+        return deployable(tmp, task, tokenizer, config, result, max_length, options)
 
     result = publish(out, build)
     log.info(
