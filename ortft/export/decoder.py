@@ -56,7 +56,7 @@ class WithPast(torch.nn.Module):
         return (out.logits, *flat)
 
 
-def cache_shape(model: torch.nn.Module) -> tuple[int, int, int]:
+def cache_shape(model: Any) -> tuple[int, int, int]:
     """(layers, key/value heads, head dim) of the model's cache, read from one real step."""
     with torch.no_grad():
         out = model(input_ids=torch.zeros((1, 2), dtype=torch.long), use_cache=True)
@@ -97,7 +97,7 @@ def _margin(logits: np.ndarray) -> float:
 
 
 def generation_check(
-    model: torch.nn.Module, path: Any, feeds: dict[str, np.ndarray], tolerance: float
+    model: Any, path: Any, feeds: dict[str, np.ndarray], tolerance: float
 ) -> dict[str, Any]:
     """Greedy tokens of the graph (with its cache) against PyTorch's ``generate``, step by step
     on a few prompts from the parity samples, until a step's top-2 margin in PyTorch's logits

@@ -207,7 +207,7 @@ def samples_source(samples: Any) -> str:
 
 
 def export_model(
-    model: torch.nn.Module,
+    model: Any,  # a transformers model (torch.nn.Module)
     tokenizer: Any,
     task: str,
     out_dir: Path,
@@ -320,13 +320,13 @@ class Graph:
     axes: dict[str, dict[int, str]]
 
 
-def _graph(model: torch.nn.Module, task: str, example: tuple[torch.Tensor, ...], cache: bool):
+def _graph(model: Any, task: str, example: tuple[torch.Tensor, ...], cache: bool) -> Graph:
     """The graph of ``model.onnx``: logits only, or a decoder with its KV cache (``decoder``)."""
     if cache:
         shape = decoder.cache_shape(model)
         inputs, outputs, axes = decoder.signature(shape[0])
-        module = decoder.WithPast(model, shape[0]).eval()
-        return Graph(module, decoder.tracing_example(example, shape), inputs, outputs, axes)
+        past = decoder.WithPast(model, shape[0]).eval()
+        return Graph(past, decoder.tracing_example(example, shape), inputs, outputs, axes)
     axes = {
         "input_ids": {0: "batch", 1: "sequence"},
         "attention_mask": {0: "batch", 1: "sequence"},
@@ -339,7 +339,7 @@ def _graph(model: torch.nn.Module, task: str, example: tuple[torch.Tensor, ...],
 
 
 def _export_seq2seq(
-    model: torch.nn.Module,
+    model: Any,
     tokenizer: Any,
     out_dir: Path,
     opset: int,

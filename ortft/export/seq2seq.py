@@ -33,7 +33,7 @@ ENCODER, DECODER = "encoder.onnx", "decoder.onnx"
 
 
 class _Encoder(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: Any):
         super().__init__()
         self.encoder = model.get_encoder()
 
@@ -42,7 +42,7 @@ class _Encoder(torch.nn.Module):
 
 
 class _Decoder(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module, n_layers: int):
+    def __init__(self, model: Any, n_layers: int):
         super().__init__()
         self.model, self.n_layers = model, n_layers
 
@@ -73,7 +73,7 @@ def _export(module, example, path: Path, inputs, outputs, axes, opset: int) -> N
     tools.check_portable(path)
 
 
-def export_graphs(model: torch.nn.Module, feeds: dict[str, np.ndarray], folder: Path, opset: int):
+def export_graphs(model: Any, feeds: dict[str, np.ndarray], folder: Path, opset: int):
     """Write both graphs to ``folder``; returns (decoder input names, output names)."""
     import onnx
 
@@ -165,7 +165,7 @@ class OnnxSeq2Seq:
 
 
 def check(
-    model: torch.nn.Module, folder: Path, feeds: dict[str, np.ndarray], labels: np.ndarray,
+    model: Any, folder: Path, feeds: dict[str, np.ndarray], labels: np.ndarray,
     tolerance: float, max_new_tokens: int,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:  # fmt: skip
     """(ONNX teacher-forced logits, PyTorch's, the generation section) on ``feeds``."""
@@ -209,7 +209,7 @@ def check(
 
 
 def build_report(
-    model: torch.nn.Module, folder: Path, samples: Any, feeds: dict[str, np.ndarray], *,
+    model: Any, folder: Path, samples: Any, feeds: dict[str, np.ndarray], *,
     opset: int, tolerance: float, source: str,
 ) -> dict[str, Any]:  # fmt: skip
     """Export both graphs to ``folder``, check them, and return export.json's sections."""

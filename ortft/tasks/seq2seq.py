@@ -111,11 +111,12 @@ class Seq2Seq(Task):
         if not isinstance(model, torch.nn.Module):  # the ONNX encoder + decoder
             return model.generate(input_ids, attention_mask, max_new_tokens)[0]
 
-        device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
+        hf: Any = model  # a transformers model: generate() is its own
+        device = next(hf.parameters()).device
+        was_training = hf.training
+        hf.eval()
         with torch.no_grad():
-            out = model.generate(
+            out = hf.generate(
                 input_ids=torch.from_numpy(input_ids).to(device),
                 attention_mask=torch.from_numpy(attention_mask).to(device),
                 max_new_tokens=max_new_tokens,
