@@ -4,8 +4,9 @@ padding, the runtimes it was checked in, and a model card with a usage snippet.
 A client of ``onnx/`` tokenizes with plain ``tokenizers`` (``Tokenizer.from_file``), builds an
 all-ones attention mask for the ids it got, and runs the session. Training leaves its padding in
 the tokenizer's state (``padding: {length: 128}`` after ``padding="max_length"``): such a client
-would get 128 ids for every text, and with an all-ones mask the pad tokens count as text (the
-quickstart's classifier then called three news texts of three topics "sports"). The export's
+would get 128 ids for every text, and with an all-ones mask the pad tokens count as text (as
+reported in issue #20, the quickstart's classifier then called three news texts of three topics
+"sports"). The export's
 ``tokenizer.json`` therefore has no padding and truncates at the model's position limit;
 ``tokenizer_config.json`` keeps the training length as ``training_max_length``, for reference.
 
@@ -263,6 +264,8 @@ def write_card(folder: Path, task: Any, tokenizer: Any, report: dict[str, Any]) 
         False: "decoder without a KV cache (the whole sequence each step)",
         None: "",
     }[cache]
+    length = report["tokenizer"]["training_max_length"]
+    trained = f" (trained with {length})" if length else ""
     (folder / "README.md").write_text(
         f"""---
 library_name: onnxruntime
@@ -274,9 +277,8 @@ tags: [ortft, onnx, {task.name}]
 - **Files:** {files}, the tokenizer (`tokenizer.json`), `config.json`, `export.json` (checks)
 - **ONNX:** opset {report["opset"]}, IR version {report["ir_version"]}
 - **Checked in:** {runtimes}
-- **Tokenizer:** no padding; truncates at {report["tokenizer"]["truncation"] or "no limit"} tokens
-  (trained with {report["tokenizer"]["training_max_length"] or "?"}). Build the attention mask for
-  the ids you get (all ones for one text).
+- **Tokenizer:** no padding; truncates at {report["tokenizer"]["truncation"] or "no limit"} tokens{trained}.
+  Build the attention mask for the ids you get (all ones for one text).
 
 Usage with `onnxruntime` and `tokenizers` only, run from this folder:
 
