@@ -1,7 +1,8 @@
 """``ortft eval``: score a saved model on a dataset with the metrics training reports.
 
 The model is a run directory (its ``final/``), a saved Hugging Face model directory, or an
-ONNX export folder (``model.onnx`` + tokenizer + config), which runs in an onnxruntime
+ONNX export folder (``model.onnx``, or a seq2seq's ``encoder.onnx`` + ``decoder.onnx``, with the
+tokenizer and config), which runs in an onnxruntime
 ``InferenceSession``. Both kinds go through the same code: the model gives logits, and the
 loss and metrics are computed from them here, so a PyTorch model and its ONNX export report
 the same numbers (to float rounding). Batches get the task's fixed eval variant first, as in

@@ -18,7 +18,7 @@ list (the task's tokens column), question answering needs ``question`` and ``con
   (the default) runs the prompt once, then one token a step; PyTorch and a graph without the
   cache re-run the whole sequence for each new token. Both give the same text (the export's
   parity check compares the cache's steps with PyTorch's ``generate``); a seq2seq model uses
-  ``model.generate``.
+  ``model.generate``, its export the encoder once and the decoder with its cache.
 """
 
 from __future__ import annotations
