@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU
 
-.PHONY: help setup demo doctor test test-recipes test-slow quality style bench bench-peer soak-ddp gpu-check clean
+.PHONY: help setup demo doctor test test-recipes test-consumer test-slow quality style bench bench-peer soak-ddp gpu-check clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -15,6 +15,7 @@ help:
 	@echo "make demo       setup if needed, then train recipes/quickstart.yaml"
 	@echo "make test       setup if needed, then the fast tests (not slow, not gpu, not recipes)"
 	@echo "make test-recipes  every shipped CPU recipe, 2 steps end to end (minutes)"
+	@echo "make test-consumer  each task's ONNX export in a clean onnxruntime + tokenizers venv (minutes)"
 	@echo "make test-slow  the slow tests (minutes)"
 	@echo "make doctor     check this machine against the known-good stack"
 	@echo "make quality    ruff lint + format check, mypy"
@@ -35,10 +36,15 @@ doctor: setup
 	$(BIN)/ortft doctor
 
 test: setup
-	$(BIN)/pytest -m "not slow and not gpu and not recipes"
+	$(BIN)/pytest -m "not slow and not gpu and not recipes and not consumer"
 
 test-recipes: setup
 	$(BIN)/pytest -m "recipes and not gpu"
+
+# The clean runtime (requirements/consumer.txt) is built by scripts/consumer-env.sh and kept
+# in ~/.cache/ortft, keyed on that file: a second run downloads and installs nothing.
+test-consumer: setup
+	$(BIN)/pytest -m "consumer and not gpu"
 
 test-slow: setup
 	$(BIN)/pytest -m "slow and not gpu"

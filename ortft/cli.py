@@ -346,6 +346,23 @@ def export(
             help="Fold a LoRA run's adapter (final/adapter/) into the base model before export.",
         ),
     ] = False,
+    kv_cache: Annotated[
+        bool,
+        typer.Option(
+            "--kv-cache/--no-kv-cache",
+            help="Decoders: the graph with a KV cache (past_key_values in, present out), or "
+            "without (the whole sequence each step).",
+        ),
+    ] = True,
+    check_runtime: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--check-runtime",
+            help="A Python with another onnxruntime (e.g. a deployment venv's bin/python): "
+            "load the export there and compare its outputs; recorded in export.json "
+            "(repeatable).",
+        ),
+    ] = None,
     as_json: Annotated[bool, _json("Print export.json on stdout.")] = False,
 ) -> None:
     """Export a trained model to ONNX and check it against PyTorch."""
@@ -370,6 +387,8 @@ def export(
             training_artifacts=training_artifacts,
             trainable=trainable,
             merge_adapters=merge_adapters,
+            kv_cache=kv_cache,
+            check_runtimes=check_runtime or (),
         )
         typer.echo(json.dumps(report, indent=2) if as_json else report["dir"])
 

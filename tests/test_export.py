@@ -70,6 +70,8 @@ def _save_tiny(path: Path, kind: str) -> Path:
                 pad_token_id=tok.pad_token_id,
             )
         )
+    # as a pretrained tokenizer may (MiniLM's does): fixed padding, which the export drops
+    tok.backend_tokenizer.enable_padding(length=48, pad_id=tok.pad_token_id or 0)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -123,7 +125,10 @@ def test_parity_within_tolerance(exported):
         "fp16": "model.fp16.onnx",
         "int8": "model.int8.onnx",
         "training": "training/",
+        "card": "README.md",
     }
+    assert on_disk["ir_version"] >= 7
+    assert on_disk["runtimes"][0]["package"] == "onnxruntime-training"
     assert not list(out.parent.glob(".out.tmp-*")) and not (out.parent / "out.failed").exists()
 
 
@@ -139,11 +144,21 @@ def test_folder_is_self_contained(exported, tmp_path):
         ["the cat sat", "great fun movie loved the acting"], padding=True, return_tensors="np"
     )
     sess = ort.InferenceSession(str(copy / "model.onnx"), providers=["CPUExecutionProvider"])
+
+    def past(batch: int) -> dict[str, np.ndarray]:  # GPT-2's KV cache: empty at the first step
+        return {
+            i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), np.float32)
+            for i in sess.get_inputs()
+            if i.name.startswith("past_key_values")
+        }
+
+    assert bool(past(1)) == (report["model_type"] == "gpt2") == report.get("kv_cache", False)
     logits = sess.run(
         ["logits"],
         {
             "input_ids": enc["input_ids"].astype(np.int64),
             "attention_mask": enc["attention_mask"].astype(np.int64),
+            **past(2),
         },
     )[0]
     assert logits.shape[0] == 2 and np.isfinite(logits).all()
@@ -153,11 +168,33 @@ def test_folder_is_self_contained(exported, tmp_path):
         {
             "input_ids": enc["input_ids"][:1, : enc["attention_mask"][0].sum()].astype(np.int64),
             "attention_mask": np.ones((1, enc["attention_mask"][0].sum()), np.int64),
+            **past(1),
         },
     )[0]
     np.testing.assert_allclose(
         logits[0, : alone.shape[1]] if logits.ndim == 3 else logits[0], alone[0], atol=1e-5
     )
+
+
+def test_tokenizer_has_no_fixed_padding(exported):
+    """A plain `tokenizers` client gets as many ids as the text has, truncated at the model's
+    limit, and the card's snippet runs as written (from the folder)."""
+    from tokenizers import Tokenizer
+
+    out, report = exported
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert len(tok.encode("the cat sat").ids) < 10
+    limit = report["tokenizer"]["truncation"]
+    assert limit == 64 if report["model_type"] == "gpt2" else limit == 512
+    assert len(tok.encode(" ".join(["cat"] * 2 * limit)).ids) == limit
+    from ortft.export.deploy import card_snippet
+
+    code = card_snippet((out / "README.md").read_text())
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=out, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip()
 
 
 def test_optimize_fp16_int8_are_valid_and_reported(exported):

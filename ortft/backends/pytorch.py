@@ -311,6 +311,8 @@ class PyTorchEngine:
         return exporter.export_model(
             models.merged_copy(self.model), self._tokenizer, task.name, run_dir / "onnx",
             opset=spec.opset, tolerance=spec.tolerance, samples=samples,
+            max_length=self.recipe.data.max_length, kv_cache=spec.kv_cache,
+            task_options=self.recipe.task,
         )  # fmt: skip
 
     # ---- what ran

@@ -22,6 +22,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ import torch
 
 from ortft import fsutil
 from ortft.errors import InputError, RunError
+from ortft.export import decoder, parity
 from ortft.export import onnx_tools as tools
-from ortft.export import parity
 
 log = logging.getLogger("ortft")
 
@@ -41,8 +42,9 @@ DEFAULT_OPSET = 20
 PARITY_SAMPLES = 64
 
 
-# What parity compares, per export kind (Task.export_kind, from the task registry); decoders
-# are exported with use_cache=False; per-token and decoder logits have a sequence axis.
+# What parity compares, per export kind (Task.export_kind, from the task registry); a decoder's
+# logits are compared on the whole sequence (an empty past); per-token and decoder logits have
+# a sequence axis.
 POSITIONS = {"encoder": "row", "per-token": "token", "decoder": "next-token"}
 
 
@@ -140,7 +142,55 @@ def publish(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    result.update(dir=str(final), model=str(final / "model.onnx"))
+    result.update(dir=str(final), model=str(final / next(iter(result["files"].values()))))
+    return result
+
+
+def deployable(
+    folder: Path,
+    task: str,
+    tokenizer: Any,
+    config: Any,
+    result: dict[str, Any],
+    max_length: int | None,
+    task_options: Any = None,
+) -> dict[str, Any]:
+    """The export folder made ready for clients (``ortft.export.deploy``): the tokenizer
+    without training's padding, the IR version and the runtime checked, the model card
+    (``task_options``: the run's ``task:``, e.g. an instruction model's prompt template)."""
+    from ortft import tasks
+    from ortft.export import deploy
+
+    if _kind(task) == "decoder":
+        result.setdefault("kv_cache", False)  # an ONNX final/ (ort-ondevice) has no cache
+    result["ir_version"] = deploy.ir_version(folder / next(iter(result["files"].values())))
+    result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
+    own = task_options is not None and getattr(task_options, "name", None) == task
+    spec = tasks.get(task, task_options if own else None)
+    if spec.needs_labels:
+        deploy.label_names(folder, config)
+    deploy.write_card(folder, spec, tokenizer, result)
+    result["files"]["card"] = "README.md"
+    return result
+
+
+def other_runtimes(
+    folder: Path,
+    result: dict[str, Any],
+    feeds: dict[str, np.ndarray],
+    tolerance: float,
+    pythons: Sequence[str],
+) -> dict[str, Any]:
+    """export.json's ``runtimes``: this build (the checks ran in it), then each other
+    onnxruntime of ``--check-runtime`` the export was loaded and run in (only what was checked:
+    nothing is claimed for a runtime not run). Before ``deployable``: the card lists them."""
+    from ortft.export import deploy
+
+    result["runtimes"] = [deploy.checked_runtime("loaded; parity checked against the reference")]
+    for python in pythons:
+        result["runtimes"].append(
+            deploy.check_runtime(python, folder, result["files"], feeds, tolerance)
+        )
     return result
 
 
@@ -157,7 +207,7 @@ def samples_source(samples: Any) -> str:
 
 
 def export_model(
-    model: torch.nn.Module,
+    model: Any,  # a transformers model (torch.nn.Module)
     tokenizer: Any,
     task: str,
     out_dir: Path,
@@ -170,29 +220,50 @@ def export_model(
     quantize: str | None = None,
     training_artifacts: bool = False,
     trainable: Sequence[str] | None = None,
+    max_length: int | None = None,
+    kv_cache: bool = True,
+    task_options: Any = None,
+    check_runtimes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Export ``model`` to ``out_dir``, check it, write export.json; return the report.
+
+    ``max_length``: the length the model was trained with (recorded with the tokenizer, which
+    itself truncates at the model's position limit: see ``ortft.export.deploy``).
+    ``kv_cache``: a decoder's graph takes and gives its KV cache (``ortft.export.decoder``);
+    False: the graph of the whole sequence (input_ids, attention_mask -> logits).
+    ``task_options``: the run's ``task:`` (the model card's example follows it).
+    ``check_runtimes``: Pythons with another onnxruntime to load the export in and compare
+    (``deploy.check_runtime``); each one checked is added to export.json's ``runtimes``.
 
     The report's ``passed`` says whether every check passed (the rules: ``ortft.export.parity``);
     the folder is then ``out_dir``, else ``out_dir.failed`` (``report["dir"]``). Callers turn a
     failure into a GateError.
     """
     kinds = parity.wanted(optimize, fp16, quantize)
+    if _kind(task) == "seq2seq":
+        if kinds or training_artifacts:
+            raise InputError(
+                "seq2seq exports the encoder and decoder graphs only: --optimize, --fp16, "
+                "--quantize and --training-artifacts are for single-graph models"
+            )
+        return _export_seq2seq(
+            model, tokenizer, out_dir, opset, tolerance, samples, max_length, task_options,
+            check_runtimes,
+        )  # fmt: skip
     if training_artifacts and task not in tools.training_tasks():
         raise InputError(
             f"--training-artifacts: built and tested for {', '.join(tools.training_tasks())}, "
             f"not {task}"
         )
     model = model.eval().to("cpu")
-    is_decoder = _kind(task) == "decoder"
-    # eval() on the wrapper itself: torch.onnx.export restores the wrapper's own mode after
-    # exporting, and a wrapper left in training mode would switch dropout back on.
-    wrapper = _LogitsOnly(model, is_decoder).eval()
+    cache = kv_cache and _kind(task) == "decoder"
+    wrapper = _LogitsOnly(model, _kind(task) == "decoder").eval()  # the reference logits
     feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
     example = _tracing_example(feeds, tokenizer)
 
     def build(tmp: Path) -> dict[str, Any]:
-        export_s = _torch_export(wrapper, example, tmp / "model.onnx", task, opset)
+        graph = _graph(model, task, example, cache)
+        export_s = _torch_export(graph, tmp / "model.onnx", opset)
         with torch.no_grad():
             want = wrapper(
                 torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
@@ -211,12 +282,20 @@ def export_model(
             kinds=kinds,
             export_s=export_s,
         )
+        result.update(inputs=graph.inputs, outputs=graph.outputs)
+        if _kind(task) == "decoder":
+            result["kv_cache"] = cache
+        if cache:  # the cache over several steps, against PyTorch's generate
+            result["generation"] = decoder.generation_check(
+                model, tmp / "model.onnx", feeds, tolerance
+            )
         if training_artifacts:
             result["training"] = _training(
                 model, tokenizer, task, tmp / "training", feeds, example, trainable
             )
             result["files"]["training"] = "training/"
-        return result
+        result = other_runtimes(tmp, result, feeds, tolerance, check_runtimes)
+        return deployable(tmp, task, tokenizer, model.config, result, max_length, task_options)
 
     result = publish(out_dir, build)
     p = result["parity"]
@@ -230,9 +309,74 @@ def export_model(
     return result
 
 
-def _torch_export(
-    wrapper: torch.nn.Module, example: tuple[torch.Tensor, ...], path: Path, task: str, opset: int
-) -> float:
+@dataclass
+class Graph:
+    """What torch.onnx.export traces: the module, its example inputs, names and dynamic axes."""
+
+    module: torch.nn.Module
+    example: tuple[torch.Tensor, ...]
+    inputs: list[str]
+    outputs: list[str]
+    axes: dict[str, dict[int, str]]
+
+
+def _graph(model: Any, task: str, example: tuple[torch.Tensor, ...], cache: bool) -> Graph:
+    """The graph of ``model.onnx``: logits only, or a decoder with its KV cache (``decoder``)."""
+    if cache:
+        shape = decoder.cache_shape(model)
+        inputs, outputs, axes = decoder.signature(shape[0])
+        past = decoder.WithPast(model, shape[0]).eval()
+        return Graph(past, decoder.tracing_example(example, shape), inputs, outputs, axes)
+    axes = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "sequence"},
+        "logits": {0: "batch", 1: "sequence"} if _kind(task) != "encoder" else {0: "batch"},
+    }
+    # eval() on the wrapper itself: torch.onnx.export restores the wrapper's own mode after
+    # exporting, and a wrapper left in training mode would switch dropout back on.
+    module = _LogitsOnly(model, _kind(task) == "decoder").eval()
+    return Graph(module, example, ["input_ids", "attention_mask"], ["logits"], axes)
+
+
+def _export_seq2seq(
+    model: Any,
+    tokenizer: Any,
+    out_dir: Path,
+    opset: int,
+    tolerance: float,
+    samples: Any,
+    max_length: int | None,
+    task_options: Any,
+    check_runtimes: Sequence[str],
+) -> dict[str, Any]:
+    """An encoder-decoder as two graphs (``ortft.export.seq2seq``), checked the same way."""
+    from ortft.export import seq2seq
+
+    model = model.eval().to("cpu")
+    feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        try:
+            result = seq2seq.build_report(
+                model, tmp, samples, feeds, opset=opset, tolerance=tolerance,
+                source=samples_source(samples),
+            )  # fmt: skip
+        except RuntimeError as err:  # the tracer's failures
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            raise RunError(f"ONNX export (opset {opset}) failed: {first}") from err
+        tokenizer.save_pretrained(tmp)
+        model.config.save_pretrained(tmp)
+        result = other_runtimes(tmp, result, feeds, tolerance, check_runtimes)
+        return deployable(tmp, "seq2seq", tokenizer, model.config, result, max_length, task_options)
+
+    result = publish(out_dir, build)
+    log.info(
+        "exported %s (parity: max |diff| %.2e)", result["dir"], result["parity"]["max_abs_diff"]
+    )
+    return result
+
+
+def _torch_export(graph: Graph, path: Path, opset: int) -> float:
     """torch.onnx.export to ``path``, checked (ONNX checker, no ATen fallbacks); its seconds."""
     import onnx
 
@@ -240,21 +384,15 @@ def _torch_export(
     try:
         with torch.no_grad(), tools.standard_symbolics():
             torch.onnx.export(
-                wrapper,
-                example,
+                graph.module,
+                graph.example,
                 str(path),
-                input_names=["input_ids", "attention_mask"],
-                output_names=["logits"],
+                input_names=graph.inputs,
+                output_names=graph.outputs,
                 opset_version=opset,
                 do_constant_folding=True,
                 dynamo=False,
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "sequence"},
-                    "attention_mask": {0: "batch", 1: "sequence"},
-                    "logits": (
-                        {0: "batch", 1: "sequence"} if _kind(task) != "encoder" else {0: "batch"}
-                    ),
-                },
+                dynamic_axes=graph.axes,
             )
     except Exception as err:
         first = (str(err).strip().splitlines() or [""])[0][:300]

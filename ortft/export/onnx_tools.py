@@ -92,8 +92,14 @@ def optimize(src: Path, dst: Path) -> dict[str, Any]:
 def to_fp16(src: Path, dst: Path) -> dict[str, Any]:
     """fp16 weights and compute; the inputs and ``logits`` keep their types (int64 / fp32)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
 
-    _save(convert_float_to_float16(_load(src), keep_io_types=True), dst)
+    # With float inputs besides the logits (a decoder's past_key_values), ORT 1.19's converter
+    # appends their input Casts after the nodes that read them: the graph fails the ONNX
+    # checker ("Nodes in a graph must be topologically sorted") until it is sorted again.
+    model = OnnxModel(convert_float_to_float16(_load(src), keep_io_types=True))
+    model.topological_sort()
+    _save(model.model, dst)
     return {
         "method": "onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)"
     }

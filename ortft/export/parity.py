@@ -60,12 +60,51 @@ def session(path: Path, threads: int = 0) -> Any:
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
+def empty_past(sess: Any, batch: int) -> dict[str, np.ndarray]:
+    """A decoder's past with 0 positions, one per past input (``ortft.export.decoder``): the
+    graph then runs on the whole sequence. Empty for a graph without a KV cache."""
+    return {
+        i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), np.float32)
+        for i in sess.get_inputs()
+        if i.name.startswith("past_key_values")
+    }
+
+
+def session_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What ``sess`` takes of ``feeds``, with an empty past for a decoder with a KV cache."""
+    names = {i.name for i in sess.get_inputs()}
+    out = {k: v for k, v in feeds.items() if k in names}
+    return {**out, **empty_past(sess, len(feeds["input_ids"]))}
+
+
 def run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
     sess = session(path)
-    names = {i.name for i in sess.get_inputs()}
-    return sess.run(["logits"], {k: v for k, v in feeds.items() if k in names})[0].astype(
-        np.float32
-    )
+    return sess.run(["logits"], session_feeds(sess, feeds))[0].astype(np.float32)
+
+
+def greedy(
+    sess: Any, prompt: list[int], steps: int, eos: int | None = None
+) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy decoding of one prompt by a decoder with a KV cache: the prompt once, then one
+    token a step (``ortft.export.decoder``); stops before ``eos``. Returns the new tokens and
+    each step's logits at the last position."""
+    past = empty_past(sess, 1)
+    new: list[int] = []
+    logits: list[np.ndarray] = []
+    step, seen = list(prompt), 0
+    for _ in range(steps):
+        x = np.asarray([step], dtype=np.int64)
+        seen += x.shape[1]
+        mask = np.ones((1, seen), np.int64)
+        out = sess.run(None, {"input_ids": x, "attention_mask": mask, **past})
+        logits.append(out[0][0, -1])
+        token = int(out[0][0, -1].argmax())
+        if token == eos:
+            break
+        new.append(token)
+        past = dict(zip(past, out[1:], strict=True))
+        step = [token]
+    return new, logits
 
 
 def predictions(
@@ -127,7 +166,7 @@ def latency_ms(
         t0 = time.perf_counter()
         sessions[k] = session(p, threads=1)
         load[k] = round((time.perf_counter() - t0) * 1e3, 1)
-    inputs = {k: {i.name: feeds[i.name] for i in s.get_inputs()} for k, s in sessions.items()}
+    inputs = {k: session_feeds(s, feeds) for k, s in sessions.items()}
     times: dict[str, list[float]] = {k: [] for k in paths}
     for i in range(repeats + 2):
         for k, s in sessions.items():
@@ -202,6 +241,19 @@ def failures(result: dict[str, Any]) -> list[str]:
             )
         else:
             out.append(f"{kind}: max |diff| {rep['max_abs_diff']:.2e} > {rep['tolerance']:g}")
+    generation = result.get("generation")
+    if generation is not None and not generation["passed"]:
+        out.append(
+            f"generation with the KV cache: {generation['mismatches']} prompt(s) diverged from "
+            f"PyTorch's generate, max |diff| {generation['max_abs_diff']:.2e} "
+            f"({generation['steps_compared']} steps compared)"
+        )
+    for rt in result.get("runtimes", []):
+        if not rt.get("passed", True):
+            out.append(
+                f"onnxruntime {rt['version']}: outputs differ from this build's by "
+                f"{rt['max_abs_diff']:.2e}"
+            )
     training = result.get("training")
     if training is not None and not training["check"]["passed"]:
         out.append(f"training artifacts: loss did not fall {training['check']['losses']}")

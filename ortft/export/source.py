@@ -15,18 +15,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ortft.errors import GateError, InputError
-from ortft.export import ondevice_reference, parity
+from ortft.export import deploy, ondevice_reference, parity
 from ortft.export import onnx_tools as tools
 from ortft.export.exporter import (
     PARITY_SAMPLES,
     _samples,
     _task_of,
     check_output,
+    deployable,
     export_model,
+    other_runtimes,
     prediction_positions,
     publish,
     samples_source,
 )
+from ortft.recipe.task import read_task
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +96,8 @@ def export_source(
 ) -> dict[str, Any]:
     """``ortft export``: SOURCE is a run dir (uses final/), a checkpoint or an HF model dir.
 
-    ``options`` are export_model's: optimize, fp16, quantize, training_artifacts, trainable.
+    ``options`` are export_model's: optimize, fp16, quantize, training_artifacts, trainable,
+    kv_cache (an ONNX final/ is copied as it is: its graph has no cache), check_runtimes.
     ``merge_adapters``: a LoRA run's final/ holds the base model and ``adapter/``; fold the
     adapter (from final/, or a checkpoint's ``adapter.safetensors``) into the base first.
     A failed check is a GateError naming the report.
@@ -118,6 +122,8 @@ def export_source(
             opset=opset,
             tolerance=tolerance,
             samples=samples,
+            max_length=deploy.training_max_length(model_dir),
+            task_options=read_task(model_dir / "recipe.yaml"),
             **options,
         )
     if not result["passed"]:
@@ -199,6 +205,8 @@ def _export_onnx_source(
     quantize: str | None = None,
     training_artifacts: bool = False,
     trainable: Sequence[str] | None = None,
+    kv_cache: bool = True,
+    check_runtimes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """An ONNX final/ (``backend.name: ort-ondevice``): there is no PyTorch model to compare
     with, so the copy and its variants are checked against the run's eval graph with its
@@ -240,7 +248,7 @@ def _export_onnx_source(
                 shutil.copy2(f, tmp / f.name)
         tokenizer.save_pretrained(tmp)
         config.save_pretrained(tmp)
-        return parity.build_report(
+        result = parity.build_report(
             tmp,
             ref,
             task=task,
@@ -250,6 +258,10 @@ def _export_onnx_source(
             against=against,  # no PyTorch model: an ort-ondevice run
             independent=reference is not None,
         )
+        max_length = deploy.training_max_length(model_dir)
+        options = read_task(model_dir / "recipe.yaml")
+        result = other_runtimes(tmp, result, feeds, tolerance, check_runtimes)
+        return deployable(tmp, task, tokenizer, config, result, max_length, options)
 
     result = publish(out, build)
     log.info(

@@ -1,13 +1,14 @@
 """``ortft eval``: score a saved model on a dataset with the metrics training reports.
 
 The model is a run directory (its ``final/``), a saved Hugging Face model directory, or an
-ONNX export folder (``model.onnx`` + tokenizer + config), which runs in an onnxruntime
+ONNX export folder (``model.onnx``, or a seq2seq's ``encoder.onnx`` + ``decoder.onnx``, with the
+tokenizer and config), which runs in an onnxruntime
 ``InferenceSession``. Both kinds go through the same code: the model gives logits, and the
 loss and metrics are computed from them here, so a PyTorch model and its ONNX export report
 the same numbers (to float rounding). Batches get the task's fixed eval variant first, as in
 training's eval (masked-lm: the eval masking, seeded by the recipe's training.seed). A seq2seq
-model (PyTorch only: it is not exported) gets its logits from the decoder fed the target, and
-its generate metrics (exact match, token F1) as in training. The default data is the eval split the run's recipe used
+model (PyTorch, or its export's encoder + decoder graphs) gets its logits from the decoder fed
+the target, and its generate metrics (exact match, token F1) as in training. The default data is the eval split the run's recipe used
 (``final/recipe.yaml``); ``--data`` scores another file in any format ``data.py`` reads.
 The task is the run's own (its recipe's ``task:``, or the one an ONNX folder's export.json
 records), so an instruction run is scored as instruction; only a plain Hugging Face model that
@@ -57,12 +58,16 @@ class SavedModel:
         self, input_ids: np.ndarray, attention_mask: np.ndarray, labels: np.ndarray | None = None
     ) -> np.ndarray:
         """The model's logits; ``labels`` only for an encoder-decoder (its decoder's input)."""
+        if self.runtime == "onnxruntime" and self.spec.export_kind == "seq2seq":
+            return self._model.logits(input_ids, attention_mask, labels)
         if self.runtime == "onnxruntime":
+            from ortft.export.parity import session_feeds
+
             feeds = {
                 "input_ids": input_ids.astype(np.int64),
                 "attention_mask": attention_mask.astype(np.int64),
             }
-            return self._model.run(["logits"], feeds)[0]
+            return self._model.run(["logits"], session_feeds(self._model, feeds))[0]
         import torch
 
         kw: dict[str, Any] = {"use_cache": False} if self.spec.is_decoder else {}
@@ -126,6 +131,8 @@ def open_model(source: Path) -> SavedModel:
     elif (source.parent / "summary.json").exists():
         run_dir = source.parent  # <run>/final or <run>/onnx
     onnx_file = source / "model.onnx"
+    if (source / "encoder.onnx").exists():  # a seq2seq export: encoder.onnx + decoder.onnx
+        onnx_file = source / "encoder.onnx"
     if not onnx_file.exists() and not (source / "config.json").exists():
         raise InputError(
             f"{source}: no final/, config.json or model.onnx here "
@@ -161,6 +168,10 @@ def open_model(source: Path) -> SavedModel:
         run_dir=run_dir,
         spec=task,
     )
+    if onnx_file.name == "encoder.onnx":
+        from ortft.export.seq2seq import OnnxSeq2Seq
+
+        return SavedModel(runtime="onnxruntime", _model=OnnxSeq2Seq(source, config), **common)
     if onnx_file.exists():
         import onnxruntime as ort
 
@@ -264,7 +275,7 @@ def score(
             logits_all.append(logits)
             labels_all.append(task.metric_labels(batch, len(batch["labels"])))
     metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)
-    if m.runtime == "pytorch":  # metrics that need generation (seq2seq), as training's eval
+    if m.runtime == "pytorch" or task.export_kind == "seq2seq":  # generation (seq2seq) metrics
         metrics.update(task.generate_metrics(m._model, m.tokenizer, encoded))
     return metrics
 

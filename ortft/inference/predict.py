@@ -14,9 +14,11 @@ list (the task's tokens column), question answering needs ``question`` and ``con
 - fill-mask (masked LM): each mask token's best token with its top-5 candidates, and the text
   with the masks filled;
 - generate (causal LM, instruction, seq2seq): the greedy continuation (an instruction run's
-  input is formatted as a prompt, as in training). A decoder re-runs the whole sequence for
-  each new token (no KV cache), the same loop for PyTorch and ONNX Runtime, so both give the
-  same text; a seq2seq model (PyTorch only, it is not exported) uses ``model.generate``.
+  input is formatted as a prompt, as in training). An ONNX decoder exported with its KV cache
+  (the default) runs the prompt once, then one token a step; PyTorch and a graph without the
+  cache re-run the whole sequence for each new token. Both give the same text (the export's
+  parity check compares the cache's steps with PyTorch's ``generate``); a seq2seq model uses
+  ``model.generate``, its export the encoder once and the decoder with its cache.
 """
 
 from __future__ import annotations
@@ -153,21 +155,33 @@ def fill_mask(
             yield {"index": start + i, "filled": text, "masks": masks}
 
 
+def _greedy_whole(m: SavedModel, ids: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
+    """Greedy decoding without a cache: the whole sequence each step."""
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        seq = np.asarray([ids + new], dtype=np.int64)
+        next_id = int(m.logits(seq, np.ones_like(seq))[0, -1].argmax())
+        if next_id == eos:
+            break
+        new.append(next_id)
+    return new
+
+
 def generate(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[dict[str, Any]]:
+    from ortft.export import parity
+
     tok = m.tokenizer
+    cache = m.runtime == "onnxruntime" and bool(parity.empty_past(m._model, 1))
     limit = m.max_positions() or 1024
     eos = tok.eos_token_id
     for index, text in enumerate(texts):
         prompt = m.spec.prompt(text, tok)
         ids = tok(prompt, add_special_tokens=False)["input_ids"] or [eos if eos is not None else 0]
         ids = ids[-max(1, limit - max_new_tokens) :]  # keep the prompt's end within the positions
-        new: list[int] = []
-        for _ in range(max_new_tokens):
-            seq = np.asarray([ids + new], dtype=np.int64)
-            next_id = int(m.logits(seq, np.ones_like(seq))[0, -1].argmax())
-            if next_id == eos:
-                break
-            new.append(next_id)
+        if cache:  # the prompt once, then one token a step
+            new = parity.greedy(m._model, ids, max_new_tokens, eos)[0]
+        else:
+            new = _greedy_whole(m, ids, max_new_tokens, eos)
         yield {
             "index": index,
             "generated": tok.decode(new, skip_special_tokens=True),

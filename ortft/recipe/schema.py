@@ -365,6 +365,12 @@ class ExportSection(Section):
     tolerance: Annotated[float, Field(gt=0)] = Field(
         1e-4, description="Max |ONNX − PyTorch| allowed on the parity check."
     )
+    kv_cache: bool = Field(
+        True,
+        description="Decoders (causal-lm, instruction): export the graph with a KV cache "
+        "(past_key_values inputs, present outputs; one token a step); false: the graph of the "
+        "whole sequence (input_ids, attention_mask -> logits).",
+    )
 
 
 class LoggingSection(Section):

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 #   encoder    one row of logits per example (classification; question answering's [2, seq])
 #   per-token  logits per position, compared where attention_mask is 1 (token-cls, masked-lm)
 #   decoder    per position, position t predicts t+1; called with use_cache=False (causal LMs)
-#   seq2seq    an encoder-decoder: not exported by ``ortft train`` (see export_skip)
+#   seq2seq    an encoder-decoder: encoder.onnx + decoder.onnx with its KV cache
 ExportKind = Literal["encoder", "per-token", "decoder", "seq2seq"]
 
 

@@ -12,9 +12,8 @@ runs outside ORTModule) on the first ``task.generate_samples`` rows. ``exact_mat
 no punctuation, no articles a/an/the, collapsed whitespace) of the decoded output against the
 decoded target. ``ortft eval`` reports the same on a saved model; ``ortft predict`` generates.
 
-ONNX: not exported by ``ortft train``: an encoder-decoder needs an encoder graph and a decoder
-graph with its own inputs, which the exporter (one graph of input_ids, attention_mask ->
-logits) does not write. The run records ``export: {"skipped": ...}``.
+ONNX: exported as two graphs, ``encoder.onnx`` and ``decoder.onnx`` with its KV cache
+(``ortft.export.seq2seq``); ``ortft eval`` / ``predict`` run them as they run PyTorch.
 """
 
 from __future__ import annotations
@@ -58,14 +57,10 @@ class Seq2Seq(Task):
     is_decoder = True  # use_cache=False: no past_key_values through ORTModule
     own_columns = True
     export_kind = "seq2seq"
-    predicts = "generate"  # model.generate from the input as source (PyTorch only)
+    predicts = "generate"  # greedy from the input as source (PyTorch or the ONNX pair)
     eval_metrics = ("eval_loss", "eval_perplexity", "eval_exact_match", "eval_token_f1")
     architectures = ("t5",)  # an encoder-decoder
     aligned_keys = ("input_ids", "attention_mask")  # labels are the target: their own length
-    export_skip = (
-        "encoder-decoder models need separate encoder and decoder ONNX graphs, which "
-        "this exporter does not write; final/ holds the trained model"
-    )
 
     @property
     def options_key(self) -> str:
@@ -109,14 +104,19 @@ class Seq2Seq(Task):
     def generate(
         self, model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int
     ) -> np.ndarray:
-        """Greedy ``model.generate`` on the plain PyTorch model: the output token ids."""
+        """Greedy ``model.generate`` on the plain PyTorch model (or the ONNX export's own
+        greedy loop, ``ortft.export.seq2seq.OnnxSeq2Seq``): the output token ids."""
         import torch
 
-        device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
+        if not isinstance(model, torch.nn.Module):  # the ONNX encoder + decoder
+            return model.generate(input_ids, attention_mask, max_new_tokens)[0]
+
+        hf: Any = model  # a transformers model: generate() is its own
+        device = next(hf.parameters()).device
+        was_training = hf.training
+        hf.eval()
         with torch.no_grad():
-            out = model.generate(
+            out = hf.generate(
                 input_ids=torch.from_numpy(input_ids).to(device),
                 attention_mask=torch.from_numpy(attention_mask).to(device),
                 max_new_tokens=max_new_tokens,

@@ -1,0 +1,390 @@
+"""What makes an export folder usable outside ortft: a tokenizer without training's fixed
+padding, the runtimes it was checked in, and a model card with a usage snippet.
+
+A client of ``onnx/`` tokenizes with plain ``tokenizers`` (``Tokenizer.from_file``), builds an
+all-ones attention mask for the ids it got, and runs the session. Training leaves its padding in
+the tokenizer's state (``padding: {length: 128}`` after ``padding="max_length"``): such a client
+would get 128 ids for every text, and with an all-ones mask the pad tokens count as text (as
+reported in issue #20, the quickstart's classifier then called three news texts of three topics
+"sports"). The export's
+``tokenizer.json`` therefore has no padding and truncates at the model's position limit;
+``tokenizer_config.json`` keeps the training length as ``training_max_length``, for reference.
+
+The model card (``README.md``) holds one snippet per task: onnxruntime + tokenizers only, run
+from inside the folder. ``tests/test_consumer.py`` extracts it and runs it verbatim in a clean
+venv with the onnxruntime release of ``requirements/consumer.txt``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CARD_FENCE = "```python"  # the snippet's opening line (tests/test_consumer.py finds it by this)
+
+# the text each task's snippet runs on (plain data, shown to users as the example input)
+EXAMPLE = {
+    "label": "a great fun movie",
+    "tags": "Anna flew to Paris on Monday .",
+    "fill-mask": "The company is [MASK] in Hobart.",
+    "generate": "the cat sat",
+}
+QA_EXAMPLE = ("Where does Anna live?", "Anna lives in Paris and works in Lyon.")
+
+
+def model_limit(config: Any) -> int | None:
+    """The model's position limit (absolute position embeddings), None when it has none (T5)."""
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def label_names(folder: Path, config: Any) -> None:
+    """Write ``id2label`` into config.json even when it is transformers' default (LABEL_0, ...),
+    which ``save_pretrained`` leaves out: a client reads the names from there."""
+    path = folder / "config.json"
+    saved = json.loads(path.read_text())
+    if "id2label" not in saved:
+        saved["id2label"] = {str(k): str(v) for k, v in config.id2label.items()}
+        saved["label2id"] = {str(v): int(k) for k, v in config.id2label.items()}
+        path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+
+
+def clean_tokenizer(folder: Path, limit: int | None, training_max_length: int | None) -> dict:
+    """Rewrite the saved tokenizer for clients: no padding, truncation at ``limit``; returns
+    export.json's ``tokenizer`` section."""
+    path = folder / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    spec["padding"] = None
+    spec["truncation"] = (
+        {"direction": "Right", "max_length": limit, "strategy": "LongestFirst", "stride": 0}
+        if limit
+        else None
+    )
+    path.write_text(json.dumps(spec, ensure_ascii=False, indent=2) + "\n")
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    if limit:
+        config["model_max_length"] = limit
+    if training_max_length:
+        config["training_max_length"] = training_max_length
+    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n")
+    return {"padding": None, "truncation": limit, "training_max_length": training_max_length}
+
+
+def training_max_length(model_dir: Path) -> int | None:
+    """``data.max_length`` of the recipe saved in a run's final/ (None without one)."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load((model_dir / "recipe.yaml").read_text())
+        value = (raw.get("data") or {}).get("max_length")
+    except (OSError, AttributeError, yaml.YAMLError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def ir_version(path: Path) -> int:
+    import onnx
+
+    return int(onnx.load(str(path), load_external_data=False).ir_version)
+
+
+def checked_runtime(how: str) -> dict[str, str]:
+    """The onnxruntime this process ran the export's check in (the 1.19 training build)."""
+    import importlib.metadata
+
+    import onnxruntime as ort
+
+    package = next(
+        (
+            p
+            for p in ("onnxruntime-training", "onnxruntime", "onnxruntime-gpu")
+            if _installed(importlib.metadata, p)
+        ),
+        "onnxruntime",
+    )
+    return {"package": package, "version": ort.__version__, "checked": how}
+
+
+def _installed(metadata: Any, name: str) -> bool:
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- the model card
+
+_HEAD = """import json
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+tok = Tokenizer.from_file("tokenizer.json")
+{sessions}
+config = json.load(open("config.json"))
+"""
+
+_RUN = """ids = np.array([enc.ids], dtype=np.int64)
+logits = session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+"""
+
+_BODY = {
+    "label": """enc = tok.encode({text})
+{run}print(config["id2label"][str(logits[0].argmax())])
+""",
+    "tags": """words = {text}.split()
+enc = tok.encode(words, is_pretokenized=True)
+{run}tags = {{}}  # a word's tag is its first sub-token's
+for pos, word in enumerate(enc.word_ids):
+    if word is not None and word not in tags:
+        tags[word] = config["id2label"][str(logits[0, pos].argmax())]
+print(" ".join(f"{{w}}/{{tags.get(i, '-')}}" for i, w in enumerate(words)))
+""",
+    "answer": """question, context = {question}, {context}
+enc = tok.encode(question, context)
+{run}score = logits[0, 0][:, None] + logits[0, 1][None, :]  # start + end, [seq, seq]
+in_context = np.array(enc.sequence_ids) == 1
+i, j = np.indices(score.shape)
+score[~((j >= i) & (j - i < 30) & in_context[:, None] & in_context[None, :])] = -np.inf
+start, end = np.unravel_index(score.argmax(), score.shape)
+print(context[enc.offsets[start][0] : enc.offsets[end][1]])
+""",
+    "fill-mask": """enc = tok.encode({text})
+{run}mask = tok.token_to_id({mask})
+filled = [int(logits[0, i].argmax()) if t == mask else t for i, t in enumerate(enc.ids)]
+print(tok.decode(filled))
+""",
+    # a decoder with a KV cache: the prompt once, then one token a step; past starts empty
+    "generate-cache": """ids = tok.encode({text}, add_special_tokens=False).ids
+past = {{i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+        for i in session.get_inputs() if i.name.startswith("past_key_values")}}
+new, seen = [], 0
+for _ in range(32):
+    x = np.array([ids], dtype=np.int64)
+    seen += x.shape[1]
+    out = session.run(None, {{"input_ids": x, "attention_mask": np.ones((1, seen), np.int64), **past}})
+    ids = [int(out[0][0, -1].argmax())]
+    if ids[0] == config["eos_token_id"]:
+        break
+    new.append(ids[0])
+    past = dict(zip(past, out[1:]))  # present.* come in the order of past_key_values.*
+print(tok.decode(new))
+""",
+    "generate-nocache": """ids = tok.encode({text}, add_special_tokens=False).ids
+new = []
+for _ in range(32):  # no KV cache: the whole sequence each step
+    x = np.array([ids + new], dtype=np.int64)
+    logits = session.run(["logits"], {{"input_ids": x, "attention_mask": np.ones_like(x)}})[0]
+    if int(logits[0, -1].argmax()) == config["eos_token_id"]:
+        break
+    new.append(int(logits[0, -1].argmax()))
+print(tok.decode(new))
+""",
+    "seq2seq": """enc = tok.encode({text})
+ids = np.array([enc.ids], dtype=np.int64)
+mask = np.ones_like(ids)
+hidden = encoder.run(None, {{"input_ids": ids, "attention_mask": mask}})[0]
+past = {{i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+        for i in decoder.get_inputs() if i.name.startswith("past_key_values")}}
+token, new = config["decoder_start_token_id"], []
+for _ in range(32):
+    feeds = {{"input_ids": np.array([[token]], dtype=np.int64), "encoder_hidden_states": hidden}}
+    out = decoder.run(None, {{**feeds, "encoder_attention_mask": mask, **past}})
+    token = int(out[0][0, -1].argmax())
+    if token == config["eos_token_id"]:
+        break
+    new.append(token)
+    past = dict(zip(past, out[1:]))
+print(tok.decode(new))
+""",
+}
+
+_SESSION = 'session = ort.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])'
+_SEQ2SEQ_SESSIONS = (
+    'encoder = ort.InferenceSession("encoder.onnx", providers=["CPUExecutionProvider"])\n'
+    'decoder = ort.InferenceSession("decoder.onnx", providers=["CPUExecutionProvider"])'
+)
+
+
+def snippet(task: Any, tokenizer: Any, cache: bool | None, prompt: str | None = None) -> str:
+    """The usage snippet for ``task`` (a ``tasks.Task``); ``cache``: a decoder's KV cache;
+    ``prompt``: the formatted example text for a decoder (an instruction model's template)."""
+    kind = task.predicts
+    if task.export_kind == "seq2seq":
+        body, sessions = "seq2seq", _SEQ2SEQ_SESSIONS
+    else:
+        body, sessions = kind, _SESSION
+        if kind == "generate":
+            body = "generate-cache" if cache else "generate-nocache"
+    text = prompt if prompt is not None else EXAMPLE.get(kind or "label", "")
+    question, context = QA_EXAMPLE
+    code = _BODY[body].format(
+        run=_RUN,
+        **{  # as JSON strings: valid Python literals, in double quotes
+            k: json.dumps(v, ensure_ascii=False)
+            for k, v in {
+                "text": text,
+                "question": question,
+                "context": context,
+                "mask": getattr(tokenizer, "mask_token", None) or "[MASK]",
+            }.items()
+        },
+    )
+    return _HEAD.format(sessions=sessions) + code
+
+
+def example_input(task: Any, tokenizer: Any) -> dict[str, str]:
+    """The snippet's input as an ``ortft predict`` JSON line (what the consumer test feeds)."""
+    if task.predicts == "answer":
+        question, context = QA_EXAMPLE
+        return {task.question_column: question, task.context_column: context}
+    return {"text": EXAMPLE.get(task.predicts or "label", "")}
+
+
+def write_card(folder: Path, task: Any, tokenizer: Any, report: dict[str, Any]) -> None:
+    """README.md of the export folder: what it holds and the usage snippet."""
+    cache = report.get("kv_cache")
+    prompt = None
+    if task.predicts == "generate" and task.export_kind != "seq2seq":
+        prompt = task.prompt(EXAMPLE["generate"], tokenizer)
+    code = snippet(task, tokenizer, cache, prompt)
+    files = ", ".join(f"`{f}`" for f in report["files"].values())
+    runtimes = "; ".join(
+        f"{r['package']} {r['version']} ({r['checked']})" for r in report["runtimes"]
+    )
+    graph = {
+        True: "decoder with a KV cache (inputs `past_key_values.<layer>.key/value`, outputs "
+        "`present.<layer>.key/value`; the first step takes them empty)",
+        False: "decoder without a KV cache (the whole sequence each step)",
+        None: "",
+    }[cache]
+    length = report["tokenizer"]["training_max_length"]
+    trained = f" (trained with {length})" if length else ""
+    (folder / "README.md").write_text(
+        f"""---
+library_name: onnxruntime
+tags: [ortft, onnx, {task.name}]
+---
+# ONNX export (ortft)
+
+- **Task:** {task.name}{f"; {graph}" if graph else ""}
+- **Files:** {files}, the tokenizer (`tokenizer.json`), `config.json`, `export.json` (checks)
+- **ONNX:** opset {report["opset"]}, IR version {report["ir_version"]}
+- **Checked in:** {runtimes}
+- **Tokenizer:** no padding; truncates at {report["tokenizer"]["truncation"] or "no limit"} tokens{trained}.
+  Build the attention mask for the ids you get (all ones for one text).
+
+Usage with `onnxruntime` and `tokenizers` only, run from this folder:
+
+{CARD_FENCE}
+{code}```
+"""
+    )
+
+
+def card_snippet(readme: str) -> str:
+    """The snippet of a model card (the first python block)."""
+    start = readme.index(CARD_FENCE) + len(CARD_FENCE) + 1
+    return readme[start : readme.index("```", start)]
+
+
+# --------------------------------------------------------------------------- another runtime
+
+# Run in the other runtime's Python (``python -I``: nothing of ortft or its venv): each graph on
+# the feeds saved for it, outputs saved back; the version and the package it came from too.
+_RUNNER = """
+import importlib.metadata as md, json, sys
+import numpy as np, onnxruntime as ort
+folder, feeds_path, out_path = sys.argv[1:4]
+feeds = np.load(feeds_path)
+out = {}
+for name in sorted({k.split("/")[0] for k in feeds.files}):
+    sess = ort.InferenceSession(f"{folder}/{name}", providers=["CPUExecutionProvider"])
+    given = {k.split("/")[1]: feeds[k] for k in feeds.files if k.startswith(name + "/")}
+    for o, v in zip(sess.get_outputs(), sess.run(None, given)):
+        out[f"{name}/{o.name}"] = v
+np.savez(out_path, **out)
+package = next((p for p in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-training")
+                if p in {d.metadata["Name"] for d in md.distributions()}), "onnxruntime")
+print(json.dumps({"package": package, "version": ort.__version__}))
+"""
+
+
+def full_precision(files: dict[str, str]) -> list[str]:
+    """The export's fp32 graphs: the ones compared across runtimes to the fp32 tolerance (the
+    fp16 and int8 variants' outputs move by more between builds: 1.1e-4 measured for fp16)."""
+    return [f for k, f in files.items() if f.endswith(".onnx") and k not in ("fp16", "int8")]
+
+
+def graph_feeds(folder: Path, files: dict[str, str], feeds: dict[str, Any]) -> dict[str, Any]:
+    """``{"<graph>/<input>": array}`` for every graph of the export: the parity rows (at most
+    8), an empty past, and for a seq2seq decoder the encoder's output and 4 target tokens."""
+    import numpy as np
+
+    from ortft.export import parity
+
+    rows = {k: feeds[k][:8] for k in ("input_ids", "attention_mask")}
+    out: dict[str, Any] = {}
+    hidden = None
+    for name in full_precision(files):
+        sess = parity.session(folder / name)
+        given = {i.name: rows[i.name] for i in sess.get_inputs() if i.name in rows}
+        given.update(parity.empty_past(sess, len(rows["input_ids"])))
+        if "encoder_hidden_states" in {i.name for i in sess.get_inputs()}:
+            given["input_ids"] = np.ascontiguousarray(rows["input_ids"][:, :4])
+            given.update(
+                encoder_hidden_states=hidden, encoder_attention_mask=rows["attention_mask"]
+            )
+        if name == "encoder.onnx":
+            hidden = sess.run(None, given)[0]
+        out.update({f"{name}/{k}": v for k, v in given.items()})
+    return out
+
+
+def check_runtime(python: str, folder: Path, files: dict[str, str], feeds: dict[str, Any],
+                  tolerance: float) -> dict[str, Any]:  # fmt: skip
+    """Load every graph of the export in another onnxruntime (``python``: a Python with it
+    installed) and compare its outputs with this runtime's on the same feeds. Returns a
+    ``runtimes`` entry; ``passed`` says whether every output was within ``tolerance``."""
+    import subprocess
+    import tempfile
+
+    import numpy as np
+
+    from ortft.errors import InputError
+    from ortft.export import parity
+
+    given = graph_feeds(folder, files, feeds)
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(f"{tmp}/feeds.npz", **given)
+        try:
+            proc = subprocess.run(
+                [python, "-I", "-c", _RUNNER, str(folder), f"{tmp}/feeds.npz", f"{tmp}/out.npz"],
+                capture_output=True, text=True, timeout=600, check=False,
+            )  # fmt: skip
+        except OSError as err:
+            raise InputError(f"--check-runtime {python}: cannot run it ({err.strerror})") from None
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            raise InputError(f"--check-runtime {python}: the export did not run there: {last}")
+        got = dict(np.load(f"{tmp}/out.npz"))
+    diff = 0.0
+    for name in sorted({k.split("/")[0] for k in given}):
+        sess = parity.session(folder / name)
+        mine = {k.split("/")[1]: v for k, v in given.items() if k.startswith(name + "/")}
+        for o, v in zip(sess.get_outputs(), sess.run(None, mine), strict=True):
+            diff = max(diff, float(np.max(np.abs(got[f"{name}/{o.name}"] - v), initial=0.0)))
+    entry = json.loads(proc.stdout.strip().splitlines()[-1])
+    entry.update(
+        checked=f"loaded {', '.join(full_precision(files))}; outputs compared with this "
+        "build's on the parity rows",
+        max_abs_diff=diff,
+        passed=diff <= tolerance,
+    )
+    return entry

@@ -1,0 +1,148 @@
+"""A client of an ortft ONNX export, as a deployment would write it: onnxruntime + tokenizers +
+numpy only (run in the clean venv of scripts/consumer-env.sh, never with ortft importable).
+
+    python consumer_client.py ONNX_DIR INPUTS.jsonl PREDICTS MAX_NEW
+
+PREDICTS is the task's ``Task.predicts`` (label, tags, answer, fill-mask, generate). One JSON
+line per input on stdout, with the fields ``ortft predict`` gives that a client can compute.
+Each text is tokenized alone with the folder's tokenizer.json and run with an all-ones mask.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+
+def session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def run(sess: ort.InferenceSession, ids: list[int]) -> np.ndarray:
+    x = np.array([ids], dtype=np.int64)
+    feeds = {"input_ids": x, "attention_mask": np.ones_like(x)}
+    feeds.update(empty_past(sess))  # a decoder with a KV cache: the first step's past is empty
+    return sess.run(None, feeds)[0]
+
+
+def empty_past(sess: ort.InferenceSession) -> dict[str, np.ndarray]:
+    return {
+        i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+        for i in sess.get_inputs()
+        if i.name.startswith("past_key_values")
+    }
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def greedy(folder: Path, tok: Tokenizer, config: dict, text: str, max_new: int) -> list[int]:
+    """Greedy decoding: with the KV cache when the graph has one, else the whole sequence."""
+    if (folder / "encoder.onnx").exists():
+        return greedy_seq2seq(folder, tok, config, text, max_new)
+    sess = session(folder / "model.onnx")
+    ids = tok.encode(text, add_special_tokens=False).ids
+    past, new, seen = empty_past(sess), [], 0
+    step = ids
+    for _ in range(max_new):
+        if not past:  # no cache: the whole sequence
+            step = ids + new
+            seen = 0
+        x = np.array([step], dtype=np.int64)
+        seen += x.shape[1]
+        out = sess.run(
+            None, {"input_ids": x, "attention_mask": np.ones((1, seen), np.int64), **past}
+        )
+        token = int(out[0][0, -1].argmax())
+        if token == config.get("eos_token_id"):
+            break
+        new.append(token)
+        if past:
+            past, step = dict(zip(past, out[1:], strict=True)), [token]
+    return new
+
+
+def greedy_seq2seq(folder: Path, tok: Tokenizer, config: dict, text: str, max_new: int):
+    encoder, decoder = session(folder / "encoder.onnx"), session(folder / "decoder.onnx")
+    ids = np.array([tok.encode(text).ids], dtype=np.int64)
+    mask = np.ones_like(ids)
+    hidden = encoder.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    past, token, new = empty_past(decoder), config["decoder_start_token_id"], []
+    for _ in range(max_new):
+        feeds = {"input_ids": np.array([[token]], dtype=np.int64)}
+        feeds.update(encoder_hidden_states=hidden, encoder_attention_mask=mask, **past)
+        out = decoder.run(None, feeds)
+        token = int(out[0][0, -1].argmax())
+        if token == config["eos_token_id"]:
+            break
+        new.append(token)
+        past = dict(zip(past, out[1:], strict=True))
+    return new
+
+
+def predict(folder: Path, obj: dict, kind: str, max_new: int) -> dict:
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    config = json.loads((folder / "config.json").read_text())
+    labels = config.get("id2label", {})
+    if kind == "generate":
+        new = greedy(folder, tok, config, obj["text"], max_new)
+        if (folder / "encoder.onnx").exists():  # as ortft predict counts a seq2seq output
+            spec = json.loads((folder / "tokenizer.json").read_text())
+            special = {t["id"] for t in spec["added_tokens"] if t["special"]}
+            return {"generated": tok.decode(new), "new_tokens": sum(t not in special for t in new)}
+        return {"generated": tok.decode(new), "new_tokens": len(new)}
+    sess = session(folder / "model.onnx")
+    if kind == "label":
+        p = softmax(run(sess, tok.encode(obj["text"]).ids)[0].astype(np.float64))
+        return {
+            "label": labels[str(p.argmax())],
+            "scores": dict(zip(labels.values(), p.tolist(), strict=True)),
+        }
+    if kind == "tags":
+        words = obj.get("tokens") or obj["text"].split()
+        enc = tok.encode(words, is_pretokenized=True)
+        best = run(sess, enc.ids)[0].argmax(-1)
+        tags: list[str | None] = [None] * len(words)
+        for pos, word in enumerate(enc.word_ids):
+            if word is not None and tags[word] is None:
+                tags[word] = labels[str(best[pos])]
+        return {"tokens": words, "tags": tags}
+    if kind == "answer":
+        q, c = obj["question"], obj["context"]
+        enc = tok.encode(q, c)
+        logits = run(sess, enc.ids)[0].astype(np.float64)
+        score = logits[0][:, None] + logits[1][None, :]
+        ok = np.array(enc.sequence_ids) == 1
+        i, j = np.indices(score.shape)
+        score[~((j >= i) & (j - i < 30) & ok[:, None] & ok[None, :])] = -np.inf
+        s, e = np.unravel_index(int(score.argmax()), score.shape)
+        first, last = enc.offsets[s][0], enc.offsets[e][1]
+        return {"answer": c[first:last], "start": first, "end": last}
+    assert kind == "fill-mask", kind
+    enc = tok.encode(obj["text"])
+    logits = run(sess, enc.ids)[0]
+    mask = tok.token_to_id("[MASK]")
+    tokens = [
+        tok.decode([int(logits[i].argmax())]).strip()
+        for i in np.flatnonzero(np.array(enc.ids) == mask)
+    ]
+    return {"masks": [{"token": t} for t in tokens]}
+
+
+def main() -> None:
+    folder, inputs, kind, max_new = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    for line in Path(inputs).read_text().splitlines():
+        if line.strip():
+            obj = json.loads(line) if line.startswith("{") else {"text": line}
+            print(json.dumps(predict(folder, obj, kind, max_new)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

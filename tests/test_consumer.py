@@ -1,0 +1,191 @@
+"""The consumer tier (`make test-consumer`, marker ``consumer``): every task's ONNX export used
+the way a deployment uses it, outside ortft.
+
+A throw-away venv (scripts/consumer-env.sh: requirements/consumer.txt, a recent onnxruntime
+release and tokenizers, none of ortft's stack; cached under ~/.cache/ortft) runs
+tests/consumer_client.py on each task's export: plain ``tokenizers``, an all-ones mask, one text
+at a time. Its outputs must equal ``ortft predict`` on the same export. The folder's model card
+snippet is run there too, verbatim, and must print what ``ortft predict`` gives for its input.
+This is the contract that an export is usable outside ortft.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_task_matrix import MAX_NEW, TASKS, Matrix, _close, _inputs
+from typer.testing import CliRunner
+
+from ortft import tasks
+from ortft.cli import app
+from ortft.export import deploy
+from ortft.inference.predict import format_line
+
+pytestmark = pytest.mark.consumer
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENT = Path(__file__).resolve().parent / "consumer_client.py"
+SNIPPET_NEW = 32  # the card's snippets generate up to 32 tokens
+
+
+@pytest.fixture(scope="module")
+def consumer_python() -> str:
+    res = subprocess.run(
+        [str(ROOT / "scripts" / "consumer-env.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
+    return Matrix(tmp_path_factory.mktemp("consumer"))
+
+
+def _export(run: Path, out: Path, *args: str) -> dict[str, Any]:
+    res = subprocess.run(
+        [sys.executable, "-m", "ortft", "export", str(run), "-o", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads((out / "export.json").read_text())
+
+
+def _exports(task: str, m: Matrix, python: str) -> list[Path]:
+    """The task's ONNX folders: training's export, and for a decoder (with its KV cache by
+    default) also ``ortft export --no-kv-cache``, checked in the consumer runtime too."""
+    run = m.run(task)
+    folders = [run / "onnx"]
+    if tasks.get(task).export_kind == "decoder":
+        folders.append(run / "onnx-nocache")
+        if not folders[-1].exists():
+            _export(run, folders[-1], "--no-kv-cache", "--check-runtime", python)
+    for folder in folders[1:]:  # the graph asked for: with the cache, then without
+        assert json.loads((folder / "export.json").read_text())["kv_cache"] is False
+    if len(folders) > 1:
+        assert json.loads((folders[0] / "export.json").read_text())["kv_cache"] is True
+    return folders
+
+
+def _consumer(python: str, *args: Any, cwd: Path | None = None) -> str:
+    res = subprocess.run(
+        [python, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+def _predict(source: Path, inputs: Path, max_new: int) -> list[dict[str, Any]]:
+    import onnxruntime  # noqa: F401 - first import logs via deepspeed to the stdout of its time
+
+    args = ["predict", str(source), "-i", str(inputs), "--json", "--max-new-tokens", str(max_new)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.stderr + str(res.exception)
+    return [json.loads(x) for x in res.stdout.splitlines()]
+
+
+def _prompts(folder: Path, inputs: Path) -> Path:
+    """A decoder task's inputs as the prompts the model sees (an instruction model's training
+    template around each text), which a client formats itself; other tasks' as they are."""
+    from ortft.inference.evaluate import open_model
+
+    m = open_model(folder)
+    if m.spec.predicts != "generate":
+        return inputs
+    lines = [x for x in inputs.read_text().splitlines() if x.strip()]
+    texts = [json.loads(x)["text"] if x.startswith("{") else x for x in lines]
+    out = folder.parent / f"prompts-{folder.name}.jsonl"
+    out.write_text(
+        "".join(json.dumps({"text": m.spec.prompt(t, m.tokenizer)}) + "\n" for t in texts)
+    )
+    return out
+
+
+EXPORTED = [t for t in TASKS if not tasks.get(t).export_skip]
+
+
+def _ids(task: str) -> str:
+    return task
+
+
+@pytest.mark.parametrize("task", EXPORTED, ids=_ids)
+def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str) -> None:
+    kind = tasks.get(task).predicts
+    inputs = _inputs(task, matrix.run(task).parent)
+    for folder in _exports(task, matrix, consumer_python):
+        want = _predict(folder, inputs, MAX_NEW)
+        out = _consumer(
+            consumer_python, "-I", CLIENT, folder, _prompts(folder, inputs), kind, MAX_NEW
+        )
+        got = [json.loads(x) for x in out.splitlines()]
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            if kind == "fill-mask":  # the client reports each mask's best token
+                g, w = g["masks"], [{"token": x["token"]} for x in w["masks"]]
+            else:
+                w = {k: w[k] for k in g}
+            assert _close(g, w), (folder.name, g, w)
+
+
+@pytest.mark.parametrize("task", EXPORTED, ids=_ids)
+def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: str) -> None:
+    spec = tasks.get(task)
+    for folder in _exports(task, matrix, consumer_python):
+        code = deploy.card_snippet((folder / "README.md").read_text())
+        inputs = folder.parent / f"card-{folder.name}.jsonl"
+        inputs.write_text(json.dumps(deploy.example_input(spec, None)) + "\n")
+        (want,) = _predict(folder, inputs, SNIPPET_NEW)
+        expected = {
+            "label": lambda r: r["label"],
+            "answer": lambda r: r["answer"],
+            "fill-mask": lambda r: r["filled"],
+            "generate": lambda r: r["generated"],
+        }.get(spec.predicts, format_line)(want)
+        got = _consumer(consumer_python, "-I", "-c", code, cwd=folder)
+        assert got.rstrip("\n") == expected, (folder.name, code)
+
+
+@pytest.mark.parametrize("task", ["sequence-classification", "seq2seq"])
+def test_export_records_the_consumer_runtime(
+    task: str, matrix: Matrix, consumer_python: str
+) -> None:
+    """``ortft export --check-runtime PYTHON`` loads the export in that runtime, compares its
+    outputs, and only then lists it in export.json (and the card)."""
+    run = matrix.run(task)
+    report = _export(run, run / "onnx-checked", "--check-runtime", consumer_python)
+    assert [r["version"] for r in report["runtimes"]][1:] == [_pinned_version()]
+    checked = report["runtimes"][1]
+    assert checked["package"] == "onnxruntime" and checked["passed"]
+    assert checked["max_abs_diff"] <= report["parity"]["tolerance"]
+    assert f"onnxruntime {_pinned_version()}" in (run / "onnx-checked" / "README.md").read_text()
+    plain = json.loads((run / "onnx" / "export.json").read_text())  # without --check-runtime
+    assert [r["package"] for r in plain["runtimes"]] == ["onnxruntime-training"]
+
+
+def _pinned_version() -> str:
+    pins = (ROOT / "requirements" / "consumer.txt").read_text().splitlines()
+    return next(p.split("==")[1] for p in pins if p.startswith("onnxruntime=="))
+
+
+def test_consumer_runtime_is_clean(consumer_python: str) -> None:
+    """The venv holds onnxruntime (the pinned release) and tokenizers, not ortft's stack."""
+    code = (
+        "import importlib.util, onnxruntime, tokenizers; print(onnxruntime.__version__); "
+        "print([m for m in ('torch', 'transformers', 'ortft') if importlib.util.find_spec(m)])"
+    )
+    version, present = _consumer(consumer_python, "-I", "-c", code).splitlines()
+    pinned = (ROOT / "requirements" / "consumer.txt").read_text()
+    assert f"onnxruntime=={version}\n" in pinned and present == "[]"
+    assert sys.executable != consumer_python
