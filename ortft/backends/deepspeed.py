@@ -243,7 +243,9 @@ def load_partitions(eng: Any, checkpoint_dir: Path) -> None:
     (the weights too, the same as model.safetensors), every file with weights_only=True."""
     from ortft.errors import InputError
 
-    eng.checkpoint_engine.load = _load_weights_only  # TorchCheckpointEngine.load: weights_only=False
+    eng.checkpoint_engine.load = (
+        _load_weights_only  # TorchCheckpointEngine.load: weights_only=False
+    )
     where = checkpoint_dir / FOLDER
     try:
         path, _ = eng.load_checkpoint(

@@ -273,10 +273,14 @@ class PyTorchEngine:
         self, run_dir: Path, state: TrainState, recipe_yaml: str, keep_last: int
     ) -> Path | None:
         folders = None
-        if self.deepspeed is not None:  # every rank writes its ZeRO partition, in DeepSpeed's format
+        if (
+            self.deepspeed is not None
+        ):  # every rank writes its ZeRO partition, in DeepSpeed's format
             from ortft.backends import deepspeed
 
-            folders = {deepspeed.FOLDER: deepspeed.save_partitions(self.deepspeed, run_dir, state.step)}
+            folders = {
+                deepspeed.FOLDER: deepspeed.save_partitions(self.deepspeed, run_dir, state.step)
+            }
         if not distributed.is_main():  # one writer; every rank resumes from the same folder
             return None
         return checkpoint.save(
