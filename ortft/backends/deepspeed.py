@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -192,8 +193,8 @@ def engine(
     except Exception as err:  # noqa: BLE001 - ImportError, or a build/accelerator problem at import
         raise BackendError(
             f"recipe sets deepspeed but DeepSpeed cannot be imported ({type(err).__name__}: "
-            f"{str(err).strip()[:200]}); pip install -r requirements/extras.txt "
-            "(see the README's DeepSpeed section)"
+            f"{str(err).strip()[:200]}); `make setup` installs it (requirements/deepspeed.txt "
+            "says how it builds)"
         ) from None
     _skip_shm_comm(deepspeed)
     try:
@@ -252,7 +253,8 @@ def load_partitions(eng: Any, checkpoint_dir: Path) -> None:
             str(where), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True
         )
     except Exception as err:  # noqa: BLE001 - unpickling refused, a missing partition, ...
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()  # torch's message has colours
+        first = text.splitlines()[0] if text else type(err).__name__
         raise InputError(f"{where}: DeepSpeed could not load it ({first[:300]})") from None
     if path is None:  # DeepSpeed logs a warning and returns None for a missing checkpoint
         raise InputError(f"{where}: no DeepSpeed checkpoint (tag {TAG})")
