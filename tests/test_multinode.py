@@ -97,7 +97,7 @@ def test_two_node_agents_train_like_one_process(recipe: Path, tmp_path: Path) ->
     assert summary["distributed"] == {"world_size": 2, "backend": "gloo"}
     assert summary["samples"] == 3 * 16
     expected = one_process(recipe, tmp_path / "one", "training.max_steps=3")
-    # measured: equal to ~6e-8, as on one node (test_distributed.py)
+    # measured: equal to 9e-8, as on one node (test_distributed.py)
     assert train_losses(run_dir) == pytest.approx(expected, rel=1e-5)
 
 

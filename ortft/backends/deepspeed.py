@@ -244,9 +244,8 @@ def load_partitions(eng: Any, checkpoint_dir: Path) -> None:
     (the weights too, the same as model.safetensors), every file with weights_only=True."""
     from ortft.errors import InputError
 
-    eng.checkpoint_engine.load = (
-        _load_weights_only  # TorchCheckpointEngine.load: weights_only=False
-    )
+    # DeepSpeed's TorchCheckpointEngine.load calls torch.load(weights_only=False)
+    eng.checkpoint_engine.load = _load_weights_only
     where = checkpoint_dir / FOLDER
     try:
         path, _ = eng.load_checkpoint(
@@ -262,7 +261,7 @@ def load_partitions(eng: Any, checkpoint_dir: Path) -> None:
 
 def _load_weights_only(path: str, map_location: Any = None) -> Any:
     """``torch.load(weights_only=True)`` with the few DeepSpeed classes its files hold allowed
-    (found by loading ZeRO 1 and 2 checkpoints of DeepSpeed 0.19.8): unpickling can construct
+    (found by loading fp32 ZeRO 1 and 2 checkpoints of DeepSpeed 0.19.8): unpickling can build
     those and plain data, and run nothing else."""
     import torch
 
@@ -272,8 +271,9 @@ def _load_weights_only(path: str, map_location: Any = None) -> Any:
 
 def _safe_globals() -> list[Any]:
     """What a ZeRO 1/2 optimizer partition holds besides tensors and plain containers: its loss
-    scaler (static; dynamic with fp16), the stage enum, and where each parameter's fragment lies.
-    The model-states file needs none."""
+    scaler, the stage enum, and where each parameter's fragment lies (the model-states file
+    needs none). DynamicLossScaler is fp16's (DeepSpeed's own class for it), not measured here:
+    CPU runs are fp32."""
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
@@ -284,7 +284,7 @@ def _safe_globals() -> list[Any]:
 def partition_problem(checkpoint_dir: Path, world: int) -> str | None:
     """Why ``checkpoint_dir`` cannot resume a DeepSpeed run of ``world`` processes, or None:
     ZeRO 1/2 keep one optimizer partition per process, so the process count must match."""
-    written = len(list((checkpoint_dir / FOLDER / TAG).glob("zero_pp_rank_*_optim_states.pt")))
+    written = len(list((checkpoint_dir / FOLDER / TAG).glob("*zero_pp_rank_*_optim_states.pt")))
     if written and written != world:  # stage 0 writes no partitions
         return (
             f"its DeepSpeed optimizer state is partitioned over {written} processes, this run "
