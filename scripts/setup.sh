@@ -98,10 +98,13 @@ else
       "read pip's error above; if the wheelhouse is damaged: rm -rf $wheels, then make setup again"
   # 3b. DeepSpeed's wheel, built once per wheelhouse (~20 s on 2 cores): no build isolation (its
   #     setup.py imports the torch just installed), no ops compiled (DS_BUILD_OPS=0: a CPU
-  #     machine has no CUDA toolkit; on a GPU DeepSpeed compiles the ops it uses when first used)
+  #     machine has no CUDA toolkit; on a GPU DeepSpeed compiles the ops it uses when first used).
+  #     DS_ACCELERATOR=cpu makes the wheel the same on every machine: built where a GPU is
+  #     visible, its metadata would add nvidia-ml-py, which is not pinned (DeepSpeed's CUDA
+  #     accelerator imports it only if present); the accelerator is chosen again at run time.
   if [ ! -f "$ds_dir/deepspeed-$ds_version-py3-none-any.whl" ]; then
     step "building DeepSpeed $ds_version's wheel into $ds_dir (no ops compiled)"
-    DS_BUILD_OPS=0 "${pip[@]}" wheel --no-deps --no-build-isolation --no-index -w "$ds_dir" \
+    DS_BUILD_OPS=0 DS_ACCELERATOR=cpu "${pip[@]}" wheel --no-deps --no-build-isolation --no-index -w "$ds_dir" \
       "$ds_dir/deepspeed-$ds_version.tar.gz" ||
       fail "pip could not build DeepSpeed's wheel from $ds_dir/deepspeed-$ds_version.tar.gz" \
         "read pip's error above; if the sdist is missing or damaged: rm -rf $wheels, then make setup again"
