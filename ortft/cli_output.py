@@ -77,3 +77,10 @@ def quiet_libraries(debug: bool, with_torch: bool = True) -> None:
             # torch's cpp_extension prints a CUDA_HOME notice on GPU-less machines at import
             with contextlib.redirect_stderr(io.StringIO()):
                 import torch.utils.cpp_extension  # noqa: F401
+    if with_torch:
+        # accelerate imports DeepSpeed whenever it is installed (make setup installs it), also
+        # in runs without a deepspeed section, and DeepSpeed announces a guessed accelerator on
+        # stdout, where results go: name it instead (train sets the run's own device later)
+        import torch
+
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")

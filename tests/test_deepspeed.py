@@ -178,9 +178,9 @@ def test_zero_in_two_processes_matches_one_process(
     (2 processes x 8 rows x 2 micro-batches = 16 rows x 2 micro-batches)."""
     load(tmp_path, recipe_dict(zero_optimization={"stage": stage}))
     recipe, common = tmp_path / "r.yaml", [f"backend.name={backend}"]
-    res = train(recipe, tmp_path / "ds", *common, nproc=2)
+    res = train(recipe, tmp_path / "ds", *common, "--json", nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
-    summary = json.loads((tmp_path / "ds" / "summary.json").read_text())
+    summary = json.loads(res.stdout)  # DeepSpeed's log lines go to stderr, not among the results
     assert summary["distributed"] == {"world_size": 2, "backend": "gloo"}
     assert summary["backend"]["used"] == backend and summary["samples"] == 3 * 32
     if backend not in one_process:
@@ -229,15 +229,16 @@ def test_zero2_checkpoints_resume_in_deepspeeds_format(tmp_path: Path) -> None:
     assert "partitioned over 2 processes, this run has 1" in res.stderr
 
 
-def test_deepspeeds_accelerator_is_the_runs_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ortft.errors import InputError
+def test_deepspeeds_accelerator_is_the_runs_device() -> None:
+    import deepspeed
 
-    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    zero._accelerator("cpu")
-    assert os.environ["DS_ACCELERATOR"] == "cpu"
-    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
-    with pytest.raises(InputError, match="DS_ACCELERATOR=cuda but this run's device is cpu"):
-        zero._accelerator("cpu")
+    from ortft.errors import BackendError
+
+    name = deepspeed.accelerator.get_accelerator().device_name()  # cpu here
+    zero._check_accelerator(deepspeed, name)
+    other = "cuda" if name == "cpu" else "cpu"
+    with pytest.raises(BackendError, match=f"DeepSpeed's accelerator is {name} but this run's"):
+        zero._check_accelerator(deepspeed, other)
 
 
 def test_partitions_load_with_weights_only(tmp_path: Path) -> None:

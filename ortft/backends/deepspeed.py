@@ -14,9 +14,9 @@ own ``save_checkpoint`` into ``step-NNNNNN/deepspeed/``, next to ortft's model.s
 state and RNG (``save_partitions``); a resumed run loads them back through ``load_checkpoint``,
 every file with ``torch.load(weights_only=True)`` (``load_partitions``).
 
-On CPU, DeepSpeed runs its CPU accelerator (``DS_ACCELERATOR=cpu``, set from the run's device):
-its communication backend is oneCCL when ``oneccl_bindings_for_pytorch`` is importable, else
-gloo (``accelerator/cpu_accelerator.py``), which is the process group ortft has already joined.
+On CPU, DeepSpeed runs its CPU accelerator (``DS_ACCELERATOR=cpu``: the engine sets it to the
+run's device): its communication backend is oneCCL when ``oneccl_bindings_for_pytorch`` is
+importable, else gloo (``accelerator/cpu_accelerator.py``), the process group ortft has joined.
 
 ``deepspeed`` itself is imported only when a run uses it (``engine``), never at validation.
 """
@@ -159,16 +159,23 @@ def start(
     return engine(model, optimizer, scheduler, cfg, device.type)
 
 
-def _accelerator(device_type: str) -> None:
-    """DeepSpeed's accelerator is the run's device, not its own guess: it picks CUDA whenever a
-    GPU is visible, also for a run with hardware.device=cpu."""
-    from ortft.errors import InputError
+def _check_accelerator(deepspeed: Any, device_type: str) -> None:
+    """DeepSpeed's accelerator must be the run's device (the engine set DS_ACCELERATOR to it
+    before anything imported DeepSpeed; DeepSpeed would pick CUDA whenever a GPU is visible).
+    Its logger writes to stdout, where ortft's results go: stderr instead."""
+    import logging
+    import sys
 
-    given = os.environ.setdefault("DS_ACCELERATOR", device_type)
-    if given != device_type:
-        raise InputError(
-            f"DS_ACCELERATOR={given} but this run's device is {device_type} "
-            "(hardware.device); unset DS_ACCELERATOR"
+    from ortft.errors import BackendError
+
+    for handler in deepspeed.utils.logger.handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(sys.stderr)
+    name = deepspeed.accelerator.get_accelerator().device_name()
+    if name != device_type:
+        raise BackendError(
+            f"DeepSpeed's accelerator is {name} but this run's device is {device_type} "
+            f"(DeepSpeed was imported before DS_ACCELERATOR={device_type} was set)"
         )
 
 
@@ -187,7 +194,6 @@ def engine(
     """``deepspeed.initialize``: the engine that does backward, accumulation, clipping and step."""
     from ortft.errors import BackendError
 
-    _accelerator(device_type)
     try:
         import deepspeed
     except Exception as err:  # noqa: BLE001 - ImportError, or a build/accelerator problem at import
@@ -196,6 +202,7 @@ def engine(
             f"{str(err).strip()[:200]}); `make setup` installs it (requirements/deepspeed.txt "
             "says how it builds)"
         ) from None
+    _check_accelerator(deepspeed, device_type)
     _skip_shm_comm(deepspeed)
     try:
         eng, *_ = deepspeed.initialize(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,9 @@ class PyTorchEngine:
         # DDP under torchrun: join the process group (a no-op in one process); cuda:LOCAL_RANK
         rt = dataclasses.replace(rt, device=distributed.setup(rt.device))
         self.device = rt.device
+        # DeepSpeed's accelerator (imported by a deepspeed section, or by accelerate when a
+        # model loads) is this device, never its own guess: CUDA whenever a GPU is visible
+        os.environ["DS_ACCELERATOR"] = rt.device.type
         world = distributed.world_size()
         if world > 1 and self.name == "auto":
             raise InputError(
