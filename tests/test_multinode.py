@@ -106,7 +106,7 @@ def worker_of_node(agents: list, group_rank: int, timeout: float = 120) -> psuti
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for agent in agents:
-            for child in psutil.Process(agent.pid).children(recursive=True):
+            for child in psutil.Process(agent.pid).children():  # workers: the agents' children
                 try:
                     env = child.environ()
                 except (psutil.NoSuchProcess, psutil.AccessDenied):

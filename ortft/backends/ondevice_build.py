@@ -96,9 +96,6 @@ def build(
         )
         tokenizer = models.train_tokenizer(texts, r.model.tokenizer.train)
         log.info("trained a %s tokenizer: %d tokens", r.model.tokenizer.train.kind, len(tokenizer))
-    # transformers imports accelerate with the model, which imports DeepSpeed (make setup
-    # installs it), which announces a guessed accelerator on stdout: the artifacts build on CPU
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     model = models.build_model(loaded, task.auto_class, tokenizer, labels, attn="eager")
     if r.backend.trainable:
         models.freeze(model, r.backend.trainable)  # validates the patterns with a recipe message
