@@ -2,7 +2,9 @@
 
 ``step-000100/`` holds ``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng.pt``,
 ``recipe.yaml``, ``state.json`` (step, position in the data, metrics) and ``manifest.json``
-(format version, every file's size and sha256). It is written into a temporary folder,
+(format version, every file's size and sha256). A DeepSpeed run's checkpoint holds, instead of
+``optimizer.pt`` and ``scheduler.pt``, ``deepspeed/``: DeepSpeed's own checkpoint, one ZeRO
+partition of the optimizer state per process (``backends/deepspeed.py``). It is written into a temporary folder,
 fsynced, then swapped into place (``fsutil.atomic_dir``): a crash leaves either the whole
 checkpoint or none, and the previous checkpoints are pruned only after the new one is complete.
 """
@@ -108,11 +110,14 @@ def save(
     recipe_yaml: str,
     keep_last: int,
     scaler: dict[str, Any] | None = None,
+    kind: str = "ortft-checkpoint",
+    folders: dict[str, Path] | None = None,
 ) -> Path:
     """Write ``step-NNNNNN/`` atomically, then prune to the newest ``keep_last``. ``scaler``:
-    the fp16 GradScaler's state (``backends.amp.scaler_state``), kept as scaler.pt when set."""
+    the fp16 GradScaler's state (``backends.amp.scaler_state``), kept as scaler.pt when set.
+    ``folders``: complete folders (name -> path) moved into the checkpoint before its manifest
+    is written, as DeepSpeed's, whose engine holds the optimizer and scheduler (both None)."""
     import torch
-    from safetensors.torch import save_model
 
     final = run_dir / checkpoint_name(state.step)
     try:
@@ -122,21 +127,42 @@ def save(
             if hasattr(model, "peft_config"):  # LoRA: only the trained (adapter + head) weights
                 save_trainable(model, tmp / ADAPTER_WEIGHTS)
             else:
-                save_model(model, str(tmp / "model.safetensors"))  # handles tied weights
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+                save_weights(model, tmp / "model.safetensors")
+            if optimizer is not None:
+                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+                torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            for name, folder in (folders or {}).items():
+                os.replace(folder, tmp / name)
             torch.save(rng_state(), tmp / "rng.pt")
             if scaler:  # fp16: a resumed run starts at the loss scale this one reached
                 torch.save(scaler, tmp / "scaler.pt")
             (tmp / "recipe.yaml").write_text(recipe_yaml)
             (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
-            write_manifest(tmp, state.step, "ortft-checkpoint")
+            write_manifest(tmp, state.step, kind)
     except OSError as err:  # disk full, read-only, quota: the earlier checkpoints are untouched
         earlier = [p for p in list_checkpoints(run_dir) if p != final]
         kept = f"; the last good checkpoint {earlier[-1]} is intact" if earlier else ""
         raise RunError(f"could not write checkpoint {final}: {err.strerror or err}{kept}") from err
     prune(run_dir, keep_last)
     return final
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """The model's tensors in safetensors, each tied weight once (as ``save_model`` writes them).
+    A tensor that is a view into a larger buffer is copied out first: DeepSpeed's ZeRO 1/2 turns
+    the parameters into views of one flat buffer, which ``save_model`` refuses to write."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {}
+    seen = set()
+    for name, t in model.state_dict().items():
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if key in seen:  # tied (the same tensor under two names): load_model restores it
+            continue
+        seen.add(key)
+        whole = t.untyped_storage().nbytes() == t.numel() * t.element_size()
+        tensors[name] = t.detach() if whole and t.is_contiguous() else t.detach().clone()
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def save_trainable(model: torch.nn.Module, path: Path) -> None:
@@ -179,12 +205,13 @@ def remove_stale_temp(run_dir: Path) -> None:
 
 
 def write_manifest(folder: Path, step: int, kind: str) -> None:
-    """fsync every file of a checkpoint being written and record its size and sha256."""
+    """fsync every file of a checkpoint being written (sub-folders included) and record its
+    size and sha256, under its path relative to ``folder``."""
     files = {}
-    for f in sorted(folder.iterdir()):
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
-        files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        files[f.relative_to(folder).as_posix()] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
     manifest = {"format_version": FORMAT_VERSION, "kind": kind, "step": step, "files": files}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
     with open(folder / MANIFEST, "rb") as fh:
@@ -242,8 +269,8 @@ def latest_good(run_dir: Path) -> Path | None:
 class Loaded:
     path: Path
     state: TrainState
-    optimizer: dict[str, Any]
-    scheduler: dict[str, Any]
+    optimizer: dict[str, Any] | None  # None in a DeepSpeed checkpoint (its engine loads them)
+    scheduler: dict[str, Any] | None
     rng: dict[str, Any]
     scaler: dict[str, Any] | None = None  # fp16 runs' GradScaler state
 
@@ -279,15 +306,17 @@ def load(path: Path, model: torch.nn.Module) -> Loaded:
     return Loaded(
         path=path,
         state=state,
-        optimizer=torch.load(path / "optimizer.pt", weights_only=True),
-        scheduler=torch.load(path / "scheduler.pt", weights_only=True),
+        optimizer=_load_if_there(path / "optimizer.pt"),
+        scheduler=_load_if_there(path / "scheduler.pt"),
         rng=torch.load(path / "rng.pt", weights_only=True),
-        scaler=(
-            torch.load(path / "scaler.pt", weights_only=True)
-            if (path / "scaler.pt").exists()
-            else None
-        ),
+        scaler=_load_if_there(path / "scaler.pt"),
     )
+
+
+def _load_if_there(path: Path) -> Any:
+    import torch
+
+    return torch.load(path, weights_only=True) if path.exists() else None
 
 
 def kind_problem(path: Path, kind: str) -> str | None:

@@ -62,6 +62,12 @@ def quiet_libraries(debug: bool, with_torch: bool = True) -> None:
     from ortft.progress import setup_logging
 
     setup_logging(logging.DEBUG if debug else logging.INFO)
+    if "DS_ACCELERATOR" not in os.environ:
+        # onnxruntime-training (ORTModule) and accelerate import DeepSpeed whenever it is
+        # installed (make setup installs it), in runs without a deepspeed section too, and
+        # DeepSpeed announces a guessed accelerator on stdout, where results go: name it instead
+        # (the PyTorch engine sets the run's device when it starts; on-device runs need none)
+        os.environ["DS_ACCELERATOR"] = _visible_accelerator() if with_torch else "cpu"
     if not debug:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -77,3 +83,9 @@ def quiet_libraries(debug: bool, with_torch: bool = True) -> None:
             # torch's cpp_extension prints a CUDA_HOME notice on GPU-less machines at import
             with contextlib.redirect_stderr(io.StringIO()):
                 import torch.utils.cpp_extension  # noqa: F401
+
+
+def _visible_accelerator() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

