@@ -10,6 +10,7 @@ package metadata is read.
 
 from __future__ import annotations
 
+import functools
 import sys
 from importlib import metadata
 
@@ -18,6 +19,7 @@ DISTRIBUTIONS = ("onnxruntime-training", "onnxruntime-training-cpu")
 PYTHONS = ((3, 11), (3, 12))  # the Pythons with a 1.19.2 wheel (3.12: -cpu only); make setup's
 
 
+@functools.lru_cache(maxsize=1)  # recipe validation asks often; metadata scans site-packages
 def installed() -> tuple[str, str] | None:
     """(distribution, version) of the ORT training package installed, or None."""
     for name in DISTRIBUTIONS:
@@ -32,15 +34,16 @@ def pythons_text() -> str:
     return " and ".join(f"{major}.{minor}" for major, minor in PYTHONS)
 
 
-def missing_reason() -> str:
-    """Why ORT training is absent here, for a one-line error (no fix beyond the Python)."""
-    here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if tuple(sys.version_info[:2]) not in PYTHONS:
-        return (
-            f"ONNX Runtime training has no wheel for Python {here} (it has for "
-            f"{pythons_text()}: make setup PYTHON=python3.11)"
-        )
+def recipe_problem(backend: str, python: tuple[int, int] | None = None) -> str | None:
+    """One line when ``backend`` (ort, ort-ondevice, auto) cannot run here: no ORT training."""
+    if installed() is not None:
+        return None
+    major, minor = python or tuple(sys.version_info[:2])
+    if (major, minor) in PYTHONS:
+        why = "it is not installed (make setup, or pip install -r requirements/lock.txt)"
+    else:
+        why = f"it has wheels for Python {pythons_text()} only, not {major}.{minor}"
     return (
-        "ONNX Runtime training is not installed (pip install -r requirements/lock.txt, "
-        "or make setup)"
+        f"backend.name={backend} needs ONNX Runtime training and {why}; "
+        "backend.name=torch trains without it"
     )

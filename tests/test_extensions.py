@@ -62,7 +62,9 @@ def test_cache_key_changes_with_the_stack():
 def test_cache_key_names_the_python_and_the_ort_build(monkeypatch):
     """A 3.11 and a 3.12 venv (CUDA and -cpu ORT builds) never share cached extensions."""
     here = f"cpython-{sys.version_info.major}.{sys.version_info.minor}"
-    monkeypatch.setattr(extensions.ort_training, "installed", lambda: ("onnxruntime-training", "1.19.2"))
+    monkeypatch.setattr(
+        extensions.ort_training, "installed", lambda: ("onnxruntime-training", "1.19.2")
+    )
     cuda_build = extensions.key_inputs(cuda=False)
     assert cuda_build["python"] == here and "ort-distribution" not in cuda_build
     cpu = ("onnxruntime-training-cpu", "1.19.2")
