@@ -170,3 +170,12 @@ def test_real_doctor_prints_no_library_banner_on_stderr():
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith("ortft doctor (known-good:")
     assert not [line for line in res.stderr.splitlines() if "CUDA_HOME" in line], res.stderr
+
+
+def test_broken_onnxruntime_fix_names_the_installed_ort_build(monkeypatch):
+    """On Python 3.12 the reinstall must name the -cpu build: the other has no cp312 wheel."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now fails
+    monkeypatch.setattr(doctor.ort_training, "installed", lambda: (doctor.ORT_CPU, "1.19.2"))
+    (check,) = doctor._probe_ort()
+    assert check.name == "onnxruntime import" and check.verdict == doctor.FAIL
+    assert check.fix == "pip install --force-reinstall onnxruntime-training-cpu==1.19.2"

@@ -274,7 +274,8 @@ def _gpu_visible() -> bool:
 
 
 def _probe_ort() -> list[Check]:
-    fix = _pin("onnxruntime-training").replace("install", "install --force-reinstall", 1)
+    dist = (ort_training.installed() or ("onnxruntime-training",))[0]  # -cpu on Python 3.12
+    fix = f"pip install --force-reinstall {dist}=={KNOWN_GOOD['onnxruntime-training']}"
     try:
         import onnxruntime as ort
     except Exception as err:
