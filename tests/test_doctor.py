@@ -20,6 +20,7 @@ def good_versions(**changes: str | None) -> dict[str, str | None]:
     versions.update({name: None for name in doctor.EXTRAS})
     versions.update({name: "1.0" for name in doctor.DATA_PACKAGES})
     versions.update({name: None for name in doctor.CONFLICTING_ORT})
+    versions[doctor.ORT_CPU] = None
     versions.update(changes)
     return versions
 
@@ -85,6 +86,21 @@ def test_plain_onnxruntime_next_to_the_training_build_fails():
     assert "pip uninstall -y onnxruntime" in (check.fix or "")
 
 
+def test_the_cpu_build_alone_is_known_good():
+    """Python 3.12's lock has onnxruntime-training-cpu instead of onnxruntime-training."""
+    versions = good_versions(**{"onnxruntime-training": None, doctor.ORT_CPU: "1.19.2"})
+    check = verdicts(versions)["onnxruntime-training"]
+    assert check.verdict == doctor.OK and "onnxruntime-training-cpu" in check.value
+    old = verdicts(good_versions(**{"onnxruntime-training": None, doctor.ORT_CPU: "1.18.0"}))
+    assert old["onnxruntime-training"].fix == "pip install onnxruntime-training-cpu==1.19.2"
+
+
+def test_both_ort_training_builds_installed_fails():
+    check = verdicts(good_versions(**{doctor.ORT_CPU: "1.19.2"}))["onnxruntime-training"]
+    assert check.verdict == doctor.FAIL
+    assert "pip uninstall -y onnxruntime-training-cpu" in (check.fix or "")
+
+
 def test_missing_optional_extra_is_info_not_a_warning():
     checks = verdicts(good_versions())
     for name in doctor.EXTRAS:
@@ -95,8 +111,9 @@ def test_missing_optional_extra_is_info_not_a_warning():
 
 def test_platform_checks():
     assert {c.verdict for c in doctor.check_platform((3, 11), "Linux", "x86_64")} == {doctor.OK}
-    py312 = doctor.check_platform((3, 12), "Linux", "x86_64")[0]
-    assert py312.verdict == doctor.FAIL and py312.fix
+    assert doctor.check_platform((3, 12), "Linux", "x86_64")[0].verdict == doctor.OK
+    py313 = doctor.check_platform((3, 13), "Linux", "x86_64")[0]
+    assert py313.verdict == doctor.FAIL and py313.fix and "3.11 and 3.12" in py313.value
     mac = doctor.check_platform((3, 11), "Darwin", "arm64")[1]
     assert mac.verdict == doctor.FAIL
 
@@ -164,3 +181,12 @@ def test_real_doctor_prints_no_library_banner_on_stderr():
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith("ortft doctor (known-good:")
     assert not [line for line in res.stderr.splitlines() if "CUDA_HOME" in line], res.stderr
+
+
+def test_broken_onnxruntime_fix_names_the_installed_ort_build(monkeypatch):
+    """On Python 3.12 the reinstall must name the -cpu build: the other has no cp312 wheel."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now fails
+    monkeypatch.setattr(doctor.ort_training, "installed", lambda: (doctor.ORT_CPU, "1.19.2"))
+    (check,) = doctor._probe_ort()
+    assert check.name == "onnxruntime import" and check.verdict == doctor.FAIL
+    assert check.fix == "pip install --force-reinstall onnxruntime-training-cpu==1.19.2"

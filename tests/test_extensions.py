@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -56,6 +57,21 @@ def test_cache_key_changes_with_the_stack():
     assert key == extensions.cache_key(dict(inputs))
     assert key != extensions.cache_key({**inputs, "torch": "2.7.0"})
     assert key != extensions.cache_key({**inputs, "cuda": True})
+
+
+def test_cache_key_names_the_python_and_the_ort_build(monkeypatch):
+    """A 3.11 and a 3.12 venv (CUDA and -cpu ORT builds) never share cached extensions."""
+    here = f"cpython-{sys.version_info.major}.{sys.version_info.minor}"
+    monkeypatch.setattr(
+        extensions.ort_training, "installed", lambda: ("onnxruntime-training", "1.19.2")
+    )
+    cuda_build = extensions.key_inputs(cuda=False)
+    assert cuda_build["python"] == here and "ort-distribution" not in cuda_build
+    cpu = ("onnxruntime-training-cpu", "1.19.2")
+    monkeypatch.setattr(extensions.ort_training, "installed", lambda: cpu)
+    cpu_build = extensions.key_inputs(cuda=False)
+    assert cpu_build["onnxruntime-training"] == "1.19.2"
+    assert extensions.cache_key(cpu_build) != extensions.cache_key(cuda_build)
 
 
 def test_save_and_restore_round_trip(fake_dir, tmp_path):

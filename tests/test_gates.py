@@ -94,6 +94,17 @@ def test_markdown_report_names_every_gate() -> None:
     assert "torch 2.6.0" in text
 
 
+def test_markdown_report_names_the_ort_training_build() -> None:
+    def versions(packages: dict) -> str:
+        summary = {**SUMMARY, "provenance": {**SUMMARY["provenance"], "packages": packages}}
+        return ci_report.markdown(summary)
+
+    assert "onnxruntime-training 1.19.2," in versions({"onnxruntime-training": "1.19.2"})
+    cpu = {"onnxruntime-training": None, "onnxruntime-training-cpu": "1.19.2"}  # Python 3.12
+    assert "onnxruntime-training 1.19.2 (-cpu)," in versions(cpu)
+    assert "onnxruntime-training —," in versions({})
+
+
 def test_report_suffix_is_checked() -> None:
     with pytest.raises(UsageError, match=".xml"):
         ci_report.check_paths([Path("report.txt")])

@@ -23,7 +23,13 @@ import psutil
 import pytest
 from conftest import tiny_classifier, train_losses, write_classification_csv, write_recipe
 
-ENV = {**os.environ, "NO_COLOR": "1", "GLOO_SOCKET_IFNAME": "lo", "LOGLEVEL": "INFO"}
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: what ortft's docs and cluster files tell users to set.
+# torch 2.6's agents otherwise hand their workers the rendezvous store of the first round, keys
+# unprefixed, and restarted workers can read the previous round's keys and hang (pytorch#135712).
+ENV = {
+    **os.environ, "NO_COLOR": "1", "GLOO_SOCKET_IFNAME": "lo", "LOGLEVEL": "INFO",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+}  # fmt: skip
 
 
 def free_port() -> int:

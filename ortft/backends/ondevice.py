@@ -41,7 +41,7 @@ INPUTS = ("input_ids", "attention_mask", "labels")
 
 def recipe_problems(r: Any) -> list[str]:
     """What backend.name=ort-ondevice supports; the rest is a recipe error, never a no-op."""
-    from ortft import tasks
+    from ortft import ort_training, tasks
     from ortft.backends.torch import ortmodule_fields_set
 
     problems = []
@@ -63,9 +63,11 @@ def recipe_problems(r: Any) -> list[str]:
     problems += [f"{name} (an ORTModule setting)" for name in ortmodule_fields_set(r)]
     if r.deepspeed is not None:
         problems.append("deepspeed (one process, ORT's own optimizer)")
-    if not problems:
-        return []
-    return ["backend.name=ort-ondevice does not support " + "; ".join(problems)]
+    missing = ort_training.recipe_problem("ort-ondevice")
+    out = [missing] if missing else []
+    if problems:
+        out.append("backend.name=ort-ondevice does not support " + "; ".join(problems))
+    return out
 
 
 # --------------------------------------------------------------------------- artifacts

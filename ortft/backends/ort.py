@@ -134,8 +134,11 @@ def _install_label_hook_fix() -> None:
 
 def recipe_problems(recipe: Any) -> list[str]:
     """What ORTModule (backend.name=ort, and auto, which may choose it) refuses; torch-free."""
-    problems = []
+    from ortft import ort_training
+
     dtype, device, name = recipe.precision.dtype, recipe.hardware.device, recipe.backend.name
+    missing = ort_training.recipe_problem(name)
+    problems = [missing] if missing else []
     if dtype == "bf16" and device == "cpu":
         problems.append(
             "precision.dtype=bf16 on cpu needs backend.name=torch: ONNX Runtime's CPU "

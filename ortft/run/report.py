@@ -28,6 +28,7 @@ PACKAGES = [
     "ortft",
     "torch",
     "onnxruntime-training",
+    "onnxruntime-training-cpu",  # its CPU build, what Python 3.12 has (requirements/lock-py312.txt)
     "torch-ort",
     "onnx",
     "transformers",

@@ -73,6 +73,12 @@ def _fmt(value: Any) -> str:
     return "—" if value is None else str(value)
 
 
+def _ort_cpu(packages: dict) -> str:
+    """The CPU build's version (Python 3.12's lock), labelled, when the CUDA build is absent."""
+    version = packages.get("onnxruntime-training-cpu")
+    return f"{version} (-cpu)" if version else "—"
+
+
 def markdown(summary: Summary) -> str:
     s = RunSummary.coerce(summary)
     b = s.backend or BackendReport(requested="—", used="—")
@@ -100,7 +106,7 @@ def markdown(summary: Summary) -> str:
         f"- **Throughput:** {_fmt(t.get('samples_per_s'))} samples/s, "
         f"{_fmt(t.get('tokens_per_s'))} tokens/s",
         f"- **Versions:** ortft {pk.get('ortft', '—')}, torch {pk.get('torch', '—')}, "
-        f"onnxruntime-training {pk.get('onnxruntime-training', '—')}, "
+        f"onnxruntime-training {pk.get('onnxruntime-training') or _ort_cpu(pk)}, "
         f"transformers {pk.get('transformers', '—')}",
         f"- **Recipe sha256:** `{prov.recipe_sha256 or '—'}`; git commit "
         f"`{prov.git_commit or '—'}`{' (uncommitted changes)' if prov.git_dirty else ''}",

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ortft import __version__
+from ortft import __version__, ort_training
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 
@@ -49,6 +49,9 @@ DATA_PACKAGES = {  # distribution -> import name; they ship the quickstart's mod
 }
 # Installing one of these next to onnxruntime-training overwrites its `onnxruntime` package.
 CONFLICTING_ORT = ("onnxruntime", "onnxruntime-gpu")
+# Python 3.12's lock (requirements/lock-py312.txt) has ORT training's CPU build under this name
+# instead: the same `onnxruntime` package, the same version.
+ORT_CPU = "onnxruntime-training-cpu"
 EXT_FIX = "ortft doctor --fix"
 
 
@@ -119,23 +122,29 @@ def _check_torch(got: str | None) -> Check:
 
 
 def _check_ort(versions: dict[str, str | None]) -> Check:
-    got = versions.get("onnxruntime-training")
+    cuda_build, cpu_build = versions.get("onnxruntime-training"), versions.get(ORT_CPU)
+    dist = "onnxruntime-training" if cuda_build or not cpu_build else ORT_CPU
+    got = cuda_build or cpu_build
     want = KNOWN_GOOD["onnxruntime-training"]
+    pin = f"pip install {dist}=={want}"
     clash = [name for name in CONFLICTING_ORT if versions.get(name)]
+    if cuda_build and cpu_build:
+        clash.append(ORT_CPU)
     if got is None:
-        return Check("onnxruntime-training", FAIL, "not installed", _pin("onnxruntime-training"))
+        return Check("onnxruntime-training", FAIL, "not installed", pin)
     if clash:
         names = " ".join(clash)
         fix = (
             f"pip uninstall -y {names} && pip install --force-reinstall --no-deps "
-            f"onnxruntime-training=={want} && {EXT_FIX}"
+            f"{dist}=={want} && {EXT_FIX}"
         )
         value = f"{got}, but {', '.join(clash)} is installed too and shadows it"
         return Check("onnxruntime-training", FAIL, value, fix)
+    shown = got if dist == "onnxruntime-training" else f"{got} ({ORT_CPU}: CPU only)"
     if release(got) != release(want):
-        value = f"{got}: untested (known good: {want})"
-        return Check("onnxruntime-training", WARN, value, _pin("onnxruntime-training"))
-    return Check("onnxruntime-training", OK, got)
+        value = f"{shown}: untested (known good: {want})"
+        return Check("onnxruntime-training", WARN, value, pin)
+    return Check("onnxruntime-training", OK, shown)
 
 
 def _check_onnx(got: str | None) -> Check:
@@ -163,9 +172,10 @@ def _check_simple(name: str, got: str | None, missing: str) -> Check:
 def check_platform(python: tuple[int, int], system: str, machine: str) -> list[Check]:
     checks = []
     py = f"{python[0]}.{python[1]}"
-    if python != (3, 11):
+    if python not in ort_training.PYTHONS:
         fix = "make setup PYTHON=python3.11  (or create a Python 3.11 venv)"
-        checks.append(Check("python", FAIL, f"{py}: onnxruntime-training 1.19.2 needs 3.11", fix))
+        value = f"{py}: onnxruntime-training 1.19.2 needs {ort_training.pythons_text()}"
+        checks.append(Check("python", FAIL, value, fix))
     else:
         checks.append(Check("python", OK, f"{platform.python_version()} ({sys.executable})"))
     if (system, machine) != ("Linux", "x86_64"):
@@ -180,7 +190,7 @@ def check_platform(python: tuple[int, int], system: str, machine: str) -> list[C
 
 
 def gather_versions() -> dict[str, str | None]:
-    names = [*KNOWN_GOOD, *CONFLICTING_ORT, *EXTRAS, *DATA_PACKAGES, "numpy", "protobuf"]
+    names = [*KNOWN_GOOD, ORT_CPU, *CONFLICTING_ORT, *EXTRAS, *DATA_PACKAGES, "numpy", "protobuf"]
     found: dict[str, str | None] = {}
     for name in names:
         try:
@@ -269,7 +279,8 @@ def _gpu_visible() -> bool:
 
 
 def _probe_ort() -> list[Check]:
-    fix = _pin("onnxruntime-training").replace("install", "install --force-reinstall", 1)
+    dist = (ort_training.installed() or ("onnxruntime-training",))[0]  # -cpu on Python 3.12
+    fix = f"pip install --force-reinstall {dist}=={KNOWN_GOOD['onnxruntime-training']}"
     try:
         import onnxruntime as ort
     except Exception as err:

@@ -11,7 +11,8 @@ ORTModule needs a few small C++ extensions compiled against the installed torch
 
 Compiling takes minutes on 2 cores, so the built files are saved under
 ``${ORTFT_CACHE:-~/.cache/ortft}/extensions/<key>/`` (the key hashes the torch and
-onnxruntime-training versions, the Python version and whether CUDA is used) and copied back
+onnxruntime-training versions (and its distribution when it is the -cpu one), the Python
+version and whether CUDA is used) and copied back
 on the next set-up. ``python -m ortft.tools.extensions`` is what ``make setup`` runs; ``ortft doctor
 --fix`` calls :func:`ensure_built`.
 """
@@ -33,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ortft import fsutil
+from ortft import fsutil, ort_training
 from ortft.errors import OrtftError
 
 MARKER = "ortft-extensions.json"  # written next to the .so files: which key they were built for
@@ -123,13 +124,18 @@ def cuda_visible() -> bool:
 
 
 def key_inputs(cuda: bool) -> dict:
-    return {
+    ort = ort_training.installed()
+    inputs = {
         "torch": _dist_version("torch"),
-        "onnxruntime-training": _dist_version("onnxruntime-training"),
+        "onnxruntime-training": ort[1] if ort else None,
         "python": f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}",
         "platform": f"{sys.platform}-{platform.machine()}",
         "cuda": cuda,
     }
+    # Only when it is not the default distribution, so the keys of existing caches still hold.
+    if ort and ort[0] != "onnxruntime-training":
+        inputs["ort-distribution"] = ort[0]
+    return inputs
 
 
 def cache_key(inputs: dict) -> str:
