@@ -46,7 +46,10 @@ def test_slurm_script_launches_one_torchrun_agent_per_node(tmp_path: Path) -> No
     """srun and scontrol replaced by scripts: srun records its arguments, one per line."""
     bin_dir, record = tmp_path / "bin", tmp_path / "srun.args"
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    (bin_dir / "srun").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n'
+        f'echo "$TORCH_DISABLE_SHARE_RDZV_TCP_STORE" > {record}.share\n'
+    )
     (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'node-a\\nnode-b\\nnode-c\\n'\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
@@ -77,6 +80,8 @@ def test_slurm_script_launches_one_torchrun_agent_per_node(tmp_path: Path) -> No
     assert "training.max_steps=10" in rest
     assert rest[-2:] == ["--output-dir", str(ROOT / "runs" / "ortft-42")]
     assert "--nproc-per-node=4" in argv and "--rdzv-endpoint=node-a:29500" in argv
+    # the agents hand each restarted round a fresh store (see tests/test_multinode.py)
+    assert Path(f"{record}.share").read_text().strip() == "1"
 
 
 def test_slurm_script_needs_a_recipe() -> None:
@@ -103,6 +108,7 @@ def test_pytorchjob_has_what_the_training_operator_needs(job: dict) -> None:
         (container,) = [c for c in pod["containers"] if c["name"] == "pytorch"]
         assert container["image"]
         assert container["command"] == ["python", "-m", "torch.distributed.run"]
+        assert {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"} in container["env"]
         # Kubernetes expands $(VAR) from the container's environment (the operator sets these)
         args = [
             a.replace("$(MASTER_ADDR)", "ortft-ddp-master-0").replace("$(MASTER_PORT)", "23456")

@@ -169,3 +169,26 @@ def test_nproc_inside_torchrun_is_a_usage_error(recipe: Path) -> None:
     )
     assert res.returncode == 2
     assert "--nproc inside torchrun" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "warns"),
+    [
+        ({"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_USE_AGENT_STORE": "True"}, True),
+        ({"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_USE_AGENT_STORE": "False"}, False),
+        ({"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"}, False),
+        ({}, False),
+    ],
+)
+def test_restarts_over_a_shared_store_are_flagged(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], warns: bool
+) -> None:
+    """torchrun's restarts hang now and then over the store shared across rounds
+    (tests/test_multinode.py); the run says how to avoid it."""
+    from ortft.backends import distributed
+
+    for key in ("TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert distributed._restarts_share_a_store() is warns

@@ -130,11 +130,8 @@ def worker_of_node(agents: list, group_rank: int, timeout: float = 120) -> psuti
     raise AssertionError(f"no worker of node rank {group_rank} after {timeout} s")
 
 
-# slow: 1 run in 5 hung here (4 passed) on a 2-core machine at load ~10: after the restart
-# both new workers sat connected to the agent's store, with no gloo connection between them,
-# until the timeout; their TORCHELASTIC_RESTART_COUNT differed (0: the agent that restarted for
-# the waiting node, 1: the one whose worker failed). Not yet explained; see the README.
-@pytest.mark.slow
+# It hung 1 run in 5 before ENV set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (both new workers
+# connected to the first round's store, no gloo connection between them); 10 of 10 passed with it.
 def test_killed_worker_restarts_and_resumes_from_the_last_checkpoint(
     recipe: Path, tmp_path: Path
 ) -> None:

@@ -68,6 +68,12 @@ def setup(device: torch.device) -> torch.device:
         # reach. Imported here, before the group exists, its defaults are None (4 ms).
         import torch.distributed.nn as _dist_nn  # noqa: F401  (binds no local `torch`)
 
+        if _restarts_share_a_store() and os.environ.get("RANK") == "0":
+            log.warning(
+                "torchrun --max-restarts with the rendezvous store shared across rounds: a "
+                "restart can hang (pytorch#135712); set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+                "for torchrun, as examples/cluster/ does"
+            )
         # env:// rendezvous: MASTER_ADDR/MASTER_PORT (or torchrun's c10d store) from the environment
         torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
         # a failed run too leaves the group before interpreter finalization; no barrier there
@@ -85,6 +91,13 @@ def setup(device: torch.device) -> torch.device:
         world_size(),
     )
     return device
+
+
+def _restarts_share_a_store() -> bool:
+    """torchrun may restart the workers, and its agents hand every round's workers the first
+    round's store (torch 2.6's default): restarted workers can read the previous round's keys."""
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    return restarts > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 # every DDP wrapper wrap() made that is still alive: teardown takes the group out of them
