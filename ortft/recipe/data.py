@@ -75,6 +75,11 @@ class DataSection(Section):
     max_eval_samples: PositiveInt | None = Field(
         None, description="Use at most this many eval rows."
     )
+    num_proc: PositiveInt = Field(
+        1,
+        description="Processes that tokenize (datasets.map's num_proc) for tasks that tokenize "
+        "row by row (classification, token classification, seq2seq); the tokens are the same.",
+    )
 
     @model_validator(mode="after")
     def _buckets_fit(self) -> DataSection:

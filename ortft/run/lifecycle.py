@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ortft import backends, batches, checkpoint, data, fsutil, tasks
+from ortft import backends, batches, checkpoint, data, fsutil, tasks, tokenized
 from ortft.errors import GateError, InputError, Interrupted, OrtftError, RunError
 from ortft.progress import Progress
 from ortft.recipe.io import LoadedRecipe, dump
@@ -117,7 +117,7 @@ class _Run:
         labels = task.label_names(raw.train, r.data)  # None for tasks without labels
         tokenizer = self.engine.tokenizer(self.loaded, self.run_dir, task, raw.train, labels)
         label2id = {name: i for i, name in enumerate(labels)} if labels else None
-        train, evals = data.encode_splits(task, raw, tokenizer, r.data, label2id)
+        train, evals = tokenized.encode_splits(task, raw, tokenizer, r.data, label2id)
         global_batch = t.batch_size * started.world_size  # each rank trains on its slice
         per_epoch = data.batches_per_epoch(len(train), global_batch)
         if per_epoch == 0:
