@@ -300,7 +300,9 @@ app.add_typer(cache_app, name="cache")
 
 
 @cache_app.command("list")
-def cache_list(as_json: Annotated[bool, _json("One JSON list of entries on stdout.")] = False) -> None:
+def cache_list(
+    as_json: Annotated[bool, _json("One JSON list of entries on stdout.")] = False,
+) -> None:
     """Each cache entry: kind, size, age, rows and the source it was made from."""
     from ortft.tools import cache
 

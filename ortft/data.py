@@ -269,8 +269,13 @@ def _generate(spec: str) -> Iterator[dict[str, Any]]:
     on the columns the task reads (``spec``: JSON, part of the Arrow cache key)."""
     s = json.loads(spec)
     path, data = Path(s["path"]), DataSection.model_validate(s["data"])
-    check = RowCheck(**{k: tuple(v) if isinstance(v, list) else v for k, v in s["check"].items()})
-    rows = _iter_folder(path, data) if s["format"] == "folder" else _iter_file(path, s["format"], data)
+    fields: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in s["check"].items()
+    }
+    check = RowCheck(**fields)
+    rows = (
+        _iter_folder(path, data) if s["format"] == "folder" else _iter_file(path, s["format"], data)
+    )
     n = 0
     for n, row in enumerate(rows, 1):
         check(n, row)
@@ -337,7 +342,7 @@ def _from_datasets(source: str, fmt: str, split: str, path: Path | None) -> Any:
 def read_rows(loaded: LoadedRecipe, value: str, split: str, task: Task) -> Rows:
     """One source's rows, checked, as a memory-mapped Arrow dataset."""
     data = loaded.recipe.data
-    fmt = data.format
+    fmt: str = data.format
     if fmt == "hub" or (
         fmt == "auto" and not looks_local(value) and not loaded.resolve_path(value).exists()
     ):

@@ -89,7 +89,9 @@ class StreamEncoded(Encoded):
         self.seen += len(rows)
         out = tokenized._encode_batch(chunk, indices, self.task, self.tokenizer, self.spec,
                                       self.label2id)  # fmt: skip
-        return {k: v.astype(np.int64) if k in tokenized.MODEL_COLUMNS else v for k, v in out.items()}
+        return {
+            k: v.astype(np.int64) if k in tokenized.MODEL_COLUMNS else v for k, v in out.items()
+        }
 
     def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
         """Rows by position in the unshuffled stream (the export's parity samples)."""

@@ -208,8 +208,15 @@ def encode_splits(
         train, hit = encode(task, raw.train, tokenizer, spec, label2id,
                             [raw.fingerprint, "train"], spec.train)  # fmt: skip
     evals = (
-        encode(task, raw.eval, tokenizer, spec, label2id, [raw.fingerprint, "eval"],
-               spec.eval or f"{spec.train} (held out)")[0]  # fmt: skip
+        encode(
+            task,
+            raw.eval,
+            tokenizer,
+            spec,
+            label2id,
+            [raw.fingerprint, "eval"],
+            spec.eval or f"{spec.train} (held out)",
+        )[0]  # fmt: skip
         if raw.eval is not None
         else None
     )

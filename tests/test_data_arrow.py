@@ -11,13 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import write_classification_csv
 from ortft import data, tasks, tokenized
 from ortft.errors import InputError
 from ortft.recipe.io import LoadedRecipe, resolve_input_path
 from ortft.recipe.schema import Recipe
 
-ROWS = [{"text": f"row {i} " + "word " * (i % 7), "label": ["pos", "neg"][i % 2]} for i in range(25)]
+ROWS = [
+    {"text": f"row {i} " + "word " * (i % 7), "label": ["pos", "neg"][i % 2]} for i in range(25)
+]
 
 
 def _loaded(tmp_path: Path, train: str, **data_fields: object) -> LoadedRecipe:
@@ -65,9 +66,7 @@ def test_every_text_format_reads_into_arrow_row_for_row(tmp_path: Path, fmt: str
     loaded = _loaded(tmp_path, name)
     task = tasks.get("sequence-classification")
     rows = data.read_rows(loaded, name, "train", task)
-    expected = (
-        sorted(ROWS, key=lambda r: (r["label"], ROWS.index(r))) if fmt == "folder" else ROWS
-    )
+    expected = sorted(ROWS, key=lambda r: (r["label"], ROWS.index(r))) if fmt == "folder" else ROWS
     assert [dict(r) for r in rows] == [
         {"text": r["text"].strip() if fmt == "folder" else r["text"], "label": r["label"]}
         for r in expected

@@ -121,6 +121,9 @@ class _Run:
         train, evals = tokenized.encode_splits(task, raw, tokenizer, r.data, label2id)
         global_batch = t.batch_size * started.world_size  # each rank trains on its slice
         stream = streaming.is_stream(train)  # data.streaming: no length, max_steps given
+        make_batches: Any = (
+            train.train_batches if stream else partial(batches.train_batches, train)  # type: ignore[attr-defined]
+        )
         per_epoch = 0 if stream else data.batches_per_epoch(len(train), global_batch)
         if per_epoch == 0 and not stream:
             world = f" x {started.world_size} processes" if started.world_size > 1 else ""
@@ -152,7 +155,7 @@ class _Run:
             engine=self.engine, task=task, training=t, steps=steps, global_batch=global_batch,
             per_epoch=per_epoch, eval_data=evals, tokenizer=tokenizer, tracker=self.tracker,
             # the same seeded order in every process, cut into global batches
-            batches=(train.train_batches if stream else partial(batches.train_batches, train))(
+            batches=make_batches(
                 global_batch, t.seed, r.data.shuffle, start_micro=self.state.micro_step,
                 group_by_length=r.data.group_by_length,
             ),
