@@ -258,7 +258,7 @@ def _check_table(ds: Any, check: RowCheck) -> None:
         outside = pc.invert(pc.is_in(labels, value_set=pc.cast(list(check.allowed), "string")))
         if pc.any(outside).as_py():
             n = int(pc.index(outside, True).as_py())
-            check(n + 1, {check.label_column: labels[n].as_py(), **dict.fromkeys(check.needed, "")})
+            check(n + 1, {**dict.fromkeys(check.needed, ""), check.label_column: labels[n].as_py()})
 
 
 # --------------------------------------------------------------------------- rows in Arrow
@@ -328,8 +328,8 @@ def _from_datasets(source: str, fmt: str, split: str, path: Path | None) -> Any:
             ds = datasets.Dataset.from_parquet(str(path), cache_dir=cache_dir)
         elif fmt == "disk":
             ds = datasets.load_from_disk(str(path))
-        else:
-            ds = datasets.load_dataset(source, split=split, cache_dir=cache_dir)
+        else:  # the Hub's own cache (~/.cache/huggingface): where offline copies already are
+            ds = datasets.load_dataset(source, split=split)
     except Exception as err:  # noqa: BLE001 - datasets raises many types; report one line
         raise InputError(f"{source}: cannot load dataset ({type(err).__name__}: {err})") from None
     if isinstance(ds, datasets.DatasetDict):

@@ -257,3 +257,22 @@ def test_what_a_stream_cannot_do_is_a_recipe_error(fields: dict, message: str) -
         base[section] = {**base.get(section, {}), **values} if isinstance(values, dict) else values
     with pytest.raises(ValidationError, match=message):
         Recipe.model_validate(base)
+
+
+@pytest.mark.parametrize(
+    "bad, fields, message",
+    [
+        ({"text": None, "label": "pos"}, {}, r"d.parquet: row 4: missing column text"),
+        ({"text": "x", "label": "odd"}, {"label_names": ["pos", "neg"]}, r"row 4: label 'odd'"),
+        (None, {"text_column": "body"}, r"missing column body \(has: label, text\)"),
+    ],
+)
+def test_parquet_rows_are_checked_column_wise(tmp_path, bad, fields, message) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = ROWS[:3] + ([bad] if bad else []) + ROWS[3:6]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    loaded = _loaded(tmp_path, "d.parquet", **fields)
+    with pytest.raises(InputError, match=message):
+        data.read_rows(loaded, "d.parquet", "train", tasks.get("sequence-classification"))
