@@ -356,7 +356,7 @@ def train_once(recipe_path: Path, run_dir: Path, env: dict) -> dict:
     }
 
 
-def bench(rows: int, work: Path, repeats: int) -> dict:
+def bench(rows: int, work: Path, repeats: int, compare: bool = True) -> dict:
     folder = work / f"rows-{rows}"
     folder.mkdir(parents=True, exist_ok=True)
     csv_path = folder / "train.csv"
@@ -371,6 +371,8 @@ def bench(rows: int, work: Path, repeats: int) -> dict:
     result: dict = {"rows": rows, "csv_mb": round(csv_path.stat().st_size / 2**20, 1)}
     result["first"] = train_once(recipe_path, folder / "run-1", env)
     result["second"] = train_once(recipe_path, folder / "run-2", env)
+    if not compare:
+        return result
     out = subprocess.run(
         [sys.executable, "-c", TOKENIZE, str(recipe_path), str(repeats), str(folder)],
         env=env, capture_output=True, text=True, check=True,
@@ -386,12 +388,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="100000,1000000", help="comma-separated row counts")
     ap.add_argument("--repeats", type=int, default=2, help="tokenization runs of each (best)")
+    ap.add_argument(
+        "--compare",
+        default=None,
+        help="comma-separated row counts to run the tokenization comparison at (default: all)",
+    )
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ortft-bench-data")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "data.json")
     args = ap.parse_args()
     results = []
+    compare = {int(x) for x in (args.compare or args.rows).split(",")}
     for n in [int(x) for x in args.rows.split(",")]:
-        results.append(bench(n, args.work, args.repeats))
+        results.append(bench(n, args.work, args.repeats, n in compare))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"results": results}, indent=2) + "\n")
