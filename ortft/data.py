@@ -36,6 +36,8 @@ log = logging.getLogger("ortft")
 # bumped when what a reader yields changes: part of the Arrow cache key of every text source
 READER_VERSION = 2
 CHUNK = 1 << 20  # streaming readers read 1 MiB at a time
+# rows per Arrow record batch of a source's rows (see tokenized.ROW_BATCH: fewer pages touched)
+WRITER_BATCH = 10_000
 
 
 def cache_root() -> Path:
@@ -304,7 +306,10 @@ def _from_text(path: Path, fmt: str, data: DataSection, check: RowCheck) -> Any:
     )
     try:
         return datasets.Dataset.from_generator(
-            _generate, gen_kwargs={"spec": spec}, cache_dir=str(cache_root() / "datasets")
+            _generate,
+            gen_kwargs={"spec": spec},
+            cache_dir=str(cache_root() / "datasets"),
+            writer_batch_size=WRITER_BATCH,
         )
     except Exception as err:  # noqa: BLE001 - datasets wraps the generator's own error
         cause: BaseException | None = err

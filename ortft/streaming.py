@@ -102,7 +102,11 @@ class StreamEncoded(Encoded):
     def train_batches(self, batch_size: int, seed: int, shuffle: bool, start_micro: int = 0,
                       group_by_length: bool = False) -> Iterator[tuple[int, dict[str, np.ndarray]]]:  # fmt: skip
         """(epoch, batch) forever, as ``batches.train_batches`` does for stored rows."""
-        size = batch_size * (batches.GROUP_BATCHES if group_by_length else 1)
+        # a chunk is tokenized in one call: whole batches, 50 of them when grouped by length
+        per_chunk = (
+            batches.GROUP_BATCHES if group_by_length else max(1, tokenized.ROW_BATCH // batch_size)
+        )
+        size = batch_size * per_chunk
         ds = self.rows.dataset
         if shuffle:
             ds = ds.shuffle(seed=seed, buffer_size=self.spec.shuffle_buffer)

@@ -211,9 +211,11 @@ def _take(it, n):
 
 
 @pytest.mark.parametrize("group", [False, True])
-def test_an_unshuffled_stream_gives_the_stored_batches(tmp_path, tokenizer, group) -> None:
+def test_an_unshuffled_stream_gives_the_stored_batches(tmp_path, tokenizer, group, monkeypatch):
     from ortft import batches
 
+    monkeypatch.setattr(batches, "GROUP_BATCHES", 5)  # several chunks and groups per epoch
+    monkeypatch.setattr(tokenized, "ROW_BATCH", 12)
     stored, stream = _stream_and_stored(tmp_path, tokenizer, streaming=True)
     want = _take(batches.train_batches(stored, 4, 0, False, group_by_length=group), 70)
     got = _take(stream.train_batches(4, 0, False, group_by_length=group), 70)  # 2+ epochs
@@ -223,7 +225,11 @@ def test_an_unshuffled_stream_gives_the_stored_batches(tmp_path, tokenizer, grou
 
 
 @pytest.mark.parametrize("group", [False, True])
-def test_a_shuffled_stream_resumes_at_the_same_batch(tmp_path, tokenizer, group) -> None:
+def test_a_shuffled_stream_resumes_at_the_same_batch(tmp_path, tokenizer, group, monkeypatch):
+    from ortft import batches
+
+    monkeypatch.setattr(batches, "GROUP_BATCHES", 5)
+    monkeypatch.setattr(tokenized, "ROW_BATCH", 12)
     _, stream = _stream_and_stored(tmp_path, tokenizer, streaming=True, shuffle_buffer=16)
     whole = _take(stream.train_batches(2, 7, True, group_by_length=group), 80)
     resumed = _take(stream.train_batches(2, 7, True, start_micro=71, group_by_length=group), 9)
