@@ -33,7 +33,7 @@ from ortft.tasks import Task
 
 log = logging.getLogger("ortft")
 
-# bumped when what a reader yields changes: part of the Arrow cache key of every text source
+# bump when what a reader yields changes: part of the Arrow cache key of every text source
 READER_VERSION = 2
 CHUNK = 1 << 20  # streaming readers read 1 MiB at a time
 # rows per Arrow record batch of a source's rows (see tokenized.ROW_BATCH: fewer pages touched)
@@ -310,6 +310,10 @@ def _from_text(path: Path, fmt: str, data: DataSection, check: RowCheck) -> Any:
             gen_kwargs={"spec": spec},
             cache_dir=str(cache_root() / "datasets"),
             writer_batch_size=WRITER_BATCH,
+            # the key of the Arrow copy: what is read, how (READER_VERSION), the files' sizes
+            # and mtimes. Given, it spares datasets hashing _generate's module by value (which
+            # imports torch whenever it is in sys.modules)
+            fingerprint=hashlib.sha256(spec.encode()).hexdigest()[:16],
         )
     except Exception as err:  # noqa: BLE001 - datasets wraps the generator's own error
         cause: BaseException | None = err
