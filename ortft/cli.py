@@ -323,7 +323,8 @@ def cache_prune(
     from ortft.tools import cache
 
     gone = _run(cache.prune, older_than, everything, dry_run)
-    typer.echo(json.dumps(gone, indent=2) if as_json else cache.format_table(gone))
+    verb = "would be removed" if dry_run else "removed"
+    typer.echo(json.dumps(gone, indent=2) if as_json else cache.format_table(gone, verb))
 
 
 @app.command()

@@ -90,7 +90,8 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def format_table(found: list[dict[str, Any]]) -> str:
+def format_table(found: list[dict[str, Any]], verb: str = "") -> str:
+    """One line per entry, then the count and total size (``verb``: e.g. "removed")."""
     lines = [f"{'kind':<10} {'size':>9} {'age':>6} {'rows':>9}  source  (path)"]
     for e in found:
         rows = "" if e["rows"] is None else str(e["rows"])
@@ -100,7 +101,9 @@ def format_table(found: list[dict[str, Any]]) -> str:
             f"{src}  ({e['path']})"
         )
     total = sum(e["bytes"] for e in found)
-    lines.append(f"{len(found)} entries, {_human(total)} in {data.cache_root()}")
+    lines.append(
+        f"{len(found)} entries, {_human(total)}{' ' + verb if verb else ''} in {data.cache_root()}"
+    )
     return "\n".join(lines)
 
 
