@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU
 
-.PHONY: help setup demo doctor test test-py312 test-recipes test-consumer test-slow quality style bench bench-peer soak-ddp gpu-check clean
+.PHONY: help setup demo doctor test test-py312 test-recipes test-consumer test-slow quality style bench bench-peer bench-data soak-ddp gpu-check clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -23,6 +23,7 @@ help:
 	@echo "make style      apply ruff fixes and formatting"
 	@echo "make bench      ORT vs PyTorch on the CPU recipes in recipes/bench/; JSON in benchmarks/results/"
 	@echo "make bench-peer ortft (torch, ort) vs transformers' Trainer, same fine-tune (CPU, ~30 min)"
+	@echo "make bench-data tokenization speed, cached start, peak RSS at 100k and 1M rows (CPU, ~30 min)"
 	@echo "make soak-ddp   2-process DDP N times (N=20): counts failed exits (SOAK_MODE=train)"
 	@echo "make gpu-check  on a GPU machine: doctor, GPU benches, fused Adam, DDP; JSON in benchmarks/results/"
 	@echo "make clean      remove $(VENV) and build/test caches (keeps ~/.cache/ortft)"
@@ -84,6 +85,13 @@ PEER_ARGS ?= --pairs 5
 bench-peer: setup
 	@mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/peer.py $(PEER_ARGS) --out benchmarks/results/peer.json
+
+# Data bigger than memory: tokenization rows/s (ortft vs a plain datasets.map), the cached second
+# run's time to its first step, peak RSS of a 20-step run, at each row count. Not in CI.
+DATA_ARGS ?= --rows 100000,1000000
+bench-data: setup
+	@mkdir -p benchmarks/results
+	nice -n 10 $(BIN)/python benchmarks/data.py $(DATA_ARGS) --out benchmarks/results/data.json
 
 # Not CI: the 2-process DDP run N times, counting the runs that fail (the SIGABRT at rank exit
 # that teardown now prevents); one line a run, then the failed runs' stderr tails.

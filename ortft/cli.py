@@ -292,6 +292,41 @@ def list_recipes() -> None:
         typer.echo(f"{path}\t{summary}")
 
 
+cache_app = typer.Typer(
+    help="List and prune the data caches (tokenized splits, rows in Arrow) under ORTFT_CACHE.",
+    no_args_is_help=True,
+)
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("list")
+def cache_list(
+    as_json: Annotated[bool, _json("One JSON list of entries on stdout.")] = False,
+) -> None:
+    """Each cache entry: kind, size, age, rows and the source it was made from."""
+    from ortft.tools import cache
+
+    found = _run(cache.entries)
+    typer.echo(json.dumps(found, indent=2) if as_json else cache.format_table(found))
+
+
+@cache_app.command("prune")
+def cache_prune(
+    older_than: Annotated[
+        str | None, typer.Option("--older-than", help="Remove entries older than this (7d, 12h).")
+    ] = None,
+    everything: Annotated[bool, typer.Option("--all", help="Remove every entry.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go.")] = False,
+    as_json: Annotated[bool, _json("The removed entries as JSON on stdout.")] = False,
+) -> None:
+    """Remove cache entries (rebuilt by the next run that needs them); incomplete ones always."""
+    from ortft.tools import cache
+
+    gone = _run(cache.prune, older_than, everything, dry_run)
+    verb = "would be removed" if dry_run else "removed"
+    typer.echo(json.dumps(gone, indent=2) if as_json else cache.format_table(gone, verb))
+
+
 @app.command()
 def doctor(
     as_json: Annotated[bool, _json("Machine-readable report on stdout.")] = False,

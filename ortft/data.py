@@ -1,13 +1,16 @@
-"""Data: read rows from files / folders / datasets, split, tokenize once (cached), batch.
+"""Data: read rows from files / folders / datasets into Arrow (Hugging Face ``datasets``), split.
 
-Everything the model sees is a fixed [batch_size, max_length] array, so ORTModule exports
-its graph once instead of on every new shape. Batch order comes from a seeded permutation
-per epoch, so a resumed run sees exactly the batches an uninterrupted one would.
+Rows are never held in memory as Python objects: every source becomes a memory-mapped Arrow
+dataset in ``<ORTFT_CACHE>/datasets`` (csv/tsv/json/jsonl/txt/folders through ortft's own
+streaming readers, so quoting, UTF-8 handling and the file:line of a bad row stay exactly as
+they were; parquet, saved datasets and the Hub through ``datasets`` itself). Tokenizing and the
+tokenized cache are ``ortft/tokenized.py``; batches are ``ortft/batches.py``.
 """
 
 from __future__ import annotations
 
 import bz2
+import codecs
 import csv
 import gzip
 import hashlib
@@ -15,32 +18,42 @@ import io
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ortft import batches, fsutil
+from ortft import batches
 from ortft.errors import InputError
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import DataSection
-from ortft.tasks import Encoded, Task
+from ortft.tasks import Task
 
 log = logging.getLogger("ortft")
 
-CACHE_VERSION = 1
-
-
-# data fields that change how batches are cut, not what is tokenized (not in the cache key)
-BATCHING_FIELDS = {"padding", "pad_to_multiple_of", "buckets", "group_by_length", "shuffle"}
+# bump when what a reader yields changes: part of the Arrow cache key of every text source
+READER_VERSION = 2
+CHUNK = 1 << 20  # streaming readers read 1 MiB at a time
+# rows per Arrow record batch of a source's rows (see tokenized.ROW_BATCH: fewer pages touched)
+WRITER_BATCH = 10_000
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("ORTFT_CACHE", Path.home() / ".cache" / "ortft"))
 
 
-# --------------------------------------------------------------------------- reading rows
+def quiet_datasets() -> Any:
+    """``datasets``, imported with its progress bars and info logs off (ortft logs its own)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+# --------------------------------------------------------------------------- text sources
 
 
 def _infer_format(path: Path) -> str:
@@ -55,97 +68,276 @@ def _infer_format(path: Path) -> str:
     raise InputError(f"{path}: cannot tell the data format from the name; set data.format")
 
 
+def _open_binary(path: Path) -> Any:
+    name = path.name.lower()
+    if name.endswith(".bz2"):
+        return bz2.open(path, "rb")
+    return gzip.open(path, "rb") if name.endswith(".gz") else open(path, "rb")
+
+
 def _open_text(path: Path, errors: str) -> io.TextIOBase:
     # utf-8-sig: a byte-order mark (common in spreadsheet exports) must not become part of
     # the first column's name
     name = path.name.lower()
-    if name.endswith(".bz2"):
-        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8-sig", errors=errors)
-    if name.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", errors=errors)
+    if name.endswith((".bz2", ".gz")):
+        return io.TextIOWrapper(_open_binary(path), encoding="utf-8-sig", errors=errors)
     return open(path, encoding="utf-8-sig", errors=errors, newline="")
 
 
 def _not_utf8(path: Path) -> InputError:
-    """Strict decoding, never silent U+FFFD: name the file and the line of the first bad byte."""
-    name = path.name.lower()
-    opener = bz2.open if name.endswith(".bz2") else gzip.open if name.endswith(".gz") else open
-    with opener(path, "rb") as fh:
-        raw = fh.read()
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        return InputError(
-            f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); "
-            "convert the file to UTF-8 or set data.decode_errors=replace"
-        )
+    """Strict decoding, never silent U+FFFD: name the file and the line of the first bad byte
+    (read in 1 MiB chunks, so a large file is never loaded whole)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    line, offset = 1, 0
+    with _open_binary(path) as fh:
+        while chunk := fh.read(CHUNK):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as err:
+                # the error's position is within this chunk plus what the decoder held back
+                held = len(err.object) - len(chunk)
+                at = max(err.start - held, 0)
+                line += chunk.count(b"\n", 0, at)
+                return InputError(
+                    f"{path}:{line}: not UTF-8 text (byte 0x{err.object[err.start]:02x}); "
+                    "convert the file to UTF-8 or set data.decode_errors=replace"
+                )
+            line += chunk.count(b"\n")
+            offset += len(chunk)
     return InputError(
         f"{path}: not UTF-8 text; convert the file to UTF-8 or set data.decode_errors=replace"
     )
 
 
-def _read_folder(path: Path, data: DataSection) -> list[dict[str, Any]]:
+def _iter_folder(path: Path, data: DataSection) -> Iterator[dict[str, Any]]:
     """A folder of class sub-folders, each holding one .txt document per example."""
-    rows = []
+    found = False
     for label_dir in sorted(p for p in path.iterdir() if p.is_dir()):
         for doc in sorted(label_dir.glob("*.txt")):
             try:
                 text = doc.read_text(encoding="utf-8", errors=data.decode_errors).strip()
             except UnicodeDecodeError:
                 raise _not_utf8(doc) from None
-            rows.append({data.text_column: text, data.label_column: label_dir.name})
-    if not rows:
+            found = True
+            yield {data.text_column: text, data.label_column: label_dir.name}
+    if not found:
         raise InputError(f"{path}: no <label>/<doc>.txt files in this folder")
-    return rows
 
 
-def _read_file(path: Path, fmt: str, data: DataSection) -> list[dict[str, Any]]:
+def _paragraphs(fh: io.TextIOBase) -> Iterator[str]:
+    """``fh.read().split("\\n\\n")``, stripped and without empty ones, read 1 MiB at a time."""
+    rest = ""
+    while chunk := fh.read(CHUNK):
+        *done, rest = (rest + chunk).split("\n\n")
+        yield from (p.strip() for p in done if p.strip())
+    if rest.strip():
+        yield rest.strip()
+
+
+def _iter_jsonl(fh: io.TextIOBase, path: Path) -> Iterator[Any]:
+    for n, line in enumerate(fh, 1):
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+
+
+def _iter_json(fh: io.TextIOBase, path: Path) -> Iterator[Any]:
+    # one JSON document is parsed whole; jsonl is the format for data bigger than memory
     try:
-        return _parse_file(path, fmt, data)
+        obj = json.load(fh)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    if isinstance(obj, dict) and "data" in obj:
+        obj = obj["data"]
+    if not isinstance(obj, list):
+        raise InputError(f"{path}: JSON data must be a list of objects")
+    yield from obj
+
+
+def _iter_file(path: Path, fmt: str, data: DataSection) -> Iterator[Any]:
+    """The rows of a text file, one at a time."""
+    try:
+        with _open_text(path, data.decode_errors) as fh:
+            if fmt in {"csv", "tsv"}:
+                yield from csv.DictReader(fh, delimiter="\t" if fmt == "tsv" else ",")
+            elif fmt == "jsonl":
+                yield from _iter_jsonl(fh, path)
+            elif fmt == "json":
+                yield from _iter_json(fh, path)
+            elif fmt == "txt":  # one example per blank-line-separated paragraph
+                yield from ({data.text_column: p} for p in _paragraphs(fh))
+            else:
+                raise InputError(f"{path}: unsupported format {fmt}")
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
 
 
-def _parse_file(path: Path, fmt: str, data: DataSection) -> list[dict[str, Any]]:
-    with _open_text(path, data.decode_errors) as fh:
-        if fmt in {"csv", "tsv"}:
-            return list(csv.DictReader(fh, delimiter="\t" if fmt == "tsv" else ","))
-        if fmt == "jsonl":
-            rows = []
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as err:
-                        raise InputError(f"{path}:{n}: not valid JSON ({err.msg})") from None
-            return rows
-        if fmt == "json":
-            try:
-                obj = json.load(fh)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
-            if isinstance(obj, dict) and "data" in obj:
-                obj = obj["data"]
-            if not isinstance(obj, list):
-                raise InputError(f"{path}: JSON data must be a list of objects")
-            return obj
-        if fmt == "txt":
-            # one example per blank-line-separated paragraph
-            paragraphs = [p.strip() for p in fh.read().split("\n\n")]
-            return [{data.text_column: p} for p in paragraphs if p]
-    raise InputError(f"{path}: unsupported format {fmt}")
+def _read_file(path: Path, fmt: str, data: DataSection) -> list[dict[str, Any]]:
+    """All rows of a text file as a list (small files: tests, ``ortft eval --data``)."""
+    return list(_iter_file(path, fmt, data))
 
 
-def _read_datasets(source: str, fmt: str, split: str, path: Path | None) -> list[dict[str, Any]]:
-    import datasets  # heavy: only for parquet, saved datasets and the Hub
+# --------------------------------------------------------------------------- row checks
 
+
+@dataclass(frozen=True)
+class RowCheck:
+    """What every row of a source must hold, checked as the rows stream past (a later row
+    without a column would otherwise fail mid-run)."""
+
+    source: str
+    needed: tuple[str, ...]  # columns every row must have (a null counts as missing)
+    keep: tuple[str, ...]  # the columns the task reads: what is stored in Arrow
+    label_column: str | None = None  # with allowed: the column checked against it
+    allowed: tuple[str, ...] | None = None  # data.label_names, when given
+    hint: str = "set data.text_column / data.label_column"
+
+    @classmethod
+    def of(cls, source: str, data: DataSection, task: Task) -> RowCheck:
+        own = task.own_columns  # the task's task.*_column options, not data.*_column
+        allowed = (
+            tuple(data.label_names) if task.needs_labels and data.label_names and not own else None
+        )
+        needed = tuple(task.columns(data))
+        return cls(
+            source=source,
+            needed=needed,
+            keep=tuple(dict.fromkeys([*needed, *task.read_columns(data)])),
+            label_column=data.label_column if allowed else None,
+            allowed=allowed,
+            hint="set the task's column options (task.*_column)" if own else cls.hint,
+        )
+
+    def __call__(self, n: int, row: Any) -> None:
+        if not isinstance(row, dict):
+            kind = type(row).__name__
+            raise InputError(f"{self.source}: row {n} is a {kind}, not an object of columns")
+        missing = [c for c in self.needed if row.get(c) is None]
+        if missing:
+            where = f"row {n}: " if n > 1 else ""
+            has = ", ".join(sorted(str(k) for k, v in row.items() if v is not None))
+            raise InputError(
+                f"{self.source}: {where}missing column {', '.join(missing)} (has: {has}); "
+                + self.hint
+            )
+        if self.allowed is not None and str(row[self.label_column]) not in self.allowed:
+            raise InputError(
+                f"{self.source}: row {n}: label '{row[self.label_column]}' is not one of "
+                f"data.label_names {list(self.allowed)}"
+            )
+
+
+def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, task: Task) -> None:
+    """Check rows already in memory (``ortft eval --data``)."""
+    if not rows:
+        raise InputError(f"{source}: no rows")
+    check = RowCheck.of(source, data, task)
+    for n, row in enumerate(rows, 1):
+        check(n, row)
+
+
+def _check_table(ds: Any, check: RowCheck) -> None:
+    """The same checks on an Arrow dataset (parquet, saved datasets, the Hub), column-wise."""
+    import pyarrow.compute as pc
+
+    if len(ds) == 0:
+        raise InputError(f"{check.source}: no rows")
+    absent = [c for c in check.needed if c not in ds.column_names]
+    if absent:
+        raise InputError(
+            f"{check.source}: missing column {', '.join(absent)} "
+            f"(has: {', '.join(sorted(ds.column_names))}); {check.hint}"
+        )
+    table = ds.with_format("arrow")[:]  # a view of the memory-mapped table (no copy)
+    for c in check.needed:
+        nulls = pc.is_null(table[c])
+        if pc.any(nulls).as_py():
+            check(int(pc.index(nulls, True).as_py()) + 1, {c: None})
+    if check.allowed is not None:
+        labels = pc.cast(table[check.label_column], "string")
+        outside = pc.invert(pc.is_in(labels, value_set=pc.cast(list(check.allowed), "string")))
+        if pc.any(outside).as_py():
+            n = int(pc.index(outside, True).as_py())
+            check(n + 1, {**dict.fromkeys(check.needed, ""), check.label_column: labels[n].as_py()})
+
+
+# --------------------------------------------------------------------------- rows in Arrow
+
+
+def _generate(spec: str) -> Iterator[dict[str, Any]]:
+    """``Dataset.from_generator``'s generator: the checked rows of one text source, projected
+    on the columns the task reads (``spec``: JSON, part of the Arrow cache key)."""
+    s = json.loads(spec)
+    path, data = Path(s["path"]), DataSection.model_validate(s["data"])
+    fields: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in s["check"].items()
+    }
+    check = RowCheck(**fields)
+    rows = (
+        _iter_folder(path, data) if s["format"] == "folder" else _iter_file(path, s["format"], data)
+    )
+    n = 0
+    for n, row in enumerate(rows, 1):
+        check(n, row)
+        yield {c: row.get(c) for c in check.keep}
+    if n == 0:
+        raise InputError(f"{check.source}: no rows")
+
+
+def _stat_key(path: Path) -> list[str]:
+    files = sorted(path.rglob("*")) if path.is_dir() else [path]
+    return [f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.is_file()]
+
+
+def _from_text(path: Path, fmt: str, data: DataSection, check: RowCheck) -> Any:
+    datasets = quiet_datasets()
+    spec = json.dumps(
+        {
+            "version": READER_VERSION,
+            "path": str(path),
+            "format": fmt,
+            "files": _stat_key(path),  # a changed file is read again
+            "data": data.model_dump(mode="json"),
+            "check": {k: getattr(check, k) for k in check.__dataclass_fields__},
+        },
+        sort_keys=True,
+    )
+    try:
+        return datasets.Dataset.from_generator(
+            _generate,
+            gen_kwargs={"spec": spec},
+            cache_dir=str(cache_root() / "datasets"),
+            writer_batch_size=WRITER_BATCH,
+            # the key of the Arrow copy: what is read, how (READER_VERSION), the files' sizes
+            # and mtimes. Given, it spares datasets hashing _generate's module by value (which
+            # imports torch whenever it is in sys.modules)
+            fingerprint=hashlib.sha256(spec.encode()).hexdigest()[:16],
+        )
+    except Exception as err:  # noqa: BLE001 - datasets wraps the generator's own error
+        cause: BaseException | None = err
+        while cause is not None and not isinstance(cause, InputError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from None
+        raise InputError(f"{path}: cannot store the rows in Arrow ({_one_line(err)})") from None
+
+
+def _one_line(err: BaseException) -> str:
+    inner = err.__cause__ or err
+    return f"{type(inner).__name__}: {str(inner).splitlines()[0] if str(inner) else ''}"
+
+
+def _from_datasets(source: str, fmt: str, split: str, path: Path | None) -> Any:
+    datasets = quiet_datasets()
+    cache_dir = str(cache_root() / "datasets")
     try:
         if fmt == "parquet":
-            ds = datasets.Dataset.from_parquet(str(path))
+            ds = datasets.Dataset.from_parquet(str(path), cache_dir=cache_dir)
         elif fmt == "disk":
             ds = datasets.load_from_disk(str(path))
-        else:
+        else:  # the Hub's own cache (~/.cache/huggingface): where offline copies already are
             ds = datasets.load_dataset(source, split=split)
     except Exception as err:  # noqa: BLE001 - datasets raises many types; report one line
         raise InputError(f"{source}: cannot load dataset ({type(err).__name__}: {err})") from None
@@ -153,67 +345,72 @@ def _read_datasets(source: str, fmt: str, split: str, path: Path | None) -> list
         if split not in ds:
             raise InputError(f"{source}: no split '{split}' (has {', '.join(ds)})")
         ds = ds[split]
-    return ds.to_list()
+    return ds
 
 
-def read_rows(loaded: LoadedRecipe, value: str, split: str) -> list[dict[str, Any]]:
+def read_rows(loaded: LoadedRecipe, value: str, split: str, task: Task) -> Rows:
+    """One source's rows, checked, as a memory-mapped Arrow dataset."""
     data = loaded.recipe.data
-    fmt = data.format
+    fmt: str = data.format
     if fmt == "hub" or (
         fmt == "auto" and not looks_local(value) and not loaded.resolve_path(value).exists()
     ):
-        return _read_datasets(value, "hub", split, None)
+        ds = _from_datasets(value, "hub", split, None)
+        _check_table(ds, RowCheck.of(value, data, task))
+        return Rows(ds)
     path = loaded.resolve_path(value)
     if not path.exists():
         raise InputError(f"{path}: data file not found")
     fmt = _infer_format(path) if fmt == "auto" else fmt
+    check = RowCheck.of(value, data, task)
     if fmt in {"parquet", "disk"}:
-        return _read_datasets(value, fmt, split, path)
-    if fmt == "folder":
-        return _read_folder(path, data)
-    return _read_file(path, fmt, data)
+        ds = _from_datasets(value, fmt, split, path)
+        _check_table(ds, check)
+        return Rows(ds)
+    return Rows(_from_text(path, fmt, data, check))
 
 
-def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, task: Task) -> None:
-    if not rows:
-        raise InputError(f"{source}: no rows")
-    own_columns = task.own_columns  # the task's task.*_column options, not data.*_column
-    needed = task.columns(data)
-    # with data.label_names given, every row's label must be one of them (checked per file, here)
-    allowed = (
-        dict.fromkeys(data.label_names)
-        if task.needs_labels and data.label_names and not own_columns
-        else None
-    )
-    # every row, not just the first: a later row without a column would fail mid-run
-    for n, row in enumerate(rows, 1):
-        if not isinstance(row, dict):
-            kind = type(row).__name__
-            raise InputError(f"{source}: row {n} is a {kind}, not an object of columns")
-        missing = [c for c in needed if c not in row]
-        if not missing and allowed is not None and str(row[data.label_column]) not in allowed:
-            raise InputError(
-                f"{source}: row {n}: label '{row[data.label_column]}' is not one of "
-                f"data.label_names {list(allowed)}"
-            )
-        if missing:
-            where = f"row {n}: " if n > 1 else ""
-            raise InputError(
-                f"{source}: {where}missing column {', '.join(missing)} "
-                f"(has: {', '.join(sorted(map(str, row)))}); "
-                + (
-                    "set the task's column options (task.*_column)"
-                    if own_columns
-                    else "set data.text_column / data.label_column"
-                )
-            )
+class Rows:
+    """A split's rows: an Arrow dataset that reads like a list of dicts (a null value is a
+    missing key, as in the source row). Iterating reads 1000 rows at a time."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.dataset.iter(batch_size=1000):
+            yield from as_dicts(batch)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return as_dicts(self.dataset[index])
+        return as_dicts({k: [v] for k, v in self.dataset[index].items()})[0]
+
+    def select(self, index: Any) -> Rows:
+        return Rows(self.dataset.select(index))
+
+    @property
+    def fingerprint(self) -> str:
+        return self.dataset._fingerprint
+
+
+def as_dicts(batch: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """A column batch as row dicts, without the nulls Arrow filled in for absent keys."""
+    keys = list(batch)
+    return [
+        {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+        for values in zip(*batch.values(), strict=True)
+    ]
 
 
 @dataclass
 class RawSplits:
-    train: list[dict[str, Any]]
-    eval: list[dict[str, Any]]
-    fingerprint: str  # identifies the inputs for the tokenization cache
+    train: Any  # Rows, or streaming.StreamRows (data.streaming)
+    eval: Rows | None
+    fingerprint: str  # identifies the input files for the tokenization cache
 
 
 def _fingerprint(loaded: LoadedRecipe, values: list[str | None]) -> str:
@@ -226,108 +423,58 @@ def _fingerprint(loaded: LoadedRecipe, values: list[str | None]) -> str:
             path = loaded.resolve_path(value)
         except Exception:  # noqa: BLE001
             continue
-        files = sorted(path.rglob("*")) if path.is_dir() else [path]
-        for f in files:
-            if f.is_file():
-                st = f.stat()
-                h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode())
+        if path.exists():
+            h.update("\n".join(_stat_key(path)).encode())
     return h.hexdigest()[:16]
 
 
 def load_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
     r = loaded.recipe
     data = r.data
-    train = read_rows(loaded, data.train, data.split)
-    _check_columns(train, data.train, data, task)
+    if data.streaming:  # train rows read as they stream (ortft/streaming.py); eval stored
+        return _stream_splits(loaded, task)
+    train = read_rows(loaded, data.train, data.split, task)
+    evals: Rows | None = None
     if data.eval:
-        evals = read_rows(loaded, data.eval, data.eval_split or "validation")
-        _check_columns(evals, data.eval, data, task)
+        evals = read_rows(loaded, data.eval, data.eval_split or "validation", task)
     elif data.format == "hub" and data.eval_split:
-        evals = read_rows(loaded, data.train, data.eval_split)
+        evals = read_rows(loaded, data.train, data.eval_split, task)
     elif data.eval_fraction > 0:
         # a seeded shuffle, then the tail is held out: the same split on every run
         order = np.random.default_rng(r.training.seed).permutation(len(train))
         n_eval = max(1, int(round(len(train) * data.eval_fraction)))
-        evals = [train[i] for i in order[:n_eval]]
-        train = [train[i] for i in order[n_eval:]]
-    else:
-        evals = []
-    if data.max_train_samples:
-        train = train[: data.max_train_samples]
-    if data.max_eval_samples:
-        evals = evals[: data.max_eval_samples]
+        evals, train = train.select(order[:n_eval]), train.select(order[n_eval:])
+    if data.max_train_samples and data.max_train_samples < len(train):
+        train = train.select(range(data.max_train_samples))
+    if evals is not None and data.max_eval_samples and data.max_eval_samples < len(evals):
+        evals = evals.select(range(data.max_eval_samples))
     fp = _fingerprint(loaded, [data.train, data.eval])
-    return RawSplits(train=train, eval=evals, fingerprint=fp)
+    return RawSplits(train=train, eval=evals or None, fingerprint=fp)
 
 
-def label_names(rows: list[dict[str, Any]], data: DataSection) -> list[str]:
+def _stream_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
+    from ortft import streaming
+
+    data = loaded.recipe.data
+    train: Any = streaming.read(loaded, data.train, data.split, task)
+    if data.max_train_samples:
+        train.dataset = train.dataset.take(data.max_train_samples)
+    evals = None
+    if data.eval:
+        evals = read_rows(loaded, data.eval, data.eval_split or "validation", task)
+    elif data.format == "hub" and data.eval_split:
+        evals = read_rows(loaded, data.train, data.eval_split, task)
+    if evals is not None and data.max_eval_samples and data.max_eval_samples < len(evals):
+        evals = evals.select(range(data.max_eval_samples))
+    return RawSplits(train=train, eval=evals, fingerprint=_fingerprint(loaded, [data.eval]))
+
+
+def label_names(rows: Any, data: DataSection) -> list[str]:
     if data.label_names:
         return list(data.label_names)
+    if isinstance(rows, Rows):  # Arrow's unique: no pass over the rows in Python
+        return sorted({str(v) for v in rows.dataset.unique(data.label_column)})
     return sorted({str(r[data.label_column]) for r in rows})
-
-
-# --------------------------------------------------------------------------- tokenize (cached)
-
-
-def encode_cached(
-    task: Task,
-    rows: list[dict[str, Any]],
-    tokenizer: Any,
-    data: DataSection,
-    label2id: dict[str, int] | None,
-    key_parts: list[str],
-) -> tuple[Encoded, bool]:
-    """Tokenize rows, or load the arrays a previous run saved for identical inputs."""
-    h = hashlib.sha256()
-    tok_state = (
-        tokenizer.backend_tokenizer.to_str()
-        if hasattr(tokenizer, "backend_tokenizer")
-        else repr(tokenizer)
-    )
-    for part in [
-        str(CACHE_VERSION),
-        task.name + getattr(task, "options_key", ""),
-        data.model_dump_json(exclude=BATCHING_FIELDS),  # how batches are cut: not the tokens
-        json.dumps(label2id),
-        hashlib.sha256(tok_state.encode()).hexdigest(),
-        str(len(rows)),
-        *key_parts,
-    ]:
-        h.update(part.encode())
-    path = cache_root() / "tokenized" / f"{h.hexdigest()[:24]}.npz"
-    if path.exists():
-        try:
-            with np.load(path) as z:
-                return batches.with_lengths(Encoded({k: z[k] for k in z.files})), True
-        except (OSError, ValueError):
-            path.unlink(missing_ok=True)  # a torn cache file: rebuild it
-    encoded = batches.with_lengths(task.encode(rows, tokenizer, data, label2id))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with fsutil.atomic_file(path, "wb") as fh:  # a file object: np.savez adds no suffix
-        np.savez(fh, **encoded.arrays)
-    return encoded, False
-
-
-def encode_splits(
-    task: Task, raw: RawSplits, tokenizer: Any, data: DataSection, label2id: dict[str, int] | None
-) -> tuple[Encoded, Encoded | None]:
-    """Train and eval arrays (each from the cache when a previous run made them); logs sizes."""
-    train_enc, hit = encode_cached(
-        task, raw.train, tokenizer, data, label2id, [raw.fingerprint, "train"]
-    )
-    eval_enc = (
-        encode_cached(task, raw.eval, tokenizer, data, label2id, [raw.fingerprint, "eval"])[0]
-        if raw.eval
-        else None
-    )
-    log.info(
-        "data: %d train / %d eval examples of %d tokens%s",
-        len(train_enc),
-        len(eval_enc) if eval_enc else 0,
-        data.max_length,
-        " (tokenized earlier: cache hit)" if hit else "",
-    )
-    return train_enc, eval_enc
 
 
 # --------------------------------------------------------------------------- batches

@@ -67,6 +67,19 @@ def test_two_processes_match_one_with_the_same_global_batch(recipe: Path, tmp_pa
     assert s["samples"] == summary(single)["samples"] == 48  # 3 steps x global batch 16
 
 
+def test_ddp_tokenizes_once(recipe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both processes ask for the same cache entry: the first to take its file lock tokenizes,
+    the other waits and reads the same Arrow files (test_data_arrow.py races two processes on
+    the lock directly; rank 0 alone logs here)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ORTFT_CACHE", str(cache))  # empty: nothing tokenized before
+    res = run(str(recipe), "backend.name=torch", "--output-dir", str(tmp_path / "run"), nproc=2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    logged = res.stderr.count("(tokenized in ") + res.stderr.count("(tokenized earlier: cache hit)")
+    assert logged == 1, res.stderr
+    assert len([p for p in (cache / "tokenized").iterdir() if p.is_dir()]) == 1
+
+
 def test_ddp_checkpoints_resume(recipe: Path, tmp_path: Path) -> None:
     """Both ranks resume from rank 0's step-2 checkpoint and follow the uninterrupted run."""
     run_dir = tmp_path / "run"

@@ -55,7 +55,8 @@ def _recipe_samples(model_dir: Path, tokenizer: Any, task: str, config: Any) -> 
         if d.format == "hub" or not all(recipe_io.looks_local(v) for v in (d.train, d.eval) if v):
             return None  # never reach for the network to export
         t = tasks.get(task, loaded.recipe.task if loaded.recipe.task.name == task else None)
-        rows = data.load_splits(loaded, t).eval[:PARITY_SAMPLES]
+        held_out = data.load_splits(loaded, t).eval
+        rows = held_out[:PARITY_SAMPLES] if held_out is not None else []
         label2id = dict(config.label2id) if t.needs_labels else None
         return t.encode(rows, tokenizer, loaded.recipe.data, label2id) if rows else None
     except Exception as err:  # noqa: BLE001 - any failure means: use synthetic samples

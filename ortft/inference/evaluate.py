@@ -217,7 +217,8 @@ def load_rows(
                 f"{m.path}: no recipe.yaml tells which eval data it was trained "
                 "with; pass --data FILE"
             )
-        rows = data_mod.load_splits(loaded, task).eval
+        split = data_mod.load_splits(loaded, task).eval
+        rows = list(split) if split is not None else []
         if not rows:
             raise InputError(f"{m.recipe_yaml}: the recipe has no eval data; pass --data FILE")
         return rows, loaded.recipe.data, f"the eval split of {m.recipe_yaml}"
@@ -234,8 +235,7 @@ def load_rows(
     loaded = dataclasses.replace(
         loaded, recipe=loaded.recipe.model_copy(update={"data": spec}), base_dir=Path.cwd()
     )
-    rows = data_mod.read_rows(loaded, str(data_file), spec.eval_split or spec.split)
-    data_mod._check_columns(rows, str(data_file), spec, task)
+    rows = list(data_mod.read_rows(loaded, str(data_file), spec.eval_split or spec.split, task))
     return rows, spec, str(data_file)
 
 

@@ -75,6 +75,21 @@ class DataSection(Section):
     max_eval_samples: PositiveInt | None = Field(
         None, description="Use at most this many eval rows."
     )
+    streaming: bool = Field(
+        False,
+        description="Read, shuffle and tokenize the train rows as they stream, never storing "
+        "them (datasets' IterableDataset): for data that should not be materialised. Needs "
+        "training.max_steps, data.eval (not eval_fraction), data.label_names for labelled tasks.",
+    )
+    shuffle_buffer: PositiveInt = Field(
+        10000,
+        description="data.streaming: rows in the shuffle buffer (a bounded shuffle, seeded).",
+    )
+    num_proc: PositiveInt = Field(
+        1,
+        description="Processes that tokenize (datasets.map's num_proc) for tasks that tokenize "
+        "row by row (classification, token classification, seq2seq); the tokens are the same.",
+    )
 
     @model_validator(mode="after")
     def _buckets_fit(self) -> DataSection:

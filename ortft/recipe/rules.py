@@ -47,6 +47,33 @@ def combinations(r: Recipe) -> None:
     if r.adapter is not None and r.backend.trainable:
         raise ValueError("backend.trainable and adapter both choose what trains; use one of them")
     task_architecture(r)
+    streaming(r)
+
+
+def streaming(r: Recipe) -> None:
+    """data.streaming: what a stream of rows cannot give (see ortft/streaming.py)."""
+    d = r.data
+    if not d.streaming:
+        return
+    task = tasks.get(r.task.name, r.task)
+    if not r.training.max_steps:
+        raise ValueError("data.streaming needs training.max_steps (a stream has no length)")
+    if not d.eval and d.eval_fraction > 0:
+        raise ValueError(
+            "data.streaming cannot hold out data.eval_fraction of a stream; "
+            "give data.eval (read in full) or set data.eval_fraction: 0"
+        )
+    if task.needs_labels and not d.label_names:
+        raise ValueError("data.streaming needs data.label_names (a stream is read once)")
+    if not task.row_local:
+        raise ValueError(
+            f"data.streaming: {r.task.name} tokenizes across rows (packing or row ids); "
+            "it needs stored data"
+        )
+    if r.backend.name not in ("ort", "torch"):
+        raise ValueError(f"data.streaming runs on backend.name ort or torch, not {r.backend.name}")
+    if d.num_proc > 1:
+        raise ValueError("data.num_proc applies to stored data; a stream tokenizes as it reads")
 
 
 def task_architecture(r: Recipe) -> None:

@@ -15,10 +15,11 @@ import math
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ortft import backends, batches, checkpoint, data, fsutil, tasks
+from ortft import backends, batches, checkpoint, data, fsutil, streaming, tasks, tokenized
 from ortft.errors import GateError, InputError, Interrupted, OrtftError, RunError
 from ortft.progress import Progress
 from ortft.recipe.io import LoadedRecipe, dump
@@ -91,7 +92,7 @@ class _Run:
         self.selector = Selector(self.recipe)
         self.loop: loop.Loop | None = None  # built once the data and the engine are ready
         self.tracker: Any = None
-        self.at_max_length = 0
+        self.at_max_length: int | None = 0
         self.summary = RunSummary(
             task=self.recipe.task.name,
             provenance=Provenance.collect(loaded.path, loaded.sha256, device="", threads=0),
@@ -117,18 +118,24 @@ class _Run:
         labels = task.label_names(raw.train, r.data)  # None for tasks without labels
         tokenizer = self.engine.tokenizer(self.loaded, self.run_dir, task, raw.train, labels)
         label2id = {name: i for i, name in enumerate(labels)} if labels else None
-        train, evals = data.encode_splits(task, raw, tokenizer, r.data, label2id)
+        train, evals = tokenized.encode_splits(task, raw, tokenizer, r.data, label2id)
         global_batch = t.batch_size * started.world_size  # each rank trains on its slice
-        per_epoch = data.batches_per_epoch(len(train), global_batch)
-        if per_epoch == 0:
+        stream = streaming.is_stream(train)  # data.streaming: no length, max_steps given
+        make_batches: Any = (
+            train.train_batches if stream else partial(batches.train_batches, train)  # type: ignore[attr-defined]
+        )
+        per_epoch = 0 if stream else data.batches_per_epoch(len(train), global_batch)
+        if per_epoch == 0 and not stream:
             world = f" x {started.world_size} processes" if started.world_size > 1 else ""
             raise InputError(
                 f"data.train: {len(train)} examples make no batch of "
                 f"training.batch_size={t.batch_size}{world}"
             )
-        steps = total_steps(t, len(train), started.world_size)
-        # rows that fill max_length: truncated there, or exactly that long
-        self.at_max_length = int((batches.lengths(train) >= r.data.max_length).sum())
+        steps = t.max_steps if stream else total_steps(t, len(train), started.world_size)
+        # rows that fill max_length: truncated there, or exactly that long (unknown in a stream)
+        self.at_max_length = (
+            None if stream else int((batches.lengths(train) >= r.data.max_length).sum())
+        )
         # ---- the engine: model, optimizer, schedule, and a resumed run's state
         self.state = self.engine.prepare(
             self.loaded, task, tokenizer, labels, train, self.run_dir, self.resume_from, steps
@@ -148,8 +155,8 @@ class _Run:
             engine=self.engine, task=task, training=t, steps=steps, global_batch=global_batch,
             per_epoch=per_epoch, eval_data=evals, tokenizer=tokenizer, tracker=self.tracker,
             # the same seeded order in every process, cut into global batches
-            batches=batches.train_batches(
-                train, global_batch, t.seed, r.data.shuffle, start_micro=self.state.micro_step,
+            batches=make_batches(
+                global_batch, t.seed, r.data.shuffle, start_micro=self.state.micro_step,
                 group_by_length=r.data.group_by_length,
             ),
             padding=batches.Padding.of(r.data),
@@ -268,8 +275,9 @@ class _Run:
                 else 0.0,
                 "batch_shapes": len(self.loop.shapes),  # distinct, in this process
                 "rows_at_max_length": self.at_max_length,
+                "streaming": self.recipe.data.streaming,
             }
-        s.epochs = state.micro_step / per_epoch if per_epoch else 0.0
+        s.epochs = state.micro_step / per_epoch if per_epoch else float(state.epoch)
         s.metrics, s.throughput = metrics, report.throughput(meter.steady)
         s.train_time_s, s.wall_time_s = state.train_time_s, time.time() - self.started
         s.paths.checkpoints = [str(p) for p in checkpoint.list_checkpoints(self.run_dir)]

@@ -87,7 +87,7 @@ class Loop:
     training: Any  # the recipe's training section
     steps: int  # optimizer steps of the whole run
     global_batch: int  # rows per micro-batch over all processes
-    per_epoch: int  # micro-batches per epoch
+    per_epoch: int  # micro-batches per epoch (0: a stream, data.streaming)
     batches: Iterator[tuple[int, dict[str, np.ndarray]]]
     eval_data: Any  # tasks.Encoded or None
     tokenizer: Any
@@ -164,6 +164,11 @@ def train(loop: Loop, state: TrainState) -> str | None:
     return None
 
 
+def _epochs(loop: Loop, state: TrainState) -> float:
+    """Epochs trained so far; a stream (data.streaming) has no length: the epoch number."""
+    return state.micro_step / loop.per_epoch if loop.per_epoch else float(state.epoch)
+
+
 def _add_shape(shapes: dict[str, Any], mask: np.ndarray) -> None:
     """This micro-batch's shape, for the metrics row: what ``ortft bench`` counts FLOPs from."""
     shapes["padded_tokens"] += mask.size  # rows × batch length: what the hardware ran
@@ -178,7 +183,7 @@ def _log_row(
     row = {
         "kind": "train",
         "step": state.step,
-        "epoch": state.micro_step / loop.per_epoch,
+        "epoch": _epochs(loop, state),
         "loss": state.last_train_loss,
         "lr": lr,
         "samples_per_s": samples_per_s,
@@ -200,7 +205,7 @@ def _eval(loop: Loop, state: TrainState) -> None:
     state.eval_metrics = evaluate(
         loop.engine, loop.eval_data, loop.task, t.batch_size, t.seed, loop.tokenizer, loop.padding
     )
-    epoch = state.micro_step / loop.per_epoch
+    epoch = _epochs(loop, state)
     loop.tracker.write({"kind": "eval", "step": state.step, "epoch": epoch, **state.eval_metrics})
     loop.progress.eval(state.eval_metrics)
     if loop.selector.observe(state):  # a new best: best/

@@ -64,6 +64,9 @@ class Task:
     export_kind: ExportKind = "encoder"
     # arrays with one value per input position: cut with input_ids when a batch is shortened
     aligned_keys: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids", "labels")
+    # encode() treats each row on its own, so rows can be tokenized in batches (and processes):
+    # False for tasks that look across rows (packing, masking seeded by row number)
+    row_local = False
     export_skip: str | None = None  # why `ortft train` cannot export this task (export skipped)
     ondevice = False  # measured with backend.name=ort-ondevice / export --training-artifacts
     eval_metrics: tuple[str, ...] = ("eval_loss",)  # the summary.json names of its eval metrics
@@ -103,6 +106,10 @@ class Task:
         if self.needs_labels:
             needed.append(data.label_column)
         return needed
+
+    def read_columns(self, data: DataSection) -> list[str]:
+        """The columns encode() reads (what is kept of each row; default: ``columns``)."""
+        return self.columns(data)
 
     def texts(self, rows: list[dict[str, Any]], data: DataSection) -> list[str]:
         """The texts a tokenizer is trained on."""

@@ -17,6 +17,7 @@ class Options(TaskOptions):
 class SequenceClassification(Task):
     name = "sequence-classification"
     auto_class = "AutoModelForSequenceClassification"
+    row_local = True  # each row tokenized on its own
     needs_logits = True  # eval keeps logits only where a metric needs them
     needs_labels = True
     ondevice = True
@@ -40,7 +41,7 @@ class SequenceClassification(Task):
             key = str(r[data.label_column])
             if key not in label2id:
                 raise InputError(
-                    f"row {i}: label '{key}' is not one of data.label_names {list(label2id)}"
+                    f"row {i + 1}: label '{key}' is not one of data.label_names {list(label2id)}"
                 )
             labels[i] = label2id[key]
         return Encoded(

@@ -78,6 +78,9 @@ class Instruction(Task):
     def columns(self, data: Any) -> list[str]:
         return []  # either prompt/response or messages: checked per row in _segments
 
+    def read_columns(self, data: Any) -> list[str]:
+        return [self.prompt_column, self.response_column, self.messages_column]
+
     def texts(self, rows: list[dict[str, Any]], data: Any) -> list[str]:
         return ["".join(text for text, _ in self._segments(r, i, None)) for i, r in enumerate(rows)]
 

@@ -52,6 +52,7 @@ class Seq2Seq(Task):
     generate_samples: int = 8
     name = "seq2seq"
     auto_class = "AutoModelForSeq2SeqLM"
+    row_local = True  # each row tokenized on its own
     needs_labels = False
     needs_logits = False
     is_decoder = True  # use_cache=False: no past_key_values through ORTModule

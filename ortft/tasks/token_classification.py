@@ -46,6 +46,7 @@ class TokenClassification(Task):
     id2label: list[str] = field(default_factory=list)  # set by label_names(), read by metrics()
     name = "token-classification"
     auto_class = "AutoModelForTokenClassification"
+    row_local = True  # each row tokenized on its own
     needs_labels = True
     needs_logits = True
     own_columns = True
