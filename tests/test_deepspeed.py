@@ -230,15 +230,24 @@ def test_zero2_checkpoints_resume_in_deepspeeds_format(tmp_path: Path) -> None:
 
 
 def test_deepspeeds_accelerator_is_the_runs_device() -> None:
-    import deepspeed
-
-    from ortft.errors import BackendError
-
-    name = deepspeed.accelerator.get_accelerator().device_name()  # cpu here
-    zero._check_accelerator(deepspeed, name)
-    other = "cuda" if name == "cpu" else "cpu"
-    with pytest.raises(BackendError, match=f"DeepSpeed's accelerator is {name} but this run's"):
-        zero._check_accelerator(deepspeed, other)
+    """In a fresh process: DeepSpeed's CPU accelerator reads the CPU's features through
+    py-cpuinfo, which swaps sys.stdout and fails under pytest's capture once other tests ran."""
+    code = (
+        "import deepspeed, pytest\n"
+        "from ortft.backends import deepspeed as zero\n"
+        "from ortft.errors import BackendError\n"
+        "name = deepspeed.accelerator.get_accelerator().device_name()\n"
+        "zero._check_accelerator(deepspeed, name)\n"
+        "other = 'cuda' if name == 'cpu' else 'cpu'\n"
+        "with pytest.raises(BackendError, match=f\"DeepSpeed's accelerator is {name} but this run's\"):\n"
+        "    zero._check_accelerator(deepspeed, other)\n"
+        "print('checked', name)\n"
+    )
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "checked cpu" in res.stdout
 
 
 def test_partitions_load_with_weights_only(tmp_path: Path) -> None:

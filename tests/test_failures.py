@@ -117,15 +117,15 @@ def test_disk_full_in_safetensors_write(tmp_path: Path, monkeypatch: pytest.Monk
     import safetensors.torch
 
     calls = {"n": 0}
-    real = safetensors.torch.save_model
+    real = safetensors.torch.save_file  # checkpoint.save_weights writes through it
 
-    def full_disk(model, filename, *args, **kwargs):
+    def full_disk(tensors, filename, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(model, filename, *args, **kwargs)
+        return real(tensors, filename, *args, **kwargs)
 
-    monkeypatch.setattr(safetensors.torch, "save_model", full_disk)
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     run_dir = tmp_path / "run"
     with pytest.raises(RunError, match="the last good checkpoint .*step-000002 is intact"):
         train_mod.run(recipe_io.load(make_recipe(tmp_path)), output_dir=run_dir)

@@ -174,7 +174,8 @@ def test_inference_model_holds_the_trained_weights(trained):
     ids = rng.integers(5, 100, (4, 16)).astype(np.int64)
     mask = np.ones_like(ids)
     mask[1, 8:] = 0
-    _, want = module(ids, mask, np.zeros(4, dtype=np.int64))
+    scale = np.array(1.0, dtype=np.float32)  # the artifacts' loss_scale input (format 2)
+    _, want = module(ids, mask, np.zeros(4, dtype=np.int64), scale)
     sess = ort.InferenceSession(str(run / "final/model.onnx"), providers=["CPUExecutionProvider"])
     got = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
     np.testing.assert_allclose(got, want, atol=1e-5)

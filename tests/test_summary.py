@@ -281,4 +281,5 @@ def test_a_run_summary_reads_what_train_writes(tmp_path: Path) -> None:
         "padding_fraction",
         "batch_shapes",
         "rows_at_max_length",
+        "streaming",
     }

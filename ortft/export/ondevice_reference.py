@@ -67,6 +67,7 @@ def eval_graph_logits(
         "input_ids": feeds["input_ids"].astype(np.int64),
         "attention_mask": feeds["attention_mask"].astype(np.int64),
         "labels": np.zeros((n,) if label_rank == 1 else (n, length), dtype=np.int64),
+        "loss_scale": np.array(1.0, dtype=np.float32),  # artifacts format 2 (ondevice_build)
     }
     names = module.input_names()
     if not set(names) <= set(given) or "logits" not in module.output_names():
