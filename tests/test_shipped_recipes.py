@@ -54,9 +54,8 @@ OWN_TEST = ["ddp.yaml", "deepspeed-zero2.yaml", "quickstart-hpo.yaml"]
 # fp16 training on CPU). Everything else in them (model, data, ORT, DDP / ZeRO-2) is as shipped.
 ON_CPU = ("hardware.device=cpu", "precision=fp32")
 
-# Tasks whose ONNX export is skipped by design (summary.json says why): encoder-decoder models
-# need two graphs, which the exporter does not write (see seq2seq.yaml's header).
-NO_ONNX_TASKS = {"seq2seq"}
+# encoder-decoder models export two graphs (encoder.onnx + decoder.onnx), no model.onnx
+TWO_GRAPH_TASKS = {"seq2seq"}
 
 
 def ortft(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -100,11 +99,14 @@ def assert_final_and_export(recipe: Any, run: Path, summary: dict[str, Any]) -> 
         assert (final / "adapter" / "adapter_model.safetensors").is_file()
     if not recipe.export.enabled:
         assert summary["export"] is None and not (run / "onnx").exists()
-    elif recipe.task.name in NO_ONNX_TASKS:
-        assert "skipped" in summary["export"] and not (run / "onnx").exists()
     else:
         report = json.loads((run / "onnx" / "export.json").read_text())
-        assert (run / "onnx" / "model.onnx").is_file()
+        graphs = (
+            ("encoder.onnx", "decoder.onnx")
+            if recipe.task.name in TWO_GRAPH_TASKS
+            else ("model.onnx",)
+        )
+        assert all((run / "onnx" / g).is_file() for g in graphs), sorted(os.listdir(run / "onnx"))
         assert report["passed"] is True and report["parity"]["passed"] is True, report
         assert summary["export"]["passed"] is True
 
