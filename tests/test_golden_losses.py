@@ -59,15 +59,17 @@ GOLDEN: dict[tuple[str, str], tuple[list[float], float]] = {
         ],
         0.6983997523784637,
     ),
+    # Re-pinned 2026-12-01: the artifacts' position-embedding gradient was wrong (ids broadcast
+    # over the batch, ortft/export/lookups.py); with it right, ort-ondevice moved towards torch.
     ("cls", "ort-ondevice"): (
         [
             0.6931389570236206,
-            0.688450038433075,
-            0.6887292265892029,
-            0.6869460344314575,
-            0.6935783624649048,
+            0.6875907182693481,
+            0.6882046461105347,
+            0.6864063143730164,
+            0.6936700940132141,
         ],
-        0.6978764533996582,
+        0.6983136534690857,
     ),
     ("lm", "torch"): (
         [

@@ -118,6 +118,25 @@ def _check_labels(config: Any, labels: list[str] | None, art_dir: Path) -> None:
         )
 
 
+def _check_lookup_gradients(art_dir: Path) -> None:
+    """Refuse artifacts whose position-embedding gradient writes out of bounds: built by ortft
+    before 2026-12 (or by other tools) from transformers' broadcast position ids (see
+    ortft/export/lookups.py). They corrupt ORT's heap as soon as batch shapes vary."""
+    import onnx
+
+    from ortft.export.lookups import broadcast_lookups
+
+    graph = onnx.load(str(art_dir / "training_model.onnx"), load_external_data=False).graph
+    bad = broadcast_lookups(graph, set(INPUTS), op="GatherGrad")
+    if bad:
+        raise InputError(
+            f"{art_dir}/training_model.onnx: the gradient of {', '.join(bad)} is built from "
+            "ids broadcast over the batch, which onnxruntime-training 1.19 computes with "
+            "out-of-bounds writes; rebuild the artifacts (delete the folder of a run's own "
+            "ones, or run `ortft export --training-artifacts` again)"
+        )
+
+
 def training_api() -> Any:
     """``onnxruntime.training.api``, without running ``onnxruntime/training/__init__.py``.
 
@@ -239,6 +258,7 @@ class OnDeviceEngine:
             raise InputError(
                 f"{art_dir}: not on-device training artifacts (missing {', '.join(missing)})"
             )
+        _check_lookup_gradients(art_dir)
         self.art_dir = art_dir
         tokenizer, self.config = _load_tokenizer_and_config(_meta_dir(art_dir))
         _check_labels(self.config, labels, art_dir)

@@ -136,6 +136,7 @@ class _LossOnly(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, is_decoder: bool):
         super().__init__()
         self.model, self.is_decoder = model, is_decoder
+        self.model_type = getattr(model.config, "model_type", "")
 
     def forward(
         self,
@@ -144,7 +145,16 @@ class _LossOnly(torch.nn.Module):
         labels: torch.Tensor,
         loss_scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        kw = {"use_cache": False} if self.is_decoder else {}
+        kw: dict[str, Any] = {"use_cache": False} if self.is_decoder else {}
+        if self.model_type in ("bert", "gpt2"):
+            # Ids of shape (batch, sequence), the values the models make themselves (positions
+            # 0..n-1; BERT's token types 0). Left to the model they are (1, sequence), broadcast
+            # over the batch, and ORT 1.19's gradient of that lookup writes out of bounds
+            # (ortft/export/lookups.py); check_embedding_indices() refuses such a graph.
+            zeros = input_ids * 0  # made from input_ids: its batch dimension, at any shape
+            kw["position_ids"] = zeros + torch.arange(input_ids.shape[1], device=zeros.device)
+            if self.model_type == "bert":  # GPT-2 would add wte(token_type_ids) to its input
+                kw["token_type_ids"] = zeros
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -311,7 +321,23 @@ def _training_graph(
         init.name = rename[init.name]
     for node in graph.graph.node:
         node.input[:] = [rename.get(x, x) for x in node.input]
+    check_embedding_indices(graph)
     return graph, names
+
+
+def check_embedding_indices(graph: Any) -> None:
+    """Refuse a loss graph that looks a parameter up by ids broadcast over the batch: ORT 1.19
+    builds their gradient with out-of-bounds writes (``lookups``; _LossOnly avoids them)."""
+    from ortft.export.lookups import broadcast_lookups
+
+    data = {i.name for i in graph.graph.input} - {i.name for i in graph.graph.initializer}
+    bad = broadcast_lookups(graph.graph, data)
+    if bad:
+        raise InputError(
+            f"cannot build training artifacts: the exported graph looks up {', '.join(bad)} by "
+            "indices broadcast over the batch; onnxruntime-training 1.19 can build a gradient "
+            "for such a lookup that writes out of bounds (bert and gpt2 models are supported)"
+        )
 
 
 def _write_artifacts(
