@@ -53,6 +53,9 @@ def test_bench_reports_every_field_and_ratio(cls_recipe: Path, tmp_path: Path) -
     assert "vs torch" in res.stderr  # the table goes to stderr
     assert out["baseline"] == "torch" and out["steps"] == 3 and out["repeats"] == 1
     assert out["peak"]["flops"] > 0 and out["machine"]["cores"] >= 1
+    # the MFU denominator is the better of the two GEMM libraries the backends run
+    libs = out["peak"]["by_library"]
+    assert set(libs) == {"torch", "onnxruntime"} and out["peak"]["flops"] == max(libs.values())
     ort, torch = out["backends"]["ort"], out["backends"]["torch"]
     for r in (ort, torch):
         assert r["status"] == "ok"

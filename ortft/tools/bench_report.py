@@ -32,10 +32,13 @@ def print_table(result: dict[str, Any]) -> None:
         f"{b['samples_per_step']} rows/step, max_length {b['max_length']}, "
         f"padding {b['padding']}"
     )
+    libs = result["peak"].get("by_library") or {}  # bench JSON before 2026-12: torch only
+    per_lib = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in libs.items())
     caption = (
         f"{m['cpu']}, {m['threads']} threads, load avg {m['load_avg_before']} → "
         f"{m['load_avg_after']}; peak {result['peak']['flops'] / 1e9:.0f} GFLOP/s "
-        "(measured matmul). tokens/s and MFU: real tokens; MFU padded: the shapes that ran"
+        f"(measured matmul{': ' + per_lib if per_lib else ''}). tokens/s and MFU: real tokens; "
+        "MFU padded: the shapes that ran"
     )
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for col in COLUMNS:
