@@ -37,7 +37,7 @@ def _grads(fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]
 
 
 def test_resolve() -> None:
-    assert ort_kernels.resolve("auto", "cpu") == ("gelu", "layer_norm", "cross_entropy")
+    assert ort_kernels.resolve("auto", "cpu") == ("gelu", "layer_norm", "cross_entropy", "dropout")
     assert ort_kernels.resolve("auto", "cuda") == ()
     assert ort_kernels.resolve([], "cpu") == ()
     assert ort_kernels.resolve(["cross_entropy", "gelu"], "cuda") == ("gelu", "cross_entropy")
@@ -80,6 +80,40 @@ def test_cross_entropy_matches_autograd(ops, ignored: int) -> None:
     grad = ops.cross_entropy_backward(torch.tensor(0.5), log_probs, target, -100)
     torch.testing.assert_close(grad, ref.grad, rtol=1e-5, atol=1e-7)
     assert grad[:ignored].abs().sum() == 0
+
+
+def test_dropout_masks_follow_the_seed_and_the_micro_step(ops) -> None:
+    """Each element kept with probability 1 - p and scaled by 1 / (1 - p); the gradient is the
+    mask's; the same (seed, micro-step) draws the same mask, the next micro-step another."""
+    x, g, p = torch.randn(64, 512), torch.randn(64, 512), 0.25
+    ort_kernels.reseed(42, 3)
+    out, mask = ops.dropout(x, p)
+    kept = mask != 0
+    assert mask.unique().tolist() == pytest.approx([0.0, 1 / (1 - p)])
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.01  # 32,768 draws
+    torch.testing.assert_close(out, torch.where(kept, x / (1 - p), 0.0), rtol=1e-6, atol=0)
+    torch.testing.assert_close(ops.dropout_backward(g, mask), torch.where(kept, g / (1 - p), 0.0))
+    ort_kernels.reseed(42, 3)
+    assert torch.equal(ops.dropout(x, p)[1], mask)  # a resumed run draws what it drew
+    ort_kernels.reseed(42, 4)
+    assert not torch.equal(ops.dropout(x, p)[1], mask)
+
+
+def test_dropout_runs_as_a_pytorch_kernel_only_when_it_drops(tmp_path: Path) -> None:
+    """Dropout 0.1 in training: routed (ORT's CPU Dropout cost MiniLM 29% of a step); dropout
+    0 keeps the export ORTModule always had. Two runs with the same seed: the same losses."""
+    write_classification_csv(tmp_path / "train.csv")
+    path = write_recipe(tmp_path / "cls.yaml", tiny_classifier("train.csv", max_steps=3))
+    common = (str(path), "export.enabled=false", "data.eval_fraction=0", "model.dropout=0.1")
+    a = _train(*common, "-o", str(tmp_path / "a"))
+    b = _train(*common, "-o", str(tmp_path / "b"))
+    # 2 layers x 3 dropouts (attention probabilities, attention output, MLP output), the
+    # embeddings' and the classifier's
+    assert a["backend"]["pytorch_kernels"]["dropout"] == 8
+    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
+    off = _train(str(path), "export.enabled=false", "data.eval_fraction=0", "-o",
+                 str(tmp_path / "c"))  # fmt: skip
+    assert "dropout" not in off["backend"]["pytorch_kernels"]
 
 
 def test_fuse_tanh_gelu_is_the_same_function() -> None:

@@ -253,10 +253,12 @@ class OrtBackend:
         self._report.fallback_reason = reason
 
     def before_forward(self, seed: int, micro_step: int) -> None:
-        """Dropout masks of ORT's graph: a function of the seed and the micro-step (ort_rng)."""
-        from ortft.backends import ort_rng
+        """Dropout masks of ORT's graph: a function of the seed and the micro-step (ort_rng),
+        and so are those of dropout routed to PyTorch's kernel (backend.pytorch_kernels)."""
+        from ortft.backends import ort_kernels, ort_rng
 
         ort_rng.reseed(seed, micro_step)
+        ort_kernels.reseed(seed, micro_step)
 
     def after_step(self, wrapped: nn.Module) -> None:
         if self._checked and not self._report.fallback:

@@ -7,7 +7,9 @@ they cost more than the matrix multiplications around them:
 - GELU's gradient (``BiasGeluGrad_dX``, ``FastGeluGrad``): 14 ms and 27 ms per call on a
   16 x 128 x 1024 / 8 x 128 x 1024 activation, where PyTorch's ``gelu_backward`` takes 5 ms;
 - ``LayerNormalizationGrad``: 2.4 ms per call against PyTorch's 0.4 ms;
-- ``SoftmaxCrossEntropyLossInternal`` (+ its gradient) over a 1024 x 4000 vocabulary: 48 ms.
+- ``SoftmaxCrossEntropyLossInternal`` (+ its gradient) over a 1024 x 4000 vocabulary: 48 ms;
+- ``Dropout`` (+ its gradient): MiniLM (6 layers, batch 16 x 128) with its dropout 0.1 took 630
+  ms a step against 489 with dropout off (``ortft bench``, 2 repeats); torch pays nothing for it.
 
 ORTModule can already run single PyTorch ops as ``org.pytorch.aten::ATen`` nodes of its graph
 (its embedding is one): ONNX Runtime plans and runs the graph, and calls the PyTorch kernel
@@ -19,8 +21,9 @@ written out in Python) becomes ``gelu(approximate="tanh")``: the same function, 
 
 An op is routed only when its gradient node can be built: LayerNorm when its weight and bias
 train and nothing in the model is frozen (``backend.trainable``), cross-entropy with mean
-reduction and no class weights or label smoothing. Everything else keeps ORTModule's own
-export. ``routed()`` counts the routed nodes of an exported graph; the run summary reports them
+reduction and no class weights or label smoothing, dropout in training mode with p > 0 (its
+masks come from a generator of its own, reseeded every micro-step like ORT's, so a resumed run
+draws the masks the uninterrupted one drew). Everything else keeps ORTModule's own export. ``routed()`` counts the routed nodes of an exported graph; the run summary reports them
 under ``backend.pytorch_kernels``.
 """
 
@@ -31,16 +34,22 @@ from typing import Any
 import torch
 from torch import nn
 
-KERNELS = ("gelu", "layer_norm", "cross_entropy")
+KERNELS = ("gelu", "layer_norm", "cross_entropy", "dropout")
 ATEN = "org.pytorch.aten::ATen"
 
-_STATE: dict[str, Any] = {"library": None, "originals": None, "all_trainable": True}
+_STATE: dict[str, Any] = {
+    "library": None,
+    "originals": None,
+    "all_trainable": True,
+    "generator": None,  # dropout's masks (``reseed``)
+}
 # ATen operator -> the kernel it stands for (what ``routed`` counts in an exported graph)
 OPERATORS = {
     "gelu": "gelu",
     "ortft::gelu_tanh": "gelu",
     "ortft::layer_norm": "layer_norm",
     "ortft::cross_entropy": "cross_entropy",
+    "ortft::dropout": "dropout",
 }
 
 
@@ -107,7 +116,33 @@ def _define_library() -> None:
         "-> Tensor"
     )
     lib.impl("cross_entropy_backward", _cross_entropy_backward, key)
+    lib.define("dropout(Tensor x, float p) -> (Tensor, Tensor)")
+    lib.impl("dropout", _dropout_kernel, key)
+    lib.define("dropout_backward(Tensor grad, Tensor mask) -> Tensor")
+    lib.impl("dropout_backward", lambda grad, mask: grad * mask, key)
     _STATE["library"] = lib
+
+
+def reseed(seed: int, micro_step: int) -> None:
+    """Dropout's generator for micro-batch ``micro_step``: the masks are a function of where
+    the run is (see ``ort_rng``, which does the same for ORT's own generator)."""
+    from ortft.backends import ort_rng
+
+    if _STATE["generator"] is None:
+        _STATE["generator"] = torch.Generator()
+    _STATE["generator"].manual_seed(ort_rng.stream_seed(seed, micro_step))
+
+
+def _dropout_kernel(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x * mask, mask), the mask holding 0 or 1 / (1 - p), each element kept with probability
+    1 - p. A float mask costs 4 bytes an element (ORT's is a bitmask) but is the fastest way:
+    on a 16x12x128x128 tensor, 2 threads, 2.6 ms against 5.9 for aten's native_dropout (global
+    generator) and 9-13 for a uint8 mask."""
+    if _STATE["generator"] is None:
+        reseed(0, 0)
+    mask = torch.empty_like(x).bernoulli_(1.0 - p, generator=_STATE["generator"])
+    mask.mul_(1.0 / (1.0 - p))
+    return x * mask, mask
 
 
 def _cross_entropy(
@@ -222,6 +257,19 @@ def _cross_entropy_loss(
     return loss
 
 
+def _dropout(g: Any, input: Any, p: Any, train: Any) -> Any:
+    from torch.onnx import symbolic_helper, symbolic_opset12
+
+    ratio = symbolic_helper._maybe_get_const(p, "f")
+    training = symbolic_helper._maybe_get_const(train, "b")
+    if not (isinstance(ratio, float) and ratio > 0.0 and training is True):
+        return symbolic_opset12.dropout(g, input, p, train)  # torch.onnx's own: ONNX Dropout
+    ratio_value = g.op("Constant", value_t=torch.tensor(ratio, dtype=torch.float32))
+    out, _mask = g.op(ATEN, input, ratio_value, operator_s="ortft::dropout", outputs=2)
+    out.setType(input.type())
+    return out
+
+
 # ---- gradients (ORT's gradient builder) --------------------------------------------------------
 
 
@@ -260,11 +308,18 @@ GRADIENTS = {
             [_aten(["GO(0)", "O(1)", "I(1)", "I(2)"], ["GI(0)"], "ortft::cross_entropy_backward")],
         )
     ],
+    "dropout": [
+        (
+            ("ortft::dropout", ""),
+            [_aten(["GO(0)", "O(1)"], ["GI(0)"], "ortft::dropout_backward")],
+        )
+    ],
 }
 SYMBOLICS = {
     "gelu": ("::gelu", _gelu),
     "layer_norm": ("::layer_norm", _layer_norm),
     "cross_entropy": ("::cross_entropy_loss", _cross_entropy_loss),
+    "dropout": ("::dropout", _dropout),
 }
 
 

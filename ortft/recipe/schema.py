@@ -324,11 +324,13 @@ class BackendSection(Section):
     compute_optimizer: bool = Field(
         True, description="ORTModule compute optimizer (label/embedding sparsity)."
     )
-    pytorch_kernels: Literal["auto"] | list[Literal["gelu", "layer_norm", "cross_entropy"]] = Field(
+    pytorch_kernels: (
+        Literal["auto"] | list[Literal["gelu", "layer_norm", "cross_entropy", "dropout"]]
+    ) = Field(
         "auto",
         description="Ops the ort backend runs as PyTorch kernels inside the ONNX Runtime graph "
-        "(ATen nodes), where ORT's own CPU kernels are slow: gelu, layer_norm, cross_entropy. "
-        "auto: all three on CPU, none on CUDA; [] keeps ORT's kernels everywhere.",
+        "(ATen nodes), where ORT's own CPU kernels are slow: gelu, layer_norm, cross_entropy, "
+        "dropout. auto: all four on CPU, none on CUDA; [] keeps ORT's kernels everywhere.",
     )
 
 
