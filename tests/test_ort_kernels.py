@@ -106,7 +106,7 @@ def test_dropout_runs_as_a_pytorch_kernel_only_when_it_drops(tmp_path: Path) -> 
     path = write_recipe(tmp_path / "cls.yaml", tiny_classifier("train.csv", max_steps=3))
     common = (str(path), "export.enabled=false", "data.eval_fraction=0", "model.dropout=0.1")
     a = _train(*common, "-o", str(tmp_path / "a"))
-    b = _train(*common, "-o", str(tmp_path / "b"))
+    _train(*common, "-o", str(tmp_path / "b"))
     # 2 layers x 3 dropouts (attention probabilities, attention output, MLP output), the
     # embeddings' and the classifier's
     assert a["backend"]["pytorch_kernels"]["dropout"] == 8

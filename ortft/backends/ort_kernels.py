@@ -23,8 +23,9 @@ An op is routed only when its gradient node can be built: LayerNorm when its wei
 train and nothing in the model is frozen (``backend.trainable``), cross-entropy with mean
 reduction and no class weights or label smoothing, dropout in training mode with p > 0 (its
 masks come from a generator of its own, reseeded every micro-step like ORT's, so a resumed run
-draws the masks the uninterrupted one drew). Everything else keeps ORTModule's own export. ``routed()`` counts the routed nodes of an exported graph; the run summary reports them
-under ``backend.pytorch_kernels``.
+draws the masks the uninterrupted one drew). Everything else keeps ORTModule's own export.
+``routed()`` counts the routed nodes of an exported graph; the run summary reports them under
+``backend.pytorch_kernels``.
 """
 
 from __future__ import annotations
@@ -258,6 +259,8 @@ def _cross_entropy_loss(
 
 
 def _dropout(g: Any, input: Any, p: Any, train: Any) -> Any:
+    """Training-mode dropout with p > 0 as ``ortft::dropout``; else torch.onnx's Dropout (at
+    p = 0 or in eval it is the identity, which ORT runs for nothing)."""
     from torch.onnx import symbolic_helper, symbolic_opset12
 
     ratio = symbolic_helper._maybe_get_const(p, "f")
