@@ -7,7 +7,7 @@ Run (``make bench-data``; tens of minutes at 1M rows on 2 CPU cores, not in CI):
 For each row count it writes a synthetic csv (``text,label``: 5-60 words drawn from a fixed
 list of 200 words, 5 labels; seeded) and measures, each part in its own process:
 
-- ``tokenize``: rows/s of ortft's tokenization (``ortft.tokenized.encode``: ``datasets.map``
+- ``tokenize``: rows/s of ortft's tokenization (``ortft.data.tokenized.encode``: ``datasets.map``
   over the rows in Arrow, batches of 1000, into a fresh cache entry) and, side by side on the
   same Arrow rows, of a plain ``datasets.map`` of the same tokenizer (``tokenizer(batch["text"],
   truncation=True, max_length=128, padding="max_length")``, batches of 1000), alternating, best
@@ -288,7 +288,9 @@ export:
 TOKENIZE = r"""
 import json, sys, time
 from pathlib import Path
-from ortft import data, tokenized, tasks
+from ortft import tasks
+from ortft.data import rows as data
+from ortft.data import tokenized
 from ortft.recipe import io
 loaded = io.load(Path(sys.argv[1]))
 task = tasks.get("sequence-classification")

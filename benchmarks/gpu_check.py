@@ -185,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="results JSON path")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from ortft import fsutil
-
     import torch
+
+    from ortft.core import fsutil
 
     n_gpus = torch.cuda.device_count()
     if n_gpus == 0:

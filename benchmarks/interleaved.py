@@ -56,8 +56,8 @@ def build(kind: str, attn: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor
 def ort(kind: str, kernels: tuple[str, ...]) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     from onnxruntime.training.ortmodule import ORTModule
 
-    from ortft.backends import ort as ort_backend
-    from ortft.backends import ort_kernels
+    from ortft.backends.ortmodule import kernels as ort_kernels
+    from ortft.backends.ortmodule import wrapper as ort_backend
 
     model, batch = build(kind, "eager")
     ort_backend._install_session_tweaks()  # spinning off (ortft's default)
@@ -78,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["ORTMODULE_FALLBACK_POLICY"] = "FALLBACK_DISABLE"
     torch.set_num_threads(os.cpu_count() or 1)
-    from ortft.backends import ort_kernels
+    from ortft.backends.ortmodule import kernels as ort_kernels
 
     contenders = {
         "torch": build(args.model, "sdpa"),

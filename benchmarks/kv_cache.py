@@ -29,7 +29,7 @@ def _model_and_tokenizer():
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from ortft.models import train_tokenizer
+    from ortft.backends.torch.models import train_tokenizer
     from ortft.recipe.schema import TrainTokenizer
 
     words = [

@@ -1,3 +1,3 @@
-from ortft.cli import main
+from ortft.cli.app import main
 
 main()

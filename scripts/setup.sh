@@ -26,7 +26,7 @@ fail() {
 # unset: when `nvidia-smi -L` lists a GPU. requirements/gpu-cu11.txt goes to $VENV/cuda11 with
 # pip --target (the cu11 and torch's cu12 wheels share folder names: side by side in
 # site-packages one would overwrite the other's files), and a .pth in the venv preloads it before
-# onnxruntime's first import (ortft/cudalibs.py says why; docs/gpu.md the design).
+# onnxruntime's first import (ortft/env/cudalibs.py says why; docs/gpu.md the design).
 GPU_LOCK=requirements/gpu-cu11.txt
 
 gpu_profile_wanted() {
@@ -61,9 +61,9 @@ gpu_profile() {
     touch "$dest/.ortft-gpu-$gpu_hash"
   fi
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo "import ortft.cudalibs; ortft.cudalibs.install_hook()" >"$site/ortft-cuda11.pth"
-  # -c, not -m: the .pth has imported ortft.cudalibs already, and runpy warns about that
-  "$VENV/bin/python" -c 'import sys, ortft.cudalibs as c; sys.exit(c.main([]))' >&2 ||
+  echo "import ortft.env.cudalibs; ortft.env.cudalibs.install_hook()" >"$site/ortft-cuda11.pth"
+  # -c, not -m: the .pth has imported ortft.env.cudalibs already, and runpy warns about that
+  "$VENV/bin/python" -c 'import sys, ortft.env.cudalibs as c; sys.exit(c.main([]))' >&2 ||
     fail "ORT's CUDA provider still has unresolved libraries (the line above names them)" \
       "rm -rf $dest, then make setup GPU=1 again"
 }
@@ -195,7 +195,7 @@ fi
 
 # 5. ORTModule's C++ extensions: kept, restored from ~/.cache/ortft, or built (~5 min, 2 cores).
 step "ORTModule's C++ extensions"
-"$VENV/bin/python" -m ortft.tools.extensions >/dev/null ||
+"$VENV/bin/python" -m ortft.env.extensions >/dev/null ||
   fail "ORTModule's C++ extensions are not in place (the line starting with 'error:' above says why)" \
     "fix that, then run make setup again (or $VENV/bin/ortft doctor --fix)"
 

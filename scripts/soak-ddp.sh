@@ -2,7 +2,7 @@
 # `make soak-ddp [N=20] [SOAK_MODE=train|race|tests]`: run 2-process DDP N times and count the
 # runs that fail; not part of CI. It watches for the SIGABRT at exit that a gloo worker thread
 # could cause ("terminate called without an active exception", torchrun: exitcode -6) after a
-# run that trained fine; see distributed.teardown in ortft/backends/distributed.py.
+# run that trained fine; see distributed.teardown in ortft/backends/torch/distributed.py.
 #   train  (default) the smallest real run: torchrun, 2 processes, gloo, backend.name=torch,
 #          a 2-layer model for 2 steps (10-20 s a run on 2 busy cores). The abort needs an unlucky
 #          schedule: before the fix 0 in ~100 runs here, once in a pytest run under setup's load.

@@ -49,7 +49,7 @@ def _batch(arch: str, rows: int, length: int, rng: np.random.Generator) -> dict[
 
 
 def main(arch: str, out: Path) -> None:
-    from ortft.backends.ondevice import training_api
+    from ortft.backends.ondevice.engine import training_api
     from ortft.export import onnx_tools
 
     model = _model(arch)

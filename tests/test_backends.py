@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from ortft.backends.pytorch import wrapper as get
-from ortft.errors import BackendError
+from ortft.backends.torch.engine import wrapper as get
+from ortft.core.errors import BackendError
 from ortft.recipe.schema import BackendSection
 
 

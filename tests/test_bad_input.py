@@ -22,7 +22,7 @@ import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 from typer.testing import CliRunner
 
-from ortft.cli import app
+from ortft.cli.app import app
 
 if "mix_stderr" in inspect.signature(CliRunner.__init__).parameters:
     runner = CliRunner(mix_stderr=False)
@@ -440,7 +440,7 @@ def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_csv_with_byte_order_mark_reads_its_first_column(tmp_path):
-    from ortft.data import _read_file
+    from ortft.data.rows import _read_file
     from ortft.recipe.schema import DataSection
 
     path = tmp_path / "bom.csv"

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import WORDS, tiny_causal_lm, tiny_classifier, train_losses, write_recipe
 
-from ortft import batches
+from ortft.data import batches
 from ortft.tasks import Encoded
 
 

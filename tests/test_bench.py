@@ -14,8 +14,8 @@ import pytest
 from conftest import train_losses
 from typer.testing import CliRunner
 
-from ortft.cli import app
-from ortft.errors import EXIT_USAGE, UsageError
+from ortft.cli.app import app
+from ortft.core.errors import EXIT_USAGE, UsageError
 from ortft.tools import bench, bench_report, flops
 
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.main import get_command
 
-from ortft.cli import app
+from ortft.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = sorted((ROOT / "examples" / "ci").glob("*.yml"))

@@ -9,7 +9,7 @@ import sys
 from typer.testing import CliRunner
 
 from ortft import __version__
-from ortft.cli import app
+from ortft.cli.app import app
 
 runner = CliRunner()
 
@@ -40,7 +40,7 @@ def test_unknown_command_is_a_usage_error():
 
 def test_importing_the_cli_does_not_import_heavy_libraries():
     code = (
-        "import json, sys, ortft.cli\n"
+        "import json, sys, ortft.cli.app\n"
         "heavy = ['torch', 'onnxruntime', 'transformers', 'onnx', 'datasets', 'numpy']\n"
         "print(json.dumps([m for m in heavy if m in sys.modules]))\n"
     )

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ortft.cli import app
-from ortft.errors import EXIT_USAGE
+from ortft.cli.app import app
+from ortft.core.errors import EXIT_USAGE
 from ortft.tools import starter
 
 # click >= 8.2 keeps stdout and stderr apart by default and dropped mix_stderr
@@ -160,7 +160,7 @@ def test_validate_bad_recipe_lists_one_line_per_problem(tmp_path):
 @pytest.mark.parametrize("backend", ["ort", "ort-ondevice", "auto"])
 def test_ort_backends_without_ort_training_are_a_usage_error(tmp_path, monkeypatch, backend):
     """As on Python 3.13 (no ORT training wheel): injected here by hiding the installed one."""
-    from ortft import ort_training
+    from ortft.env import ort_training
 
     monkeypatch.setattr(ort_training, "installed", lambda: None)
     (tmp_path / "train.csv").write_text("text,label\na b,0\nc d,1\n")
@@ -206,7 +206,7 @@ def test_validate_malformed_override():
 @pytest.fixture
 def no_training(monkeypatch):
     """Make reaching the tokenizer training, model build or the loop a test failure."""
-    from ortft import models
+    from ortft.backends.torch import models
 
     def reached(*_a, **_k):
         pytest.fail("training went past input checking")

@@ -14,7 +14,7 @@ import yaml
 from torch.distributed.run import get_args_parser
 from typer.main import get_command
 
-from ortft.cli import app
+from ortft.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "cluster"

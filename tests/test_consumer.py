@@ -22,7 +22,7 @@ from test_task_matrix import MAX_NEW, TASKS, Matrix, _close, _inputs
 from typer.testing import CliRunner
 
 from ortft import tasks
-from ortft.cli import app
+from ortft.cli.app import app
 from ortft.export import deploy
 from ortft.inference.predict import format_line
 

@@ -1,4 +1,4 @@
-"""Rows in Arrow and the tokenized cache (ortft/data.py, ortft/tokenized.py, ortft cache)."""
+"""Rows in Arrow and the tokenized cache (ortft/data/rows.py, ortft/data/tokenized.py, ortft cache)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortft import data, tasks, tokenized
-from ortft.errors import InputError
+from ortft import tasks
+from ortft.core.errors import InputError
+from ortft.data import rows as data
+from ortft.data import tokenized
 from ortft.recipe.io import LoadedRecipe, resolve_input_path
 from ortft.recipe.schema import Recipe
 
@@ -190,7 +192,7 @@ def test_cache_command_lists_and_prunes(tmp_path: Path, tokenizer, monkeypatch) 
 
 
 def _stream_and_stored(tmp_path: Path, tokenizer, **fields: object):
-    from ortft import streaming
+    from ortft.data import streaming
 
     lines = ["text,label"] + [
         f"{' '.join(['word'] * (1 + (i * 7) % 23))} {i},{['pos', 'neg'][i % 2]}" for i in range(130)
@@ -212,7 +214,7 @@ def _take(it, n):
 
 @pytest.mark.parametrize("group", [False, True])
 def test_an_unshuffled_stream_gives_the_stored_batches(tmp_path, tokenizer, group, monkeypatch):
-    from ortft import batches
+    from ortft.data import batches
 
     monkeypatch.setattr(batches, "GROUP_BATCHES", 5)  # several chunks and groups per epoch
     monkeypatch.setattr(tokenized, "ROW_BATCH", 12)
@@ -226,7 +228,7 @@ def test_an_unshuffled_stream_gives_the_stored_batches(tmp_path, tokenizer, grou
 
 @pytest.mark.parametrize("group", [False, True])
 def test_a_shuffled_stream_resumes_at_the_same_batch(tmp_path, tokenizer, group, monkeypatch):
-    from ortft import batches
+    from ortft.data import batches
 
     monkeypatch.setattr(batches, "GROUP_BATCHES", 5)
     monkeypatch.setattr(tokenized, "ROW_BATCH", 12)

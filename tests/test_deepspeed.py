@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import tiny_classifier, train_losses, write_classification_csv, write_recipe
 
-from ortft.backends import deepspeed as zero
-from ortft.errors import RecipeError
+from ortft.backends.torch import deepspeed as zero
+from ortft.core.errors import RecipeError
 from ortft.recipe import io as recipe_io
 
 
@@ -235,7 +235,7 @@ def test_deepspeeds_accelerator_is_the_runs_device() -> None:
     code = (
         "import deepspeed, pytest\n"
         "from ortft.backends import deepspeed as zero\n"
-        "from ortft.errors import BackendError\n"
+        "from ortft.core.errors import BackendError\n"
         "name = deepspeed.accelerator.get_accelerator().device_name()\n"
         "zero._check_accelerator(deepspeed, name)\n"
         "other = 'cuda' if name == 'cpu' else 'cpu'\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_classifier, train_losses, write_classification_csv, write_recipe
 
-from ortft.backends import distributed
+from ortft.backends.torch import distributed
 
 
 def run(*args: str, nproc: int = 1) -> subprocess.CompletedProcess:
@@ -118,7 +118,7 @@ import atexit, os, sys, time
 if os.environ["RANK"] == "1":  # registered first, runs last: sum() holds the GIL in C (~2 s)
     atexit.register(sum, range(100_000_000))
 import torch
-from ortft.backends import distributed
+from ortft.backends.torch import distributed
 
 def threads():
     return len(os.listdir("/proc/self/task"))
@@ -198,7 +198,7 @@ def test_restarts_over_a_shared_store_are_flagged(
 ) -> None:
     """torchrun's restarts hang now and then over the store shared across rounds
     (tests/test_multinode.py); the run says how to avoid it."""
-    from ortft.backends import distributed
+    from ortft.backends.torch import distributed
 
     for key in ("TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"):
         monkeypatch.delenv(key, raising=False)

@@ -9,7 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from ortft.cli import app
+from ortft.cli.app import app
 from ortft.tools import doctor
 
 runner = CliRunner()
@@ -145,7 +145,7 @@ def real_report():
 def expected_warnings() -> set[str]:
     """The GPU profile on a machine without a GPU warns that the CUDA extensions are not built
     (they cannot be here: no CUDA 12 nvcc); the CPU profile warns about nothing."""
-    from ortft import cudalibs
+    from ortft.env import cudalibs
 
     return {"CUDA extensions"} if cudalibs.installed() and not doctor._gpu_visible() else set()
 

@@ -21,7 +21,7 @@ from conftest import (
 )
 from typer.testing import CliRunner
 
-from ortft.cli import app
+from ortft.cli.app import app
 from ortft.inference.evaluate import cross_entropy_sum
 from ortft.tasks import get as get_task
 

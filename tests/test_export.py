@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ortft.cli import app
+from ortft.cli.app import app
 
 TEXTS = [
     "the cat sat on a mat while dogs ran",
@@ -34,7 +34,7 @@ def _save_tiny(path: Path, kind: str) -> Path:
         GPT2LMHeadModel,
     )
 
-    from ortft.models import train_tokenizer
+    from ortft.backends.torch.models import train_tokenizer
     from ortft.recipe.schema import TrainTokenizer
 
     torch.manual_seed(0)
@@ -264,7 +264,7 @@ def test_trainable_patterns_freeze_the_rest(tmp_path):
 
 
 def test_trainable_pattern_that_matches_nothing_is_an_input_error():
-    from ortft.errors import InputError
+    from ortft.core.errors import InputError
     from ortft.export import onnx_tools
 
     with pytest.raises(InputError, match="matches no parameter"):

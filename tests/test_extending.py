@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 
-from ortft import backends, checkpoint, models
+from ortft import backends
 from ortft.backends import Started, StepResult
-from ortft.errors import GateError
+from ortft.backends.torch import models
+from ortft.checkpoint import store as checkpoint
+from ortft.core.errors import GateError
 from ortft.recipe import io as recipe_io
 from ortft.run import lifecycle
 from ortft.run.summary import BackendReport
@@ -71,7 +73,7 @@ class ToyEngine:
         return {}
 
     def save(self, run_dir: Path, state, recipe_yaml: str, keep_last: int) -> Path:
-        from ortft import fsutil
+        from ortft.core import fsutil
 
         final = run_dir / checkpoint.checkpoint_name(state.step)
         with fsutil.atomic_dir(final) as tmp:
@@ -159,7 +161,7 @@ def test_the_toy_engine_resumes_and_gets_gate_verdicts(tmp_path: Path, toy: list
 
 def test_the_lifecycle_and_the_ondevice_engine_import_no_torch() -> None:
     code = (
-        "import sys; import ortft.run.lifecycle, ortft.run.loop, ortft.backends.ondevice, ortft.cli;"
+        "import sys; import ortft.run.lifecycle, ortft.run.loop, ortft.backends.ondevice.engine, ortft.cli.app;"
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

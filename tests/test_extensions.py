@@ -1,4 +1,4 @@
-"""ortft.tools.extensions: what counts as built, and the cache outside the venv (no compiler needed)."""
+"""ortft.env.extensions: what counts as built, and the cache outside the venv (no compiler needed)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ortft.tools import extensions
+from ortft.env import extensions
 
 SO = ".cpython-311-x86_64-linux-gnu.so"
 

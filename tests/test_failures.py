@@ -15,9 +15,11 @@ import torch
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 from typer.testing import CliRunner
 
-from ortft import checkpoint, fsutil, models
-from ortft.cli import app
-from ortft.errors import EXIT_FAILED, RunError
+from ortft.backends.torch import models
+from ortft.checkpoint import store as checkpoint
+from ortft.cli.app import app
+from ortft.core import fsutil
+from ortft.core.errors import EXIT_FAILED, RunError
 from ortft.recipe import io as recipe_io
 from ortft.run import lifecycle as train_mod
 
@@ -155,7 +157,7 @@ def test_resaving_the_same_step_never_loses_it(
 
 
 def test_stale_temp_folders_are_removed(tmp_path):
-    from ortft import checkpoint
+    from ortft.checkpoint import store as checkpoint
 
     stale = tmp_path / ".step-000004.tmp-12345"
     stale.mkdir()

@@ -1,4 +1,4 @@
-"""ortft.fsutil: atomic files and folders (replace without a gap, clean up on failure)."""
+"""ortft.core.fsutil: atomic files and folders (replace without a gap, clean up on failure)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ortft import fsutil
+from ortft.core import fsutil
 
 
 def _old_folder(tmp_path: Path) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 
-from ortft.errors import UsageError
+from ortft.core.errors import UsageError
 from ortft.run import gates
 from ortft.tools import ci_report
 
@@ -209,7 +209,7 @@ def test_max_time_stops_and_leaves_a_resumable_checkpoint(
 # `ortft train` in-process, then what the run left switched on in torch and in ORTModule
 _TRAIN_THEN_REPORT = (
     "import sys; sys.argv = ['ortft', *sys.argv[1:]]\n"
-    "from ortft.cli import main\n"
+    "from ortft.cli.app import main\n"
     "try:\n    main()\nfinally:\n"
     "    import torch\n"
     "    ortmodule = sys.modules.get('onnxruntime.training.ortmodule')\n"

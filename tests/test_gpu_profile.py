@@ -1,4 +1,4 @@
-"""The GPU profile without a GPU: ORT's CUDA provider libraries (ortft.cudalibs), doctor's GPU
+"""The GPU profile without a GPU: ORT's CUDA provider libraries (ortft.env.cudalibs), doctor's GPU
 lines in both profiles (a visible GPU simulated), and `make gpu-check`'s plan and refusal."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ortft import cudalibs
+from ortft.env import cudalibs
 from ortft.tools import bench, doctor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +67,7 @@ def test_the_hook_preloads_on_import_and_says_what_is_missing(tmp_path):
     hook says on stderr which file is missing, once."""
     (tmp_path / "nvidia").mkdir()
     code = (
-        "import ortft.cudalibs as c\n"
+        "import ortft.env.cudalibs as c\n"
         "assert c.install_hook()\n"
         "import onnxruntime\n"
         "import sys; assert not any(isinstance(f, c._PreloadOnImport) for f in sys.meta_path)\n"
@@ -240,7 +240,7 @@ def test_the_gpu_lock_resolves_every_library_of_the_cuda_provider(tmp_path):
     env = {**os.environ, cudalibs.ENV_ROOT: str(target), "PYTHONPATH": str(ROOT)}
     env.pop("LD_LIBRARY_PATH", None)
     code = (
-        "import ortft.cudalibs as c, json\n"
+        "import ortft.env.cudalibs as c, json\n"
         "provider = c.provider_library()\n"
         "missing = c.unresolved(provider, c.lib_dirs())\n"
         "c.install_hook()\n"

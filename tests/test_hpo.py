@@ -13,7 +13,7 @@ from conftest import tiny_classifier, write_classification_csv, write_recipe
 
 pytest.importorskip("optuna")
 
-from ortft.errors import RecipeError  # noqa: E402
+from ortft.core.errors import RecipeError  # noqa: E402
 from ortft.recipe import io as recipe_io
 from ortft.tools import hpo  # noqa: E402
 

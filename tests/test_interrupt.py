@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 
-from ortft import checkpoint
+from ortft.checkpoint import store as checkpoint
 
 STEPS = 40
 ENV = {**os.environ, "NO_COLOR": "1"}

@@ -25,7 +25,7 @@ from conftest import (
 # torch poisoned before ortft loads: `import torch` fails, and transformers sees no torch
 NO_TORCH = (
     "import sys; sys.modules['torch'] = None; sys.argv = ['ortft', *sys.argv[1:]]\n"
-    "from ortft.cli import main\n"
+    "from ortft.cli.app import main\n"
     "try:\n    main()\nfinally:\n"
     "    loaded = [m for m in sys.modules if m.startswith('torch.') or (m == 'torch' and sys.modules[m])]\n"
     "    print('TORCH_MODULES', len(loaded), file=sys.stderr)\n"
@@ -120,7 +120,7 @@ def test_embedding_lookups_broadcast_over_the_batch_are_refused():
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from ortft.errors import InputError
+    from ortft.core.errors import InputError
     from ortft.export.onnx_tools import check_embedding_indices
 
     def graph(ids_from_input: bool) -> onnx.ModelProto:
@@ -151,8 +151,8 @@ def test_artifacts_with_a_broadcast_lookup_gradient_are_refused(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from ortft.backends.ondevice import _check_lookup_gradients
-    from ortft.errors import InputError
+    from ortft.backends.ondevice.engine import _check_lookup_gradients
+    from ortft.core.errors import InputError
 
     def write(ids_from_input: bool) -> None:
         ids = "input_ids" if ids_from_input else "buffer_ids"
@@ -234,7 +234,7 @@ def test_inference_model_holds_the_trained_weights(trained):
     import onnx
     import onnxruntime as ort
 
-    from ortft.backends.ondevice import training_api
+    from ortft.backends.ondevice.engine import training_api
 
     _, run, _ = trained
     api = training_api()
@@ -359,7 +359,7 @@ def test_export_of_an_onnx_final_says_when_nothing_independent_was_there(trained
 def test_the_loop_module_imports_no_torch():
     import ast
 
-    import ortft.backends.ondevice as loop
+    import ortft.backends.ondevice.engine as loop
 
     tree = ast.parse(Path(loop.__file__).read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -377,7 +377,7 @@ def test_the_loop_module_imports_no_torch():
     ],
 )
 def test_unsupported_combinations_are_recipe_errors(tmp_path, override, message):
-    from ortft.errors import RecipeError
+    from ortft.core.errors import RecipeError
     from ortft.recipe import io as recipe_io
 
     write_classification_csv(tmp_path / "train.csv")
@@ -412,7 +412,7 @@ def test_max_time_stops_the_run(trained, tmp_path):
 
 
 def test_threads_and_determinism_reach_the_session(trained, monkeypatch):
-    from ortft.backends import ondevice
+    from ortft.backends.ondevice import engine as ondevice
     from ortft.recipe import io as recipe_io
 
     recipe, run, _ = trained

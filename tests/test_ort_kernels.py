@@ -20,7 +20,7 @@ from conftest import (
     write_recipe,
 )
 
-from ortft.backends import ort_kernels
+from ortft.backends.ortmodule import kernels as ort_kernels
 
 
 @pytest.fixture(scope="module")

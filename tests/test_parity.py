@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 from ortft.export import parity
 
 

@@ -23,8 +23,8 @@ import torch
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 from typer.testing import CliRunner
 
-from ortft.backends import amp
-from ortft.cli import app
+from ortft.backends.torch import amp
+from ortft.cli.app import app
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 
@@ -252,8 +252,8 @@ def test_a_disabled_scaler_checkpoints_nothing_and_loads_anything() -> None:
 def test_checkpoints_carry_the_fp16_scaler_state(tmp_path: Path) -> None:
     """checkpoint.save keeps the GradScaler's state (scaler.pt) and load gives it back; an
     fp32/bf16 run (a disabled scaler: {}) writes no scaler.pt."""
-    from ortft import checkpoint
-    from ortft.backends import amp
+    from ortft.backends.torch import amp
+    from ortft.checkpoint import store as checkpoint
 
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(model.parameters())

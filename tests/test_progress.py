@@ -9,7 +9,7 @@ import logging
 import pytest
 from rich.console import Console
 
-from ortft import progress
+from ortft.core import progress
 
 USER_TEXT = "label [/x] and [bold]kept[/bold] in /data/[/x]/train.csv"
 

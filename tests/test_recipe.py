@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ortft.errors import EXIT_USAGE, RecipeError, UsageError
+from ortft.core.errors import EXIT_USAGE, RecipeError, UsageError
 from ortft.recipe import io as recipe_io
 from ortft.recipe.schema import Recipe
 

@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ortft.errors import EXIT_USAGE, OrtftError, RecipeError, UsageError
+from ortft.core.errors import EXIT_USAGE, OrtftError, RecipeError, UsageError
 from ortft.recipe import io as recipe_io
 
 MINIMAL = {

@@ -1,4 +1,4 @@
-"""ortft.run.schedules: the torch-free lr table matches transformers.get_scheduler step by step."""
+"""ortft.backends.ondevice.schedules: the torch-free lr table matches transformers.get_scheduler step by step."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import typing
 
 import pytest
 
+from ortft.backends.ondevice import schedules
 from ortft.recipe.schema import Scheduler
-from ortft.run import schedules
 
 STEPS = 37
 LR = 3e-4

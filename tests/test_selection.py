@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 
-from ortft.checkpoint import TrainState
+from ortft.checkpoint.store import TrainState
 from ortft.recipe.schema import Recipe
 from ortft.run.early_stopping import Selector, improved
 

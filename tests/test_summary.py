@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 from ortft.run import gates, report
 from ortft.run.summary import (
     FORMAT_VERSION,

@@ -30,7 +30,7 @@ from test_tasks import DATA, RECIPES
 from typer.testing import CliRunner
 
 from ortft import tasks
-from ortft.cli import app
+from ortft.cli.app import app
 
 TASKS = [
     "sequence-classification",

@@ -115,7 +115,7 @@ RECIPES = {
 
 
 def _tokenizer(kind: str, texts: list[str]):
-    from ortft.models import train_tokenizer
+    from ortft.backends.torch.models import train_tokenizer
     from ortft.recipe.schema import TrainTokenizer
 
     return train_tokenizer(
@@ -368,7 +368,7 @@ def test_lora_trains_only_the_adapter_and_exports_merged(tmp_path: Path) -> None
     # the base weights are the untouched initial ones (from_config is seeded)
     from transformers import AutoTokenizer
 
-    from ortft import models
+    from ortft.backends.torch import models
     from ortft.recipe import io as recipe_io
 
     loaded = recipe_io.load(path)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 from ortft.recipe.schema import LoggingSection
 from ortft.run.tracking import PLOT_NAME, Tracker, check
 

@@ -23,7 +23,7 @@ from ortft.run.summary import BackendReport, Precision
 if TYPE_CHECKING:
     import numpy as np
 
-    from ortft.checkpoint import TrainState
+    from ortft.checkpoint.store import TrainState
     from ortft.recipe.io import LoadedRecipe
     from ortft.recipe.schema import Recipe
     from ortft.tasks import Encoded
@@ -153,12 +153,18 @@ ORT_THREAD_ENV = {"GOMP_SPINCOUNT": "1000"}
 
 REGISTRY: dict[str, Backend] = {
     "ort": Backend(
-        "ortft.backends.pytorch:create", "ortft.backends.ort:recipe_problems", ORT_THREAD_ENV
+        "ortft.backends.torch.engine:create",
+        "ortft.backends.ortmodule.wrapper:recipe_problems",
+        ORT_THREAD_ENV,
     ),
-    "torch": Backend("ortft.backends.pytorch:create", "ortft.backends.torch:recipe_problems"),
-    "auto": Backend("ortft.backends.pytorch:create", "ortft.backends.ort:recipe_problems"),
+    "torch": Backend(
+        "ortft.backends.torch.engine:create", "ortft.backends.torch.eager:recipe_problems"
+    ),
+    "auto": Backend(
+        "ortft.backends.torch.engine:create", "ortft.backends.ortmodule.wrapper:recipe_problems"
+    ),
     "ort-ondevice": Backend(
-        "ortft.backends.ondevice:create", "ortft.backends.ondevice:recipe_problems"
+        "ortft.backends.ondevice.engine:create", "ortft.backends.ondevice.engine:recipe_problems"
     ),
 }
 _FACTORIES: dict[str, Callable[[LoadedRecipe], Engine]] = {}

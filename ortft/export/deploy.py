@@ -357,7 +357,7 @@ def check_runtime(python: str, folder: Path, files: dict[str, str], feeds: dict[
 
     import numpy as np
 
-    from ortft.errors import InputError
+    from ortft.core.errors import InputError
     from ortft.export import parity
 
     given = graph_feeds(folder, files, feeds)

@@ -7,7 +7,7 @@ the model config and ``export.json`` (the reports). On request it also holds
 ``training/`` (on-device training artifacts); see ``ortft.export.onnx_tools`` for what was measured.
 
 The checks and export.json's pass rules are in ``ortft.export.parity``; ``ortft export SOURCE``
-(runs, checkpoints, saved models, ONNX final/) is in ``ortft.export.source``.
+(runs, checkpoints, saved models, ONNX final/) is in ``ortft.tools.export_source``.
 
 Everything is written into a staging folder next to OUT and swapped into place at the end
 (``fsutil.promote``: an earlier OUT stays whole until then). When a check fails, the staging
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft import fsutil
-from ortft.errors import InputError, RunError
+from ortft.core import fsutil
+from ortft.core.errors import InputError, RunError
 from ortft.export import decoder, parity
 from ortft.export import onnx_tools as tools
 
@@ -447,7 +447,7 @@ def _task_of(config: Any, model_dir: Path | None = None) -> str:
 
 
 def export_source(source: Path, output: Path | None, **kwargs: Any) -> dict[str, Any]:
-    """``ortft export SOURCE``: see ``ortft.export.source.export_source``."""
-    from ortft.export import source as source_mod  # it builds on this module
+    """``ortft export SOURCE``: see ``ortft.tools.export_source.export_source``."""
+    from ortft.tools import export_source as source_mod  # it builds on this module
 
     return source_mod.export_source(source, output, **kwargs)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft.errors import InputError, RunError
+from ortft.core.errors import InputError, RunError
 from ortft.export.parity import IGNORE  # the label transformers' losses skip
 
 TRAINING_OPSET = 16  # the highest opset whose training graph ORT 1.19 can differentiate (see above)

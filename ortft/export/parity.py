@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 
 EXPORT_FORMAT_VERSION = 2
 IGNORE = -100  # the label transformers' losses skip

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from ortft import data as data_mod
 from ortft import tasks
-from ortft.errors import InputError, RecipeError
+from ortft.core.errors import InputError, RecipeError
+from ortft.data import rows as data_mod
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe, TrainingSection
 from ortft.recipe.task import read_task

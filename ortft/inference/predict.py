@@ -31,7 +31,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 from ortft.inference.evaluate import SavedModel, open_model, training_recipe
 
 TOP_K = 5  # fill-mask candidates per mask, as the transformers fill-mask pipeline's default

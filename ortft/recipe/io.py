@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ortft.errors import RecipeError, UsageError
+from ortft.core.errors import RecipeError, UsageError
 from ortft.recipe.schema import Recipe
 
 PKG_PREFIX = "pkg://"
@@ -240,7 +240,7 @@ def check_paths(loaded: LoadedRecipe) -> list[str]:
         if looks_local(value) and not path.exists():  # anything else may be a Hub id
             problems.append(f"{field}: {path} does not exist")
     if isinstance(r.deepspeed, str) and loaded.resolve_path(r.deepspeed).is_file():
-        from ortft.backends import (
+        from ortft.backends.torch import (
             deepspeed as zero,  # the JSON file gets the checks an inline mapping gets
         )
 

@@ -30,7 +30,7 @@ def combinations(r: Recipe) -> None:
             "use bf16 (backend.name=torch) or fp32"
         )
     if isinstance(r.deepspeed, dict):
-        from ortft.backends import deepspeed as zero
+        from ortft.backends.torch import deepspeed as zero
 
         problems = zero.check(r.deepspeed, r)
         if problems:
@@ -51,7 +51,7 @@ def combinations(r: Recipe) -> None:
 
 
 def streaming(r: Recipe) -> None:
-    """data.streaming: what a stream of rows cannot give (see ortft/streaming.py)."""
+    """data.streaming: what a stream of rows cannot give (see ortft/data/streaming.py)."""
     d = r.data
     if not d.streaming:
         return

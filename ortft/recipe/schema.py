@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ortft.data.spec import DataFormat, DataSection  # noqa: F401 - re-exported
 from ortft.recipe import rules
-from ortft.recipe.data import DataFormat, DataSection  # noqa: F401 - re-exported
 from ortft.recipe.fields import (  # noqa: F401 - re-exported: other modules import them from here
     LOWER_IS_BETTER,
     EvalMetric,
@@ -420,7 +420,7 @@ class Recipe(Section):
     @field_validator("gates")
     @classmethod
     def _gates_parse(cls, value: list[str]) -> list[str]:
-        from ortft.errors import UsageError
+        from ortft.core.errors import UsageError
         from ortft.run import gates
 
         for text in value:

@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortft import fsutil
-from ortft.checkpoint import TrainState
+from ortft.checkpoint.store import TrainState
+from ortft.core import fsutil
 from ortft.recipe.schema import Recipe, metric_mode
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class Selector:
 
 def save_best(run_dir: Path, model: torch.nn.Module, state: TrainState) -> Path:
     """Write ``best/`` (weights + best.json) atomically, replacing the previous best."""
-    from ortft.checkpoint import save_weights
+    from ortft.checkpoint.store import save_weights
 
     final = run_dir / BEST_DIR
     meta = {

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ortft.errors import UsageError
+from ortft.core.errors import UsageError
 from ortft.run.summary import RunSummary
 
 _OPS = {

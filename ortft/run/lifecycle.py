@@ -19,9 +19,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ortft import backends, batches, checkpoint, data, fsutil, streaming, tasks, tokenized
-from ortft.errors import GateError, InputError, Interrupted, OrtftError, RunError
-from ortft.progress import Progress
+from ortft import backends, tasks
+from ortft.checkpoint import store as checkpoint
+from ortft.core import fsutil
+from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, RunError
+from ortft.core.progress import Progress
+from ortft.data import batches, streaming, tokenized
+from ortft.data import rows as data
 from ortft.recipe.io import LoadedRecipe, dump
 from ortft.run import gates, loop, report, rundir
 from ortft.run.early_stopping import Selector

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from ortft import batches, data
-from ortft.checkpoint import TrainState
-from ortft.errors import RunError
-from ortft.progress import Progress
+from ortft.checkpoint.store import TrainState
+from ortft.core.errors import RunError
+from ortft.core.progress import Progress
+from ortft.data import batches
+from ortft.data import rows as data
 
 
 class Signals:

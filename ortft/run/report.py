@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ortft import fsutil
+from ortft.core import fsutil
 from ortft.run.summary import FORMAT_VERSION, BackendReport, RunSummary  # noqa: F401 (re-export)
 
 PACKAGES = [

@@ -10,8 +10,8 @@ import shlex
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ortft import checkpoint
-from ortft.errors import InputError
+from ortft.checkpoint import store as checkpoint
+from ortft.core.errors import InputError
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import default_output_dir
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 
 FORMAT_VERSION = 1
 

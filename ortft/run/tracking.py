@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 from ortft.recipe.schema import LoggingSection
 from ortft.run import report
 

@@ -110,7 +110,7 @@ def from_architecture(config: Any) -> str:
     own task (its recipe) always wins, since an architecture cannot tell e.g. an instruction
     run from a causal-lm one.
     """
-    from ortft.errors import InputError
+    from ortft.core.errors import InputError
 
     archs = " ".join(getattr(config, "architectures", None) or [])
     for name in _tasks:

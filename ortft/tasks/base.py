@@ -119,7 +119,7 @@ class Task:
         """The label names in id order (None: the task has no labels)."""
         if not self.needs_labels:
             return None
-        from ortft.data import label_names
+        from ortft.data.rows import label_names
 
         return label_names(rows, data)
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 from ortft.tasks.base import Encoded, Task, TaskOptions
 
 

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 from ortft.tasks.base import Encoded, Task, TaskOptions
 
 IGNORE = -100

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 from ortft.tasks import squad
 from ortft.tasks.base import Encoded, Task, TaskOptions
 

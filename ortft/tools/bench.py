@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortft.errors import UsageError
+from ortft.core.errors import UsageError
 from ortft.run.summary import BackendReport, RunSummary
 from ortft.tools import flops
 from ortft.tools.bench_report import plot, print_table

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ortft.errors import RunError, UsageError
+from ortft.core.errors import RunError, UsageError
 
 COLUMNS = (
     "backend", "vs torch", "step ms", "min–max", "samples/s", "tokens/s", "pad %", "1st step s",

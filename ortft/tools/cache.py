@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ortft import data, tokenized
-from ortft.errors import UsageError
+from ortft.core.errors import UsageError
+from ortft.data import rows as data
+from ortft.data import tokenized
 
 
 def _size(path: Path) -> int:

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ortft import fsutil
-from ortft.errors import UsageError
+from ortft.core import fsutil
+from ortft.core.errors import UsageError
 from ortft.run.summary import BackendReport, RunSummary
 
 Summary = RunSummary | Mapping[str, Any]  # a dict: summary.json as read from disk

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ortft import __version__, ort_training
+from ortft import __version__
+from ortft.env import ort_training
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 
@@ -325,7 +326,7 @@ def gpu_verdict(gpu_visible: bool, gpu_profile: bool) -> str:
 def provider_library(provider: str) -> tuple[str, Any]:
     """The shared library an execution provider lives in: the CPU provider is inside the
     Python binding; the others are libonnxruntime_providers_<name>.so beside it."""
-    from ortft import cudalibs
+    from ortft.env import cudalibs
 
     if provider == "CPUExecutionProvider":
         spec = importlib.util.find_spec("onnxruntime")
@@ -354,7 +355,7 @@ def _probe_provider(provider: str, gpu_visible: bool) -> Check:
     """Whether a listed provider can load here: ldd of its library, with the GPU profile's
     CUDA 11.8 folders first on the search path as the preload puts them in the process.
     (ORT lists every provider it was built with, whether it loads or not.)"""
-    from ortft import cudalibs
+    from ortft.env import cudalibs
 
     profile = cudalibs.installed()
     name, library = provider_library(provider)
@@ -387,8 +388,7 @@ def cuda_extensions_check(missing: list[str], gpu_visible: bool, gpu_profile: bo
 
 def _probe_cuda_extensions() -> list[Check]:
     """torch-ort's CUDA extensions, reported apart from the CPU ones (which every run needs)."""
-    from ortft import cudalibs
-    from ortft.tools import extensions
+    from ortft.env import cudalibs, extensions
 
     ext_dir = extensions.extensions_dir()
     if ext_dir is None:
@@ -398,7 +398,7 @@ def _probe_cuda_extensions() -> list[Check]:
 
 
 def _probe_extensions(fix: bool) -> list[Check]:
-    from ortft.tools import extensions
+    from ortft.env import extensions
 
     try:
         state = extensions.status()

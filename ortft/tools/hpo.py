@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from ortft.errors import GateError, InputError, Interrupted, RecipeError, RunError, Stopped
+from ortft.core.errors import GateError, InputError, Interrupted, RecipeError, RunError, Stopped
 from ortft.recipe import io as recipe_io
 from ortft.recipe.schema import HpoCategorical, HpoFloat, HpoSection, metric_mode
 from ortft.run import lifecycle as train

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ortft.errors import UsageError
+from ortft.core.errors import UsageError
 
 
 def recipes_dir() -> Path:

@@ -127,7 +127,7 @@ def _define_library() -> None:
 def reseed(seed: int, micro_step: int) -> None:
     """Dropout's generator for micro-batch ``micro_step``: the masks are a function of where
     the run is (see ``ort_rng``, which does the same for ORT's own generator)."""
-    from ortft.backends import ort_rng
+    from ortft.backends.ortmodule import rng as ort_rng
 
     if _STATE["generator"] is None:
         _STATE["generator"] = torch.Generator()

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortft.errors import BackendError
+from ortft.core.errors import BackendError
 from ortft.run.summary import BackendReport
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def _install_label_hook_fix() -> None:
 
 def recipe_problems(recipe: Any) -> list[str]:
     """What ORTModule (backend.name=ort, and auto, which may choose it) refuses; torch-free."""
-    from ortft import ort_training
+    from ortft.env import ort_training
 
     dtype, device, name = recipe.precision.dtype, recipe.hardware.device, recipe.backend.name
     missing = ort_training.recipe_problem(name)
@@ -229,7 +229,7 @@ class OrtBackend:
 
     def _route_kernels(self, module: nn.Module) -> None:
         """backend.pytorch_kernels: ops that run as PyTorch kernels inside the ORT graph."""
-        from ortft.backends import ort_kernels
+        from ortft.backends.ortmodule import kernels as ort_kernels
 
         param = next(module.parameters(), None)
         device = param.device.type if param is not None else "cpu"
@@ -255,7 +255,8 @@ class OrtBackend:
     def before_forward(self, seed: int, micro_step: int) -> None:
         """Dropout masks of ORT's graph: a function of the seed and the micro-step (ort_rng),
         and so are those of dropout routed to PyTorch's kernel (backend.pytorch_kernels)."""
-        from ortft.backends import ort_kernels, ort_rng
+        from ortft.backends.ortmodule import kernels as ort_kernels
+        from ortft.backends.ortmodule import rng as ort_rng
 
         ort_rng.reseed(seed, micro_step)
         ort_kernels.reseed(seed, micro_step)
@@ -278,7 +279,7 @@ class OrtBackend:
             # Nothing was exported, yet the step ran: ORT was not in the loop.
             self._fell_back("ORTModule ran no exported graph")
         else:  # what of the training graph runs as PyTorch kernels (backend.pytorch_kernels)
-            from ortft.backends import ort_kernels
+            from ortft.backends.ortmodule import kernels as ort_kernels
 
             info = manager._graph_transition_manager._exported_model_info
             if info is not None and info.exported_model is not None:

@@ -59,7 +59,7 @@ def quiet_libraries(debug: bool, with_torch: bool = True) -> None:
     import os
     import warnings
 
-    from ortft.progress import setup_logging
+    from ortft.core.progress import setup_logging
 
     setup_logging(logging.DEBUG if debug else logging.INFO)
     if "DS_ACCELERATOR" not in os.environ:

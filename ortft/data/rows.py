@@ -4,7 +4,7 @@ Rows are never held in memory as Python objects: every source becomes a memory-m
 dataset in ``<ORTFT_CACHE>/datasets`` (csv/tsv/json/jsonl/txt/folders through ortft's own
 streaming readers, so quoting, UTF-8 handling and the file:line of a bad row stay exactly as
 they were; parquet, saved datasets and the Hub through ``datasets`` itself). Tokenizing and the
-tokenized cache are ``ortft/tokenized.py``; batches are ``ortft/batches.py``.
+tokenized cache are ``ortft/data/tokenized.py``; batches are ``ortft/data/batches.py``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ortft import batches
-from ortft.errors import InputError
+from ortft.core.errors import InputError
+from ortft.data import batches
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import DataSection
 from ortft.tasks import Task
@@ -431,7 +431,7 @@ def _fingerprint(loaded: LoadedRecipe, values: list[str | None]) -> str:
 def load_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
     r = loaded.recipe
     data = r.data
-    if data.streaming:  # train rows read as they stream (ortft/streaming.py); eval stored
+    if data.streaming:  # train rows read as they stream (ortft/data/streaming.py); eval stored
         return _stream_splits(loaded, task)
     train = read_rows(loaded, data.train, data.split, task)
     evals: Rows | None = None
@@ -453,7 +453,7 @@ def load_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
 
 
 def _stream_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
-    from ortft import streaming
+    from ortft.data import streaming
 
     data = loaded.recipe.data
     train: Any = streaming.read(loaded, data.train, data.split, task)
@@ -478,7 +478,7 @@ def label_names(rows: Any, data: DataSection) -> list[str]:
 
 
 # --------------------------------------------------------------------------- batches
-# (ortft/batches.py; these names stay here for the callers that read rows and batches together)
+# (ortft/data/batches.py; these names stay here for the callers that read rows and batches together)
 batches_per_epoch = batches.batches_per_epoch
 train_batches = batches.train_batches
 eval_batches = batches.eval_batches

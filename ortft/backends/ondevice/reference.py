@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ortft import checkpoint
+from ortft.checkpoint import store as checkpoint
 
 
 def _artifacts(model_dir: Path, summary: dict[str, Any]) -> Path | None:
@@ -51,7 +51,7 @@ def eval_graph_logits(
         return None
     import onnxruntime
 
-    from ortft.backends.ondevice import training_api
+    from ortft.backends.ondevice.engine import training_api
 
     api = training_api()
     # as in training: the session warns about every unused initializer of the eval graph

@@ -19,9 +19,11 @@ from typing import Any
 
 import torch
 
-from ortft import batches, checkpoint, models
-from ortft.backends.pytorch import wrapper
-from ortft.errors import BackendError
+from ortft.backends.torch import models
+from ortft.backends.torch.engine import wrapper
+from ortft.checkpoint import store as checkpoint
+from ortft.core.errors import BackendError
+from ortft.data import batches
 from ortft.recipe.io import LoadedRecipe
 
 log = logging.getLogger("ortft")

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortft.errors import GateError, InputError
-from ortft.export import deploy, ondevice_reference, parity
+from ortft.backends.ondevice import reference as ondevice_reference
+from ortft.core.errors import GateError, InputError
+from ortft.export import deploy, parity
 from ortft.export import onnx_tools as tools
 from ortft.export.exporter import (
     PARITY_SAMPLES,
@@ -46,7 +47,8 @@ def _recipe_samples(model_dir: Path, tokenizer: Any, task: str, config: Any) -> 
     (``pkg://`` and absolute paths can; paths relative to a recipe elsewhere may not)."""
     if not (model_dir / "recipe.yaml").exists():
         return None
-    from ortft import data, tasks
+    from ortft import tasks
+    from ortft.data import rows as data
     from ortft.recipe import io as recipe_io
 
     try:
@@ -73,7 +75,7 @@ def _merge_adapter(
     """The base ``model`` with the adapter of final/adapter/ (or of a checkpoint) merged in."""
     from peft import PeftModel
 
-    from ortft import checkpoint
+    from ortft.checkpoint import store as checkpoint
 
     adapted = PeftModel.from_pretrained(model, str(adapter_dir))
     if checkpoint_dir is not None:  # a LoRA checkpoint holds the trainable weights only
@@ -138,7 +140,7 @@ def export_source(
 def _model_dirs(source: Path) -> tuple[Path, Path]:
     """(the folder with config.json and the tokenizer, the folder with the weights): final/ for
     a run, the run's final/ and the checkpoint for a checkpoint, SOURCE for a saved model."""
-    from ortft import checkpoint
+    from ortft.checkpoint import store as checkpoint
 
     model_dir = source / "final" if (source / "final").is_dir() else source
     weights_dir = model_dir

@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft import checkpoint, models, runtime
-from ortft.backends import Started, StepResult, amp, distributed
-from ortft.checkpoint import TrainState
-from ortft.errors import InputError
+from ortft.backends import Started, StepResult
+from ortft.backends.torch import amp, distributed, models
+from ortft.backends.torch import device as runtime
+from ortft.checkpoint import store as checkpoint
+from ortft.checkpoint.store import TrainState
+from ortft.core.errors import InputError
 from ortft.recipe.io import LoadedRecipe
 from ortft.run.summary import BackendReport, Precision
 
@@ -35,11 +37,11 @@ DEEPSPEED_CHECKPOINT_KIND = "ortft-deepspeed-checkpoint"
 def wrapper(name: str, options: Any) -> Any:
     """The module wrapper for ``name``: ``wrap`` / ``after_step`` / ``report`` (torch.py, ort.py)."""
     if name == "torch":
-        from ortft.backends.torch import TorchBackend
+        from ortft.backends.torch.eager import TorchBackend
 
         return TorchBackend()
     if name == "ort":
-        from ortft.backends.ort import OrtBackend
+        from ortft.backends.ortmodule.wrapper import OrtBackend
 
         return OrtBackend(options)
     raise ValueError(f"unknown module wrapper {name}")
@@ -139,7 +141,7 @@ class PyTorchEngine:
         self.task, self._tokenizer = task, tokenizer
         wrapper_name = self.name
         if self.name == "auto":  # time a few steps of each wrapper on the first batches
-            from ortft.backends import auto
+            from ortft.backends.torch import auto
 
             wrapper_name, self.probe = auto.choose(
                 loaded, task, tokenizer, labels, train, self.device, build_optimizer
@@ -168,7 +170,7 @@ class PyTorchEngine:
         self.wrapped = self.wrapper.wrap(self.module, run_dir)  # after loading: ORT shares tensors
         self.wrapped.train()
         if r.deepspeed is not None:  # ZeRO 1/2 around ORTModule; the engine does DDP's job too
-            from ortft.backends import deepspeed
+            from ortft.backends.torch import deepspeed
 
             self.deepspeed = deepspeed.start(
                 self.wrapped, self.optimizer, self.scheduler, r, loaded.base_dir,
@@ -274,7 +276,7 @@ class PyTorchEngine:
         if (
             self.deepspeed is not None
         ):  # every rank writes its ZeRO partition, in DeepSpeed's format
-            from ortft.backends import deepspeed
+            from ortft.backends.torch import deepspeed
 
             folders = {
                 deepspeed.FOLDER: deepspeed.save_partitions(self.deepspeed, run_dir, state.step)
@@ -293,7 +295,7 @@ class PyTorchEngine:
     def checkpoint_problem(self, path: Path) -> str | None:
         problem = checkpoint.kind_problem(path, self._checkpoint_kind())
         if problem is None and self.recipe.deepspeed is not None:
-            from ortft.backends import deepspeed
+            from ortft.backends.torch import deepspeed
 
             problem = deepspeed.partition_problem(path, distributed.world_size())
         return problem
@@ -356,7 +358,7 @@ class PyTorchEngine:
     def close(self, ok: bool) -> None:
         """The collectives are over: drop what holds the process group, then leave it."""
         if self.deepspeed is not None:
-            from ortft.backends import deepspeed
+            from ortft.backends.torch import deepspeed
 
             deepspeed.own_storage(self.model)  # for final/ and the export
         self.forward = self.deepspeed = None  # DDP's reducer holds the process group

@@ -15,9 +15,9 @@ from typing import Annotated, Any
 import typer
 
 from ortft import __version__
-from ortft.cli_output import echo_json, emit_summary, quiet_libraries, report_failed_run
-from ortft.cli_output import err as _err
-from ortft.errors import EXIT_USAGE, OrtftError
+from ortft.cli.output import echo_json, emit_summary, quiet_libraries, report_failed_run
+from ortft.cli.output import err as _err
+from ortft.core.errors import EXIT_USAGE, OrtftError
 
 app = typer.Typer(
     name="ortft",
@@ -163,7 +163,7 @@ def _train(
 ) -> None:
     import os
 
-    from ortft.errors import GateError
+    from ortft.core.errors import GateError
     from ortft.recipe import io as recipe_io
     from ortft.run import gates
     from ortft.tools import ci_report
@@ -216,7 +216,7 @@ def bench(
     """Benchmark backends side by side on a recipe, each run in its own process; torch is the baseline."""
 
     def body() -> None:
-        from ortft.errors import RunError
+        from ortft.core.errors import RunError
         from ortft.tools import bench as bench_mod
 
         quiet_libraries(_state["debug"])
@@ -274,7 +274,7 @@ def init(
             typer.echo(text, nl=False)
             return
         if output.exists() and not force:
-            from ortft.errors import UsageError
+            from ortft.core.errors import UsageError
 
             raise UsageError(f"{output} exists; pass --force to overwrite it")
         output.write_text(text)
@@ -403,7 +403,7 @@ def export(
     """Export a trained model to ONNX and check it against PyTorch."""
 
     def body() -> None:
-        from ortft.errors import UsageError
+        from ortft.core.errors import UsageError
         from ortft.export import exporter as export_mod
 
         if trainable and not training_artifacts:

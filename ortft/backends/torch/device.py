@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 from ortft.recipe.schema import HardwareSection
 
 log = logging.getLogger("ortft")

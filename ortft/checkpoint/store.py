@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ortft import fsutil
-from ortft.errors import InputError, RunError
+from ortft.core import fsutil
+from ortft.core.errors import InputError, RunError
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +69,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:  # kept for ortft.backends.ondevice, which calls it
+def _fsync_dir(path: Path) -> None:  # kept for ortft.backends.ondevice.engine, which calls it
     fsutil.fsync_dir(path)
 
 

@@ -13,7 +13,7 @@ Compiling takes minutes on 2 cores, so the built files are saved under
 ``${ORTFT_CACHE:-~/.cache/ortft}/extensions/<key>/`` (the key hashes the torch and
 onnxruntime-training versions (and its distribution when it is the -cpu one), the Python
 version and whether CUDA is used) and copied back
-on the next set-up. ``python -m ortft.tools.extensions`` is what ``make setup`` runs; ``ortft doctor
+on the next set-up. ``python -m ortft.env.extensions`` is what ``make setup`` runs; ``ortft doctor
 --fix`` calls :func:`ensure_built`.
 """
 
@@ -34,8 +34,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ortft import fsutil, ort_training
-from ortft.errors import OrtftError
+from ortft.core import fsutil
+from ortft.core.errors import OrtftError
+from ortft.env import ort_training
 
 MARKER = "ortft-extensions.json"  # written next to the .so files: which key they were built for
 FIX_COMMAND = "ortft doctor --fix"  # or `make setup` in a clone
@@ -202,7 +203,7 @@ def check_loads(timeout: float = 300) -> str | None:
 
 
 def _say(message: str) -> None:
-    print(f"[ortft.tools.extensions] {message}", file=sys.stderr, flush=True)
+    print(f"[ortft.env.extensions] {message}", file=sys.stderr, flush=True)
 
 
 def _write_marker(ext_dir: Path, key: str, inputs: dict, source: str) -> None:
@@ -387,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m ortft.tools.extensions",
+        prog="python -m ortft.env.extensions",
         description="Build (or restore from cache) ORTModule's torch C++ extensions.",
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if already built")

@@ -80,7 +80,7 @@ def setup(device: torch.device) -> torch.device:
         # (another rank may have died or be stuck in a collective)
         atexit.register(teardown, ok=False)
     if not is_main():
-        from ortft import progress
+        from ortft.core import progress
 
         progress._console.quiet = True  # log lines and progress: rank 0 only
         log.setLevel(logging.ERROR)

@@ -138,7 +138,7 @@ def start(
     """The engine for ``recipe.deepspeed`` (under torchrun, or in one process: a group of one)."""
     import torch
 
-    from ortft.errors import InputError
+    from ortft.core.errors import InputError
 
     if not torch.distributed.is_initialized():  # one process, no torchrun: a group of one
         for key, value in (
@@ -166,7 +166,7 @@ def _check_accelerator(deepspeed: Any, device_type: str) -> None:
     import logging
     import sys
 
-    from ortft.errors import BackendError
+    from ortft.core.errors import BackendError
 
     for handler in deepspeed.utils.logger.handlers:
         if isinstance(handler, logging.StreamHandler):
@@ -192,7 +192,7 @@ def engine(
     model: Any, optimizer: Any, scheduler: Any, cfg: dict[str, Any], device_type: str
 ) -> Any:
     """``deepspeed.initialize``: the engine that does backward, accumulation, clipping and step."""
-    from ortft.errors import BackendError
+    from ortft.core.errors import BackendError
 
     try:
         import deepspeed
@@ -249,7 +249,7 @@ def save_partitions(eng: Any, run_dir: Path, step: int) -> Path:
 def load_partitions(eng: Any, checkpoint_dir: Path) -> None:
     """Optimizer partitions, scheduler and DeepSpeed's counters from ``checkpoint_dir/deepspeed``
     (the weights too, the same as model.safetensors), every file with weights_only=True."""
-    from ortft.errors import InputError
+    from ortft.core.errors import InputError
 
     # DeepSpeed's TorchCheckpointEngine.load calls torch.load(weights_only=False)
     eng.checkpoint_engine.load = _load_weights_only

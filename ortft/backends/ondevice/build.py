@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft import fsutil, models
+from ortft.backends.torch import models
+from ortft.core import fsutil
 from ortft.export import onnx_tools
 from ortft.recipe.io import LoadedRecipe
 

@@ -24,12 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from ortft import checkpoint, fsutil
-from ortft.backends import Started, StepResult, ort_rng
-from ortft.checkpoint import TrainState
-from ortft.errors import InputError, RunError
+from ortft.backends import Started, StepResult
+from ortft.backends.ondevice.schedules import lr_at
+from ortft.backends.ortmodule import rng as ort_rng
+from ortft.checkpoint import store as checkpoint
+from ortft.checkpoint.store import TrainState
+from ortft.core import fsutil
+from ortft.core.errors import InputError, RunError
 from ortft.recipe.io import LoadedRecipe
-from ortft.run.schedules import lr_at
 from ortft.run.summary import BackendReport
 
 log = logging.getLogger("ortft")
@@ -41,8 +43,9 @@ INPUTS = ("input_ids", "attention_mask", "labels")
 
 def recipe_problems(r: Any) -> list[str]:
     """What backend.name=ort-ondevice supports; the rest is a recipe error, never a no-op."""
-    from ortft import ort_training, tasks
-    from ortft.backends.torch import ortmodule_fields_set
+    from ortft import tasks
+    from ortft.backends.torch.eager import ortmodule_fields_set
+    from ortft.env import ort_training
 
     problems = []
     if not tasks.get(r.task.name, r.task).ondevice:
@@ -195,7 +198,7 @@ class OnDeviceEngine:
         training.deterministic asks ORT for deterministic kernels: both applied, never ignored."""
         import onnxruntime as ort
 
-        from ortft.backends.ort import apply_session_settings
+        from ortft.backends.ortmodule.wrapper import apply_session_settings
 
         hw, t = recipe.hardware, recipe.training
         ort.set_default_logger_severity(3)  # the session warns about every frozen initializer
@@ -247,7 +250,9 @@ class OnDeviceEngine:
                 "remove backend.trainable (or rebuild them with --trainable)"
             )
         if given is None and not (art_dir / "artifacts.json").exists():
-            from ortft.backends import ondevice_build  # the one place PyTorch is used
+            from ortft.backends.ondevice import (
+                build as ondevice_build,  # the one place PyTorch is used
+            )
 
             tok_dir = run_dir / "tokenizer"
             saved = tok_dir if tok_dir.exists() else None
@@ -377,7 +382,7 @@ class OnDeviceEngine:
         but runs in onnxruntime.training: a separate build of the same graph, not a copy."""
         from onnxruntime import InferenceSession
 
-        from ortft import data
+        from ortft.data import rows as data
 
         probe = next(data.eval_batches(samples, self.recipe.training.batch_size))
         self.module.eval()
@@ -412,7 +417,7 @@ class OnDeviceEngine:
         note = "onnxruntime.training.api; " + (
             "PyTorch only to build the artifacts" if self.exports else "no PyTorch"
         )
-        from ortft.backends.ort import session_settings
+        from ortft.backends.ortmodule.wrapper import session_settings
 
         settings = [f"{k}={v}" for k, v in sorted(session_settings().items())]
         rep = BackendReport(requested=self.name, used=self.name, ort_exports=self.exports,

@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ortft import batches, data, tokenized
-from ortft.errors import InputError
+from ortft.core.errors import InputError
+from ortft.data import batches, tokenized
+from ortft.data import rows as data
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import DataSection
 from ortft.tasks import Encoded, Task

@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ortft import batches, data, fsutil
-from ortft.errors import InputError
+from ortft.core import fsutil
+from ortft.core.errors import InputError
+from ortft.data import batches
+from ortft.data import rows as data
 from ortft.recipe.schema import DataSection
 from ortft.tasks import Encoded, Task
 
@@ -201,7 +203,7 @@ def encode_splits(
     task: Task, raw: data.RawSplits, tokenizer: Any, spec: DataSection, label2id: Any
 ) -> tuple[Encoded, ArrowEncoded | None]:
     """Train and eval arrays (each from the cache when a previous run made them); logs sizes."""
-    from ortft import streaming
+    from ortft.data import streaming
 
     t0 = time.perf_counter()
     if isinstance(raw.train, streaming.StreamRows):  # tokenized as it is read, never stored

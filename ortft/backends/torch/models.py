@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ortft.errors import InputError
+from ortft.core.errors import InputError
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import FromConfig, ModelSection, TrainTokenizer
 
