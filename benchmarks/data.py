@@ -295,7 +295,8 @@ from ortft.recipe import io
 loaded = io.load(Path(sys.argv[1]))
 task = tasks.get("sequence-classification")
 t0 = time.perf_counter()
-rows = data.read_rows(loaded, loaded.recipe.data.train, "train", task)
+spec = loaded.recipe.data
+rows = data.read_rows(spec, loaded.base_dir, spec.train, "train", task)
 read_s = time.perf_counter() - t0
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(str(loaded.resolve_path(loaded.recipe.model.name_or_path)))

@@ -85,7 +85,7 @@ def main() -> int:
     for name, cache in (("with cache", True), ("without cache", False)):
         report = exporter.export_model(
             model, tok, "causal-lm", tmp / name.replace(" ", "-"), opset=20, tolerance=1e-4,
-            kv_cache=cache,
+            options=exporter.ExportOptions(kv_cache=cache),
         )  # fmt: skip
         assert report["passed"], report["failures"]
         sessions[name] = parity.session(Path(report["model"]), threads=1)

@@ -104,7 +104,7 @@ def package_path(package: str, inner: str) -> Path:
 
 def train_rows(kind: str) -> tuple[list[str], list[str]]:
     """The texts and labels ortft trains on for ``kind``: its reader's row order, its seeded
-    hold-out of 10% (ortft.data.rows.load_splits), then the first 960 rows."""
+    hold-out of 10% (ortft.data.splits.load_splits), then the first 960 rows."""
     import numpy as np
 
     package, inner, text_col, label_col = DATA[kind]

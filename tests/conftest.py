@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import random
 from pathlib import Path
 
@@ -110,12 +109,6 @@ def tiny_causal_lm(data: str, backend: str = "ort", **training: object) -> dict:
         "training": {"max_steps": 5, "batch_size": 4, "lr": 1e-3, "log_every": 1, **training},
         "backend": {"name": backend},
     }
-
-
-def train_losses(run_dir: Path) -> list[float]:
-    """The training losses a run logged to metrics.jsonl, in step order."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r["kind"] == "train"]
 
 
 def write_recipe(path: Path, recipe: dict) -> Path:

@@ -49,14 +49,14 @@ def _batch(arch: str, rows: int, length: int, rng: np.random.Generator) -> dict[
 
 
 def main(arch: str, out: Path) -> None:
+    from ortft.backends.ondevice import artifacts
     from ortft.backends.ondevice.engine import training_api
-    from ortft.export import onnx_tools
 
     model = _model(arch)
     task = "sequence-classification" if arch == "bert" else "causal-lm"
     rng = np.random.default_rng(0)
-    onnx_tools.generate_training_artifacts(model, task, out, _batch(arch, 2, 16, rng),
-                                           loss_scale=True)  # fmt: skip
+    artifacts.generate_training_artifacts(model, task, out, _batch(arch, 2, 16, rng),
+                                          loss_scale=True)  # fmt: skip
     api = training_api()
     state = api.CheckpointState.load_checkpoint(str(out / "checkpoint"))
     module = api.Module(str(out / "training_model.onnx"), state, str(out / "eval_model.onnx"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from ortft.backends.torch.engine import wrapper as get
+from ortft.backends.torch.wrappers import wrapper as get
 from ortft.core.errors import BackendError
 from ortft.recipe.schema import BackendSection
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 import gzip
 import inspect
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import run_cli
 from typer.testing import CliRunner
 
 from ortft.cli.app import app
@@ -47,14 +45,7 @@ def in_process(*args: str) -> tuple[int, str, str]:
 
 
 def subprocess_cli(*args: str) -> tuple[int, str, str]:
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=300,
-        check=False,
-    )
+    res = run_cli("train", *args, env={"NO_COLOR": "1"}, timeout=300)
     return res.returncode, res.stdout, res.stderr
 
 
@@ -427,14 +418,7 @@ def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     """--debug is the one way to see where a bad input was caught."""
     monkeypatch.chdir(tmp_path)
     args = output_dir_under_a_file(tmp_path.resolve())
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "--debug", "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=300,
-        check=False,
-    )
+    res = run_cli("--debug", "train", *args, env={"NO_COLOR": "1"}, timeout=300)
     assert res.returncode != 0
     assert "Traceback" in res.stderr and "InputError" in res.stderr
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS, tiny_causal_lm, tiny_classifier, train_losses, write_recipe
+from conftest import WORDS, tiny_causal_lm, tiny_classifier, write_recipe
+from helpers import losses, run_cli
 
 from ortft.data import batches
 from ortft.tasks import Encoded
@@ -43,11 +42,7 @@ def _varied_jsonl(path: Path, n: int = 64) -> Path:
 
 
 def _train(recipe: Path, run: Path, *overrides: str) -> dict:
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "train", str(recipe), *overrides, "--output-dir", str(run),
-         "--json"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+    res = run_cli("train", str(recipe), *overrides, "--output-dir", str(run), "--json", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout)
 
@@ -102,13 +97,13 @@ def test_every_padding_mode_resumes_exactly(tmp_path: Path, overrides: list[str]
     recipe, run = write_recipe(tmp_path / "r.yaml", r), tmp_path / "run"
     first = _train(recipe, run, *overrides)
     assert first["data"]["batch_shapes"] > 1  # the lengths really vary
-    full = train_losses(run)
+    full = losses(run)
     for name in ("final", "step-000006", "summary.json"):  # as if killed after step 3
         target = run / name
         shutil.rmtree(target) if target.is_dir() else target.unlink()
     again = _train(recipe, run, *overrides)
     assert again["resumed_from"].endswith("step-000003")
-    assert train_losses(run) == full  # the same batches, order and shapes: bit for bit
+    assert losses(run) == full  # the same batches, order and shapes: bit for bit
 
 
 def test_ort_exports_once_for_batches_of_every_length(tmp_path: Path) -> None:
@@ -124,9 +119,7 @@ def test_ort_exports_once_for_batches_of_every_length(tmp_path: Path) -> None:
     assert cut["data"]["batch_shapes"] >= 4 and full["data"]["batch_shapes"] == 1
     assert cut["backend"]["ort_exports"] == full["backend"]["ort_exports"]
     assert cut["data"]["padding_fraction"] < full["data"]["padding_fraction"]
-    assert train_losses(tmp_path / "cut") == pytest.approx(
-        train_losses(tmp_path / "full"), rel=1e-5
-    )
+    assert losses(tmp_path / "cut") == pytest.approx(losses(tmp_path / "full"), rel=1e-5)
 
 
 def test_a_steps_loss_is_the_mean_over_its_real_tokens(tmp_path: Path) -> None:
@@ -143,6 +136,4 @@ def test_a_steps_loss_is_the_mean_over_its_real_tokens(tmp_path: Path) -> None:
     split = _train(recipe, tmp_path / "split", "training.batch_size=4",
                    "training.gradient_accumulation_steps=2")  # fmt: skip
     assert whole["samples"] == split["samples"] == 32
-    assert train_losses(tmp_path / "split") == pytest.approx(
-        train_losses(tmp_path / "whole"), rel=1e-5
-    )
+    assert losses(tmp_path / "split") == pytest.approx(losses(tmp_path / "whole"), rel=1e-5)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import train_losses
+from helpers import losses, run_cli
 from typer.testing import CliRunner
 
 from ortft.cli.app import app
@@ -21,14 +21,7 @@ from ortft.tools import bench, bench_report, flops
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     # a real process: ORTModule redirects the OS-level stdout/stderr while it exports
-    return subprocess.run(
-        [sys.executable, "-m", "ortft", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=900,
-        check=False,
-    )
+    return run_cli(*args, env={"NO_COLOR": "1"}, timeout=900)
 
 
 def test_bench_reports_every_field_and_ratio(cls_recipe: Path, tmp_path: Path) -> None:
@@ -152,9 +145,7 @@ def test_auto_picks_a_backend_and_trains_as_it_would(cls_recipe: Path, tmp_path:
         str(tmp_path / "plain"),
     )
     assert plain.returncode == 0, plain.stderr
-    assert train_losses(tmp_path / "auto") == pytest.approx(
-        train_losses(tmp_path / "plain"), rel=1e-6
-    )
+    assert losses(tmp_path / "auto") == pytest.approx(losses(tmp_path / "plain"), rel=1e-6)
 
 
 def test_ort_trains_with_the_compute_optimizer_off(cls_recipe: Path, tmp_path: Path) -> None:
@@ -172,7 +163,7 @@ def test_ort_trains_with_the_compute_optimizer_off(cls_recipe: Path, tmp_path: P
             str(run_dir),
         )
         assert res.returncode == 0, res.stderr
-    assert train_losses(off) == pytest.approx(train_losses(on), rel=1e-5)
+    assert losses(off) == pytest.approx(losses(on), rel=1e-5)
 
 
 def _tiny_bert(tmp_path: Path) -> Path:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from helpers import run_cli
 from typer.testing import CliRunner
 
 from ortft import __version__
@@ -49,8 +50,6 @@ def test_importing_the_cli_does_not_import_heavy_libraries():
 
 
 def test_version_from_a_fresh_process():
-    out = subprocess.run(
-        [sys.executable, "-m", "ortft", "--version"], capture_output=True, text=True, timeout=60
-    )
+    out = run_cli("--version", timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"ortft {__version__}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run_cli
 from test_task_matrix import MAX_NEW, TASKS, Matrix, _close, _inputs
 from typer.testing import CliRunner
 
@@ -52,13 +53,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
 
 
 def _export(run: Path, out: Path, *args: str) -> dict[str, Any]:
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "export", str(run), "-o", str(out), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    res = run_cli("export", str(run), "-o", str(out), *args, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads((out / "export.json").read_text())
 

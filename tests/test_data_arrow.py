@@ -5,11 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_cli
 
 from ortft import tasks
 from ortft.core.errors import InputError
@@ -67,7 +67,7 @@ def test_every_text_format_reads_into_arrow_row_for_row(tmp_path: Path, fmt: str
     name = _write(tmp_path, fmt)
     loaded = _loaded(tmp_path, name)
     task = tasks.get("sequence-classification")
-    rows = data.read_rows(loaded, name, "train", task)
+    rows = data.read_rows(loaded.recipe.data, tmp_path, name, "train", task)
     expected = sorted(ROWS, key=lambda r: (r["label"], ROWS.index(r))) if fmt == "folder" else ROWS
     assert [dict(r) for r in rows] == [
         {"text": r["text"].strip() if fmt == "folder" else r["text"], "label": r["label"]}
@@ -96,14 +96,15 @@ def test_a_bad_byte_past_the_first_chunk_is_named_with_its_line(tmp_path, monkey
 def test_a_row_without_a_column_stops_the_read_naming_the_row(tmp_path: Path) -> None:
     (tmp_path / "d.jsonl").write_text('{"text": "a", "label": "x"}\n{"text": "b"}\n')
     loaded = _loaded(tmp_path, "d.jsonl")
+    task = tasks.get("sequence-classification")
     with pytest.raises(InputError, match=r"d.jsonl: row 2: missing column label \(has: text\)"):
-        data.read_rows(loaded, "d.jsonl", "train", tasks.get("sequence-classification"))
+        data.read_rows(loaded.recipe.data, tmp_path, "d.jsonl", "train", task)
 
 
 def _encode(tmp_path: Path, tokenizer, name: str = "d.csv", **fields: object):
     loaded = _loaded(tmp_path, name, **fields)
     task = tasks.get("sequence-classification")
-    rows = data.read_rows(loaded, name, "train", task)
+    rows = data.read_rows(loaded.recipe.data, tmp_path, name, "train", task)
     spec = loaded.recipe.data
     label2id = {n: i for i, n in enumerate(data.label_names(rows, spec))}
     enc, hit = tokenized.encode(task, rows, tokenizer, spec, label2id, ["fp", "train"], name)
@@ -154,22 +155,14 @@ def test_a_bad_row_in_a_later_batch_is_numbered_in_the_split(tmp_path, tokenizer
     monkeypatch.setattr(tokenized, "ROW_BATCH", 4)
     loaded = _loaded(tmp_path, "d.csv")
     task = tasks.get("sequence-classification")
-    rows = data.read_rows(loaded, "d.csv", "train", task)
+    rows = data.read_rows(loaded.recipe.data, tmp_path, "d.csv", "train", task)
     label2id = {"pos": 0, "neg": 1}
     with pytest.raises(InputError, match=r"^row 26: label 'odd' is not one of"):
         tokenized.encode(task, rows, tokenizer, loaded.recipe.data, label2id, ["x"], "d.csv")
 
 
 def _cli(*args: str, env_cache: Path) -> subprocess.CompletedProcess:
-    import os
-
-    return subprocess.run(
-        [sys.executable, "-m", "ortft", "cache", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "ORTFT_CACHE": str(env_cache)},
-        check=False,
-    )
+    return run_cli("cache", *args, env={"ORTFT_CACHE": str(env_cache)}, timeout=None)
 
 
 def test_cache_command_lists_and_prunes(tmp_path: Path, tokenizer, monkeypatch) -> None:
@@ -201,10 +194,9 @@ def _stream_and_stored(tmp_path: Path, tokenizer, **fields: object):
     loaded = _loaded(tmp_path, "s.csv", label_names=["neg", "pos"], **fields)
     task, spec = tasks.get("sequence-classification"), loaded.recipe.data
     label2id = {"neg": 0, "pos": 1}
-    stored, _ = tokenized.encode(
-        task, data.read_rows(loaded, "s.csv", "train", task), tokenizer, spec, label2id, [], "s"
-    )
-    rows = streaming.read(loaded, "s.csv", "train", task)
+    read = data.read_rows(spec, tmp_path, "s.csv", "train", task)
+    stored, _ = tokenized.encode(task, read, tokenizer, spec, label2id, [], "s")
+    rows = streaming.read(spec, tmp_path, "s.csv", "train", task)
     return stored, streaming.StreamEncoded(rows, task, tokenizer, spec, label2id)
 
 
@@ -282,8 +274,9 @@ def test_parquet_rows_are_checked_column_wise(tmp_path, bad, fields, message) ->
     rows = ROWS[:3] + ([bad] if bad else []) + ROWS[3:6]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
     loaded = _loaded(tmp_path, "d.parquet", **fields)
+    task = tasks.get("sequence-classification")
     with pytest.raises(InputError, match=message):
-        data.read_rows(loaded, "d.parquet", "train", tasks.get("sequence-classification"))
+        data.read_rows(loaded.recipe.data, tmp_path, "d.parquet", "train", task)
 
 
 def _encode_in_a_process(tmp_path: Path, barrier, results) -> None:
@@ -294,7 +287,7 @@ def _encode_in_a_process(tmp_path: Path, barrier, results) -> None:
     )
     loaded = _loaded(tmp_path, "d.csv")
     task = tasks.get("sequence-classification")
-    rows = data.read_rows(loaded, "d.csv", "train", task)
+    rows = data.read_rows(loaded.recipe.data, tmp_path, "d.csv", "train", task)
     barrier.wait()  # both ask for the entry at once, as torchrun's processes do
     _, hit = tokenized.encode(task, rows, tok, loaded.recipe.data, {"pos": 0, "neg": 1}, [], "d")
     results.put(hit)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_classifier, train_losses, write_classification_csv, write_recipe
+from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import losses, run_cli
 
 from ortft.backends.torch import deepspeed as zero
 from ortft.core.errors import RecipeError
@@ -119,22 +120,14 @@ def test_missing_deepspeed_is_one_clear_error(tmp_path: Path) -> None:
         "raise ImportError('No module named deepspeed')\n"
     )
     load(tmp_path, recipe_dict(zero_optimization={"stage": 2}))
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ortft",
-            "train",
-            str(tmp_path / "r.yaml"),
-            "backend.name=torch",
-            "--output-dir",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(fake)},
+    res = run_cli(
+        "train",
+        str(tmp_path / "r.yaml"),
+        "backend.name=torch",
+        "--output-dir",
+        str(tmp_path / "run"),
+        env={"NO_COLOR": "1", "PYTHONPATH": str(fake)},
         timeout=600,
-        check=False,
     )
     assert res.returncode == 1
     assert "recipe sets deepspeed but DeepSpeed cannot be imported" in res.stderr
@@ -142,23 +135,9 @@ def test_missing_deepspeed_is_one_clear_error(tmp_path: Path) -> None:
 
 
 def train(recipe: Path, run: Path, *overrides: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    args = [
-        sys.executable,
-        "-m",
-        "ortft",
-        "train",
-        str(recipe),
-        *overrides,
-        "--output-dir",
-        str(run),
-    ]
-    return subprocess.run(
-        [*args, *(["--nproc", str(nproc)] if nproc > 1 else [])],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=600,
-        check=False,
+    args = ["train", str(recipe), *overrides, "--output-dir", str(run)]
+    return run_cli(
+        *args, *(["--nproc", str(nproc)] if nproc > 1 else []), env={"NO_COLOR": "1"}, timeout=600
     )
 
 
@@ -186,9 +165,9 @@ def test_zero_in_two_processes_matches_one_process(
     if backend not in one_process:
         res = train(recipe, tmp_path / "one", *common, "training.batch_size=16", "deepspeed=null")
         assert res.returncode == 0, res.stderr[-3000:]
-        one_process[backend] = train_losses(tmp_path / "one")
+        one_process[backend] = losses(tmp_path / "one")
     # measured: equal to 9e-8 (the reductions sum the two halves in another order)
-    assert train_losses(tmp_path / "ds") == pytest.approx(one_process[backend], rel=1e-5)
+    assert losses(tmp_path / "ds") == pytest.approx(one_process[backend], rel=1e-5)
 
 
 def test_zero2_checkpoints_resume_in_deepspeeds_format(tmp_path: Path) -> None:
@@ -200,7 +179,7 @@ def test_zero2_checkpoints_resume_in_deepspeeds_format(tmp_path: Path) -> None:
     args = ["backend.name=torch", "training.max_steps=4", "checkpoint.save_every=2"]
     res = train(tmp_path / "r.yaml", run, *args, "checkpoint.keep_last=3", nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
-    full = train_losses(run)
+    full = losses(run)
     step2 = run / "step-000002"
     assert sorted(p.name for p in (step2 / "deepspeed" / "zero").iterdir()) == [
         "mp_rank_00_model_states.pt",
@@ -221,7 +200,7 @@ def test_zero2_checkpoints_resume_in_deepspeeds_format(tmp_path: Path) -> None:
     res = train(tmp_path / "r.yaml", run, *args, "checkpoint.keep_last=3", nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming from" in res.stderr
-    assert train_losses(run) == pytest.approx(full, abs=1e-7)
+    assert losses(run) == pytest.approx(full, abs=1e-7)
     # ZeRO keeps one partition per process: one process cannot take over two partitions
     (run / "summary.json").unlink()
     res = train(tmp_path / "r.yaml", run, *args, "training.max_steps=6")
@@ -269,22 +248,14 @@ def test_partitions_load_with_weights_only(tmp_path: Path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_zero2_fp16_on_cuda(tmp_path: Path) -> None:
     load(tmp_path, recipe_dict(zero_optimization={"stage": 2}), "precision.dtype=fp16")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ortft",
-            "train",
-            str(tmp_path / "r.yaml"),
-            "precision.dtype=fp16",
-            "hardware.device=cuda",
-            "--output-dir",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
+    res = run_cli(
+        "train",
+        str(tmp_path / "r.yaml"),
+        "precision.dtype=fp16",
+        "hardware.device=cuda",
+        "--output-dir",
+        str(tmp_path / "run"),
         timeout=600,
-        check=False,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -6,8 +6,6 @@ Always in subprocesses: torchrun starts the workers, and ORTModule needs real st
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 import subprocess
@@ -15,29 +13,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import tiny_classifier, train_losses, write_classification_csv, write_recipe
+from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import losses, run_cli, summary
 
 from ortft.backends.torch import distributed
 
 
 def run(*args: str, nproc: int = 1) -> subprocess.CompletedProcess:
     launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         if nproc > 1
-        else [sys.executable]
+        else []
     )
-    return subprocess.run(
-        [*launcher, "-m", "ortft", "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=600,
-        check=False,
-    )
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+    return run_cli("train", *args, launcher=launcher, env={"NO_COLOR": "1"}, timeout=600)
 
 
 @pytest.fixture
@@ -57,7 +45,7 @@ def test_two_processes_match_one_with_the_same_global_batch(recipe: Path, tmp_pa
     assert res.stdout.strip() == str(ddp)  # one process (rank 0) prints the result
     res = run(str(recipe), "training.batch_size=16", "--output-dir", str(single))
     assert res.returncode == 0, res.stderr[-3000:]
-    a, b = train_losses(ddp), train_losses(single)
+    a, b = losses(ddp), losses(single)
     assert len(a) == len(b) == 3  # rank 0 alone wrote metrics.jsonl
     # measured: equal to ~6e-8 (the all-reduce sums the two halves in another order)
     assert a == pytest.approx(b, rel=1e-5)
@@ -94,7 +82,7 @@ def test_ddp_checkpoints_resume(recipe: Path, tmp_path: Path) -> None:
     ]
     res = run(*args, nproc=2)
     assert res.returncode == 0, res.stderr[-3000:]
-    full = train_losses(run_dir)
+    full = losses(run_dir)
     assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-000002", "step-000004"]
     # make it look like a run killed right after step 2's checkpoint
     for name in ("final", "step-000004", "summary.json"):
@@ -104,8 +92,8 @@ def test_ddp_checkpoints_resume(recipe: Path, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming from" in res.stderr
     assert summary(run_dir)["resumed_from"].endswith("step-000002")
-    assert train_losses(run_dir) == pytest.approx(full, abs=1e-6)
-    assert len(train_losses(run_dir)) == 4
+    assert losses(run_dir) == pytest.approx(full, abs=1e-6)
+    assert len(losses(run_dir)) == 4
 
 
 # Two ranks that leave the exit race of distributed.teardown (its docstring) no room to miss:
@@ -172,14 +160,7 @@ def test_shard_takes_this_ranks_rows(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_nproc_inside_torchrun_is_a_usage_error(recipe: Path) -> None:
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "train", str(recipe), "--nproc", "2"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "WORLD_SIZE": "2"},
-        timeout=120,
-        check=False,
-    )
+    res = run_cli("train", str(recipe), "--nproc", "2", env={"WORLD_SIZE": "2"}, timeout=120)
     assert res.returncode == 2
     assert "--nproc inside torchrun" in res.stderr
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+from helpers import run_cli
 from typer.testing import CliRunner
 
 from ortft.cli.app import app
@@ -175,9 +175,7 @@ def test_real_doctor_text_has_no_warning_or_failure():
 def test_real_doctor_prints_no_library_banner_on_stderr():
     """A fresh process, as a user runs it: torch's cpp_extension says "No CUDA runtime is
     found, using CUDA_HOME=..." at import on a machine without CUDA; doctor keeps it out."""
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "doctor"], capture_output=True, text=True, timeout=600
-    )
+    res = run_cli("doctor", timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith("ortft doctor (known-good:")
     assert not [line for line in res.stderr.splitlines() if "CUDA_HOME" in line], res.stderr

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +16,7 @@ from conftest import (
     write_corpus,
     write_recipe,
 )
+from helpers import run_cli
 from typer.testing import CliRunner
 
 from ortft.cli.app import app
@@ -31,23 +29,15 @@ def invoke(*args: object):
 
 
 def train(recipe: Path, run: Path, *overrides: str) -> dict:
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ortft",
-            "train",
-            str(recipe),
-            *overrides,
-            "--output-dir",
-            str(run),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+    res = run_cli(
+        "train",
+        str(recipe),
+        *overrides,
+        "--output-dir",
+        str(run),
+        "--json",
         timeout=600,
-        check=False,
-        env={**os.environ, "NO_COLOR": "1"},
+        env={"NO_COLOR": "1"},
     )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)

@@ -4,7 +4,6 @@ every option through the real CLI in a subprocess, then checked from the written
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_cli
 from typer.testing import CliRunner
 
 from ortft.cli.app import app
@@ -79,13 +79,7 @@ def _save_tiny(path: Path, kind: str) -> Path:
 
 def _cli(*args: object) -> subprocess.CompletedProcess:
     # a subprocess: ORT wants real stdout/stderr file descriptors, which CliRunner does not have
-    return subprocess.run(
-        [sys.executable, "-m", "ortft", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    return run_cli(*args, timeout=600, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module", params=["bert", "gpt2"])
@@ -229,13 +223,13 @@ def test_trainable_patterns_freeze_the_rest(tmp_path):
     from onnxruntime.training import api
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from ortft.backends.ondevice import artifacts
     from ortft.export import exporter as export
-    from ortft.export import onnx_tools
 
     src = _save_tiny(tmp_path / "model", "bert")
     model = AutoModelForSequenceClassification.from_pretrained(src, attn_implementation="eager")
     tok = AutoTokenizer.from_pretrained(src)
-    feeds = export._samples(None, tok, 8)
+    feeds = export.parity_feeds(None, tok, 8)
     example = dict(
         zip(
             ("input_ids", "attention_mask"),
@@ -244,11 +238,11 @@ def test_trainable_patterns_freeze_the_rest(tmp_path):
         )
     )
     art = tmp_path / "training"
-    rep = onnx_tools.generate_training_artifacts(
+    rep = artifacts.generate_training_artifacts(
         model,
         "sequence-classification",
         art,
-        onnx_tools.training_feeds(example, "sequence-classification", 2),
+        artifacts.training_feeds(example, "sequence-classification", 2),
         trainable=["classifier.*"],
     )
     assert rep["trainable_parameters"] == 2 and rep["frozen_parameters"] > 30
@@ -257,18 +251,18 @@ def test_trainable_patterns_freeze_the_rest(tmp_path):
         "classifier.weight",
         "classifier.bias",
     }
-    check = onnx_tools.check_training_artifacts(
-        art, onnx_tools.training_feeds(feeds, "sequence-classification", 2), lr=1e-2
+    check = artifacts.check_training_artifacts(
+        art, artifacts.training_feeds(feeds, "sequence-classification", 2), lr=1e-2
     )
     assert check["passed"], check
 
 
 def test_trainable_pattern_that_matches_nothing_is_an_input_error():
+    from ortft.backends.ondevice import artifacts
     from ortft.core.errors import InputError
-    from ortft.export import onnx_tools
 
     with pytest.raises(InputError, match="matches no parameter"):
-        onnx_tools.select_trainable(["bert.embeddings.word_embeddings.weight"], ["clasifier.*"])
+        artifacts.select_trainable(["bert.embeddings.word_embeddings.weight"], ["clasifier.*"])
 
 
 # --------------------------------------------------------------------------- bad input

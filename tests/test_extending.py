@@ -20,6 +20,7 @@ from ortft.backends import Started, StepResult
 from ortft.backends.torch import models
 from ortft.checkpoint import store as checkpoint
 from ortft.core.errors import GateError
+from ortft.recipe import backends as recipe_backends
 from ortft.recipe import io as recipe_io
 from ortft.run import lifecycle
 from ortft.run.summary import BackendReport
@@ -118,7 +119,10 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> list[ToyEngine]:
         made.append(ToyEngine(loaded))
         return made[-1]
 
-    monkeypatch.setitem(backends._FACTORIES, "toy", factory)
+    # through the public call, undone after the test: the engine's factory and its recipe name
+    monkeypatch.setattr(backends, "_FACTORIES", dict(backends._FACTORIES))
+    monkeypatch.setattr(recipe_backends, "_REGISTERED", list(recipe_backends._REGISTERED))
+    backends.register("toy", factory)
     return made
 
 

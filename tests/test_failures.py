@@ -7,12 +7,12 @@ monkeypatching: a forward that returns NaN, a save that raises ENOSPC.
 from __future__ import annotations
 
 import errno
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import summary
 from typer.testing import CliRunner
 
 from ortft.backends.torch import models
@@ -31,10 +31,6 @@ def make_recipe(tmp: Path, **training: object) -> Path:
     recipe["checkpoint"] = {"save_every": 2, "keep_last": 3}
     recipe["export"] = {"enabled": False}
     return write_recipe(tmp / "r.yaml", recipe)
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -157,12 +153,12 @@ def test_resaving_the_same_step_never_loses_it(
 
 
 def test_stale_temp_folders_are_removed(tmp_path):
-    from ortft.checkpoint import store as checkpoint
+    from ortft.core import fsutil
 
     stale = tmp_path / ".step-000004.tmp-12345"
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"partial")
     keep = tmp_path / "step-000002"
     keep.mkdir()
-    checkpoint.remove_stale_temp(tmp_path)
+    fsutil.remove_stale(tmp_path, ".*.tmp-*")  # what the lifecycle runs at start
     assert not stale.exists() and keep.exists()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import run_cli
 
 from ortft.core.errors import UsageError
 from ortft.run import gates
@@ -114,14 +113,7 @@ def test_report_suffix_is_checked() -> None:
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ortft", "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=600,
-        check=False,
-    )
+    return run_cli("train", *args, env={"NO_COLOR": "1"}, timeout=600)
 
 
 @pytest.fixture
@@ -219,14 +211,7 @@ _TRAIN_THEN_REPORT = (
 
 
 def _train_reporting_determinism(*args: str) -> tuple[subprocess.CompletedProcess, str]:
-    res = subprocess.run(
-        [sys.executable, "-c", _TRAIN_THEN_REPORT, "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=600,
-        check=False,
-    )
+    res = run_cli("train", *args, code=_TRAIN_THEN_REPORT, env={"NO_COLOR": "1"}, timeout=600)
     flags = [line for line in res.stderr.splitlines() if line.startswith("DETERMINISTIC ")]
     return res, flags[-1] if flags else "no DETERMINISTIC line"
 

@@ -22,20 +22,18 @@ The failure message prints the new losses ready to paste.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import helpers
 import pytest
 from conftest import (
     tiny_causal_lm,
     tiny_classifier,
-    train_losses,
     write_classification_csv,
     write_corpus,
     write_recipe,
 )
+from helpers import run_cli
 
 # (task, backend) -> (the 5 training losses, the final eval_loss); commit 4ae0353, see above
 GOLDEN: dict[tuple[str, str], tuple[list[float], float]] = {
@@ -115,30 +113,22 @@ def _recipe(tmp_path: Path, task: str, backend: str) -> Path:
 @pytest.mark.parametrize("task, backend", list(GOLDEN), ids=[f"{t}-{b}" for t, b in GOLDEN])
 def test_losses_match_the_pinned_ones(tmp_path: Path, task: str, backend: str) -> None:
     run = tmp_path / "run"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ortft",
-            "train",
-            str(_recipe(tmp_path, task, backend)),
-            "export.enabled=false",
-            "--output-dir",
-            str(run),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
+    res = run_cli(
+        "train",
+        str(_recipe(tmp_path, task, backend)),
+        "export.enabled=false",
+        "--output-dir",
+        str(run),
+        "--json",
+        env={"NO_COLOR": "1"},
         timeout=600,
-        check=False,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads(res.stdout)
     # a silent fallback to torch would reproduce torch's losses and hide a broken engine
     assert summary["backend"]["used"] == backend and not summary["backend"].get("fallback")
     assert summary["status"] == "completed" and summary["steps"] == 5
-    losses, eval_loss = train_losses(run), summary["metrics"]["eval_loss"]
+    losses, eval_loss = helpers.losses(run), summary["metrics"]["eval_loss"]
     want_losses, want_eval = GOLDEN[(task, backend)]
     got = f"got {losses!r}, eval_loss {eval_loss!r}"
     assert losses == pytest.approx(want_losses, rel=REL), got

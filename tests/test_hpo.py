@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import run_cli
 
 pytest.importorskip("optuna")
 
@@ -33,24 +31,16 @@ def hpo_recipe(tmp_path: Path, **space: dict) -> Path:
 
 
 def run_hpo(recipe: Path, out: Path, trials: int) -> dict:
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ortft",
-            "hpo",
-            str(recipe),
-            "--trials",
-            str(trials),
-            "--output-dir",
-            str(out),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+    res = run_cli(
+        "hpo",
+        str(recipe),
+        "--trials",
+        str(trials),
+        "--output-dir",
+        str(out),
+        "--json",
         timeout=600,
-        check=False,
-        env={**os.environ, "NO_COLOR": "1"},
+        env={"NO_COLOR": "1"},
     )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)

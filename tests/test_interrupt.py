@@ -8,23 +8,22 @@ Resume exactness, measured on CPU (2 cores, torch 2.6.0, onnxruntime-training 1.
 - torch backend, dropout 0.1: bitwise the same losses as the uninterrupted run (asserted).
 - ort backend, dropout 0 and 0.1: bitwise the same losses (asserted). ORT draws dropout masks
   from its own in-graph RNG, which no checkpoint can save; ortft reseeds it before every
-  micro-batch from training.seed and the micro-step (backends/ort_rng.py). Before that, killed
+  micro-batch from training.seed and the micro-step (backends/ortmodule/rng.py). Before that, killed
   after step 4's checkpoint and resumed, over 60 steps: the max |loss difference| was 0.025.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import losses, run_cli, start_cli, summary
 
 from ortft.checkpoint import store as checkpoint
 
@@ -42,21 +41,17 @@ def make_recipe(tmp: Path, backend: str, dropout: float) -> Path:
     return write_recipe(tmp / "r.yaml", recipe)
 
 
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ortft", "train", *args]
-
-
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        cli(*args), capture_output=True, text=True, env=ENV, timeout=600, check=False, cwd=cwd
-    )
+    return run_cli("train", *args, base_env=ENV, timeout=600, cwd=cwd)
 
 
 def start(tmp: Path, *args: str, cwd: Path | None = None) -> tuple[subprocess.Popen, Path]:
     """Start a run in the background; its stderr goes to a file (a pipe could fill and block it)."""
     err = tmp / f"stderr-{time.monotonic_ns()}.txt"
     with open(err, "w") as fh:
-        proc = subprocess.Popen(cli(*args), stdout=subprocess.DEVNULL, stderr=fh, env=ENV, cwd=cwd)
+        proc = start_cli(
+            "train", *args, base_env=ENV, cwd=cwd, stdout=subprocess.DEVNULL, stderr=fh
+        )
     return proc, err
 
 
@@ -72,18 +67,6 @@ def wait_for(path: Path, proc: subprocess.Popen, err: Path, timeout: float = 300
             proc.kill()
             pytest.fail(f"{path} did not appear within {timeout}s")
         time.sleep(0.02)
-
-
-def train_losses(run_dir: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r["kind"] == "train"]
-    steps = [r["step"] for r in train]
-    assert len(steps) == len(set(steps)), "a step was logged twice"
-    return {r["step"]: r["loss"] for r in train}
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("backend, dropout", [("torch", 0.1), ("ort", 0.0), ("ort", 0.1)])
@@ -110,7 +93,10 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(
     assert list(cwd.iterdir()) == []
     resumed_from = summary(cut)["resumed_from"]
     assert int(resumed_from.rsplit("-", 1)[1]) >= 4
-    expected, got = train_losses(full), train_losses(cut)
+    expected, got = (
+        losses(full, by_step=True, unique_steps=True),
+        losses(cut, by_step=True, unique_steps=True),
+    )
     assert sorted(got) == list(range(1, STEPS + 1))
     assert got == expected  # exactly: same data order, RNG, optimizer and scheduler state
     assert summary(cut)["metrics"]["train_loss"] == summary(full)["metrics"]["train_loss"]
@@ -147,18 +133,11 @@ def test_signal_checkpoints_and_prints_the_resume_command(
 
     argv = shlex.split(last.rsplit("resume with: ", 1)[1])
     assert argv[:2] == ["ortft", "train"]
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", *argv[1:]],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=600,
-        check=False,
-    )
+    res = run_cli(*argv[1:], base_env=ENV, timeout=600)
     assert res.returncode == 0, res.stderr
     assert f"resuming from {ckpt} (step {stopped})" in res.stderr
     assert summary(run_dir)["status"] == "completed"
-    assert sorted(train_losses(run_dir)) == list(range(1, STEPS + 1))
+    assert sorted(losses(run_dir, by_step=True, unique_steps=True)) == list(range(1, STEPS + 1))
 
 
 def test_second_sigint_stops_at_once_and_leaves_only_complete_checkpoints(tmp_path: Path) -> None:
@@ -178,7 +157,7 @@ def test_second_sigint_stops_at_once_and_leaves_only_complete_checkpoints(tmp_pa
     assert not list(run_dir.glob(".step-*"))
     res = run(str(recipe), f"training.max_steps={STEPS}", "--output-dir", str(run_dir))
     assert res.returncode == 0, res.stderr
-    assert sorted(train_losses(run_dir)) == list(range(1, STEPS + 1))
+    assert sorted(losses(run_dir, by_step=True, unique_steps=True)) == list(range(1, STEPS + 1))
 
 
 def test_resume_auto_skips_a_corrupt_latest_checkpoint(tmp_path: Path) -> None:
@@ -187,7 +166,7 @@ def test_resume_auto_skips_a_corrupt_latest_checkpoint(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     res = run(*args, "--output-dir", str(run_dir))
     assert res.returncode == 0, res.stderr
-    expected = train_losses(run_dir)
+    expected = losses(run_dir, by_step=True, unique_steps=True)
     # make it an unfinished run whose newest checkpoint was torn
     (run_dir / "summary.json").unlink()
     weights = run_dir / "step-000006" / "model.safetensors"
@@ -201,5 +180,5 @@ def test_resume_auto_skips_a_corrupt_latest_checkpoint(tmp_path: Path) -> None:
         in res.stderr
     )
     assert f"resuming from {run_dir / 'step-000004'} (step 4)" in res.stderr
-    assert train_losses(run_dir) == expected
+    assert losses(run_dir, by_step=True, unique_steps=True) == expected
     assert checkpoint.verify(run_dir / "step-000006", deep=True) is None  # rewritten whole

@@ -15,13 +15,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import tiny_classifier, train_losses, write_classification_csv, write_recipe
+from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import losses, run_cli, start_cli
 
 # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: what ortft's docs and cluster files tell users to set.
 # torch 2.6's agents otherwise hand their workers the rendezvous store of the first round, keys
@@ -43,16 +43,24 @@ def node_agents(recipe: Path, run_dir: Path, *overrides: str, restarts: int = 0)
     port = free_port()
     agents = []
     for is_host in (1, 0):
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+        launcher = [
+            "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ortft-test",
             f"--rdzv-conf=is_host={is_host}", "--local-addr=127.0.0.1",
             f"--max-restarts={restarts}",
-            "-m", "ortft", "train", str(recipe), *overrides, "--output-dir", str(run_dir),
         ]  # fmt: skip
         agents.append(
-            subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+            start_cli(
+                "train",
+                str(recipe),
+                *overrides,
+                "--output-dir",
+                str(run_dir),
+                launcher=launcher,
+                base_env=ENV,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
         )
     return agents
@@ -80,16 +88,9 @@ def finish(agents: list, timeout: float = 240) -> list[tuple[int, str, str]]:
 def one_process(recipe: Path, run_dir: Path, *overrides: str) -> list[float]:
     """The losses of one process with the global batch of the two nodes (2 x 8 = 16 rows)."""
     args = [str(recipe), *overrides, "training.batch_size=16", "--output-dir", str(run_dir)]
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "train", *args],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=300,
-        check=False,
-    )
+    res = run_cli("train", *args, base_env=ENV, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    return train_losses(run_dir)
+    return losses(run_dir)
 
 
 @pytest.fixture
@@ -111,7 +112,7 @@ def test_two_node_agents_train_like_one_process(recipe: Path, tmp_path: Path) ->
     assert summary["samples"] == 3 * 16
     expected = one_process(recipe, tmp_path / "one", "training.max_steps=3")
     # measured: equal to 9e-8, as on one node (test_distributed.py)
-    assert train_losses(run_dir) == pytest.approx(expected, rel=1e-5)
+    assert losses(run_dir) == pytest.approx(expected, rel=1e-5)
 
 
 def worker_of_node(agents: list, group_rank: int, timeout: float = 120) -> psutil.Process:
@@ -164,4 +165,4 @@ def test_killed_worker_restarts_and_resumes_from_the_last_checkpoint(
     assert summary["resumed_from"] is not None  # the restarted workers resumed
     assert victim.pid not in {p.pid for p in psutil.process_iter()}
     expected = one_process(recipe, tmp_path / "one", *overrides)
-    assert train_losses(run_dir) == pytest.approx(expected, rel=1e-5)
+    assert losses(run_dir) == pytest.approx(expected, rel=1e-5)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
 from conftest import (
@@ -21,6 +22,7 @@ from conftest import (
     write_corpus,
     write_recipe,
 )
+from helpers import run_cli
 
 # torch poisoned before ortft loads: `import torch` fails, and transformers sees no torch
 NO_TORCH = (
@@ -35,27 +37,16 @@ NO_TORCH = (
 def _train(
     recipe: Path, out: Path, *overrides: str, torch: bool = True
 ) -> subprocess.CompletedProcess:
-    head = ["-m", "ortft"] if torch else ["-c", NO_TORCH]
-    return subprocess.run(
-        [
-            sys.executable,
-            *head,
-            "train",
-            str(recipe),
-            *overrides,
-            "--output-dir",
-            str(out),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+    return run_cli(
+        "train",
+        str(recipe),
+        *overrides,
+        "--output-dir",
+        str(out),
+        "--json",
+        code=None if torch else NO_TORCH,
         timeout=600,
     )
-
-
-def _losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +111,8 @@ def test_embedding_lookups_broadcast_over_the_batch_are_refused():
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    from ortft.backends.ondevice.artifacts import check_embedding_indices
     from ortft.core.errors import InputError
-    from ortft.export.onnx_tools import check_embedding_indices
 
     def graph(ids_from_input: bool) -> onnx.ModelProto:
         nodes = [helper.make_node("Shape", ["input_ids"], ["shape"], start=1, end=2)]
@@ -183,7 +174,7 @@ def test_loss_falls(tmp_path):
     )
     res = _train(path, tmp_path / "run", "data.eval_fraction=0")
     assert res.returncode == 0, res.stderr[-2000:]
-    losses = list(_losses(tmp_path / "run").values())
+    losses = list(helpers.losses(tmp_path / "run", by_step=True).values())
     # 0.693 -> 0.645 on the last three (torch: 0.641); the 0.05 once asked for was met only
     # with the broadcast position-embedding gradient (tests/ondevice_gradients.py)
     assert len(losses) == 20 and max(losses[-3:]) < losses[0] - 0.03, losses
@@ -204,7 +195,7 @@ def test_same_losses_as_pytorch_with_the_same_frozen_set(tmp_path):
             "backend.trainable=[classifier.*,bert.encoder.layer.1.*]",
         )
         assert res.returncode == 0, res.stderr[-2000:]
-        got[backend] = list(_losses(tmp_path / backend).values())
+        got[backend] = list(helpers.losses(tmp_path / backend, by_step=True).values())
         summary = json.loads(res.stdout)
         assert summary["trainable_parameters"] < summary["parameters"]
     assert got["ort-ondevice"][0] == pytest.approx(got["torch"][0], rel=1e-6)
@@ -225,7 +216,7 @@ def test_accumulated_micro_batches_weigh_by_their_real_tokens_as_on_pytorch(tmp_
         res = _train(path, tmp_path / backend, f"backend.name={backend}", "data.packing=false",
                      "data.eval_fraction=0", "export.enabled=false")  # fmt: skip
         assert res.returncode == 0, res.stderr[-2000:]
-        got[backend] = list(_losses(tmp_path / backend).values())
+        got[backend] = list(helpers.losses(tmp_path / backend, by_step=True).values())
     assert got["ort-ondevice"][0] == pytest.approx(got["torch"][0], rel=1e-5)
     assert got["ort-ondevice"] == pytest.approx(got["torch"], rel=2e-3)
 
@@ -280,7 +271,7 @@ def test_resume_auto_continues_at_the_right_step_without_torch(trained, tmp_path
     summary = json.loads(res.stdout)
     assert summary["resumed_from"].endswith("step-000003") and summary["steps"] == 6
     assert summary["backend"]["ort_exports"] == 0
-    resumed, straight = _losses(tmp_path), _losses(run)
+    resumed, straight = helpers.losses(tmp_path, by_step=True), helpers.losses(run, by_step=True)
     assert sorted(resumed) == [4, 5, 6]
     assert [resumed[s] for s in (4, 5, 6)] == pytest.approx(
         [straight[s] for s in (4, 5, 6)], rel=1e-5
@@ -289,22 +280,12 @@ def test_resume_auto_continues_at_the_right_step_without_torch(trained, tmp_path
 
 def test_ortft_eval_and_export_accept_the_onnx_final(trained, tmp_path):
     _, run, summary = trained
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "eval", str(run), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run_cli("eval", str(run), "--json", timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     ev = json.loads(res.stdout)
     assert ev["runtime"] == "onnxruntime"
     assert ev["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["eval_accuracy"])
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "export", str(run), "-o", str(tmp_path / "onnx"), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = run_cli("export", str(run), "-o", str(tmp_path / "onnx"), "--json", timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     parity = json.loads((tmp_path / "onnx/export.json").read_text())["parity"]
     # against the eval graph with the last checkpoint, not final/model.onnx itself (0 by design)
@@ -314,12 +295,7 @@ def test_ortft_eval_and_export_accept_the_onnx_final(trained, tmp_path):
 
 
 def _export(source: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ortft", "export", str(source), "-o", str(out), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli("export", str(source), "-o", str(out), "--json", timeout=300)
 
 
 def test_export_of_an_onnx_final_without_the_trained_weights_fails(trained, tmp_path):

@@ -4,9 +4,6 @@ cross-entropy compute what PyTorch's autograd computes, and a run reports what w
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +11,11 @@ import torch
 from conftest import (
     tiny_causal_lm,
     tiny_classifier,
-    train_losses,
     write_classification_csv,
     write_corpus,
     write_recipe,
 )
+from helpers import losses, run_cli
 
 from ortft.backends.ortmodule import kernels as ort_kernels
 
@@ -110,7 +107,7 @@ def test_dropout_runs_as_a_pytorch_kernel_only_when_it_drops(tmp_path: Path) -> 
     # 2 layers x 3 dropouts (attention probabilities, attention output, MLP output), the
     # embeddings' and the classifier's
     assert a["backend"]["pytorch_kernels"]["dropout"] == 8
-    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
     off = _train(str(path), "export.enabled=false", "data.eval_fraction=0", "-o",
                  str(tmp_path / "c"))  # fmt: skip
     assert "dropout" not in off["backend"]["pytorch_kernels"]
@@ -133,18 +130,8 @@ def test_fuse_tanh_gelu_is_the_same_function() -> None:
 
 
 def test_bad_kernel_name_is_a_recipe_error(cls_recipe: Path) -> None:
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ortft",
-            "validate",
-            str(cls_recipe),
-            "backend.pytorch_kernels=[gelu,softmax]",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    res = run_cli(
+        "validate", str(cls_recipe), "backend.pytorch_kernels=[gelu,softmax]", timeout=None
     )
     assert res.returncode == 2
     assert "backend.pytorch_kernels" in res.stderr
@@ -152,14 +139,7 @@ def test_bad_kernel_name_is_a_recipe_error(cls_recipe: Path) -> None:
 
 
 def _train(*args: str, env: dict[str, str] | None = None) -> dict:
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "train", *args, "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1", **(env or {})},
-        timeout=600,
-        check=False,
-    )
+    res = run_cli("train", *args, "--json", env={"NO_COLOR": "1", **(env or {})}, timeout=600)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -185,7 +165,7 @@ def test_routed_and_unrouted_runs_agree(tmp_path: Path) -> None:
     assert "ORTFT_ORT_SPINNING=0" in routed["backend"]["notes"]
     assert plain["backend"]["pytorch_kernels"] == {}
     assert "GOMP_SPINCOUNT=5000" in plain["backend"]["notes"]  # the user's setting wins
-    assert train_losses(tmp_path / "a") == pytest.approx(train_losses(tmp_path / "b"), rel=1e-5)
+    assert losses(tmp_path / "a") == pytest.approx(losses(tmp_path / "b"), rel=1e-5)
 
 
 def test_frozen_layers_keep_ort_layer_norm(tmp_path: Path) -> None:

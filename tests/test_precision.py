@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import losses, run_cli
 from typer.testing import CliRunner
 
 from ortft.backends.torch import amp
@@ -30,19 +29,7 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-on
 
 
 def train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ortft", "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=600,
-        check=False,
-    )
-
-
-def losses(run_dir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r["kind"] == "train"]
+    return run_cli("train", *args, env={"NO_COLOR": "1"}, timeout=600)
 
 
 @pytest.fixture

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,24 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_quickstart_trains_through_ort_to_the_readme_accuracy(tmp_path: Path) -> None:
     run = tmp_path / "quickstart"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ortft",
-            "train",
-            str(ROOT / "recipes" / "quickstart.yaml"),
-            "--output-dir",
-            str(run),
-            "--json",
-            "--gate",
-            "eval.accuracy>=0.90",
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
+    res = run_cli(
+        "train",
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        "--output-dir",
+        str(run),
+        "--json",
+        "--gate",
+        "eval.accuracy>=0.90",
+        env={"NO_COLOR": "1"},
         timeout=1800,
-        check=False,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads(res.stdout)

@@ -6,16 +6,20 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import start_cli
 
 
 def _train(recipe: Path, run: Path, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "ortft", "train", str(recipe), *overrides, "--output-dir", str(run)],
+    return start_cli(
+        "train",
+        str(recipe),
+        *overrides,
+        "--output-dir",
+        str(run),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

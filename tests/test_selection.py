@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import run_cli
 
 from ortft.checkpoint.store import TrainState
 from ortft.recipe.schema import Recipe
@@ -103,13 +101,8 @@ def test_run_stops_early_and_final_holds_the_best(tmp_path: Path) -> None:
     r["export"] = {"enabled": False}
     path = write_recipe(tmp_path / "r.yaml", r)
     run = tmp_path / "run"
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "train", str(path), "--output-dir", str(run), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "NO_COLOR": "1"},
+    res = run_cli(
+        "train", str(path), "--output-dir", str(run), "--json", timeout=600, env={"NO_COLOR": "1"}
     )
     assert res.returncode == 0, res.stderr
     s = json.loads(res.stdout)

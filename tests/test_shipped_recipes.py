@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import losses, run_cli, start_cli
 
 from ortft.recipe import io as recipe_io
 from ortft.tools import starter
@@ -60,15 +60,7 @@ TWO_GRAPH_TASKS = {"seq2seq"}
 
 def ortft(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`python -m ortft ARGS` from ``cwd`` (not the repository root: paths must not depend on it)."""
-    return subprocess.run(
-        [sys.executable, "-m", "ortft", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=900,
-        check=False,
-    )
+    return run_cli(*args, cwd=cwd, env={"NO_COLOR": "1"}, timeout=900)
 
 
 def train(recipe: Path, run: Path, *overrides: str, nproc: int = 1) -> dict[str, Any]:
@@ -182,8 +174,9 @@ def test_quickstart_on_ort_with_dropout_resumes_exactly_after_kill_9(tmp_path: P
     res = ortft(*args, "--output-dir", str(full), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     with open(tmp_path / "cut.err", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "ortft", *args, "--output-dir", str(cut)],
-                                stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path)  # fmt: skip
+        proc = start_cli(
+            *args, "--output-dir", str(cut), stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path
+        )
     deadline = time.monotonic() + 600
     while not (cut / "step-000004" / "manifest.json").exists():
         assert proc.poll() is None, (tmp_path / "cut.err").read_text()[-3000:]
@@ -196,10 +189,6 @@ def test_quickstart_on_ort_with_dropout_resumes_exactly_after_kill_9(tmp_path: P
     resumed = json.loads((cut / "summary.json").read_text())
     assert resumed["resumed_from"].endswith("step-000004") and resumed["backend"]["used"] == "ort"
 
-    def losses(run: Path) -> dict[int, float]:
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
-
-    want, got = losses(full), losses(cut)
+    want, got = losses(full, by_step=True), losses(cut, by_step=True)
     assert sorted(got) == list(range(1, 9))
     assert [got[s] for s in range(5, 9)] == pytest.approx([want[s] for s in range(5, 9)], abs=1e-6)

@@ -7,17 +7,16 @@ existed (a 5-step torch run with checkpoint.final=best and the export; a 4-step 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import run_cli
 
 from ortft.core.errors import InputError
-from ortft.run import gates, report
+from ortft.run import gates, provenance, report
 from ortft.run.summary import (
     FORMAT_VERSION,
     BackendReport,
@@ -189,7 +188,7 @@ def test_apply_sets_fields_by_name() -> None:
 def test_format_version_and_backend_report_are_re_exported() -> None:
     from ortft.backends import BackendReport as FromBackends
 
-    assert report.FORMAT_VERSION == FORMAT_VERSION == 1
+    assert FORMAT_VERSION == 1
     assert FromBackends is BackendReport
 
 
@@ -236,17 +235,17 @@ def _git(repo: Path, *args: str) -> None:
 def test_git_dirty_counts_changed_tracked_files_only(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
-    assert report.git_dirty(repo) is None  # not a repository
+    assert provenance.git_dirty(repo) is None  # not a repository
     _git(repo, "init", "-q")
     (repo / "r.yaml").write_text("a: 1\n")
     _git(repo, "add", "r.yaml")
     _git(repo, "commit", "-q", "-m", "recipe")
-    assert report.git_dirty(repo) is False
+    assert provenance.git_dirty(repo) is False
     (repo / "train.csv").write_text("text,label\n")  # untracked: not dirty
-    assert report.git_dirty(repo) is False
+    assert provenance.git_dirty(repo) is False
     (repo / "r.yaml").write_text("a: 2\n")
-    assert report.git_dirty(repo) is True
-    prov = report.provenance(repo / "r.yaml", "sha")
+    assert provenance.git_dirty(repo) is True
+    prov = provenance.collect(repo / "r.yaml", "sha")
     assert prov["git_dirty"] is True and prov["git_commit"]
     assert list(prov).index("git_dirty") == list(prov).index("git_commit") + 1
 
@@ -260,13 +259,14 @@ def test_a_run_summary_reads_what_train_writes(tmp_path: Path) -> None:
     recipe = tiny_classifier("train.csv", backend="torch", max_steps=4, eval_every=2)
     recipe["export"] = {"enabled": False}
     path = write_recipe(tmp_path / "r.yaml", recipe)
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "train", str(path), "-o", str(tmp_path / "run"), "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
+    res = run_cli(
+        "train",
+        str(path),
+        "-o",
+        str(tmp_path / "run"),
+        "--json",
+        env={"NO_COLOR": "1"},
         timeout=600,
-        check=False,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     written = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -12,9 +12,6 @@ its ONNX cells skipped with that reason.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ from conftest import (
     write_corpus,
     write_recipe,
 )
+from helpers import run_cli, summary
 from test_tasks import DATA, RECIPES
 from typer.testing import CliRunner
 
@@ -93,20 +91,15 @@ class Matrix:
             tmp = self.root / task
             tmp.mkdir()
             recipe = write_recipe(tmp / "r.yaml", _recipe(task, tmp))
-            res = subprocess.run(
-                [sys.executable, "-m", "ortft", "train", str(recipe), "-o", str(tmp / "run")],
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-                env={**os.environ, "NO_COLOR": "1"},
+            res = run_cli(
+                "train", str(recipe), "-o", str(tmp / "run"), timeout=600, env={"NO_COLOR": "1"}
             )
             assert res.returncode == 0, res.stderr[-3000:]
             self.runs[task] = tmp / "run"
         return self.runs[task]
 
     def summary(self, task: str) -> dict[str, Any]:
-        return json.loads((self.run(task) / "summary.json").read_text())
+        return summary(self.run(task))
 
     def result(self, task: str, op: str, runtime: str) -> Any:
         key = (task, op, runtime)

@@ -7,14 +7,12 @@ subprocess on both backends (ORTModule needs real stdout/stderr file descriptors
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import write_classification_csv, write_recipe
+from helpers import losses, run_cli
 
 from ortft import tasks
 from ortft.recipe.schema import DataSection, Recipe
@@ -24,20 +22,8 @@ DATA = ROOT / "recipes" / "data"
 
 
 def cli(*args: str) -> tuple[int, str, str]:
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=600,
-        check=False,
-    )
+    res = run_cli(*args, env={"NO_COLOR": "1"}, timeout=600)
     return res.returncode, res.stdout, res.stderr
-
-
-def losses(run: Path) -> list[float]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r["kind"] == "train"]
 
 
 def tiny(task: dict, data: dict, arch: str, tokenizer: str, **extra: object) -> dict:

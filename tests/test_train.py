@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,11 +12,11 @@ import pytest
 from conftest import (
     tiny_causal_lm,
     tiny_classifier,
-    train_losses,
     write_classification_csv,
     write_corpus,
     write_recipe,
 )
+from helpers import losses, run_cli, summary
 
 
 def train(*args: str) -> tuple[int, str, str]:
@@ -26,19 +25,8 @@ def train(*args: str) -> tuple[int, str, str]:
     (ORTModule redirects the OS-level stdout/stderr while it exports, which needs real
     file descriptors; an in-process CliRunner has none.)
     """
-    res = subprocess.run(
-        [sys.executable, "-m", "ortft", "train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=600,
-        check=False,
-    )
+    res = run_cli("train", *args, env={"NO_COLOR": "1"}, timeout=600)
     return res.returncode, res.stdout, res.stderr
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 def test_ort_and_torch_agree_on_classification(cls_recipe: Path, tmp_path: Path) -> None:
@@ -49,7 +37,7 @@ def test_ort_and_torch_agree_on_classification(cls_recipe: Path, tmp_path: Path)
     assert out.strip() == str(ort_dir)  # stdout: just the run path
     code, _, err = train(str(cls_recipe), "backend.name=torch", "--output-dir", str(torch_dir))
     assert code == 0, err
-    a, b = train_losses(ort_dir), train_losses(torch_dir)
+    a, b = losses(ort_dir), losses(torch_dir)
     assert len(a) == len(b) == 5
     # measured: agreement to ~1e-7; 1e-4 relative leaves room for kernel differences
     assert a == pytest.approx(b, rel=1e-4)
@@ -109,13 +97,7 @@ def test_run_directory_layout(cls_recipe: Path, tmp_path: Path) -> None:
         "summary.json",
     } <= final
     # the saved recipe re-validates from anywhere (input paths were made absolute)
-    check = subprocess.run(
-        [sys.executable, "-m", "ortft", "validate", str(run / "final" / "recipe.yaml")],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        check=False,
-    )
+    check = run_cli("validate", str(run / "final" / "recipe.yaml"), cwd="/", timeout=None)
     assert check.returncode == 0, check.stderr
     config = json.loads((run / "final" / "config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "pos"}
@@ -178,8 +160,8 @@ def test_resume_reproduces_uninterrupted_run(tmp_path: Path) -> None:
     assert code == 0, err
     assert "resuming from" in err
     assert summary(cut)["resumed_from"].endswith("step-000003")
-    assert train_losses(cut) == pytest.approx(train_losses(full), abs=1e-6)
-    assert len(train_losses(cut)) == 6
+    assert losses(cut) == pytest.approx(losses(full), abs=1e-6)
+    assert len(losses(cut)) == 6
 
 
 def test_finished_run_is_not_retrained(cls_recipe: Path, tmp_path: Path) -> None:
@@ -232,7 +214,7 @@ def test_causal_lm_backends_agree(tmp_path: Path) -> None:
         )[0]
         == 0
     )
-    assert train_losses(a) == pytest.approx(train_losses(b), rel=1e-4)
+    assert losses(a) == pytest.approx(losses(b), rel=1e-4)
 
 
 def test_second_run_reuses_tokenized_data(cls_recipe: Path, tmp_path: Path) -> None:

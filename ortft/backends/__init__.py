@@ -1,13 +1,15 @@
 """Engines: what runs the model's forward, backward and optimizer step. The loop sees only ``Engine``.
 
-- ``torch``, ``ort``, ``auto`` (``pytorch.py``): a PyTorch module engine — eager PyTorch, ORTModule
-  (``ort.py``), or whichever a short probe finds faster (``auto.py``); DDP, DeepSpeed and AMP live here.
-- ``ort-ondevice`` (``ondevice.py``): ONNX Runtime's on-device training API; no PyTorch in the loop.
+- ``torch``, ``ort``, ``auto`` (``torch/engine.py``): a PyTorch module engine — eager PyTorch
+  (``torch/eager.py``), ORTModule (``ortmodule/``), or whichever a short probe finds faster
+  (``torch/auto.py``); DDP, DeepSpeed and AMP live in ``torch/``.
+- ``ort-ondevice`` (``ondevice/``): ONNX Runtime's on-device training API; no PyTorch in the loop.
 
-Adding a backend is a new file with a class that follows ``Engine`` plus one line in ``REGISTRY``
-(its engine factory, its own recipe checks, its process environment); ``register`` adds an engine
-from outside the package, e.g. a test's toy engine. This module is
-torch-free: engines import their frameworks when they are created.
+This module holds the ``Engine`` protocol, the registry and what engines report (``report.py``).
+Adding a backend is a new file with a class that follows ``Engine``, one line in ``REGISTRY``
+(its engine factory and its process environment) and its recipe checks in
+``ortft.recipe.backends``; ``register`` adds an engine from outside the package, e.g. a test's
+toy engine. This module is torch-free: engines import their frameworks when they are created.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ortft.run.summary import BackendReport, Precision
+from ortft.backends.report import BackendReport, Precision
+from ortft.recipe import backends as rules
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,7 +41,6 @@ __all__ = [
     "create",
     "names",
     "process_env",
-    "recipe_problems",
     "register",
 ]
 
@@ -135,16 +137,15 @@ class Engine(Protocol):
 
 @dataclass(frozen=True)
 class Backend:
-    """One registry line: where the engine is, the recipe checks that are its own, and the
-    environment its process needs before torch is imported."""
+    """One registry line: where the engine is and the environment its process needs before torch
+    is imported. Its recipe checks are ``ortft.recipe.backends.RULES`` (torch-free)."""
 
     engine: str  # "module:factory"; the factory takes the loaded recipe, returns an Engine
-    checks: str  # "module:function"; (recipe) -> list of problems; a torch-free module
     env: dict[str, str] = field(default_factory=dict)
 
 
 # The ort backend's process, where ORT's threads and PyTorch's OpenMP threads share the cores:
-# after a PyTorch kernel ORT calls (backends/ort_kernels.py), or the optimizer step, libgomp's
+# after a PyTorch kernel ORT calls (backends/ortmodule/kernels.py), or the optimizer step, libgomp's
 # workers spin-wait 300,000 times by default, taking a core from the ORT MatMul that runs next.
 # Measured on 2 cores (`ortft bench`, benchmarks/README.md): with 1000 spins ORT ran at 0.89x
 # PyTorch on bert-cls against 0.61x with the default, 0.92x against 0.87x on gpt2-clm. libgomp
@@ -152,20 +153,10 @@ class Backend:
 ORT_THREAD_ENV = {"GOMP_SPINCOUNT": "1000"}
 
 REGISTRY: dict[str, Backend] = {
-    "ort": Backend(
-        "ortft.backends.torch.engine:create",
-        "ortft.backends.ortmodule.wrapper:recipe_problems",
-        ORT_THREAD_ENV,
-    ),
-    "torch": Backend(
-        "ortft.backends.torch.engine:create", "ortft.backends.torch.eager:recipe_problems"
-    ),
-    "auto": Backend(
-        "ortft.backends.torch.engine:create", "ortft.backends.ortmodule.wrapper:recipe_problems"
-    ),
-    "ort-ondevice": Backend(
-        "ortft.backends.ondevice.engine:create", "ortft.backends.ondevice.engine:recipe_problems"
-    ),
+    "ort": Backend("ortft.backends.torch.engine:create", ORT_THREAD_ENV),
+    "torch": Backend("ortft.backends.torch.engine:create"),
+    "auto": Backend("ortft.backends.torch.engine:create"),
+    "ort-ondevice": Backend("ortft.backends.ondevice.engine:create"),
 }
 _FACTORIES: dict[str, Callable[[LoadedRecipe], Engine]] = {}
 
@@ -177,12 +168,13 @@ def _load(path: str) -> Any:
 
 def names() -> list[str]:
     """Every backend.name a recipe may use: the built-in ones, then registered ones."""
-    return [*REGISTRY, *(n for n in _FACTORIES if n not in REGISTRY)]
+    return rules.names()
 
 
 def register(name: str, factory: Callable[[LoadedRecipe], Engine]) -> None:
     """Add an engine from outside the package (a plugin, or a test's toy engine)."""
     _FACTORIES[name] = factory
+    rules.allow(name)  # so a recipe may name it
 
 
 def create(loaded: LoadedRecipe) -> Engine:
@@ -193,12 +185,6 @@ def create(loaded: LoadedRecipe) -> Engine:
     if name not in REGISTRY:
         raise ValueError(f"unknown backend {name} (known: {', '.join(names())})")
     return _load(REGISTRY[name].engine)(loaded)
-
-
-def recipe_problems(recipe: Recipe) -> list[str]:
-    """What the recipe's backend cannot do (its own checks; none for a registered engine)."""
-    entry = REGISTRY.get(recipe.backend.name)
-    return _load(entry.checks)(recipe) if entry is not None else []
 
 
 def process_env(name: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,10 +70,6 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:  # kept for ortft.backends.ondevice.engine, which calls it
-    fsutil.fsync_dir(path)
-
-
 def rng_state() -> dict[str, Any]:
     """Every RNG the run uses, as plain tensors/ints so it loads with ``weights_only=True``."""
     import torch  # lazily: the ort-ondevice loop uses this module's helpers without PyTorch
@@ -101,6 +98,34 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def write_step(
+    run_dir: Path,
+    state: TrainState,
+    recipe_yaml: str,
+    kind: str,
+    keep_last: int,
+    fill: Callable[[Path], None],
+) -> Path:
+    """Every engine's ``step-NNNNNN/``: ``fill(tmp)`` writes the engine's own files (weights,
+    optimizer, RNG; ORT's checkpoint for ort-ondevice), then recipe.yaml, state.json and the
+    manifest go in, the folder is swapped in whole and older ones are pruned to ``keep_last``."""
+    final = run_dir / checkpoint_name(state.step)
+    try:
+        # a step saved twice (e.g. a signal right after a periodic save) swaps the new copy in
+        # whole; the earlier copy is deleted only after the swap
+        with fsutil.atomic_dir(final) as tmp:
+            fill(tmp)
+            (tmp / "recipe.yaml").write_text(recipe_yaml)
+            (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
+            write_manifest(tmp, state.step, kind)
+    except OSError as err:  # disk full, read-only, quota: the earlier checkpoints are untouched
+        earlier = [p for p in list_checkpoints(run_dir) if p != final]
+        kept = f"; the last good checkpoint {earlier[-1]} is intact" if earlier else ""
+        raise RunError(f"could not write checkpoint {final}: {err.strerror or err}{kept}") from err
+    prune(run_dir, keep_last)
+    return final
+
+
 def save(
     run_dir: Path,
     state: TrainState,
@@ -113,38 +138,27 @@ def save(
     kind: str = "ortft-checkpoint",
     folders: dict[str, Path] | None = None,
 ) -> Path:
-    """Write ``step-NNNNNN/`` atomically, then prune to the newest ``keep_last``. ``scaler``:
-    the fp16 GradScaler's state (``backends.amp.scaler_state``), kept as scaler.pt when set.
-    ``folders``: complete folders (name -> path) moved into the checkpoint before its manifest
-    is written, as DeepSpeed's, whose engine holds the optimizer and scheduler (both None)."""
+    """A PyTorch engine's ``step-NNNNNN/`` (``write_step``). ``scaler``: the fp16 GradScaler's
+    state (``backends.amp.scaler_state``), kept as scaler.pt when set. ``folders``: complete
+    folders (name -> path) moved into the checkpoint before its manifest is written, as
+    DeepSpeed's partitions, whose engine holds the optimizer and scheduler (both None)."""
     import torch
 
-    final = run_dir / checkpoint_name(state.step)
-    try:
-        # a step saved twice (e.g. a signal right after a periodic save) swaps the new copy in
-        # whole; the earlier copy is deleted only after the swap
-        with fsutil.atomic_dir(final) as tmp:
-            if hasattr(model, "peft_config"):  # LoRA: only the trained (adapter + head) weights
-                save_trainable(model, tmp / ADAPTER_WEIGHTS)
-            else:
-                save_weights(model, tmp / "model.safetensors")
-            if optimizer is not None:
-                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-                torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-            for name, folder in (folders or {}).items():
-                os.replace(folder, tmp / name)
-            torch.save(rng_state(), tmp / "rng.pt")
-            if scaler:  # fp16: a resumed run starts at the loss scale this one reached
-                torch.save(scaler, tmp / "scaler.pt")
-            (tmp / "recipe.yaml").write_text(recipe_yaml)
-            (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
-            write_manifest(tmp, state.step, kind)
-    except OSError as err:  # disk full, read-only, quota: the earlier checkpoints are untouched
-        earlier = [p for p in list_checkpoints(run_dir) if p != final]
-        kept = f"; the last good checkpoint {earlier[-1]} is intact" if earlier else ""
-        raise RunError(f"could not write checkpoint {final}: {err.strerror or err}{kept}") from err
-    prune(run_dir, keep_last)
-    return final
+    def fill(tmp: Path) -> None:
+        if hasattr(model, "peft_config"):  # LoRA: only the trained (adapter + head) weights
+            save_trainable(model, tmp / ADAPTER_WEIGHTS)
+        else:
+            save_weights(model, tmp / "model.safetensors")
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        for name, folder in (folders or {}).items():
+            os.replace(folder, tmp / name)
+        torch.save(rng_state(), tmp / "rng.pt")
+        if scaler:  # fp16: a resumed run starts at the loss scale this one reached
+            torch.save(scaler, tmp / "scaler.pt")
+
+    return write_step(run_dir, state, recipe_yaml, kind, keep_last, fill)
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
@@ -197,11 +211,6 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
                     f"size mismatch for {name}: {tuple(value.shape)} vs {tuple(params[name].shape)}"
                 )
             params[name].copy_(value)
-
-
-def remove_stale_temp(run_dir: Path) -> None:
-    """Temp folders of saves that a kill -9 interrupted: never a checkpoint, safe to drop."""
-    fsutil.remove_stale(run_dir, f".{PREFIX}*.tmp-*")
 
 
 def write_manifest(folder: Path, step: int, kind: str) -> None:

@@ -1,7 +1,7 @@
 """What the ``ortft`` commands print: results on stdout, errors and the libraries' chatter on stderr.
 
-Kept apart from cli.py so each command there stays a short function; like cli.py, it imports
-no heavy library at module level.
+Kept apart from the command modules so each command stays a short function; like them, it
+imports no heavy library at module level.
 """
 
 from __future__ import annotations

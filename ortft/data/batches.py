@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortft.tasks import Encoded
+from ortft.core.constants import IGNORE_INDEX
+from ortft.data.encoded import Encoded
 
 LENGTH = "_length"  # each row's real token count, stored with the tokenized arrays
 GROUP_BATCHES = 50  # group_by_length: batches per sorted group (transformers uses 50 too)
@@ -136,6 +137,6 @@ def eval_batches(encoded: Encoded, batch_size: int) -> Iterator[dict[str, np.nda
         if valid < batch_size:  # keep batch_size rows: pad with the last row, ignore it after
             idx = np.concatenate([idx, np.full(batch_size - valid, idx[-1])])
         batch = encoded.take(idx)
-        batch["labels"][valid:] = -100  # padded rows are ignored by the loss
+        batch["labels"][valid:] = IGNORE_INDEX  # padded rows are ignored by the loss
         batch["_valid"] = np.array(valid)
         yield batch

@@ -3,8 +3,10 @@
 Rows are never held in memory as Python objects: every source becomes a memory-mapped Arrow
 dataset in ``<ORTFT_CACHE>/datasets`` (csv/tsv/json/jsonl/txt/folders through ortft's own
 streaming readers, so quoting, UTF-8 handling and the file:line of a bad row stay exactly as
-they were; parquet, saved datasets and the Hub through ``datasets`` itself). Tokenizing and the
-tokenized cache are ``ortft/data/tokenized.py``; batches are ``ortft/data/batches.py``.
+they were; parquet, saved datasets and the Hub through ``datasets`` itself). The checks each row
+gets are ``ortft/data/checks.py``; a run's train and eval splits are ``ortft/data/splits.py``;
+tokenizing and the tokenized cache are ``ortft/data/tokenized.py``; batches are
+``ortft/data/batches.py``.
 """
 
 from __future__ import annotations
@@ -19,17 +21,13 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ortft.core.errors import InputError
-from ortft.data import batches
-from ortft.recipe.io import LoadedRecipe, looks_local
-from ortft.recipe.schema import DataSection
-from ortft.tasks import Task
+from ortft.data.checks import RowCheck, RowColumns, check_table
+from ortft.data.paths import looks_local, resolve_input_path
+from ortft.data.spec import DataSection
 
 log = logging.getLogger("ortft")
 
@@ -179,90 +177,6 @@ def _read_file(path: Path, fmt: str, data: DataSection) -> list[dict[str, Any]]:
     return list(_iter_file(path, fmt, data))
 
 
-# --------------------------------------------------------------------------- row checks
-
-
-@dataclass(frozen=True)
-class RowCheck:
-    """What every row of a source must hold, checked as the rows stream past (a later row
-    without a column would otherwise fail mid-run)."""
-
-    source: str
-    needed: tuple[str, ...]  # columns every row must have (a null counts as missing)
-    keep: tuple[str, ...]  # the columns the task reads: what is stored in Arrow
-    label_column: str | None = None  # with allowed: the column checked against it
-    allowed: tuple[str, ...] | None = None  # data.label_names, when given
-    hint: str = "set data.text_column / data.label_column"
-
-    @classmethod
-    def of(cls, source: str, data: DataSection, task: Task) -> RowCheck:
-        own = task.own_columns  # the task's task.*_column options, not data.*_column
-        allowed = (
-            tuple(data.label_names) if task.needs_labels and data.label_names and not own else None
-        )
-        needed = tuple(task.columns(data))
-        return cls(
-            source=source,
-            needed=needed,
-            keep=tuple(dict.fromkeys([*needed, *task.read_columns(data)])),
-            label_column=data.label_column if allowed else None,
-            allowed=allowed,
-            hint="set the task's column options (task.*_column)" if own else cls.hint,
-        )
-
-    def __call__(self, n: int, row: Any) -> None:
-        if not isinstance(row, dict):
-            kind = type(row).__name__
-            raise InputError(f"{self.source}: row {n} is a {kind}, not an object of columns")
-        missing = [c for c in self.needed if row.get(c) is None]
-        if missing:
-            where = f"row {n}: " if n > 1 else ""
-            has = ", ".join(sorted(str(k) for k, v in row.items() if v is not None))
-            raise InputError(
-                f"{self.source}: {where}missing column {', '.join(missing)} (has: {has}); "
-                + self.hint
-            )
-        if self.allowed is not None and str(row[self.label_column]) not in self.allowed:
-            raise InputError(
-                f"{self.source}: row {n}: label '{row[self.label_column]}' is not one of "
-                f"data.label_names {list(self.allowed)}"
-            )
-
-
-def _check_columns(rows: list[dict[str, Any]], source: str, data: DataSection, task: Task) -> None:
-    """Check rows already in memory (``ortft eval --data``)."""
-    if not rows:
-        raise InputError(f"{source}: no rows")
-    check = RowCheck.of(source, data, task)
-    for n, row in enumerate(rows, 1):
-        check(n, row)
-
-
-def _check_table(ds: Any, check: RowCheck) -> None:
-    """The same checks on an Arrow dataset (parquet, saved datasets, the Hub), column-wise."""
-    import pyarrow.compute as pc
-
-    if len(ds) == 0:
-        raise InputError(f"{check.source}: no rows")
-    absent = [c for c in check.needed if c not in ds.column_names]
-    if absent:
-        raise InputError(
-            f"{check.source}: missing column {', '.join(absent)} "
-            f"(has: {', '.join(sorted(ds.column_names))}); {check.hint}"
-        )
-    table = ds.with_format("arrow")[:]  # a view of the memory-mapped table (no copy)
-    for c in check.needed:
-        nulls = pc.is_null(table[c])
-        if pc.any(nulls).as_py():
-            check(int(pc.index(nulls, True).as_py()) + 1, {c: None})
-    if check.allowed is not None:
-        labels = pc.cast(table[check.label_column], "string")
-        outside = pc.invert(pc.is_in(labels, value_set=pc.cast(list(check.allowed), "string")))
-        if pc.any(outside).as_py():
-            n = int(pc.index(outside, True).as_py())
-            check(n + 1, {**dict.fromkeys(check.needed, ""), check.label_column: labels[n].as_py()})
-
-
 # --------------------------------------------------------------------------- rows in Arrow
 
 
@@ -286,7 +200,7 @@ def _generate(spec: str) -> Iterator[dict[str, Any]]:
         raise InputError(f"{check.source}: no rows")
 
 
-def _stat_key(path: Path) -> list[str]:
+def stat_key(path: Path) -> list[str]:
     files = sorted(path.rglob("*")) if path.is_dir() else [path]
     return [f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files if f.is_file()]
 
@@ -298,7 +212,7 @@ def _from_text(path: Path, fmt: str, data: DataSection, check: RowCheck) -> Any:
             "version": READER_VERSION,
             "path": str(path),
             "format": fmt,
-            "files": _stat_key(path),  # a changed file is read again
+            "files": stat_key(path),  # a changed file is read again
             "data": data.model_dump(mode="json"),
             "check": {k: getattr(check, k) for k in check.__dataclass_fields__},
         },
@@ -348,26 +262,28 @@ def _from_datasets(source: str, fmt: str, split: str, path: Path | None) -> Any:
     return ds
 
 
-def read_rows(loaded: LoadedRecipe, value: str, split: str, task: Task) -> Rows:
-    """One source's rows, checked, as a memory-mapped Arrow dataset."""
-    data = loaded.recipe.data
-    fmt: str = data.format
+def read_rows(spec: DataSection, base_dir: Path, value: str, split: str, task: RowColumns) -> Rows:
+    """One source's rows, checked, as a memory-mapped Arrow dataset (``value``: a path, relative
+    to ``base_dir``, or a Hub name)."""
+    fmt: str = spec.format
     if fmt == "hub" or (
-        fmt == "auto" and not looks_local(value) and not loaded.resolve_path(value).exists()
+        fmt == "auto"
+        and not looks_local(value)
+        and not resolve_input_path(value, base_dir).exists()
     ):
         ds = _from_datasets(value, "hub", split, None)
-        _check_table(ds, RowCheck.of(value, data, task))
+        check_table(ds, RowCheck.of(value, spec, task))
         return Rows(ds)
-    path = loaded.resolve_path(value)
+    path = resolve_input_path(value, base_dir)
     if not path.exists():
         raise InputError(f"{path}: data file not found")
     fmt = _infer_format(path) if fmt == "auto" else fmt
-    check = RowCheck.of(value, data, task)
+    check = RowCheck.of(value, spec, task)
     if fmt in {"parquet", "disk"}:
         ds = _from_datasets(value, fmt, split, path)
-        _check_table(ds, check)
+        check_table(ds, check)
         return Rows(ds)
-    return Rows(_from_text(path, fmt, data, check))
+    return Rows(_from_text(path, fmt, spec, check))
 
 
 class Rows:
@@ -406,79 +322,9 @@ def as_dicts(batch: dict[str, list[Any]]) -> list[dict[str, Any]]:
     ]
 
 
-@dataclass
-class RawSplits:
-    train: Any  # Rows, or streaming.StreamRows (data.streaming)
-    eval: Rows | None
-    fingerprint: str  # identifies the input files for the tokenization cache
-
-
-def _fingerprint(loaded: LoadedRecipe, values: list[str | None]) -> str:
-    h = hashlib.sha256()
-    for value in values:
-        if not value:
-            continue
-        h.update(value.encode())
-        try:
-            path = loaded.resolve_path(value)
-        except Exception:  # noqa: BLE001
-            continue
-        if path.exists():
-            h.update("\n".join(_stat_key(path)).encode())
-    return h.hexdigest()[:16]
-
-
-def load_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
-    r = loaded.recipe
-    data = r.data
-    if data.streaming:  # train rows read as they stream (ortft/data/streaming.py); eval stored
-        return _stream_splits(loaded, task)
-    train = read_rows(loaded, data.train, data.split, task)
-    evals: Rows | None = None
-    if data.eval:
-        evals = read_rows(loaded, data.eval, data.eval_split or "validation", task)
-    elif data.format == "hub" and data.eval_split:
-        evals = read_rows(loaded, data.train, data.eval_split, task)
-    elif data.eval_fraction > 0:
-        # a seeded shuffle, then the tail is held out: the same split on every run
-        order = np.random.default_rng(r.training.seed).permutation(len(train))
-        n_eval = max(1, int(round(len(train) * data.eval_fraction)))
-        evals, train = train.select(order[:n_eval]), train.select(order[n_eval:])
-    if data.max_train_samples and data.max_train_samples < len(train):
-        train = train.select(range(data.max_train_samples))
-    if evals is not None and data.max_eval_samples and data.max_eval_samples < len(evals):
-        evals = evals.select(range(data.max_eval_samples))
-    fp = _fingerprint(loaded, [data.train, data.eval])
-    return RawSplits(train=train, eval=evals or None, fingerprint=fp)
-
-
-def _stream_splits(loaded: LoadedRecipe, task: Task) -> RawSplits:
-    from ortft.data import streaming
-
-    data = loaded.recipe.data
-    train: Any = streaming.read(loaded, data.train, data.split, task)
-    if data.max_train_samples:
-        train.dataset = train.dataset.take(data.max_train_samples)
-    evals = None
-    if data.eval:
-        evals = read_rows(loaded, data.eval, data.eval_split or "validation", task)
-    elif data.format == "hub" and data.eval_split:
-        evals = read_rows(loaded, data.train, data.eval_split, task)
-    if evals is not None and data.max_eval_samples and data.max_eval_samples < len(evals):
-        evals = evals.select(range(data.max_eval_samples))
-    return RawSplits(train=train, eval=evals, fingerprint=_fingerprint(loaded, [data.eval]))
-
-
 def label_names(rows: Any, data: DataSection) -> list[str]:
     if data.label_names:
         return list(data.label_names)
     if isinstance(rows, Rows):  # Arrow's unique: no pass over the rows in Python
         return sorted({str(v) for v in rows.dataset.unique(data.label_column)})
     return sorted({str(r[data.label_column]) for r in rows})
-
-
-# --------------------------------------------------------------------------- batches
-# (ortft/data/batches.py; these names stay here for the callers that read rows and batches together)
-batches_per_epoch = batches.batches_per_epoch
-train_batches = batches.train_batches
-eval_batches = batches.eval_batches

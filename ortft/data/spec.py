@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ortft.recipe.fields import PositiveInt, Section
+from ortft.core.section import PositiveInt, Section
 
 DataFormat = Literal["auto", "csv", "json", "jsonl", "parquet", "txt", "folder", "disk", "hub"]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,15 +30,16 @@ import numpy as np
 from ortft.core.errors import InputError
 from ortft.data import batches, tokenized
 from ortft.data import rows as data
-from ortft.recipe.io import LoadedRecipe, looks_local
-from ortft.recipe.schema import DataSection
-from ortft.tasks import Encoded, Task
+from ortft.data.checks import RowCheck, RowColumns
+from ortft.data.encoded import Encoded, Encoder
+from ortft.data.paths import looks_local, resolve_input_path
+from ortft.data.spec import DataSection
 
 
 class StreamRows:
     """A split's rows as a stream (iterating reads the source again)."""
 
-    def __init__(self, dataset: Any, check: data.RowCheck) -> None:
+    def __init__(self, dataset: Any, check: RowCheck) -> None:
         self.dataset, self.check = dataset, check
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -45,14 +47,17 @@ class StreamRows:
             yield from data.as_dicts(batch)
 
 
-def read(loaded: LoadedRecipe, value: str, split: str, task: Task) -> StreamRows:
-    spec = loaded.recipe.data
+def read(spec: DataSection, base_dir: Path, value: str, split: str, task: RowColumns) -> StreamRows:
+    """One source's rows as a stream, each checked as it is read (``value``: a path, relative
+    to ``base_dir``, or a Hub name)."""
     datasets = data.quiet_datasets()
-    check = data.RowCheck.of(value, spec, task)
-    local = spec.format != "hub" and (looks_local(value) or loaded.resolve_path(value).exists())
+    check = RowCheck.of(value, spec, task)
+    local = spec.format != "hub" and (
+        looks_local(value) or resolve_input_path(value, base_dir).exists()
+    )
     if not local:
         return StreamRows(datasets.load_dataset(value, split=split, streaming=True), check)
-    path = loaded.resolve_path(value)
+    path = resolve_input_path(value, base_dir)
     if not path.exists():
         raise InputError(f"{path}: data file not found")
     fmt = data._infer_format(path) if spec.format == "auto" else spec.format
@@ -72,7 +77,7 @@ def read(loaded: LoadedRecipe, value: str, split: str, task: Task) -> StreamRows
 class StreamEncoded(Encoded):
     """Tokenized train rows of a stream: no length; batches through ``train_batches``."""
 
-    def __init__(self, rows: StreamRows, task: Task, tokenizer: Any, spec: DataSection,
+    def __init__(self, rows: StreamRows, task: Encoder, tokenizer: Any, spec: DataSection,
                  label2id: Any) -> None:  # fmt: skip
         self.rows, self.task, self.tokenizer, self.spec = rows, task, tokenizer, spec
         self.label2id = label2id

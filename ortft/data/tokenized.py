@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 import time
 from pathlib import Path
@@ -27,10 +26,8 @@ from ortft.core import fsutil
 from ortft.core.errors import InputError
 from ortft.data import batches
 from ortft.data import rows as data
-from ortft.recipe.schema import DataSection
-from ortft.tasks import Encoded, Task
-
-log = logging.getLogger("ortft")
+from ortft.data.encoded import Encoded, Encoder
+from ortft.data.spec import DataSection
 
 CACHE_VERSION = 2  # 1: .npz of int64 arrays; 2: Arrow files, int32 model columns
 META = "ortft-cache.json"  # written last: an entry without it is incomplete
@@ -91,7 +88,7 @@ def _column(col: Any, n: int) -> np.ndarray:
 def _encode_batch(
     batch: dict[str, list[Any]],
     indices: list[int],
-    task: Task,
+    task: Encoder,
     tokenizer: Any,
     spec: DataSection,
     label2id: dict[str, int] | None,
@@ -115,7 +112,12 @@ def _encode_batch(
 
 
 def key(
-    task: Task, rows: data.Rows, tokenizer: Any, spec: DataSection, label2id: Any, parts: list[str]
+    task: Encoder,
+    rows: data.Rows,
+    tokenizer: Any,
+    spec: DataSection,
+    label2id: Any,
+    parts: list[str],
 ) -> str:
     tok_state = (
         tokenizer.backend_tokenizer.to_str()
@@ -136,7 +138,7 @@ def key(
     return h.hexdigest()[:24]
 
 
-def _build(entry: Path, task: Task, rows: data.Rows, tokenizer: Any, spec: DataSection,
+def _build(entry: Path, task: Encoder, rows: data.Rows, tokenizer: Any, spec: DataSection,
            label2id: Any, source: str) -> None:  # fmt: skip
     t0 = time.perf_counter()
     with fsutil.atomic_dir(entry, fsync=False) as tmp:
@@ -175,7 +177,7 @@ def _load(entry: Path) -> ArrowEncoded:
 
 
 def encode(
-    task: Task,
+    task: Encoder,
     rows: data.Rows,
     tokenizer: Any,
     spec: DataSection,
@@ -197,44 +199,3 @@ def encode(
     except (OSError, ValueError, KeyError) as err:
         raise InputError(f"{entry}: a damaged tokenized cache entry ({err}); remove it with "
                          f"`ortft cache prune --all` or delete the folder") from None  # fmt: skip
-
-
-def encode_splits(
-    task: Task, raw: data.RawSplits, tokenizer: Any, spec: DataSection, label2id: Any
-) -> tuple[Encoded, ArrowEncoded | None]:
-    """Train and eval arrays (each from the cache when a previous run made them); logs sizes."""
-    from ortft.data import streaming
-
-    t0 = time.perf_counter()
-    if isinstance(raw.train, streaming.StreamRows):  # tokenized as it is read, never stored
-        train: Any = streaming.StreamEncoded(raw.train, task, tokenizer, spec, label2id)
-        hit = False
-    else:
-        train, hit = encode(task, raw.train, tokenizer, spec, label2id,
-                            [raw.fingerprint, "train"], spec.train)  # fmt: skip
-    evals = (
-        encode(
-            task,
-            raw.eval,
-            tokenizer,
-            spec,
-            label2id,
-            [raw.fingerprint, "eval"],
-            spec.eval or f"{spec.train} (held out)",
-        )[0]  # fmt: skip
-        if raw.eval is not None
-        else None
-    )
-    how = (
-        "streamed: tokenized as read" if spec.streaming
-        else "tokenized earlier: cache hit" if hit
-        else f"tokenized in {time.perf_counter() - t0:.1f}s"
-    )  # fmt: skip
-    log.info(
-        "data: %s train / %d eval examples of %d tokens (%s)",
-        "a stream of" if spec.streaming else len(train),
-        len(evals) if evals is not None else 0,
-        spec.max_length,
-        how,
-    )
-    return train, evals

@@ -4,7 +4,8 @@ The folder it writes is self-contained: ``model.onnx`` (inputs ``input_ids`` and
 ``attention_mask`` with dynamic batch and sequence axes, output ``logits``), the tokenizer,
 the model config and ``export.json`` (the reports). On request it also holds
 ``model.opt.onnx`` (ORT graph optimization), ``model.fp16.onnx``, ``model.int8.onnx`` and
-``training/`` (on-device training artifacts); see ``ortft.export.onnx_tools`` for what was measured.
+``training/`` (on-device training artifacts, built by the caller's ``TrainingStep``); see
+``ortft.export.onnx_tools`` and ``ortft.backends.ondevice.artifacts`` for what was measured.
 
 The checks and export.json's pass rules are in ``ortft.export.parity``; ``ortft export SOURCE``
 (runs, checkpoints, saved models, ONNX final/) is in ``ortft.tools.export_source``.
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -67,8 +68,8 @@ class _LogitsOnly(torch.nn.Module):
         return out.logits
 
 
-def _samples(samples: Any, tokenizer: Any, n: int) -> dict[str, np.ndarray]:
-    """Up to ``n`` held-out rows (with labels when the data has them), else synthetic rows of
+def parity_feeds(samples: Any, tokenizer: Any, n: int) -> dict[str, np.ndarray]:
+    """The rows parity compares on: up to ``n`` held-out rows (with labels when the data has them), else synthetic rows of
     random ids and random lengths, padded at the end."""
     if samples is not None and len(samples):
         batch = samples.take(np.arange(min(n, len(samples))))
@@ -206,6 +207,49 @@ def samples_source(samples: Any) -> str:
 # --------------------------------------------------------------------------- export
 
 
+class TrainingStep(Protocol):
+    """``--training-artifacts``: writes on-device training artifacts into ``art_dir`` and returns
+    their report (export.json's ``training``). They are built above this layer
+    (``ortft.backends.ondevice.artifacts.ForExport``), so the caller passes the step in."""
+
+    @property
+    def tasks(self) -> Sequence[str]: ...  # the tasks it builds for: checked before exporting
+
+    def __call__(
+        self,
+        model: torch.nn.Module,
+        task: str,
+        art_dir: Path,
+        feeds: dict[str, np.ndarray],
+        example: tuple[torch.Tensor, ...],
+    ) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What ``export_model`` writes and checks besides ``model.onnx`` and its parity.
+
+    ``optimize``, ``fp16``, ``quantize`` ("int8"): also write that variant (``parity.wanted``).
+    ``training``: also write ``training/`` (``TrainingStep``); None: no training artifacts.
+    ``max_length``: the length the model was trained with (recorded with the tokenizer, which
+    itself truncates at the model's position limit: see ``ortft.export.deploy``).
+    ``kv_cache``: a decoder's graph takes and gives its KV cache (``ortft.export.decoder``);
+    False: the graph of the whole sequence (input_ids, attention_mask -> logits).
+    ``task_options``: the run's ``task:`` (the model card's example follows it).
+    ``check_runtimes``: Pythons with another onnxruntime to load the export in and compare
+    (``deploy.check_runtime``); each one checked is added to export.json's ``runtimes``.
+    """
+
+    optimize: bool = False
+    fp16: bool = False
+    quantize: str | None = None
+    training: TrainingStep | None = None
+    max_length: int | None = None
+    kv_cache: bool = True
+    task_options: Any = None
+    check_runtimes: Sequence[str] = ()
+
+
 def export_model(
     model: Any,  # a transformers model (torch.nn.Module)
     tokenizer: Any,
@@ -215,89 +259,33 @@ def export_model(
     opset: int,
     tolerance: float,
     samples: Any = None,
-    optimize: bool = False,
-    fp16: bool = False,
-    quantize: str | None = None,
-    training_artifacts: bool = False,
-    trainable: Sequence[str] | None = None,
-    max_length: int | None = None,
-    kv_cache: bool = True,
-    task_options: Any = None,
-    check_runtimes: Sequence[str] = (),
+    options: ExportOptions | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` to ``out_dir``, check it, write export.json; return the report.
 
-    ``max_length``: the length the model was trained with (recorded with the tokenizer, which
-    itself truncates at the model's position limit: see ``ortft.export.deploy``).
-    ``kv_cache``: a decoder's graph takes and gives its KV cache (``ortft.export.decoder``);
-    False: the graph of the whole sequence (input_ids, attention_mask -> logits).
-    ``task_options``: the run's ``task:`` (the model card's example follows it).
-    ``check_runtimes``: Pythons with another onnxruntime to load the export in and compare
-    (``deploy.check_runtime``); each one checked is added to export.json's ``runtimes``.
-
+    ``samples``: held-out rows to check parity on (else synthetic ones: ``parity_feeds``);
+    ``options``: the variants, training artifacts and the rest (``ExportOptions``).
     The report's ``passed`` says whether every check passed (the rules: ``ortft.export.parity``);
     the folder is then ``out_dir``, else ``out_dir.failed`` (``report["dir"]``). Callers turn a
     failure into a GateError.
     """
-    kinds = parity.wanted(optimize, fp16, quantize)
+    options = options or ExportOptions()
+    kinds = parity.wanted(options.optimize, options.fp16, options.quantize)
+    training = options.training
     if _kind(task) == "seq2seq":
-        if kinds or training_artifacts:
+        if kinds or training is not None:
             raise InputError(
                 "seq2seq exports the encoder and decoder graphs only: --optimize, --fp16, "
                 "--quantize and --training-artifacts are for single-graph models"
             )
-        return _export_seq2seq(
-            model, tokenizer, out_dir, opset, tolerance, samples, max_length, task_options,
-            check_runtimes,
-        )  # fmt: skip
-    if training_artifacts and task not in tools.training_tasks():
+        return _export_seq2seq(model, tokenizer, out_dir, opset, tolerance, samples, options)
+    if training is not None and task not in training.tasks:
         raise InputError(
-            f"--training-artifacts: built and tested for {', '.join(tools.training_tasks())}, "
-            f"not {task}"
+            f"--training-artifacts: built and tested for {', '.join(training.tasks)}, not {task}"
         )
     model = model.eval().to("cpu")
-    cache = kv_cache and _kind(task) == "decoder"
-    wrapper = _LogitsOnly(model, _kind(task) == "decoder").eval()  # the reference logits
-    feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
-    example = _tracing_example(feeds, tokenizer)
-
-    def build(tmp: Path) -> dict[str, Any]:
-        graph = _graph(model, task, example, cache)
-        export_s = _torch_export(graph, tmp / "model.onnx", opset)
-        with torch.no_grad():
-            want = wrapper(
-                torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
-            ).numpy()
-        ref = parity.Reference(
-            feeds, want, prediction_positions(task), tolerance, samples_source(samples)
-        )
-        tokenizer.save_pretrained(tmp)
-        model.config.save_pretrained(tmp)
-        result = parity.build_report(
-            tmp,
-            ref,
-            task=task,
-            model_type=getattr(model.config, "model_type", None),
-            opset=opset,
-            kinds=kinds,
-            export_s=export_s,
-        )
-        result.update(inputs=graph.inputs, outputs=graph.outputs)
-        if _kind(task) == "decoder":
-            result["kv_cache"] = cache
-        if cache:  # the cache over several steps, against PyTorch's generate
-            result["generation"] = decoder.generation_check(
-                model, tmp / "model.onnx", feeds, tolerance
-            )
-        if training_artifacts:
-            result["training"] = _training(
-                model, tokenizer, task, tmp / "training", feeds, example, trainable
-            )
-            result["files"]["training"] = "training/"
-        result = other_runtimes(tmp, result, feeds, tolerance, check_runtimes)
-        return deployable(tmp, task, tokenizer, model.config, result, max_length, task_options)
-
-    result = publish(out_dir, build)
+    single = _SingleGraph(model, tokenizer, task, opset, tolerance, samples, kinds, options)
+    result = publish(out_dir, single.build)
     p = result["parity"]
     log.info(
         "exported %s (parity: max |diff| %.2e, agreement %.3f)%s",
@@ -307,6 +295,61 @@ def export_model(
         "" if result["passed"] else f"; FAILED: {'; '.join(result['failures'])}",
     )
     return result
+
+
+class _SingleGraph:
+    """One ``model.onnx`` (with its variants and extras): ``build`` fills the staging folder."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        task: str,
+        opset: int,
+        tolerance: float,
+        samples: Any,
+        kinds: list[str],
+        options: ExportOptions,
+    ):
+        self.model, self.tokenizer, self.task = model, tokenizer, task
+        self.opset, self.tolerance, self.samples = opset, tolerance, samples
+        self.kinds, self.options = kinds, options
+        self.cache = options.kv_cache and _kind(task) == "decoder"
+        self.wrapper = _LogitsOnly(model, _kind(task) == "decoder").eval()  # the reference logits
+        self.feeds = parity_feeds(samples, tokenizer, PARITY_SAMPLES)
+        self.example = _tracing_example(self.feeds, tokenizer)
+
+    def build(self, tmp: Path) -> dict[str, Any]:
+        model, task, feeds, o = self.model, self.task, self.feeds, self.options
+        graph = _graph(model, task, self.example, self.cache)
+        export_s = _torch_export(graph, tmp / "model.onnx", self.opset)
+        with torch.no_grad():
+            want = self.wrapper(
+                torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
+            ).numpy()
+        ref = parity.Reference(
+            feeds, want, prediction_positions(task), self.tolerance, samples_source(self.samples)
+        )
+        self.tokenizer.save_pretrained(tmp)
+        model.config.save_pretrained(tmp)
+        result = parity.build_report(
+            tmp, ref, task=task, model_type=getattr(model.config, "model_type", None),
+            opset=self.opset, kinds=self.kinds, export_s=export_s,
+        )  # fmt: skip
+        result.update(inputs=graph.inputs, outputs=graph.outputs)
+        if _kind(task) == "decoder":
+            result["kv_cache"] = self.cache
+        if self.cache:  # the cache over several steps, against PyTorch's generate
+            result["generation"] = decoder.generation_check(
+                model, tmp / "model.onnx", feeds, self.tolerance
+            )
+        if o.training is not None:
+            result["training"] = o.training(model, task, tmp / "training", feeds, self.example)
+            result["files"]["training"] = "training/"
+        result = other_runtimes(tmp, result, feeds, self.tolerance, o.check_runtimes)
+        return deployable(
+            tmp, task, self.tokenizer, model.config, result, o.max_length, o.task_options
+        )
 
 
 @dataclass
@@ -345,15 +388,13 @@ def _export_seq2seq(
     opset: int,
     tolerance: float,
     samples: Any,
-    max_length: int | None,
-    task_options: Any,
-    check_runtimes: Sequence[str],
+    options: ExportOptions,
 ) -> dict[str, Any]:
     """An encoder-decoder as two graphs (``ortft.export.seq2seq``), checked the same way."""
     from ortft.export import seq2seq
 
     model = model.eval().to("cpu")
-    feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
+    feeds = parity_feeds(samples, tokenizer, PARITY_SAMPLES)
 
     def build(tmp: Path) -> dict[str, Any]:
         try:
@@ -366,8 +407,11 @@ def _export_seq2seq(
             raise RunError(f"ONNX export (opset {opset}) failed: {first}") from err
         tokenizer.save_pretrained(tmp)
         model.config.save_pretrained(tmp)
-        result = other_runtimes(tmp, result, feeds, tolerance, check_runtimes)
-        return deployable(tmp, "seq2seq", tokenizer, model.config, result, max_length, task_options)
+        result = other_runtimes(tmp, result, feeds, tolerance, options.check_runtimes)
+        return deployable(
+            tmp, "seq2seq", tokenizer, model.config, result, options.max_length,
+            options.task_options,
+        )  # fmt: skip
 
     result = publish(out_dir, build)
     log.info(
@@ -403,51 +447,3 @@ def _torch_export(graph: Graph, path: Path, opset: int) -> float:
     onnx.checker.check_model(str(path))
     tools.check_portable(path)
     return export_s
-
-
-def _training(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    task: str,
-    art_dir: Path,
-    feeds: dict[str, np.ndarray],
-    example: tuple[torch.Tensor, ...],
-    trainable: Sequence[str] | None,
-) -> dict[str, Any]:
-    num_labels = int(getattr(model.config, "num_labels", 2))
-    ex = {"input_ids": example[0].numpy(), "attention_mask": example[1].numpy()}
-    if task != "causal-lm" and "labels" in feeds:
-        ex["labels"] = np.resize(
-            feeds["labels"], 2
-        )  # causal LM labels follow the padded mask instead
-    report = tools.generate_training_artifacts(
-        model, task, art_dir, tools.training_feeds(ex, task, num_labels), trainable=trainable
-    )
-    report["check"] = tools.check_training_artifacts(
-        art_dir, tools.training_feeds(feeds, task, num_labels)
-    )
-    return report
-
-
-# --------------------------------------------------------------------------- ortft export SOURCE
-
-
-def _task_of(config: Any, model_dir: Path | None = None) -> str:
-    """The task the run's recipe (``model_dir/recipe.yaml``) names; only a plain Hugging Face
-    model without one falls back to the task its architecture name implies."""
-    from ortft import tasks
-    from ortft.recipe.task import read_task
-
-    recorded = read_task(model_dir / "recipe.yaml") if model_dir is not None else None
-    task = recorded.name if recorded is not None else tasks.from_architecture(config)
-    skip = tasks.get(task).export_skip
-    if skip:
-        raise InputError(f"{model_dir}: cannot export {task}: {skip}")
-    return task
-
-
-def export_source(source: Path, output: Path | None, **kwargs: Any) -> dict[str, Any]:
-    """``ortft export SOURCE``: see ``ortft.tools.export_source.export_source``."""
-    from ortft.tools import export_source as source_mod  # it builds on this module
-
-    return source_mod.export_source(source, output, **kwargs)

@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
+from ortft.export import onnx_tools as tools  # the converters
 
 EXPORT_FORMAT_VERSION = 2
-IGNORE = -100  # the label transformers' losses skip
 THRESHOLDS = {
     "fp16": {"min_agreement": 0.99, "max_accuracy_drop": 0.01},
     "int8": {"min_agreement": 0.90, "max_accuracy_drop": 0.02},
@@ -122,11 +123,11 @@ def predictions(
     if positions == "token":
         keep = feeds["attention_mask"].astype(bool)
         if labels is not None:
-            keep &= labels != IGNORE
+            keep &= labels != IGNORE_INDEX
         return logits.argmax(-1)[keep], (labels[keep] if labels is not None else None)
     pred = logits[:, :-1].argmax(-1)
     target = labels[:, 1:] if labels is not None else feeds["input_ids"][:, 1:]
-    keep = feeds["attention_mask"][:, 1:].astype(bool) & (target != IGNORE)
+    keep = feeds["attention_mask"][:, 1:].astype(bool) & (target != IGNORE_INDEX)
     return pred[keep], (target[keep] if labels is not None else None)
 
 
@@ -321,8 +322,6 @@ def build_report(
 def _variant(kind: str, folder: Path, ref: Reference, fp32_bytes: int) -> dict[str, Any]:
     """Write one variant of ``folder/model.onnx`` and judge it: {"path", "report"}."""
     import onnx
-
-    from ortft.export import onnx_tools as tools  # the converters; imported here: torch
 
     convert = {"optimize": tools.optimize, "fp16": tools.to_fp16, "int8": tools.quantize_int8}
     dst = folder / VARIANTS[kind][0]

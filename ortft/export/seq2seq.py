@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ortft.core.constants import IGNORE_INDEX
 from ortft.export import decoder, parity
 
 ENCODER, DECODER = "encoder.onnx", "decoder.onnx"
@@ -132,7 +133,7 @@ class OnnxSeq2Seq:
         """Teacher-forced logits: the decoder fed the labels shifted right (as T5 does)."""
         dec = np.full_like(labels, self.pad)
         dec[:, 0] = self.start
-        dec[:, 1:] = np.where(labels[:, :-1] == parity.IGNORE, self.pad, labels[:, :-1])
+        dec[:, 1:] = np.where(labels[:, :-1] == IGNORE_INDEX, self.pad, labels[:, :-1])
         mask = attention_mask.astype(np.int64)
         hidden = self.encoder.run(
             None, {"input_ids": input_ids.astype(np.int64), "attention_mask": mask}
@@ -224,7 +225,7 @@ def build_report(
         labels = rng.integers(0, model.config.vocab_size, (len(feeds["input_ids"]), 8))
     labels = labels.astype(np.int64)
     got, want, generation = check(model, folder, feeds, labels, tolerance, decoder.GENERATE_TOKENS)
-    targets = {"attention_mask": (labels != parity.IGNORE).astype(np.int64), "labels": labels}
+    targets = {"attention_mask": (labels != IGNORE_INDEX).astype(np.int64), "labels": labels}
     j = parity.judge(got, want, targets, "token")
     section = {"samples": int(len(labels)), "source": source, "against": "teacher-forced logits"}
     section.update(

@@ -9,7 +9,7 @@ the same numbers (to float rounding). Batches get the task's fixed eval variant 
 training's eval (masked-lm: the eval masking, seeded by the recipe's training.seed). A seq2seq
 model (PyTorch, or its export's encoder + decoder graphs) gets its logits from the decoder fed
 the target, and its generate metrics (exact match, token F1) as in training. The default data is the eval split the run's recipe used
-(``final/recipe.yaml``); ``--data`` scores another file in any format ``data.py`` reads.
+(``final/recipe.yaml``); ``--data`` scores another file in any format ``ortft.data.rows`` reads.
 The task is the run's own (its recipe's ``task:``, or the one an ONNX folder's export.json
 records), so an instruction run is scored as instruction; only a plain Hugging Face model that
 no ortft run describes has its task guessed from its architecture name.
@@ -28,16 +28,16 @@ from typing import Any
 import numpy as np
 
 from ortft import tasks
+from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError, RecipeError
 from ortft.data import rows as data_mod
+from ortft.data import splits
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe, TrainingSection
 from ortft.recipe.task import read_task
 from ortft.run.summary import RunSummary
 
 log = logging.getLogger("ortft")
-
-IGNORE = -100
 
 
 @dataclass
@@ -217,7 +217,8 @@ def load_rows(
                 f"{m.path}: no recipe.yaml tells which eval data it was trained "
                 "with; pass --data FILE"
             )
-        split = data_mod.load_splits(loaded, task).eval
+        spec, seed = loaded.recipe.data, loaded.recipe.training.seed
+        split = splits.load_splits(spec, loaded.base_dir, task, seed=seed).eval
         rows = list(split) if split is not None else []
         if not rows:
             raise InputError(f"{m.recipe_yaml}: the recipe has no eval data; pass --data FILE")
@@ -232,10 +233,8 @@ def load_rows(
         )
         loaded = LoadedRecipe(recipe=recipe, path=None, base_dir=Path.cwd(), raw={})
     spec = loaded.recipe.data.model_copy(update={"format": "auto", "max_eval_samples": None})
-    loaded = dataclasses.replace(
-        loaded, recipe=loaded.recipe.model_copy(update={"data": spec}), base_dir=Path.cwd()
-    )
-    rows = list(data_mod.read_rows(loaded, str(data_file), spec.eval_split or spec.split, task))
+    split_name = spec.eval_split or spec.split
+    rows = list(data_mod.read_rows(spec, Path.cwd(), str(data_file), split_name, task))
     return rows, spec, str(data_file)
 
 
@@ -248,7 +247,7 @@ def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray, causal: bool) -> t
         logits, labels = logits[:, :-1], labels[:, 1:]
     flat = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
     gold = labels.reshape(-1)
-    keep = gold != IGNORE
+    keep = gold != IGNORE_INDEX
     flat, gold = flat[keep], gold[keep]
     if not len(gold):
         return 0.0, 0

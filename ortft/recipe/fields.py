@@ -1,11 +1,13 @@
-"""Building blocks shared by the recipe's sections (schema.py, hpo.py): the strict section base,
-small field types, and the eval metric names."""
+"""Building blocks shared by the recipe's sections (schema.py, hpo.py): the strict section base
+and small field types (``ortft/core/section.py``, re-exported here), and the eval metric names."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ortft.core.section import PositiveInt, Section
+
+__all__ = ["LOWER_IS_BETTER", "EvalMetric", "PositiveInt", "Section", "metric_mode"]
 
 # Eval metrics as summary.json names them; which ones a task has is its Task.eval_metrics
 # (checked in rules.eval_users).
@@ -19,13 +21,6 @@ EvalMetric = Literal[
     "eval_token_f1",
 ]
 LOWER_IS_BETTER = ("eval_loss", "eval_perplexity")
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-PositiveInt = Annotated[int, Field(ge=1)]
 
 
 def metric_mode(metric: str, mode: str = "auto") -> str:

@@ -85,20 +85,23 @@ class HpoSection(Section):
     def _keys(self) -> HpoSection:
         if not self.params:
             raise ValueError("hpo.params needs at least one parameter")
-        bad = [k for k in self.params if not _is_tunable(k)]
-        if bad:
-            raise ValueError(
-                f"not a tunable recipe key: {', '.join(bad)} "
-                "(use a dotted key of a value, e.g. training.lr)"
-            )
         return self
 
 
-def _is_tunable(key: str) -> bool:
-    """Whether `key` (dotted) names a plain value in the recipe schema (not a section, not hpo)."""
-    from ortft.recipe.schema import Recipe
+def check_keys(section: HpoSection | None, root: type[BaseModel]) -> None:
+    """Every searched key names a plain value of ``root`` (the Recipe, which calls this: so
+    this module needs no import of schema.py)."""
+    bad = [k for k in section.params if not _is_tunable(k, root)] if section else []
+    if bad:
+        raise ValueError(
+            f"not a tunable recipe key: {', '.join(bad)} "
+            "(use a dotted key of a value, e.g. training.lr)"
+        )
 
-    model: Any = Recipe
+
+def _is_tunable(key: str, root: type[BaseModel]) -> bool:
+    """Whether `key` (dotted) names a plain value in the recipe schema (not a section, not hpo)."""
+    model: Any = root
     parts = key.split(".")
     if parts[0] in ("hpo", "deepspeed"):
         return False

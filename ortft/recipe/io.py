@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,12 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ortft.core.errors import RecipeError, UsageError
+from ortft.data.paths import (  # noqa: F401 - re-exported: other modules import them from here
+    PKG_PREFIX,
+    looks_local,
+    resolve_input_path,
+)
 from ortft.recipe.schema import Recipe
-
-PKG_PREFIX = "pkg://"
 
 
 @dataclass(frozen=True)
@@ -38,30 +40,6 @@ class LoadedRecipe:
     def resolve_path(self, value: str) -> Path:
         """A recipe path as a real path: pkg:// in an installed package, else relative to the recipe."""
         return resolve_input_path(value, self.base_dir)
-
-
-def resolve_input_path(value: str, base_dir: Path) -> Path:
-    if value.startswith(PKG_PREFIX):
-        package, _, rest = value[len(PKG_PREFIX) :].partition("/")
-        # find_spec on a top-level name locates the package without running its __init__.
-        spec = importlib.util.find_spec(package) if package.isidentifier() else None
-        if spec is None or not spec.submodule_search_locations:
-            raise RecipeError(
-                f"{value}: Python package '{package}' is not installed (run `make setup`)"
-            )
-        return Path(list(spec.submodule_search_locations)[0]) / rest
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else (base_dir / path)
-
-
-def looks_local(value: str) -> bool:
-    """Whether a name_or_path/data value is meant as a file rather than a Hub id."""
-    return (
-        value.startswith((PKG_PREFIX, "/", "./", "../", "~"))
-        or value.count("/") > 1
-        or Path(value).suffix.lower()
-        in {".csv", ".json", ".jsonl", ".parquet", ".txt", ".bz2", ".gz"}
-    )
 
 
 # --------------------------------------------------------------------------- YAML with lines
@@ -240,9 +218,7 @@ def check_paths(loaded: LoadedRecipe) -> list[str]:
         if looks_local(value) and not path.exists():  # anything else may be a Hub id
             problems.append(f"{field}: {path} does not exist")
     if isinstance(r.deepspeed, str) and loaded.resolve_path(r.deepspeed).is_file():
-        from ortft.backends.torch import (
-            deepspeed as zero,  # the JSON file gets the checks an inline mapping gets
-        )
+        from ortft.recipe import deepspeed as zero  # a JSON file: the inline mapping's checks
 
         try:
             problems += [

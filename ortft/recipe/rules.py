@@ -1,15 +1,19 @@
 """Cross-field rules of a recipe: combinations that cannot run are errors at validation, never
 a silent fallback (fp32, a no-op) at run time. ``Recipe``'s model validators call these in
-order; each raises ``ValueError`` with one line naming the fields involved."""
+order; each raises ``ValueError`` with one line naming the fields involved.
+
+``Recipe`` here is ``Any``: schema.py imports this module, so importing it back for the type
+would be a cycle (tests/test_layout.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ortft import tasks
+from ortft.data.spec import DataSection
+from ortft.recipe import backends
 
-if TYPE_CHECKING:
-    from ortft.recipe.schema import DataSection, Recipe
+Recipe = Any  # ortft.recipe.schema.Recipe, validated up to its model validators
 
 
 def has_eval_data(data: DataSection) -> bool:
@@ -30,7 +34,7 @@ def combinations(r: Recipe) -> None:
             "use bf16 (backend.name=torch) or fp32"
         )
     if isinstance(r.deepspeed, dict):
-        from ortft.backends.torch import deepspeed as zero
+        from ortft.recipe import deepspeed as zero
 
         problems = zero.check(r.deepspeed, r)
         if problems:
@@ -39,9 +43,7 @@ def combinations(r: Recipe) -> None:
         raise ValueError(f"deepspeed: {r.deepspeed!r} is not a .json file path")
     if r.optimizer.name == "adamw_ort_fused" and device == "cpu":
         raise ValueError("optimizer.name=adamw_ort_fused needs CUDA; use adamw on cpu")
-    from ortft import backends  # each backend's own checks live with it (torch-free modules)
-
-    problems = backends.recipe_problems(r)
+    problems = backends.problems(r)
     if problems:
         raise ValueError("; ".join(problems))
     if r.adapter is not None and r.backend.trainable:

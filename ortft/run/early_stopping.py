@@ -2,28 +2,25 @@
 
 Both follow one eval metric at a time. Their state lives in ``TrainState`` (so a resumed run
 carries on counting), and the best eval's weights in ``<run>/best/`` (``model.safetensors``
-and ``best.json``), written atomically each time an eval beats the best so far. Nothing
-prunes ``best/``: it is replaced only by a better eval. At the end, ``checkpoint.final: best``
-loads those weights back before ``final/`` and the ONNX export are written.
+and ``best.json``), which ``ortft.checkpoint.best`` writes each time an eval beats the best so
+far. At the end, ``checkpoint.final: best`` loads those weights back before ``final/`` and the
+ONNX export are written.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ortft.checkpoint.best import BEST_DIR, read_best
 from ortft.checkpoint.store import TrainState
-from ortft.core import fsutil
 from ortft.recipe.schema import Recipe, metric_mode
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("ortft")
-
-BEST_DIR = "best"
 
 
 def improved(value: float, reference: float | None, mode: str, min_delta: float = 0.0) -> bool:
@@ -118,27 +115,3 @@ class Selector:
             "stopped_early": stopped,
             "stopped_at_step": state.step if stopped else None,
         }
-
-
-def save_best(run_dir: Path, model: torch.nn.Module, state: TrainState) -> Path:
-    """Write ``best/`` (weights + best.json) atomically, replacing the previous best."""
-    from ortft.checkpoint.store import save_weights
-
-    final = run_dir / BEST_DIR
-    meta = {
-        "step": state.step,
-        "value": state.best_value,
-        "metrics": {f"eval_{k}": v for k, v in state.eval_metrics.items()},
-    }
-    with fsutil.atomic_dir(final) as tmp:  # the previous best/ stays readable until the swap
-        save_weights(model, tmp / "model.safetensors")
-        (tmp / "best.json").write_text(json.dumps(meta, indent=2))
-    return final
-
-
-def read_best(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / BEST_DIR / "best.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

@@ -12,34 +12,14 @@ A failed gate makes the command exit 3; the results are recorded in summary.json
 from __future__ import annotations
 
 import math
-import operator
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ortft.core.errors import UsageError
+from ortft.recipe.gates import OPS, Gate, parse
 from ortft.run.summary import RunSummary
 
-_OPS = {
-    ">=": operator.ge,
-    "<=": operator.le,
-    ">": operator.gt,
-    "<": operator.lt,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
-_GATE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|==|!=|>|<)\s*([-+0-9.eE]+|inf|-inf)\s*$")
-
-
-@dataclass(frozen=True)
-class Gate:
-    metric: str
-    op: str
-    threshold: float
-
-    def __str__(self) -> str:
-        return f"{self.metric}{self.op}{self.threshold:g}"
+__all__ = ["Gate", "GateResult", "as_dicts", "check", "lookup", "parse"]
 
 
 @dataclass(frozen=True)
@@ -57,20 +37,6 @@ class GateResult:
         shown = "missing" if self.value is None else f"{self.value:.6g}"
         why = f" ({self.reason})" if self.reason else ""
         return f"gate {mark}  {self.metric} = {shown}  (needs {self.op} {self.threshold:g}){why}"
-
-
-def parse(text: str) -> Gate:
-    m = _GATE.match(text)
-    if not m:
-        raise UsageError(
-            f"gate '{text}' must look like metric>=number, e.g. eval.accuracy>=0.9 "
-            f"(operators: {' '.join(_OPS)})"
-        )
-    try:
-        threshold = float(m.group(3))
-    except ValueError:
-        raise UsageError(f"gate '{text}': '{m.group(3)}' is not a number") from None
-    return Gate(metric=m.group(1), op=m.group(2), threshold=threshold)
 
 
 def lookup(summary: RunSummary, metric: str) -> float | None:
@@ -116,7 +82,7 @@ def check(gates: list[Gate], summary: RunSummary | Mapping[str, Any]) -> list[Ga
         else:
             results.append(
                 GateResult(
-                    str(g), g.metric, g.op, g.threshold, value, bool(_OPS[g.op](value, g.threshold))
+                    str(g), g.metric, g.op, g.threshold, value, bool(OPS[g.op](value, g.threshold))
                 )
             )
     return results

@@ -24,10 +24,9 @@ from ortft.checkpoint import store as checkpoint
 from ortft.core import fsutil
 from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, RunError
 from ortft.core.progress import Progress
-from ortft.data import batches, streaming, tokenized
-from ortft.data import rows as data
+from ortft.data import batches, splits, streaming
 from ortft.recipe.io import LoadedRecipe, dump
-from ortft.run import gates, loop, report, rundir
+from ortft.run import final, gates, loop, provenance, report, rundir
 from ortft.run.early_stopping import Selector
 from ortft.run.summary import Provenance, RunPaths, RunSummary
 from ortft.run.tracking import Tracker
@@ -42,7 +41,9 @@ def total_steps(training: Any, n_train: int, world: int = 1) -> int:
     if training.max_steps:
         return training.max_steps
     global_batch = training.batch_size * world
-    per_epoch = data.batches_per_epoch(n_train, global_batch) / training.gradient_accumulation_steps
+    per_epoch = (
+        batches.batches_per_epoch(n_train, global_batch) / training.gradient_accumulation_steps
+    )
     return max(1, math.ceil((training.epochs or 1.0) * per_epoch))
 
 
@@ -118,17 +119,17 @@ class _Run:
         log.info("device: %s (%s), %d threads", started.device, started.reason, started.threads)
         task = tasks.get(r.task.name, r.task)
         # ---- data and tokenizer (all input errors surface here, before any training)
-        raw = data.load_splits(self.loaded, task)
+        raw = splits.load_splits(r.data, self.loaded.base_dir, task, seed=t.seed)
         labels = task.label_names(raw.train, r.data)  # None for tasks without labels
         tokenizer = self.engine.tokenizer(self.loaded, self.run_dir, task, raw.train, labels)
         label2id = {name: i for i, name in enumerate(labels)} if labels else None
-        train, evals = tokenized.encode_splits(task, raw, tokenizer, r.data, label2id)
+        train, evals = splits.encode_splits(task, raw, tokenizer, r.data, label2id)
         global_batch = t.batch_size * started.world_size  # each rank trains on its slice
         stream = streaming.is_stream(train)  # data.streaming: no length, max_steps given
         make_batches: Any = (
             train.train_batches if stream else partial(batches.train_batches, train)  # type: ignore[attr-defined]
         )
-        per_epoch = 0 if stream else data.batches_per_epoch(len(train), global_batch)
+        per_epoch = 0 if stream else batches.batches_per_epoch(len(train), global_batch)
         if per_epoch == 0 and not stream:
             world = f" x {started.world_size} processes" if started.world_size > 1 else ""
             raise InputError(
@@ -231,11 +232,7 @@ class _Run:
         """final/, the export, the gates, summary.json (rank 0 only)."""
         r, state, s = self.recipe, self.state, self.summary
         self.engine.select_final(self.selector, self.run_dir, state)  # final: best -> its weights
-        final_dir = self.run_dir / "final"
-        with fsutil.atomic_dir(final_dir) as tmp:  # swapped in whole: never a half final/
-            self.engine.write_final(tmp)
-            tokenizer.save_pretrained(tmp)
-            (tmp / "recipe.yaml").write_text(self.recipe_yaml)
+        final_dir = final.write(self.run_dir, self.engine.write_final, tokenizer, self.recipe_yaml)
         s.paths.final = str(final_dir)
         s.stop_reason = self.stop_reason
         gate_list = [gates.parse(g) for g in [*r.gates, *self.extra_gates]]
@@ -247,8 +244,7 @@ class _Run:
         results = gates.check(gate_list, self.finish("completed", write=False))
         s.gates = gates.as_dicts(results)
         self.finish("stopped" if self.stop_reason == "max_time" else "completed")
-        fsutil.write_text_atomic(final_dir / "README.md", report.model_card(s, r))
-        s.write(final_dir / "summary.json")
+        final.describe(final_dir, s, r)
         b = s.backend
         log.info(
             "done: %d steps, backend %s%s, %d ORT export(s), %.1f samples/s", state.step, b.used,
@@ -286,7 +282,7 @@ class _Run:
         s.train_time_s, s.wall_time_s = state.train_time_s, time.time() - self.started
         s.paths.checkpoints = [str(p) for p in checkpoint.list_checkpoints(self.run_dir)]
         s.apply(self.selector.report(state, self.stop_reason))
-        s.provenance.finished_at = report.utc_now()
+        s.provenance.finished_at = provenance.utc_now()
         if write and self.engine.is_main():
             if self.tracker is not None:
                 self.tracker.close()  # flush TensorBoard, draw curves.png

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from ortft.checkpoint.store import TrainState
+from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import RunError
 from ortft.core.progress import Progress
 from ortft.data import batches
-from ortft.data import rows as data
 
 
 class Signals:
@@ -229,12 +229,12 @@ def evaluate(
     engine.eval_mode(True)
     total, weight, logits_all, labels_all = 0.0, 0, [], []
     try:
-        for batch in data.eval_batches(encoded, batch_size):
+        for batch in batches.eval_batches(encoded, batch_size):
             batch = task.collate(batch, None, seed)  # None: the task's fixed eval variant
             batch = batches.cut(batch, padding or batches.Padding(), task.aligned_keys)
             labels = batch["labels"]
             counted = labels[:, 1:] if task.shift_labels else labels
-            n = int((counted != -100).sum())
+            n = int((counted != IGNORE_INDEX).sum())
             loss, logits = engine.eval_batch(batch)
             total += loss * n
             weight += n

@@ -13,88 +13,10 @@ metrics.jsonl — one JSON object per line:
 from __future__ import annotations
 
 import json
-import platform
-import subprocess
-import sys
-import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ortft.core import fsutil
-from ortft.run.summary import FORMAT_VERSION, BackendReport, RunSummary  # noqa: F401 (re-export)
-
-PACKAGES = [
-    "ortft",
-    "torch",
-    "onnxruntime-training",
-    "onnxruntime-training-cpu",  # its CPU build, what Python 3.12 has (requirements/lock-py312.txt)
-    "torch-ort",
-    "onnx",
-    "transformers",
-    "tokenizers",
-    "datasets",
-    "numpy",
-]
-
-
-def package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def git_commit(path: Path) -> str | None:
-    try:
-        res = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return res.stdout.strip() if res.returncode == 0 else None
-
-
-def git_dirty(path: Path) -> bool | None:
-    """Whether tracked files in ``path``'s repository differ from HEAD; None outside a repo.
-
-    Untracked files do not count: run folders and data often sit untracked next to a recipe."""
-    try:
-        res = subprocess.run(
-            ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(res.stdout.strip()) if res.returncode == 0 else None
-
-
-def provenance(recipe_path: Path | None, recipe_sha256: str) -> dict[str, Any]:
-    where = recipe_path.resolve().parent if recipe_path else Path.cwd()
-    return {
-        "ortft": package_versions().get("ortft"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "packages": package_versions(),
-        "recipe_sha256": recipe_sha256,
-        "git_commit": git_commit(where),
-        "git_dirty": git_dirty(where),
-        "started_at": utc_now(),
-    }
-
-
-def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+from ortft.run.summary import BackendReport, RunSummary
 
 
 def throughput(steady: dict[str, float]) -> dict[str, Any]:
@@ -106,10 +28,6 @@ def throughput(steady: dict[str, float]) -> dict[str, Any]:
         "first_step_s": steady["first_step_s"],
         "note": "steady state: every step of this process but its first",
     }
-
-
-# summary.json: the lifecycle and the on-device loop call report.write_json_atomic
-write_json_atomic = fsutil.write_json_atomic
 
 
 class MetricsLog:

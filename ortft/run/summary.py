@@ -37,53 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ortft.backends.report import BackendReport, Precision, split_known
 from ortft.core.errors import InputError
 
 FORMAT_VERSION = 1
-
-
-def _split(cls: type, d: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the keys that are fields of ``cls``, the rest) — the rest go to ``extra``."""
-    names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-    known = {k: v for k, v in d.items() if k in names}
-    return known, {k: v for k, v in d.items() if k not in names}
-
-
-@dataclass
-class BackendReport:
-    """What actually ran: goes into summary.json and the bench tables."""
-
-    requested: str
-    used: str
-    fallback: bool = False
-    fallback_reason: str | None = None
-    ort_exports: int = 0
-    # ORT graph nodes run as PyTorch kernels, per op (backend.pytorch_kernels)
-    pytorch_kernels: dict[str, int] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    # merged flat into the JSON: "probe" (backend.name=auto), "peak_rss_mb" (ort-ondevice)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "requested": self.requested,
-            "used": self.used,
-            "fallback": self.fallback,
-            "fallback_reason": self.fallback_reason,
-            "ort_exports": self.ort_exports,
-            "pytorch_kernels": self.pytorch_kernels,
-            "notes": self.notes,
-            **self.extra,
-        }
-
-    to_dict = as_dict
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> BackendReport:
-        known, extra = _split(cls, d)
-        known.setdefault("requested", "")
-        known.setdefault("used", "")
-        return cls(**known, extra=extra)
 
 
 @dataclass
@@ -111,7 +68,7 @@ class RunPaths:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunPaths:
-        known, extra = _split(cls, d)
+        known, extra = split_known(cls, d)
         known.setdefault("run_dir", "")
         return cls(**known, extra=extra)
 
@@ -137,11 +94,11 @@ class Provenance:
     def collect(
         cls, recipe_path: Path | None, recipe_sha256: str, device: str, threads: int
     ) -> Provenance:
-        """This process's provenance, started now (``report.provenance`` + device, threads)."""
-        from ortft.run import report
+        """This process's provenance, started now (``provenance.collect`` + device, threads)."""
+        from ortft.run import provenance
 
         return cls.from_dict(
-            {**report.provenance(recipe_path, recipe_sha256), "device": device, "threads": threads}
+            {**provenance.collect(recipe_path, recipe_sha256), "device": device, "threads": threads}
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,22 +107,8 @@ class Provenance:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Provenance:
-        known, extra = _split(cls, d)
+        known, extra = split_known(cls, d)
         return cls(**known, extra=extra)
-
-
-@dataclass
-class Precision:
-    dtype: str = "fp32"
-    skipped_steps: int = 0  # fp16 steps skipped by loss scaling (an overflow), not an error
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "skipped_steps": self.skipped_steps}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Precision:
-        known, _ = _split(cls, d)
-        return cls(**known)
 
 
 # Written only when the run has a selection block (final set): ort-ondevice runs have none.
@@ -252,7 +195,7 @@ class RunSummary:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunSummary:
         """Tolerant: missing keys take their defaults; unknown keys land in ``extra``."""
-        known, extra = _split(cls, d)
+        known, extra = split_known(cls, d)
         for name in _NESTED:
             known.pop(name, None)
         backend, precision = d.get("backend"), d.get("precision")
@@ -289,9 +232,9 @@ class RunSummary:
 
     def write(self, path: Path) -> None:
         """Atomically: a reader sees the old summary or the new one, never half of one."""
-        from ortft.run.report import write_json_atomic
+        from ortft.core import fsutil
 
-        write_json_atomic(Path(path), self.to_dict())
+        fsutil.write_json_atomic(Path(path), self.to_dict())
 
     def apply(self, changes: Mapping[str, Any]) -> None:
         """Set fields by name (e.g. ``Selector.report``'s); an unknown name is a KeyError."""

@@ -1,5 +1,6 @@
 """What every task is: the ``Task`` base class (each member the loop reads, with its default),
-the ``TaskOptions`` base of a task's options under the recipe's ``task:``, and ``Encoded``.
+the ``TaskOptions`` base of a task's options under the recipe's ``task:``, and ``Encoded`` (what
+``encode`` returns; it lives in ``ortft/data/encoded.py`` and is re-exported here).
 
 A task file subclasses both: its options model (``name: Literal["<task>"]`` plus its fields,
 ``extra="forbid"``) and its task class, then adds one line to the registry
@@ -8,15 +9,19 @@ A task file subclasses both: its options model (``name: Literal["<task>"]`` plus
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ortft.core.constants import IGNORE_INDEX
+from ortft.data.encoded import Encoded
+
 if TYPE_CHECKING:
     import numpy as np
 
-    from ortft.recipe.schema import DataSection
+    from ortft.data.spec import DataSection
+
+__all__ = ["Encoded", "ExportKind", "Task", "TaskOptions"]
 
 # How the ONNX export lays out its logits, and how parity compares them:
 #   encoder    one row of logits per example (classification; question answering's [2, seq])
@@ -32,19 +37,6 @@ class TaskOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     name: str = Field(description="What the model learns (the task's registered name).")
-
-
-@dataclass
-class Encoded:
-    """Tokenized examples as fixed-length arrays (the model always sees [batch, max_length])."""
-
-    arrays: dict[str, np.ndarray]  # input_ids, attention_mask, labels (+ task extras)
-
-    def __len__(self) -> int:
-        return len(self.arrays["input_ids"])
-
-    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
-        return {k: v[index] for k, v in self.arrays.items()}
 
 
 class Task:
@@ -144,7 +136,7 @@ class Task:
         loss is a mean over its real tokens (``num_items_in_batch`` in transformers' Trainer)."""
         labels = batch["labels"]
         counted = labels[:, 1:] if self.shift_labels and labels.ndim > 1 else labels
-        return int((counted != -100).sum())
+        return int((counted != IGNORE_INDEX).sum())
 
     def collate(
         self, batch: dict[str, np.ndarray], epoch: int | None, seed: int

@@ -12,10 +12,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.tasks.base import Encoded, Task, TaskOptions
-
-IGNORE = -100
 
 
 class Options(TaskOptions):
@@ -60,7 +59,7 @@ class CausalLM(Task):
             )
             input_ids = enc["input_ids"].astype(np.int64)
             mask = enc["attention_mask"].astype(np.int64)
-            labels = np.where(mask == 1, input_ids, IGNORE)
+            labels = np.where(mask == 1, input_ids, IGNORE_INDEX)
         return Encoded({"input_ids": input_ids, "attention_mask": mask, "labels": labels})
 
     def metrics(

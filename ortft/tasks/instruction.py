@@ -32,10 +32,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.tasks.base import Encoded, Task, TaskOptions
 
-IGNORE = -100
 SIMPLE_ROLES = {"user": "User", "assistant": "Assistant", "system": "System"}
 
 
@@ -144,13 +144,14 @@ class Instruction(Task):
         for text, learned in self._segments(row, i, tokenizer):
             piece = tokenizer(text, add_special_tokens=False)["input_ids"]
             ids.extend(piece)
-            labels.extend(piece if learned else [IGNORE] * len(piece))
+            labels.extend(piece if learned else [IGNORE_INDEX] * len(piece))
         return ids[:limit], labels[:limit]
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         L = data.max_length
         examples = [self._example(r, i, tokenizer, L) for i, r in enumerate(rows)]
-        examples = [e for e in examples if any(t != IGNORE for t in e[1])]  # nothing to learn: drop
+        # nothing to learn: drop
+        examples = [e for e in examples if any(t != IGNORE_INDEX for t in e[1])]
         if not examples:
             raise InputError("no example has a response token within data.max_length")
         blocks: list[tuple[list[int], list[int]]] = []
@@ -168,7 +169,7 @@ class Instruction(Task):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         input_ids = np.full((len(blocks), L), pad, dtype=np.int64)
         mask = np.zeros((len(blocks), L), dtype=np.int64)
-        labels_arr = np.full((len(blocks), L), IGNORE, dtype=np.int64)
+        labels_arr = np.full((len(blocks), L), IGNORE_INDEX, dtype=np.int64)
         for b, (ids, labels) in enumerate(blocks):
             input_ids[b, : len(ids)], mask[b, : len(ids)], labels_arr[b, : len(ids)] = (
                 ids,

@@ -16,10 +16,10 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field
 
+from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.tasks.base import Encoded, Task, TaskOptions
 
-IGNORE = -100
 EVAL_EPOCH = 1_000_003  # the fixed "epoch" of the eval masking
 
 
@@ -70,7 +70,7 @@ class MaskedLM(Task):
                 "input_ids": ids,
                 "attention_mask": mask,
                 # the candidates: the original token where it may be masked, else -100
-                "labels": np.where(pickable, ids, IGNORE),
+                "labels": np.where(pickable, ids, IGNORE_INDEX),
                 "_row": np.arange(n, dtype=np.int64),
                 "_special": np.tile(
                     np.array([tokenizer.mask_token_id, len(tokenizer)], dtype=np.int64), (n, 1)
@@ -86,7 +86,7 @@ class MaskedLM(Task):
         epoch = EVAL_EPOCH if epoch is None else epoch
         ids, candidates = batch["input_ids"].copy(), batch["labels"]
         mask_id, vocab = (int(v) for v in batch["_special"][0])
-        labels = np.full_like(candidates, IGNORE)
+        labels = np.full_like(candidates, IGNORE_INDEX)
         for i, row in enumerate(batch["_row"]):
             rng = np.random.default_rng([seed, epoch, int(row)])
             u, kind, rand = (
@@ -94,8 +94,8 @@ class MaskedLM(Task):
                 rng.random(ids.shape[1]),
                 rng.integers(0, vocab, ids.shape[1]),
             )
-            picked = (candidates[i] != IGNORE) & (u < self.probability)
-            labels[i] = np.where(picked, candidates[i], IGNORE)
+            picked = (candidates[i] != IGNORE_INDEX) & (u < self.probability)
+            labels[i] = np.where(picked, candidates[i], IGNORE_INDEX)
             ids[i] = np.where(picked & (kind < 0.8), mask_id, ids[i])
             ids[i] = np.where(picked & (kind >= 0.8) & (kind < 0.9), rand, ids[i])
         return {**batch, "input_ids": ids, "labels": labels}

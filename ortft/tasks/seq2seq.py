@@ -25,10 +25,9 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field
 
+from ortft.core.constants import IGNORE_INDEX
 from ortft.tasks import squad
 from ortft.tasks.base import Encoded, Task, TaskOptions
-
-IGNORE = -100
 
 
 class Options(TaskOptions):
@@ -88,7 +87,9 @@ class Seq2Seq(Task):
             padding="max_length",
             return_tensors="np",
         )
-        labels = np.where(tgt["attention_mask"] == 1, tgt["input_ids"], IGNORE).astype(np.int64)
+        labels = np.where(tgt["attention_mask"] == 1, tgt["input_ids"], IGNORE_INDEX).astype(
+            np.int64
+        )
         return Encoded(
             {
                 "input_ids": src["input_ids"].astype(np.int64),
@@ -137,7 +138,8 @@ class Seq2Seq(Task):
         )
         preds = tokenizer.batch_decode(out, skip_special_tokens=True)
         golds = tokenizer.batch_decode(
-            [[t for t in row if t != IGNORE] for row in rows["labels"]], skip_special_tokens=True
+            [[t for t in row if t != IGNORE_INDEX] for row in rows["labels"]],
+            skip_special_tokens=True,
         )
         pairs = list(zip(preds, golds, strict=True))
         return {

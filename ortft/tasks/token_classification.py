@@ -21,11 +21,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.tasks.base import Encoded, Task, TaskOptions
 from ortft.tasks.classification import macro_f1
-
-IGNORE = -100
 
 
 class Options(TaskOptions):
@@ -103,7 +102,7 @@ class TokenClassification(Task):
             truncation=True,
             padding="max_length",
         )
-        labels = np.full((len(rows), data.max_length), IGNORE, dtype=np.int64)
+        labels = np.full((len(rows), data.max_length), IGNORE_INDEX, dtype=np.int64)
         for i, (_, tags) in enumerate(pairs):
             previous = None
             for pos, word in enumerate(enc.word_ids(i)):
@@ -129,7 +128,7 @@ class TokenClassification(Task):
         preds, golds = [], []
         for lg, lb in zip(logits, labels, strict=False):
             for p_row, g_row in zip(lg.argmax(-1), lb, strict=False):
-                keep = g_row != IGNORE
+                keep = g_row != IGNORE_INDEX
                 preds.append(p_row[keep])
                 golds.append(g_row[keep])
         pred = np.concatenate(preds) if preds else np.zeros(0, dtype=np.int64)

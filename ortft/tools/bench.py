@@ -6,8 +6,8 @@ process (no export, no checkpoints, no eval, a metrics row per step), run in alt
 The baseline is ``torch``: what a PyTorch user would run (sdpa attention, fused AdamW); every
 ratio is against it, taken as the median of the per-repeat ratios (each pair ran back to back).
 
-A backend entry is a ``backend.name`` value or a bench-only variant (``VARIANTS``), optionally
-followed by ``+key=value`` settings: a dotted recipe key (``ort+backend.compute_optimizer=false``)
+A backend entry is a ``backend.name`` value or a bench-only variant, optionally followed by
+``+key=value`` settings (``bench_variants.py`` parses them): a dotted recipe key (``ort+backend.compute_optimizer=false``)
 or an ``ORTFT_*`` / ``ORTMODULE_*`` / ``OMP_*`` / ``GOMP_*`` / ``MKL_*`` environment variable
 (``ort+ORTFT_ORT_SPINNING=1``, ``ort+ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER=0``).
 That is how the speed levers are measured against each other in one run.
@@ -40,25 +40,13 @@ from ortft.core.errors import UsageError
 from ortft.run.summary import BackendReport, RunSummary
 from ortft.tools import flops
 from ortft.tools.bench_report import plot, print_table
+from ortft.tools.bench_variants import OPTIONAL, Variant, parse_variants
 
 __all__ = ["parse_variants", "plot", "print_table", "run"]
 
 log = logging.getLogger("ortft")
 
 BASELINE = "torch"
-# bench-only variants: (recipe overrides, environment for the worker process)
-VARIANTS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
-    "ort": ({"backend.name": "ort"}, {}),
-    "torch": ({"backend.name": "torch"}, {}),
-    # trains in onnxruntime.training.api; its process imports PyTorch only to build the artifacts
-    "ort-ondevice": ({"backend.name": "ort-ondevice"}, {}),
-    "torch-eager-attn": ({"backend.name": "torch"}, {"ORTFT_TORCH_ATTN": "eager"}),
-    # inductor: its first steps compile (one graph, then one with a dynamic length when
-    # data.padding changes the batch length): give it --warmup 4 or more
-    "torch-compile": ({"backend.name": "torch"}, {"ORTFT_TORCH_COMPILE": "1"}),
-}
-# A variant that may fail or time out without failing the bench (recorded as skipped).
-OPTIONAL = {"torch-compile"}
 # What makes a training run a measurement: no export, checkpoints or eval; a row per step.
 BENCH_OVERRIDES = {
     "export.enabled": "false",
@@ -69,15 +57,6 @@ BENCH_OVERRIDES = {
     "training.eval_every": "null",
     "training.log_every": "1",
 }
-# environment a variant may set: ortft's and ORTModule's own knobs, the thread runtimes' (OpenMP, MKL)
-_ENV_KEY = re.compile(r"^(ORTFT|ORTMODULE|OMP|GOMP|MKL)_[A-Z0-9_]+$")
-
-
-@dataclass
-class Variant:
-    label: str
-    overrides: dict[str, str]
-    env: dict[str, str]
 
 
 @dataclass
@@ -94,50 +73,6 @@ class RunResult:
     rss_mb: float | None = None
     wall_s: float = 0.0
     summary: RunSummary = field(default_factory=RunSummary)
-
-
-def _split_top(spec: str) -> list[str]:
-    """Split on the commas outside brackets: ``ort+backend.pytorch_kernels=[gelu,layer_norm],torch``."""
-    items, depth, current = [], 0, ""
-    for char in spec:
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    return [*items, current]
-
-
-def parse_variants(spec: str) -> list[Variant]:
-    out = []
-    for item in [s.strip() for s in _split_top(spec) if s.strip()]:
-        base, *settings = item.split("+")
-        if base not in VARIANTS:
-            raise UsageError(
-                f"--backends: unknown backend {base!r}; choose from "
-                f"{', '.join(VARIANTS)} (optionally +key=value)"
-            )
-        overrides, env = dict(VARIANTS[base][0]), dict(VARIANTS[base][1])
-        for setting in settings:
-            key, sep, value = setting.partition("=")
-            if not sep:
-                raise UsageError(f"--backends: {setting!r} in {item!r} is not key=value")
-            if _ENV_KEY.match(key):
-                env[key] = value
-            elif "." in key:
-                overrides[key] = value
-            else:
-                raise UsageError(
-                    f"--backends: {key!r} in {item!r} is neither a dotted recipe key "
-                    "nor an ORTFT_*, ORTMODULE_*, OMP_*, GOMP_* or MKL_* environment variable"
-                )
-        out.append(Variant(item, overrides, env))
-    if not out:
-        raise UsageError("--backends: give at least one backend")
-    if len({v.label for v in out}) != len(out):
-        raise UsageError("--backends: a backend is listed twice")
-    return out
 
 
 def _overrides(variant: Variant, steps: int) -> list[str]:
@@ -224,6 +159,7 @@ def _load_avg() -> list[float] | None:
 def run(
     recipe: Path, backends: str, steps: int, warmup: int, repeats: int, timeout: float = 900.0
 ) -> dict[str, Any]:
+    """``ortft bench``: every variant's runs, alternating, and the JSON the command prints."""
     from ortft.recipe import io as recipe_io
 
     if steps <= warmup:
@@ -236,8 +172,6 @@ def run(
     # validate every variant's recipe here, so a typo is exit 2 before anything runs
     loaded = {v.label: recipe_io.load(recipe, _overrides(v, steps)) for v in variants}
     r = next(iter(loaded.values())).recipe
-    t = r.training
-    samples_per_step = t.batch_size * t.gradient_accumulation_steps
     import torch
 
     cuda = r.hardware.device != "cpu" and torch.cuda.is_available()
@@ -251,11 +185,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="ortft-bench-") as tmp:
         runs = _run_all(recipe, variants, steps, warmup, repeats, timeout, Path(tmp))
         flop_model = _flop_model(runs, r)  # from a run's final/config.json, before it is gone
-    # the machine's load drifts: measure the peak again and keep the better of the two
-    after = flops.measure_peak_flops(peak["device"], threads)
-    peak_samples = [peak["flops"], after["flops"]]
-    peak["flops"] = max(peak_samples)
-    peak["by_library"] = {k: max(v, after["by_library"][k]) for k, v in peak["by_library"].items()}
+    peak_samples = _peak_again(peak, threads)
     results = {
         v.label: _aggregate(
             v, [x for x in runs if x.label == v.label], warmup,
@@ -277,13 +207,7 @@ def run(
         "warmup": warmup,
         "repeats": repeats,
         "baseline": BASELINE,
-        "batch": {
-            "samples_per_step": samples_per_step,
-            "max_length": r.data.max_length,
-            "padding": r.data.padding,
-            "pad_to_multiple_of": r.data.pad_to_multiple_of,
-            "group_by_length": r.data.group_by_length,
-        },
+        "batch": _batch(r),
         "machine": {
             **_machine(),
             "device": peak["device"],
@@ -306,6 +230,28 @@ def run(
         "backends": results,
         "warnings": _warnings(results),
         "failed": failed,
+    }
+
+
+def _peak_again(peak: dict[str, Any], threads: int) -> list[float]:
+    """The machine's load drifts: measure the peak again and keep the better of the two in
+    ``peak`` (each library's too); the two measurements."""
+    after = flops.measure_peak_flops(peak["device"], threads)
+    samples = [peak["flops"], after["flops"]]
+    peak["flops"] = max(samples)
+    peak["by_library"] = {k: max(v, after["by_library"][k]) for k, v in peak["by_library"].items()}
+    return samples
+
+
+def _batch(recipe: Any) -> dict[str, Any]:
+    """What each step of the bench's runs trains on: rows per optimizer step, lengths, padding."""
+    t, d = recipe.training, recipe.data
+    return {
+        "samples_per_step": t.batch_size * t.gradient_accumulation_steps,
+        "max_length": d.max_length,
+        "padding": d.padding,
+        "pad_to_multiple_of": d.pad_to_multiple_of,
+        "group_by_length": d.group_by_length,
     }
 
 

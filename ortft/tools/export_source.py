@@ -14,18 +14,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ortft.backends.ondevice import artifacts
 from ortft.backends.ondevice import reference as ondevice_reference
 from ortft.core.errors import GateError, InputError
 from ortft.export import deploy, parity
-from ortft.export import onnx_tools as tools
 from ortft.export.exporter import (
     PARITY_SAMPLES,
-    _samples,
-    _task_of,
+    ExportOptions,
     check_output,
     deployable,
     export_model,
     other_runtimes,
+    parity_feeds,
     prediction_positions,
     publish,
     samples_source,
@@ -42,13 +42,26 @@ def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
 
+def task_of(config: Any, model_dir: Path | None = None) -> str:
+    """The task the run's recipe (``model_dir/recipe.yaml``) names; only a plain Hugging Face
+    model without one falls back to the task its architecture name implies."""
+    from ortft import tasks
+
+    recorded = read_task(model_dir / "recipe.yaml") if model_dir is not None else None
+    task = recorded.name if recorded is not None else tasks.from_architecture(config)
+    skip = tasks.get(task).export_skip
+    if skip:
+        raise InputError(f"{model_dir}: cannot export {task}: {skip}")
+    return task
+
+
 def _recipe_samples(model_dir: Path, tokenizer: Any, task: str, config: Any) -> Any:
     """Held-out rows from the recipe saved in final/, when its data can still be read here
     (``pkg://`` and absolute paths can; paths relative to a recipe elsewhere may not)."""
     if not (model_dir / "recipe.yaml").exists():
         return None
     from ortft import tasks
-    from ortft.data import rows as data
+    from ortft.data import splits
     from ortft.recipe import io as recipe_io
 
     try:
@@ -57,7 +70,8 @@ def _recipe_samples(model_dir: Path, tokenizer: Any, task: str, config: Any) -> 
         if d.format == "hub" or not all(recipe_io.looks_local(v) for v in (d.train, d.eval) if v):
             return None  # never reach for the network to export
         t = tasks.get(task, loaded.recipe.task if loaded.recipe.task.name == task else None)
-        held_out = data.load_splits(loaded, t).eval
+        seed = loaded.recipe.training.seed
+        held_out = splits.load_splits(d, loaded.base_dir, t, seed=seed).eval
         rows = held_out[:PARITY_SAMPLES] if held_out is not None else []
         label2id = dict(config.label2id) if t.needs_labels else None
         return t.encode(rows, tokenizer, loaded.recipe.data, label2id) if rows else None
@@ -95,12 +109,16 @@ def export_source(
     opset: int,
     tolerance: float,
     merge_adapters: bool = False,
+    training_artifacts: bool = False,
+    trainable: Sequence[str] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """``ortft export``: SOURCE is a run dir (uses final/), a checkpoint or an HF model dir.
 
-    ``options`` are export_model's: optimize, fp16, quantize, training_artifacts, trainable,
-    kv_cache (an ONNX final/ is copied as it is: its graph has no cache), check_runtimes.
+    ``options`` are ``ExportOptions``' fields: optimize, fp16, quantize, kv_cache (an ONNX
+    final/ is copied as it is: its graph has no cache), check_runtimes.
+    ``training_artifacts``: also write on-device training artifacts to OUT/training/
+    (``artifacts.ForExport``); ``trainable``: globs over the parameters they train (default all).
     ``merge_adapters``: a LoRA run's final/ holds the base model and ``adapter/``; fold the
     adapter (from final/, or a checkpoint's ``adapter.safetensors``) into the base first.
     A failed check is a GateError naming the report.
@@ -113,22 +131,22 @@ def export_source(
     check_output(out)
     model_dir, weights_dir = _model_dirs(source)
     if (model_dir / "model.onnx").exists() and not any(model_dir.glob("*.safetensors")):
-        result = _export_onnx_source(model_dir, out, tolerance=tolerance, **options)  # ort-ondevice
+        result = _export_onnx_source(  # ort-ondevice
+            model_dir, out, tolerance, training_artifacts, ExportOptions(**options)
+        )
     else:
         model, tokenizer, task, config = _load_model(model_dir, weights_dir, merge_adapters)
         samples = _recipe_samples(model_dir, tokenizer, task, config)
-        result = export_model(
-            model,
-            tokenizer,
-            task,
-            out,
-            opset=opset,
-            tolerance=tolerance,
-            samples=samples,
+        extras = ExportOptions(
+            training=artifacts.ForExport(trainable) if training_artifacts else None,
             max_length=deploy.training_max_length(model_dir),
             task_options=read_task(model_dir / "recipe.yaml"),
             **options,
         )
+        result = export_model(
+            model, tokenizer, task, out, opset=opset, tolerance=tolerance, samples=samples,
+            options=extras,
+        )  # fmt: skip
     if not result["passed"]:
         raise GateError(
             f"export check failed: {'; '.join(result['failures'])} "
@@ -171,7 +189,7 @@ def _load_model(
 
     try:
         config = AutoConfig.from_pretrained(model_dir)
-        task = _task_of(config, model_dir)
+        task = task_of(config, model_dir)
         auto = getattr(transformers, tasks.get(task).auto_class)
         model = auto.from_pretrained(model_dir, attn_implementation="eager")
         adapter_dir = model_dir / "adapter"
@@ -199,22 +217,13 @@ def _load_model(
 
 
 def _export_onnx_source(
-    model_dir: Path,
-    out: Path,
-    *,
-    tolerance: float,
-    optimize: bool = False,
-    fp16: bool = False,
-    quantize: str | None = None,
-    training_artifacts: bool = False,
-    trainable: Sequence[str] | None = None,
-    kv_cache: bool = True,
-    check_runtimes: Sequence[str] = (),
+    model_dir: Path, out: Path, tolerance: float, training_artifacts: bool, options: ExportOptions
 ) -> dict[str, Any]:
     """An ONNX final/ (``backend.name: ort-ondevice``): there is no PyTorch model to compare
     with, so the copy and its variants are checked against the run's eval graph with its
     last-step checkpoint (``ondevice_reference``), or, without that checkpoint, against the
-    trained ONNX model itself (then ``parity.independent`` is false)."""
+    trained ONNX model itself (then ``parity.independent`` is false). Of ``options`` it reads
+    the variants and ``check_runtimes`` (the copy keeps its graph: no KV cache)."""
     from transformers import AutoConfig, AutoTokenizer
 
     if training_artifacts:
@@ -222,7 +231,7 @@ def _export_onnx_source(
             f"--training-artifacts: {model_dir} was trained on device; its training "
             "artifacts are in the run's ondevice/artifacts/"
         )
-    kinds = parity.wanted(optimize, fp16, quantize)
+    kinds = parity.wanted(options.optimize, options.fp16, options.quantize)
     try:
         config, tokenizer = (
             AutoConfig.from_pretrained(model_dir),
@@ -230,9 +239,9 @@ def _export_onnx_source(
         )
     except (OSError, ValueError, KeyError) as err:
         raise InputError(f"{model_dir}: cannot load config/tokenizer: {_first_line(err)}") from None
-    task = _task_of(config, model_dir)
+    task = task_of(config, model_dir)
     samples = _recipe_samples(model_dir, tokenizer, task, config)
-    feeds = _samples(samples, tokenizer, PARITY_SAMPLES)
+    feeds = parity_feeds(samples, tokenizer, PARITY_SAMPLES)
     src = model_dir / "model.onnx"
     inputs = {k: feeds[k] for k in ("input_ids", "attention_mask")}
     reference = ondevice_reference.eval_graph_logits(model_dir, inputs)
@@ -256,15 +265,15 @@ def _export_onnx_source(
             ref,
             task=task,
             model_type=getattr(config, "model_type", None),
-            opset=tools.TRAINING_OPSET,
+            opset=artifacts.TRAINING_OPSET,
             kinds=kinds,
             against=against,  # no PyTorch model: an ort-ondevice run
             independent=reference is not None,
         )
         max_length = deploy.training_max_length(model_dir)
-        options = read_task(model_dir / "recipe.yaml")
-        result = other_runtimes(tmp, result, feeds, tolerance, check_runtimes)
-        return deployable(tmp, task, tokenizer, config, result, max_length, options)
+        task_options = read_task(model_dir / "recipe.yaml")
+        result = other_runtimes(tmp, result, feeds, tolerance, options.check_runtimes)
+        return deployable(tmp, task, tokenizer, config, result, max_length, task_options)
 
     result = publish(out, build)
     log.info(

@@ -1,5 +1,6 @@
 """The PyTorch half of ``backend.name: ort-ondevice``: build the model once and write its
-on-device training artifacts. The on-device engine (``ondevice.py``) then trains them without PyTorch.
+on-device training artifacts (``artifacts``). The on-device engine (``engine``) then trains them
+without PyTorch.
 
 ``<run>/ondevice/artifacts/`` holds ``training_model.onnx``, ``eval_model.onnx``,
 ``optimizer_model.onnx`` (AdamW with the recipe's betas, eps, weight decay and gradient
@@ -23,9 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ortft.backends.ondevice import artifacts
 from ortft.backends.torch import models
 from ortft.core import fsutil
-from ortft.export import onnx_tools
+from ortft.core.constants import IGNORE_INDEX
 from ortft.recipe.io import LoadedRecipe
 
 log = logging.getLogger("ortft")
@@ -50,7 +52,7 @@ def _example(
     mask[1, cut:] = 0
     ids[1, cut:] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if task.export_kind == "decoder":  # a language model: the labels are the inputs
-        labels = np.where(mask == 1, ids, onnx_tools.IGNORE).astype(np.int64)
+        labels = np.where(mask == 1, ids, IGNORE_INDEX).astype(np.int64)
     else:
         labels = batch["labels"].astype(np.int64)
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
@@ -106,7 +108,7 @@ def build(
     t, o = r.training, r.optimizer
     with fsutil.atomic_dir(art_dir) as tmp:  # an earlier art_dir stays whole until the swap
         with _native_stderr_quiet():  # the gradient builder logs every graph pass at info level
-            report = onnx_tools.generate_training_artifacts(
+            report = artifacts.generate_training_artifacts(
                 model,
                 task.name,
                 tmp,

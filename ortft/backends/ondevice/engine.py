@@ -1,7 +1,7 @@
 """``ort-ondevice``: ONNX Runtime's on-device training API (``onnxruntime.training.api``), no PyTorch.
 
 The training artifacts (training / eval / optimizer graphs and a checkpoint) are built once with
-PyTorch by ``ondevice_build``, or given as ``model.name_or_path`` (a folder made by ``ortft export
+PyTorch by ``build``, or given as ``model.name_or_path`` (a folder made by ``ortft export
 --training-artifacts``). Then ``Module`` / ``Optimizer`` / ``CheckpointState`` train; the run's
 lifecycle is ``ortft.run``'s, the same as every backend's.
 
@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import random
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,50 +26,17 @@ import numpy as np
 from ortft.backends import Started, StepResult
 from ortft.backends.ondevice.schedules import lr_at
 from ortft.backends.ortmodule import rng as ort_rng
+from ortft.backends.report import BackendReport
 from ortft.checkpoint import store as checkpoint
 from ortft.checkpoint.store import TrainState
-from ortft.core import fsutil
 from ortft.core.errors import InputError, RunError
 from ortft.recipe.io import LoadedRecipe
-from ortft.run.summary import BackendReport
 
 log = logging.getLogger("ortft")
 
 ARTIFACTS = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint")
 CKPT_KIND = "ortft-ondevice-checkpoint"
 INPUTS = ("input_ids", "attention_mask", "labels")
-
-
-def recipe_problems(r: Any) -> list[str]:
-    """What backend.name=ort-ondevice supports; the rest is a recipe error, never a no-op."""
-    from ortft import tasks
-    from ortft.backends.torch.eager import ortmodule_fields_set
-    from ortft.env import ort_training
-
-    problems = []
-    if not tasks.get(r.task.name, r.task).ondevice:
-        supported = [n for n in tasks.names() if tasks.get(n).ondevice]
-        problems.append(f"task {r.task.name} (supported: {', '.join(supported)})")
-    if r.model.from_config and r.model.from_config.architecture == "t5":
-        problems.append("model.from_config.architecture=t5 (bert and gpt2 are measured)")
-    if r.adapter is not None:
-        problems.append("adapter (use backend.trainable to train part of the model)")
-    if r.training.early_stopping is not None or r.checkpoint.final == "best":
-        problems.append("training.early_stopping / checkpoint.final=best")
-    if r.optimizer.name != "adamw":
-        problems.append(f"optimizer.name={r.optimizer.name} (ORT's AdamW graph is used)")
-    if r.precision.dtype != "fp32":
-        problems.append(f"precision.dtype={r.precision.dtype} (ort-ondevice trains in fp32 only)")
-    if r.hardware.gradient_checkpointing:
-        problems.append("hardware.gradient_checkpointing (a PyTorch feature)")
-    problems += [f"{name} (an ORTModule setting)" for name in ortmodule_fields_set(r)]
-    if r.deepspeed is not None:
-        problems.append("deepspeed (one process, ORT's own optimizer)")
-    missing = ort_training.recipe_problem("ort-ondevice")
-    out = [missing] if missing else []
-    if problems:
-        out.append("backend.name=ort-ondevice does not support " + "; ".join(problems))
-    return out
 
 
 # --------------------------------------------------------------------------- artifacts
@@ -346,20 +312,14 @@ class OnDeviceEngine:
 
     def save(self, run_dir: Path, state: TrainState, recipe_yaml: str, keep_last: int) -> Path:
         """``step-NNNNNN/``: ORT's checkpoint (weights + optimizer state), recipe.yaml,
-        state.json and manifest.json, swapped in whole (fsutil.atomic_dir)."""
-        final = run_dir / checkpoint.checkpoint_name(state.step)
-        try:
-            with fsutil.atomic_dir(final) as tmp:
-                training_api().CheckpointState.save_checkpoint(
-                    self.ckpt, str(tmp / "checkpoint"), include_optimizer_state=True
-                )
-                (tmp / "recipe.yaml").write_text(recipe_yaml)
-                (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2))
-                checkpoint.write_manifest(tmp, state.step, CKPT_KIND)
-        except OSError as err:
-            raise RunError(f"could not write checkpoint {final}: {err.strerror or err}") from err
-        checkpoint.prune(run_dir, keep_last)
-        return final
+        state.json and manifest.json (``checkpoint.write_step``)."""
+
+        def fill(tmp: Path) -> None:
+            training_api().CheckpointState.save_checkpoint(
+                self.ckpt, str(tmp / "checkpoint"), include_optimizer_state=True
+            )
+
+        return checkpoint.write_step(run_dir, state, recipe_yaml, CKPT_KIND, keep_last, fill)
 
     def checkpoint_problem(self, path: Path) -> str | None:
         return checkpoint.kind_problem(path, CKPT_KIND)
@@ -382,9 +342,9 @@ class OnDeviceEngine:
         but runs in onnxruntime.training: a separate build of the same graph, not a copy."""
         from onnxruntime import InferenceSession
 
-        from ortft.data import rows as data
+        from ortft.data import batches
 
-        probe = next(data.eval_batches(samples, self.recipe.training.batch_size))
+        probe = next(batches.eval_batches(samples, self.recipe.training.batch_size))
         self.module.eval()
         _, want = self.module(*_feeds(probe, 1.0 if self.scaled else None))
         self.module.train()

@@ -24,8 +24,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ortft.backends.report import BackendReport
 from ortft.core.errors import BackendError
-from ortft.run.summary import BackendReport
 
 if TYPE_CHECKING:
     from torch import nn
@@ -130,34 +130,6 @@ def _install_label_hook_fix() -> None:
 
     fixed._ortft_fixed = True  # type: ignore[attr-defined]
     cls._add_check_label_sparsity_hook = staticmethod(fixed)
-
-
-def recipe_problems(recipe: Any) -> list[str]:
-    """What ORTModule (backend.name=ort, and auto, which may choose it) refuses; torch-free."""
-    from ortft.env import ort_training
-
-    dtype, device, name = recipe.precision.dtype, recipe.hardware.device, recipe.backend.name
-    missing = ort_training.recipe_problem(name)
-    problems = [missing] if missing else []
-    if dtype == "bf16" and device == "cpu":
-        problems.append(
-            "precision.dtype=bf16 on cpu needs backend.name=torch: ONNX Runtime's CPU "
-            "provider has no bf16 MatMul"
-        )
-    if recipe.hardware.gradient_checkpointing:
-        problems.append(
-            "hardware.gradient_checkpointing is for backend.name=torch: ORTModule builds "
-            "its own backward graph, so it would save nothing; use "
-            "backend.memory_optimization_level=1 (or 2) instead"
-        )
-    if recipe.optimizer.name == "adamw_ort_fused" and name != "ort":
-        problems.append("optimizer.name=adamw_ort_fused needs backend.name=ort")
-    if name == "auto" and recipe.adapter is not None:
-        problems.append(
-            "adapter: backend.name=auto times full fine-tuning, not the adapter; "
-            "choose backend.name=ort or torch"
-        )
-    return problems
 
 
 def export_count() -> int:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ortft.backends.torch import models
-from ortft.backends.torch.engine import wrapper
+from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
 from ortft.core.errors import BackendError
 from ortft.data import batches

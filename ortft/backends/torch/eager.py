@@ -12,36 +12,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ortft.run.summary import BackendReport
+from ortft.backends.report import BackendReport
 
 if TYPE_CHECKING:
     from torch import nn
-
-# backend.* fields that configure ORTModule: set on another backend they would do nothing
-ORTMODULE_FIELDS = (
-    "allow_fallback", "log_level", "save_onnx", "memory_optimization_level",
-    "compute_optimizer", "pytorch_kernels",
-)  # fmt: skip
-
-
-def ortmodule_fields_set(recipe: Any) -> list[str]:
-    """The ORTModule-only backend fields this recipe sets to other than their defaults."""
-    section = recipe.backend
-    fields = type(section).model_fields
-    return [f"backend.{k}" for k in ORTMODULE_FIELDS if getattr(section, k) != fields[k].default]
-
-
-def recipe_problems(recipe: Any) -> list[str]:
-    """What backend.name=torch refuses (torch-free: the recipe is validated before torch loads)."""
-    problems = [
-        f"{name} configures ORTModule (backend.name=ort or auto), not backend.name=torch"
-        for name in ortmodule_fields_set(recipe)
-    ]
-    if recipe.optimizer.name == "adamw_ort_fused":
-        problems.append("optimizer.name=adamw_ort_fused needs backend.name=ort")
-    return problems
 
 
 class TorchBackend:

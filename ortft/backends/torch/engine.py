@@ -1,7 +1,8 @@
 """The PyTorch module engine: ``backend.name`` torch, ort or auto.
 
-A Hugging Face model inside ``models.TaskModule``, wrapped by a module wrapper — eager PyTorch
-(``torch.py``) or ORTModule (``ort.py``), or the faster of the two on a short probe (``auto.py``) —
+A Hugging Face model inside ``models.TaskModule``, wrapped by a module wrapper (``wrappers.py``):
+eager PyTorch (``eager.py``) or ORTModule (``ortmodule/``), or the faster of the two on a short
+probe (``auto.py``) —
 then by DDP (under torchrun) or a DeepSpeed engine (``deepspeed:``). Mixed precision is autocast
 around the forward plus a GradScaler for fp16. The run's lifecycle (``ortft.run``) calls the
 ``Engine`` methods; everything that touches torch is here.
@@ -19,32 +20,20 @@ import numpy as np
 import torch
 
 from ortft.backends import Started, StepResult
+from ortft.backends.report import BackendReport, Precision
 from ortft.backends.torch import amp, distributed, models
 from ortft.backends.torch import device as runtime
+from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
 from ortft.checkpoint.store import TrainState
 from ortft.core.errors import InputError
 from ortft.recipe.io import LoadedRecipe
-from ortft.run.summary import BackendReport, Precision
 
 log = logging.getLogger("ortft")
 
 CHECKPOINT_KIND = "ortft-checkpoint"
 # optimizer and scheduler in DeepSpeed's format (deepspeed/), partitioned over the processes
 DEEPSPEED_CHECKPOINT_KIND = "ortft-deepspeed-checkpoint"
-
-
-def wrapper(name: str, options: Any) -> Any:
-    """The module wrapper for ``name``: ``wrap`` / ``after_step`` / ``report`` (torch.py, ort.py)."""
-    if name == "torch":
-        from ortft.backends.torch.eager import TorchBackend
-
-        return TorchBackend()
-    if name == "ort":
-        from ortft.backends.ortmodule.wrapper import OrtBackend
-
-        return OrtBackend(options)
-    raise ValueError(f"unknown module wrapper {name}")
 
 
 def build_optimizer(params: list[torch.nn.Parameter], recipe: Any, device: torch.device) -> Any:
@@ -302,7 +291,7 @@ class PyTorchEngine:
 
     def save_best(self, run_dir: Path, state: TrainState) -> None:
         if distributed.is_main():
-            from ortft.run.early_stopping import save_best
+            from ortft.checkpoint.best import save_best
 
             save_best(run_dir, self.model, state)
 
@@ -334,8 +323,10 @@ class PyTorchEngine:
         return exporter.export_model(
             models.merged_copy(self.model), self._tokenizer, task.name, run_dir / "onnx",
             opset=spec.opset, tolerance=spec.tolerance, samples=samples,
-            max_length=self.recipe.data.max_length, kv_cache=spec.kv_cache,
-            task_options=self.recipe.task,
+            options=exporter.ExportOptions(
+                max_length=self.recipe.data.max_length, kv_cache=spec.kv_cache,
+                task_options=self.recipe.task,
+            ),
         )  # fmt: skip
 
     # ---- what ran

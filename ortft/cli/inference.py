@@ -1,0 +1,80 @@
+"""``ortft eval`` and ``ortft predict``: a trained model (PyTorch or its ONNX export) on data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ortft.cli.common import TrainedModel, guarded, json_option, state
+from ortft.cli.output import quiet_libraries
+
+
+def eval_cmd(
+    source: TrainedModel,
+    data_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Data to score (any format training reads); default: the run's eval split.",
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="Examples per forward.")
+    ] = 32,
+    as_json: Annotated[bool, json_option("Print the result as JSON on stdout.")] = False,
+) -> None:
+    """Evaluate a saved model (PyTorch or its ONNX export) with the metrics training reports."""
+
+    def body() -> None:
+        from ortft.inference import evaluate
+
+        quiet_libraries(state["debug"])
+        result = evaluate.run(source, data_file, batch_size)
+        typer.echo(json.dumps(result, indent=2) if as_json else evaluate.format_result(result))
+
+    guarded(body)
+
+
+def predict(
+    source: TrainedModel,
+    input_path: Annotated[
+        str,
+        typer.Option(
+            "--input",
+            "-i",
+            help="Texts, one per line, or JSONL ('text'; token-cls: or 'tokens'; QA: 'question' and 'context'); - for stdin.",
+        ),
+    ] = "-",
+    max_new_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-new-tokens",
+            min=1,
+            help="causal-lm, instruction, seq2seq: tokens to generate (greedy).",
+        ),
+    ] = 32,
+    max_length: Annotated[
+        int | None,
+        typer.Option(
+            "--max-length",
+            min=1,
+            help="Truncate inputs to this many tokens (default: the training length; not causal LMs).",
+        ),
+    ] = None,
+    as_json: Annotated[bool, json_option("One JSON object per input on stdout.")] = False,
+) -> None:
+    """Run a trained model on inputs: a label, tags per word, an answer span, filled masks or text."""
+
+    def body() -> None:
+        from ortft.inference import predict as predict_mod
+
+        quiet_libraries(state["debug"])
+        for result in predict_mod.run(
+            source, input_path, max_new_tokens=max_new_tokens, max_length=max_length
+        ):
+            typer.echo(json.dumps(result) if as_json else predict_mod.format_line(result))
+
+    guarded(body)

@@ -1,0 +1,56 @@
+"""Tokenized examples as arrays (``Encoded``), and what data asks of the thing that makes them
+(``Encoder``: a task, structurally; data never imports ``ortft.tasks``).
+
+``Encoded`` is an extension point: a task's ``encode`` returns one (``ortft.tasks.Encoded`` is
+this class).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ortft.data.spec import DataSection
+
+
+@dataclass
+class Encoded:
+    """Tokenized examples as fixed-length arrays (the model always sees [batch, max_length])."""
+
+    arrays: dict[str, np.ndarray]  # input_ids, attention_mask, labels (+ task extras)
+
+    def __len__(self) -> int:
+        return len(self.arrays["input_ids"])
+
+    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        return {k: v[index] for k, v in self.arrays.items()}
+
+
+class Encoder(Protocol):
+    """Something that encodes rows: what the tokenized cache and streams call on a task
+    (``ortft.tasks.Task`` is one). An ``options_key`` (str), when it has one, is part of the
+    tokenized cache key."""
+
+    @property
+    def name(self) -> str:
+        """Part of the tokenized cache key, and recorded in each cache entry."""
+        ...
+
+    @property
+    def row_local(self) -> bool:
+        """``encode`` treats each row on its own: rows may be tokenized in batches, and in
+        processes (False: every row in one call)."""
+        ...
+
+    def encode(
+        self,
+        rows: list[dict[str, Any]],
+        tokenizer: Any,
+        data: DataSection,
+        label2id: dict[str, int] | None,
+    ) -> Encoded:
+        """Rows -> their arrays."""
+        ...

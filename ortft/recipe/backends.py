@@ -1,0 +1,121 @@
+"""What each backend accepts of a recipe: torch-free checks by ``backend.name``, run when the
+recipe is validated, before any framework is imported.
+
+The engines themselves live in ``ortft.backends``; their names are listed here because the
+recipe chooses among them. ``ortft.backends.register`` adds a name (a plugin's engine, with no
+checks of its own) through ``allow``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ortft import tasks
+from ortft.env import ort_training
+
+# backend.* fields that configure ORTModule: set on another backend they would do nothing
+ORTMODULE_FIELDS = (
+    "allow_fallback", "log_level", "save_onnx", "memory_optimization_level",
+    "compute_optimizer", "pytorch_kernels",
+)  # fmt: skip
+
+
+def ortmodule_fields_set(recipe: Any) -> list[str]:
+    """The ORTModule-only backend fields this recipe sets to other than their defaults."""
+    section = recipe.backend
+    fields = type(section).model_fields
+    return [f"backend.{k}" for k in ORTMODULE_FIELDS if getattr(section, k) != fields[k].default]
+
+
+def torch_problems(recipe: Any) -> list[str]:
+    """What backend.name=torch refuses (torch-free: the recipe is validated before torch loads)."""
+    problems = [
+        f"{name} configures ORTModule (backend.name=ort or auto), not backend.name=torch"
+        for name in ortmodule_fields_set(recipe)
+    ]
+    if recipe.optimizer.name == "adamw_ort_fused":
+        problems.append("optimizer.name=adamw_ort_fused needs backend.name=ort")
+    return problems
+
+
+def ort_problems(recipe: Any) -> list[str]:
+    """What ORTModule (backend.name=ort, and auto, which may choose it) refuses; torch-free."""
+
+    dtype, device, name = recipe.precision.dtype, recipe.hardware.device, recipe.backend.name
+    missing = ort_training.recipe_problem(name)
+    problems = [missing] if missing else []
+    if dtype == "bf16" and device == "cpu":
+        problems.append(
+            "precision.dtype=bf16 on cpu needs backend.name=torch: ONNX Runtime's CPU "
+            "provider has no bf16 MatMul"
+        )
+    if recipe.hardware.gradient_checkpointing:
+        problems.append(
+            "hardware.gradient_checkpointing is for backend.name=torch: ORTModule builds "
+            "its own backward graph, so it would save nothing; use "
+            "backend.memory_optimization_level=1 (or 2) instead"
+        )
+    if recipe.optimizer.name == "adamw_ort_fused" and name != "ort":
+        problems.append("optimizer.name=adamw_ort_fused needs backend.name=ort")
+    if name == "auto" and recipe.adapter is not None:
+        problems.append(
+            "adapter: backend.name=auto times full fine-tuning, not the adapter; "
+            "choose backend.name=ort or torch"
+        )
+    return problems
+
+
+def ondevice_problems(r: Any) -> list[str]:
+    """What backend.name=ort-ondevice supports; the rest is a recipe error, never a no-op."""
+    problems = []
+    if not tasks.get(r.task.name, r.task).ondevice:
+        supported = [n for n in tasks.names() if tasks.get(n).ondevice]
+        problems.append(f"task {r.task.name} (supported: {', '.join(supported)})")
+    if r.model.from_config and r.model.from_config.architecture == "t5":
+        problems.append("model.from_config.architecture=t5 (bert and gpt2 are measured)")
+    if r.adapter is not None:
+        problems.append("adapter (use backend.trainable to train part of the model)")
+    if r.training.early_stopping is not None or r.checkpoint.final == "best":
+        problems.append("training.early_stopping / checkpoint.final=best")
+    if r.optimizer.name != "adamw":
+        problems.append(f"optimizer.name={r.optimizer.name} (ORT's AdamW graph is used)")
+    if r.precision.dtype != "fp32":
+        problems.append(f"precision.dtype={r.precision.dtype} (ort-ondevice trains in fp32 only)")
+    if r.hardware.gradient_checkpointing:
+        problems.append("hardware.gradient_checkpointing (a PyTorch feature)")
+    problems += [f"{name} (an ORTModule setting)" for name in ortmodule_fields_set(r)]
+    if r.deepspeed is not None:
+        problems.append("deepspeed (one process, ORT's own optimizer)")
+    missing = ort_training.recipe_problem("ort-ondevice")
+    out = [missing] if missing else []
+    if problems:
+        out.append("backend.name=ort-ondevice does not support " + "; ".join(problems))
+    return out
+
+
+# backend.name -> its checks; "auto" may choose ORTModule, so it gets ort's
+RULES: dict[str, Callable[[Any], list[str]]] = {
+    "ort": ort_problems,
+    "torch": torch_problems,
+    "auto": ort_problems,
+    "ort-ondevice": ondevice_problems,
+}
+_REGISTERED: list[str] = []
+
+
+def allow(name: str) -> None:
+    """Accept ``backend.name: <name>`` for an engine registered from outside ortft."""
+    if name not in RULES and name not in _REGISTERED:
+        _REGISTERED.append(name)
+
+
+def names() -> list[str]:
+    """Every backend.name a recipe may use: the built-in ones, then registered ones."""
+    return [*RULES, *_REGISTERED]
+
+
+def problems(recipe: Any) -> list[str]:
+    """What the recipe's backend cannot do (none for a registered engine)."""
+    check = RULES.get(recipe.backend.name)
+    return check(recipe) if check is not None else []

@@ -1,0 +1,121 @@
+"""The recipe's ``model:`` and ``adapter:`` sections: which model to start from (a folder, a Hub id,
+or a config built from scratch), its tokenizer, and a LoRA adapter."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from ortft.recipe.fields import PositiveInt, Section
+
+Architecture = Literal["bert", "gpt2", "t5"]
+
+
+class FromConfig(Section):
+    """A randomly initialised model built from a small config (demos, tests, benchmarks)."""
+
+    architecture: Architecture = Field(
+        description="Model family: bert (encoder), gpt2 (decoder) or t5 (encoder-decoder, for seq2seq)."
+    )
+    hidden_size: PositiveInt = Field(128, description="Width of the hidden states.")
+    num_layers: PositiveInt = Field(2, description="Number of transformer blocks.")
+    num_heads: PositiveInt = Field(2, description="Attention heads; must divide hidden_size.")
+    intermediate_size: PositiveInt | None = Field(
+        None, description="Feed-forward width (default 4 × hidden_size)."
+    )
+    max_position_embeddings: PositiveInt = Field(
+        512, description="Longest sequence the model accepts."
+    )
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> FromConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+        return self
+
+
+class TrainTokenizer(Section):
+    """Train a tokenizer locally from the training texts (saved with the model)."""
+
+    kind: Literal["wordpiece", "byte-bpe"] = Field(
+        "wordpiece", description="wordpiece (BERT-style, lowercased) or byte-bpe (GPT-2-style)."
+    )
+    vocab_size: Annotated[int, Field(ge=64, le=200_000)] = Field(
+        2000, description="Target vocabulary size."
+    )
+    min_frequency: PositiveInt = Field(2, description="Ignore pieces seen fewer times than this.")
+
+
+class TokenizerSection(Section):
+    path: str | None = Field(
+        None,
+        description="Tokenizer directory or hub id; default: the model's own (model.name_or_path).",
+    )
+    train: TrainTokenizer | None = Field(
+        None, description="Train a tokenizer from the training data instead of loading one."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TokenizerSection:
+        if self.path and self.train:
+            raise ValueError("give either tokenizer.path or tokenizer.train, not both")
+        return self
+
+
+class ModelSection(Section):
+    name_or_path: str | None = Field(
+        None,
+        description=(
+            "Pretrained model: a local directory (relative to the recipe), "
+            "'pkg://<package>/<dir>' inside an installed Python package, or a Hub id (needs network)."
+        ),
+    )
+    from_config: FromConfig | None = Field(
+        None, description="Build a randomly initialised model instead of loading weights."
+    )
+    tokenizer: TokenizerSection = Field(default_factory=TokenizerSection)
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] | None = Field(
+        None, description="Override every dropout probability in the model (0 for exact parity)."
+    )
+    trust_remote_code: bool = Field(
+        False,
+        description=(
+            "Let transformers run Python code shipped with a Hub model/tokenizer. Off unless the "
+            "recipe sets it: only for models whose code you have read."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        if bool(self.name_or_path) == bool(self.from_config):
+            raise ValueError("give exactly one of model.name_or_path or model.from_config")
+        if self.from_config and not self.tokenizer.path and not self.tokenizer.train:
+            raise ValueError(
+                "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
+            )
+        return self
+
+
+class AdapterSection(Section):
+    """Parameter-efficient fine-tuning: train small adapter matrices, freeze the base model."""
+
+    kind: Literal["lora"] = Field("lora", description="Adapter kind: lora (needs the peft extra).")
+    rank: PositiveInt = Field(8, description="LoRA rank r.")
+    alpha: Annotated[float, Field(gt=0)] = Field(
+        16.0, description="LoRA alpha (the update is scaled by alpha/r)."
+    )
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
+        0.0, description="Dropout on the LoRA input."
+    )
+    target_modules: Annotated[list[str], Field(min_length=1)] | None = Field(
+        None,
+        description="Module names to adapt (e.g. [query, value]); default: the attention "
+        "projections of the architecture (bert: query/value, gpt2: c_attn, t5: q/v).",
+    )
+    train_head: bool = Field(
+        True,
+        description="Also train the new task head (classifier / qa_outputs) in full; the base stays frozen.",
+    )

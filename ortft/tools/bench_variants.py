@@ -1,0 +1,78 @@
+"""What ``ortft bench --backends`` names: a ``backend.name`` value or a bench-only variant
+(``VARIANTS``), each optionally followed by ``+key=value`` settings (a dotted recipe key or an
+``ORTFT_*`` / ``ORTMODULE_*`` / ``OMP_*`` / ``GOMP_*`` / ``MKL_*`` environment variable), parsed
+into ``Variant``s."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ortft.core.errors import UsageError
+
+# bench-only variants: (recipe overrides, environment for the worker process)
+VARIANTS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    "ort": ({"backend.name": "ort"}, {}),
+    "torch": ({"backend.name": "torch"}, {}),
+    # trains in onnxruntime.training.api; its process imports PyTorch only to build the artifacts
+    "ort-ondevice": ({"backend.name": "ort-ondevice"}, {}),
+    "torch-eager-attn": ({"backend.name": "torch"}, {"ORTFT_TORCH_ATTN": "eager"}),
+    # inductor: its first steps compile (one graph, then one with a dynamic length when
+    # data.padding changes the batch length): give it --warmup 4 or more
+    "torch-compile": ({"backend.name": "torch"}, {"ORTFT_TORCH_COMPILE": "1"}),
+}
+# A variant that may fail or time out without failing the bench (recorded as skipped).
+OPTIONAL = {"torch-compile"}
+# environment a variant may set: ortft's and ORTModule's own knobs, the thread runtimes' (OpenMP, MKL)
+_ENV_KEY = re.compile(r"^(ORTFT|ORTMODULE|OMP|GOMP|MKL)_[A-Z0-9_]+$")
+
+
+@dataclass
+class Variant:
+    label: str
+    overrides: dict[str, str]
+    env: dict[str, str]
+
+
+def _split_top(spec: str) -> list[str]:
+    """Split on the commas outside brackets: ``ort+backend.pytorch_kernels=[gelu,layer_norm],torch``."""
+    items, depth, current = [], 0, ""
+    for char in spec:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    return [*items, current]
+
+
+def parse_variants(spec: str) -> list[Variant]:
+    out = []
+    for item in [s.strip() for s in _split_top(spec) if s.strip()]:
+        base, *settings = item.split("+")
+        if base not in VARIANTS:
+            raise UsageError(
+                f"--backends: unknown backend {base!r}; choose from "
+                f"{', '.join(VARIANTS)} (optionally +key=value)"
+            )
+        overrides, env = dict(VARIANTS[base][0]), dict(VARIANTS[base][1])
+        for setting in settings:
+            key, sep, value = setting.partition("=")
+            if not sep:
+                raise UsageError(f"--backends: {setting!r} in {item!r} is not key=value")
+            if _ENV_KEY.match(key):
+                env[key] = value
+            elif "." in key:
+                overrides[key] = value
+            else:
+                raise UsageError(
+                    f"--backends: {key!r} in {item!r} is neither a dotted recipe key "
+                    "nor an ORTFT_*, ORTMODULE_*, OMP_*, GOMP_* or MKL_* environment variable"
+                )
+        out.append(Variant(item, overrides, env))
+    if not out:
+        raise UsageError("--backends: give at least one backend")
+    if len({v.label for v in out}) != len(out):
+        raise UsageError("--backends: a backend is listed twice")
+    return out
