@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU
 
-.PHONY: help setup demo doctor test test-py312 test-recipes test-consumer test-slow quality style bench bench-peer bench-data soak-ddp gpu-check clean
+.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-peer bench-data soak-ddp gpu-check clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -16,6 +16,8 @@ help:
 	@echo "make test       setup if needed, then the fast tests (not slow, not gpu, not recipes)"
 	@echo "make test-py312 the fast tests on Python 3.12 (CPU), in .venv312 (not CI)"
 	@echo "make test-recipes  every shipped CPU recipe, 2 steps end to end (minutes)"
+	@echo "make test-archs  26 model families (tiny from_config) train on ORT = torch, export (minutes)"
+	@echo "make test-archs-full  the same, plus the generation check and consumer load for every family"
 	@echo "make test-consumer  each task's ONNX export in a clean onnxruntime + tokenizers venv (minutes)"
 	@echo "make test-slow  the slow tests (minutes)"
 	@echo "make doctor     check this machine against the known-good stack"
@@ -38,7 +40,7 @@ doctor: setup
 	$(BIN)/ortft doctor
 
 test: setup
-	$(BIN)/pytest -m "not slow and not gpu and not recipes and not consumer"
+	$(BIN)/pytest -m "not slow and not gpu and not recipes and not consumer and not archs"
 
 # By hand, not in CI (.ci/run stays on 3.11): the same fast tests in a second venv on Python
 # 3.12, whose lock has the CPU build of ORT training (requirements/lock-py312.txt).
@@ -48,6 +50,16 @@ test-py312:
 
 test-recipes: setup
 	$(BIN)/pytest -m "recipes and not gpu"
+
+# Model families built from a tiny from_config (tests/test_archs.py): ORT's per-step losses vs
+# torch's, the export's parity; the generation check and the consumer load (the clean venv of
+# test-consumer) for one family per kind, or for every family in test-archs-full (by hand).
+# ORTFT_ARCHS_TABLE=path.md|path.json also writes the closing table there.
+test-archs: setup
+	$(BIN)/pytest -m "archs and not gpu"
+
+test-archs-full: setup
+	ORTFT_ARCHS_FULL=1 $(BIN)/pytest -m "archs and not gpu"
 
 # The clean runtime (requirements/consumer.txt) is built by scripts/consumer-env.sh and kept
 # in ~/.cache/ortft, keyed on that file: a second run downloads and installs nothing.

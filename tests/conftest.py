@@ -126,3 +126,38 @@ def cls_recipe(tmp_path: Path) -> Path:
 def lm_recipe(tmp_path: Path) -> Path:
     write_corpus(tmp_path / "corpus.txt")
     return write_recipe(tmp_path / "lm.yaml", tiny_causal_lm("corpus.txt"))
+
+
+def save_pretrained_classifier(
+    folder: Path,
+    texts: list[str],
+    labels: tuple[str, ...] = ("neg", "pos"),
+    max_positions: int = 64,
+    seed: int = 0,
+) -> Path:
+    """A tiny pretrained BertForSequenceClassification folder, as `save_pretrained` writes one:
+    config.json (id2label = ``labels``), model.safetensors and a WordPiece tokenizer trained on
+    ``texts`` (tokenizer.json, tokenizer_config.json)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from ortft.backends.torch.models import train_tokenizer
+    from ortft.recipe.model import TrainTokenizer
+
+    tok = train_tokenizer(texts, TrainTokenizer(kind="wordpiece", vocab_size=200))
+    config = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=max_positions,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={name: i for i, name in enumerate(labels)},
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -16,7 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import tiny_classifier, write_classification_csv, write_recipe
+from conftest import (
+    save_pretrained_classifier,
+    tiny_classifier,
+    write_classification_csv,
+    write_recipe,
+)
 from helpers import run_cli
 from typer.testing import CliRunner
 
@@ -234,6 +239,64 @@ def checkpoint_of_another_model(tmp: Path) -> list[str]:
     ]
 
 
+def pretrained_recipe(tmp: Path, model: str = "./model") -> Path:
+    """A torch recipe fine-tuning the tiny pretrained folder tmp/model (2 labels, 64 positions)
+    on train.csv."""
+    write_classification_csv(tmp / "train.csv", n=40)
+    texts = [line.split(",")[0] for line in (tmp / "train.csv").read_text().splitlines()[1:]]
+    save_pretrained_classifier(tmp / "model", texts)
+    recipe = tiny_classifier("train.csv", backend="torch", max_steps=2)
+    recipe["model"] = {"name_or_path": model}
+    recipe["export"] = {"enabled": False}
+    return write_recipe(tmp / "r.yaml", recipe)
+
+
+def truncated_safetensors(tmp: Path) -> list[str]:
+    path = pretrained_recipe(tmp)
+    weights = tmp / "model" / "model.safetensors"
+    with open(weights, "r+b") as fh:  # a download cut halfway
+        fh.truncate(weights.stat().st_size // 2)
+    return [str(path), "-o", str(tmp / "run")]
+
+
+def model_dir_without_tokenizer(tmp: Path) -> list[str]:
+    """transformers 5 builds a 5-token tokenizer here; every word became [UNK] and ran."""
+    path = pretrained_recipe(tmp)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp / "model" / name).unlink()
+    return [str(path), "-o", str(tmp / "run")]
+
+
+def tokenizer_of_another_model(tmp: Path) -> list[str]:
+    """model.tokenizer.path names a folder with a bigger vocabulary than the model's rows."""
+    from ortft.backends.torch.models import train_tokenizer
+    from ortft.recipe.model import TrainTokenizer
+
+    path = pretrained_recipe(tmp)
+    words = [f"w{i}" for i in range(400)]
+    texts = [" ".join(words[i : i + 20]) for i in range(0, 400, 5)]
+    train_tokenizer(texts, TrainTokenizer(vocab_size=600, min_frequency=1)).save_pretrained(
+        tmp / "other-tok"
+    )
+    return [str(path), "model.tokenizer.path=./other-tok", "-o", str(tmp / "run")]
+
+
+def tokenizer_of_another_alphabet(tmp: Path) -> list[str]:
+    """The model's own tokenizer, made for digits: every word of the data is [UNK]."""
+    path = pretrained_recipe(tmp)
+    digits = [" ".join(str(i * 7 % 97) for i in range(j, j + 20)) for j in range(50)]
+    save_pretrained_classifier(tmp / "model", digits)  # its tokenizer and rows: digits only
+    return [str(path), "-o", str(tmp / "run")]
+
+
+def max_length_beyond_folder_positions(tmp: Path) -> list[str]:
+    return [str(pretrained_recipe(tmp)), "data.max_length=128"]
+
+
+def max_length_beyond_from_config_positions(tmp: Path) -> list[str]:
+    return [str(base_recipe(tmp)), "data.max_length=600"]
+
+
 IN_PROCESS, SUBPROCESS = "in-process", "subprocess"
 
 # (setup, how to run it, exit code, what the one line must contain; {tmp} is the test folder)
@@ -396,6 +459,45 @@ ROWS: dict[str, tuple[Callable[[Path], list[str]], str, int, list[str]]] = {
         SUBPROCESS,
         2,
         ["{tmp}/small/step-000002: checkpoint does not fit this recipe's model", "size mismatch"],
+    ),
+    "truncated-safetensors": (
+        truncated_safetensors,
+        SUBPROCESS,
+        2,
+        ["{tmp}/model/model.safetensors: truncated safetensors file"],
+    ),
+    "model-dir-without-tokenizer": (
+        model_dir_without_tokenizer,
+        SUBPROCESS,
+        2,
+        [
+            "model.name_or_path: the tokenizer has 5 tokens for the model's",
+            "{tmp}/model has none of tokenizer.json, tokenizer_config.json, vocab.txt",
+        ],
+    ),
+    "tokenizer-of-another-model": (
+        tokenizer_of_another_model,
+        SUBPROCESS,
+        2,
+        ["model.tokenizer.path: the tokenizer has token ids up to", "embedding rows"],
+    ),
+    "tokenizer-of-another-alphabet": (
+        tokenizer_of_another_alphabet,
+        SUBPROCESS,
+        2,
+        ["model.name_or_path: 100% of the tokens of 36 training rows are [UNK]"],
+    ),
+    "max-length-beyond-model-positions": (
+        max_length_beyond_folder_positions,
+        IN_PROCESS,
+        2,
+        ["data.max_length: 128 is beyond the 64 positions of {tmp}/model/config.json"],
+    ),
+    "max-length-beyond-from-config-positions": (
+        max_length_beyond_from_config_positions,
+        IN_PROCESS,
+        2,
+        ["data.max_length=600 is beyond the 512 positions of model.from_config"],
     ),
 }
 

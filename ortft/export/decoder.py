@@ -91,21 +91,130 @@ def tracing_example(
     return (ids, full_mask, *past)
 
 
-def _margin(logits: np.ndarray) -> float:
-    top2 = np.sort(logits.astype(np.float64))[-2:]
+def _margin(scores: np.ndarray) -> float:
+    top2 = np.sort(scores.astype(np.float64))[-2:]
     return float(top2[1] - top2[0])
+
+
+class CachedSteps:
+    """``generation.Steps`` over the graph with past: the prompt once, then one token a call."""
+
+    def __init__(self, session: Any):
+        self.session, self.past, self.seen = session, None, 0
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        from ortft.export import parity
+
+        if self.past is None:  # the first call: an empty past for every row (beams included)
+            self.past = parity.empty_past(self.session, len(tokens))
+        self.seen += tokens.shape[1]
+        feeds = {"input_ids": tokens.astype(np.int64), **self.past}
+        feeds["attention_mask"] = np.ones((len(tokens), self.seen), np.int64)
+        out = self.session.run(None, feeds)
+        self.past = dict(zip(self.past, out[1:], strict=True))
+        return out[0][:, -1]
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.past = {k: v[rows] for k, v in (self.past or {}).items()}
+
+
+class WholeSteps:
+    """``generation.Steps`` for a graph without a cache: the whole sequence each call."""
+
+    def __init__(self, logits: Any):
+        self.logits, self.ids = logits, None  # logits(input_ids, attention_mask) -> [b, s, v]
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        ids = tokens if self.ids is None else np.concatenate([self.ids, tokens], axis=1)
+        self.ids = ids.astype(np.int64)
+        return self.logits(self.ids, np.ones_like(self.ids))[:, -1]
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.ids = None if self.ids is None else self.ids[rows]
+
+
+def check_config(model: Any, max_new_tokens: int) -> Any:
+    """The model's generation config as the generation check runs it on both sides: sampling off,
+    ``max_new_tokens``, and without the options ``ortft.export.generation`` does not apply."""
+    from transformers import GenerationConfig
+
+    from ortft.export import generation
+
+    gc = getattr(model, "generation_config", None)
+    gc = gc if gc is not None else GenerationConfig.from_model_config(model.config)
+    gc = generation.deterministic(gc, max_new_tokens=max_new_tokens)
+    for key in generation.unsupported(gc):
+        setattr(gc, key, None)
+    return gc
+
+
+def reference(model: Any, gc: Any, **inputs: torch.Tensor) -> Any:
+    """PyTorch's ``generate`` with ``gc``: the sequences, raw logits and processed scores."""
+    from ortft.export import generation
+
+    ref = generation.deterministic(
+        gc, output_logits=True, output_scores=True, return_dict_in_generate=True
+    )
+    with torch.no_grad():
+        return model.generate(**inputs, generation_config=ref)
+
+
+def compare(
+    ref: Any, seq: np.ndarray, raw: list[np.ndarray], start: int, eos: set[int], beams: int
+) -> tuple[int, int, int, float]:
+    """(steps compared, rows that diverged, rows stopped at a tie, max |logit diff|) of the ONNX
+    loop's ``seq`` and ``raw`` logits against ``generate``'s ``ref``, new tokens from ``start``.
+    Greedy: step by step, until a top-2 margin of the processed scores < ``MIN_MARGIN`` (a
+    tie) or the row's eos. Beams: the whole sequences; the logits of every step when they agree
+    (the beams then ran in the same order), else of the prompt's step."""
+    want = ref.sequences.numpy()
+    ref_logits = [t.float().numpy() for t in ref.logits]
+    if beams > 1:
+        width = max(want.shape[1], seq.shape[1])
+        a, b = (
+            np.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=-1) for x in (want, seq)
+        )
+        diverged = int(np.sum(np.any(a != b, axis=1)))
+        steps = min(len(ref_logits), len(raw)) if diverged == 0 else 1
+        diff = max(float(np.max(np.abs(raw[t] - ref_logits[t]))) for t in range(steps))
+        return steps * len(want), diverged, 0, diff
+    compared, diverged, ties, diff = 0, 0, 0, 0.0
+    for row in range(len(want)):
+        for t in range(min(len(ref_logits), len(raw))):
+            if _margin(ref.scores[t][row].float().numpy()) < MIN_MARGIN:
+                ties += 1
+                break
+            compared += 1
+            diff = max(diff, float(np.max(np.abs(raw[t][row] - ref_logits[t][row]))))
+            pos = start + t
+            if pos >= seq.shape[1] or seq[row, pos] != want[row, pos]:
+                diverged += 1
+                break
+            if int(want[row, pos]) in eos:
+                break
+    return compared, diverged, ties, diff
+
+
+def method(gc: Any, max_new_tokens: int) -> str:
+    """export.json's words for what the check ran."""
+    beams = int(gc.num_beams or 1)
+    how = f"beam search ({beams} beams)" if beams > 1 else "greedy"
+    return (
+        f"{how} with the model's generation config, up to {max_new_tokens} new tokens, against "
+        f"transformers' generate; greedy steps compared until a top-2 margin < {MIN_MARGIN}"
+    )
 
 
 def generation_check(
     model: Any, path: Any, feeds: dict[str, np.ndarray], tolerance: float
 ) -> dict[str, Any]:
-    """Greedy tokens of the graph (with its cache) against PyTorch's ``generate``, step by step
-    on a few prompts from the parity samples, until a step's top-2 margin in PyTorch's logits
-    falls below ``MIN_MARGIN`` (a tie on a tiny model says nothing about the graph). The
-    compared steps' logits must also be within ``tolerance`` (a random tiny model can keep
-    its greedy tokens with a broken cache: measured, a zeroed past moved the logits by 7e-4
-    and no token)."""
-    from ortft.export import parity
+    """The graph (with its cache) generating as PyTorch's ``generate`` does, with the model's
+    generation config (its logits processors, greedy or beam search: ``check_config``), on a
+    few prompts from the parity samples; see ``compare`` (a tie on a tiny model says nothing
+    about the graph). The compared steps' logits must also be within ``tolerance`` (a random
+    tiny model can keep its greedy tokens with a broken cache: measured, a zeroed past moved
+    the logits by 7e-4 and no token)."""
+    from ortft.export import generation, parity
 
     session = parity.session(path)
     prompts = [
@@ -116,30 +225,22 @@ def generation_check(
             strict=True,
         )
     ]
-    compared, mismatches, ties, max_diff = 0, 0, 0, 0.0
-    pad = getattr(model.config, "eos_token_id", None)
+    gc = check_config(model, GENERATE_TOKENS)
+    positions = getattr(model.config, "max_position_embeddings", None)
+    totals = np.zeros(3, dtype=np.int64)  # steps compared, prompts that diverged, ties
+    max_diff = 0.0
     for prompt in filter(None, prompts):
         x = torch.tensor([prompt])
-        with torch.no_grad():
-            ref = model.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=GENERATE_TOKENS,
-                do_sample=False, pad_token_id=pad, output_logits=True, return_dict_in_generate=True,
-            )  # fmt: skip
-        want = ref.sequences[0, len(prompt) :].tolist()
-        got, logits = parity.greedy(session, prompt, len(want))
-        for t, w in enumerate(want):
-            ref_logits = ref.logits[t][0].float().numpy()
-            if _margin(ref_logits) < MIN_MARGIN:
-                ties += 1
-                break
-            compared += 1
-            max_diff = max(max_diff, float(np.max(np.abs(logits[t] - ref_logits))))
-            if t >= len(got) or got[t] != w:
-                mismatches += 1
-                break
+        ref = reference(model, gc, input_ids=x, attention_mask=torch.ones_like(x))
+        p = generation.plan(gc, len(prompt), encoder_decoder=False, max_positions=positions)
+        seq, raw = generation.generate(CachedSteps(session), x.numpy(), p)
+        eos = set() if p.eos is None else {int(e) for e in p.eos}
+        *counts, diff = compare(ref, seq, raw, len(prompt), eos, p.num_beams)
+        totals, max_diff = totals + counts, max(max_diff, diff)
+    compared, mismatches, ties = (int(n) for n in totals)
     return {
-        "method": f"greedy, {GENERATE_TOKENS} new tokens after up to {PROMPT_TOKENS} prompt "
-        f"tokens, against transformers' generate; compared until a top-2 margin < {MIN_MARGIN}",
+        "method": method(gc, GENERATE_TOKENS) + f", after up to {PROMPT_TOKENS} prompt tokens",
+        "num_beams": int(gc.num_beams or 1),
         "prompts": len([p for p in prompts if p]),
         "steps_compared": compared,
         "stopped_at_ties": ties,

@@ -32,7 +32,7 @@ import torch
 
 from ortft.core import fsutil
 from ortft.core.errors import InputError, RunError
-from ortft.export import decoder, parity
+from ortft.export import decoder, generation, parity
 from ortft.export import onnx_tools as tools
 
 log = logging.getLogger("ortft")
@@ -331,7 +331,7 @@ class _SingleGraph:
             feeds, want, prediction_positions(task), self.tolerance, samples_source(self.samples)
         )
         self.tokenizer.save_pretrained(tmp)
-        model.config.save_pretrained(tmp)
+        generation.save(model, tmp)  # config.json, generation_config.json
         result = parity.build_report(
             tmp, ref, task=task, model_type=getattr(model.config, "model_type", None),
             opset=self.opset, kinds=self.kinds, export_s=export_s,
@@ -406,7 +406,7 @@ def _export_seq2seq(
             first = (str(err).strip().splitlines() or [""])[0][:300]
             raise RunError(f"ONNX export (opset {opset}) failed: {first}") from err
         tokenizer.save_pretrained(tmp)
-        model.config.save_pretrained(tmp)
+        generation.save(model, tmp)  # config.json, generation_config.json
         result = other_runtimes(tmp, result, feeds, tolerance, options.check_runtimes)
         return deployable(
             tmp, "seq2seq", tokenizer, model.config, result, options.max_length,

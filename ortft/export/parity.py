@@ -83,31 +83,6 @@ def run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
     return sess.run(["logits"], session_feeds(sess, feeds))[0].astype(np.float32)
 
 
-def greedy(
-    sess: Any, prompt: list[int], steps: int, eos: int | None = None
-) -> tuple[list[int], list[np.ndarray]]:
-    """Greedy decoding of one prompt by a decoder with a KV cache: the prompt once, then one
-    token a step (``ortft.export.decoder``); stops before ``eos``. Returns the new tokens and
-    each step's logits at the last position."""
-    past = empty_past(sess, 1)
-    new: list[int] = []
-    logits: list[np.ndarray] = []
-    step, seen = list(prompt), 0
-    for _ in range(steps):
-        x = np.asarray([step], dtype=np.int64)
-        seen += x.shape[1]
-        mask = np.ones((1, seen), np.int64)
-        out = sess.run(None, {"input_ids": x, "attention_mask": mask, **past})
-        logits.append(out[0][0, -1])
-        token = int(out[0][0, -1].argmax())
-        if token == eos:
-            break
-        new.append(token)
-        past = dict(zip(past, out[1:], strict=True))
-        step = [token]
-    return new, logits
-
-
 def predictions(
     logits: np.ndarray, feeds: dict[str, np.ndarray], positions: str
 ) -> tuple[np.ndarray, np.ndarray | None]:

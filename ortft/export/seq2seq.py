@@ -15,8 +15,9 @@ step (small next to the rest for short sources). The same flat-tensor wrapper as
 ``ortft.export.decoder`` carries the cache (TorchScript cannot take ``Cache`` objects).
 
 The checks (export.json): ``parity`` compares the teacher-forced logits (decoder fed the
-shifted targets, empty past) with PyTorch's; ``generation`` the greedy tokens with PyTorch's
-``generate`` step by step, as for decoders.
+shifted targets, empty past) with PyTorch's; ``generation`` the tokens the pair generates with the
+model's generation config (its logits processors, greedy or beam search:
+``ortft.export.generation``) against PyTorch's ``generate``, as for decoders.
 """
 
 from __future__ import annotations
@@ -115,12 +116,35 @@ def export_graphs(model: Any, feeds: dict[str, np.ndarray], folder: Path, opset:
 # --------------------------------------------------------------------------- running the pair
 
 
+class _Steps:
+    """``generation.Steps`` of the decoder graph: the encoder's states, the self-attention cache."""
+
+    def __init__(self, pair: OnnxSeq2Seq, hidden: np.ndarray, mask: np.ndarray):
+        self.pair, self.hidden, self.mask, self.past = pair, hidden, mask, None
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        if self.past is None:  # beams: each input's states repeated for its beams, as generate
+            k = len(tokens) // len(self.hidden)
+            self.hidden, self.mask = (np.repeat(x, k, axis=0) for x in (self.hidden, self.mask))
+            self.past = parity.empty_past(self.pair.decoder, len(tokens))
+        out = self.pair._decode(tokens.astype(np.int64), self.hidden, self.mask, self.past)
+        self.past = dict(zip(self.past, out[1:], strict=True))
+        return out[0][:, -1]
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.past = {k: v[rows] for k, v in (self.past or {}).items()}
+
+
 class OnnxSeq2Seq:
     """The two sessions of a seq2seq export, run as ``ortft eval`` / ``predict`` need them."""
 
     def __init__(self, folder: Path, config: Any, threads: int = 0):
+        from ortft.export import generation
+
         self.encoder = parity.session(folder / ENCODER, threads)
         self.decoder = parity.session(folder / DECODER, threads)
+        self.config = config
+        self.generation_config = generation.load(folder, config)
         self.start = int(config.decoder_start_token_id)
         self.pad = int(config.pad_token_id)
         self.eos = config.eos_token_id
@@ -129,47 +153,76 @@ class OnnxSeq2Seq:
         feeds = {"input_ids": tokens, "encoder_hidden_states": hidden}
         return self.decoder.run(None, {**feeds, "encoder_attention_mask": mask, **past})
 
+    def _encode(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        feeds = {"input_ids": input_ids.astype(np.int64), "attention_mask": mask}
+        return self.encoder.run(None, feeds)[0]
+
     def logits(self, input_ids: np.ndarray, attention_mask: np.ndarray, labels: np.ndarray):
-        """Teacher-forced logits: the decoder fed the labels shifted right (as T5 does)."""
-        dec = np.full_like(labels, self.pad)
-        dec[:, 0] = self.start
-        dec[:, 1:] = np.where(labels[:, :-1] == IGNORE_INDEX, self.pad, labels[:, :-1])
+        """Teacher-forced logits: the decoder fed the labels shifted right as the model's own
+        forward shifts them (``shift_right``)."""
+        dec = shift_right(labels, self.pad, self.start, self.config.model_type)
         mask = attention_mask.astype(np.int64)
-        hidden = self.encoder.run(
-            None, {"input_ids": input_ids.astype(np.int64), "attention_mask": mask}
-        )[0]
+        hidden = self._encode(input_ids, mask)
         return self._decode(
             dec.astype(np.int64), hidden, mask, parity.empty_past(self.decoder, len(dec))
         )[0]
 
-    def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int):
-        """Greedy token ids as ``model.generate`` returns them: the start token, then one token a
-        step, a finished row padded; the logits of each step too (for the export's check)."""
+    def generate(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
+        num_beams: int | None = 1,
+    ) -> tuple[np.ndarray, list[np.ndarray]]:  # fmt: skip
+        """Token ids as ``model.generate`` returns them (the start token, then the new tokens, a
+        finished row padded) and each step's raw logits, with the export's generation config
+        (``ortft.export.generation``). ``num_beams`` 1: greedy, as eval's generate metrics run
+        PyTorch (``tasks.seq2seq``); None: the config's own (``ortft predict``)."""
+        from ortft.export import generation
+
+        fields: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+        if num_beams is not None:
+            fields["num_beams"] = num_beams
+        gc = generation.deterministic(self.generation_config, **fields)
+        return self.search(input_ids, attention_mask, gc)
+
+    def search(self, input_ids: np.ndarray, attention_mask: np.ndarray, gc: Any):
+        """``generate`` with the generation config ``gc`` as it is."""
+        from ortft.export import generation
+
+        start = (
+            gc.decoder_start_token_id if gc.decoder_start_token_id is not None else gc.bos_token_id
+        )
+        positions = getattr(self.config, "max_position_embeddings", None)
+        p = generation.plan(gc, 1, encoder_decoder=True, max_positions=positions)
         mask = attention_mask.astype(np.int64)
-        hidden = self.encoder.run(
-            None, {"input_ids": input_ids.astype(np.int64), "attention_mask": mask}
-        )[0]
-        past = parity.empty_past(self.decoder, len(mask))
-        tokens = np.full((len(mask), 1), self.start, dtype=np.int64)
-        seq, steps, done = [tokens], [], np.zeros(len(mask), dtype=bool)
-        for _ in range(max_new_tokens):
-            out = self._decode(tokens, hidden, mask, past)
-            steps.append(out[0][:, -1])
-            nxt = np.where(done, self.pad, out[0][:, -1].argmax(-1))
-            done |= nxt == self.eos
-            tokens = nxt[:, None].astype(np.int64)
-            seq.append(tokens)
-            past = dict(zip(past, out[1:], strict=True))
-            if done.all():
-                break
-        return np.concatenate(seq, axis=1), steps
+        steps = _Steps(self, self._encode(input_ids, mask), mask)
+        first = np.full((len(mask), 1), int(start), dtype=np.int64)
+        return generation.generate(steps, first, p)
+
+
+# mBART's forward starts the decoder from each target's last token (its language code), not
+# from decoder_start_token_id (transformers' mbart ``shift_tokens_right``); fed T5's shift, a
+# tiny mBART's teacher-forced logits differed by 0.75 from PyTorch's (tests/test_archs.py).
+WRAP_LAST_TOKEN = ("mbart",)
+
+
+def shift_right(labels: np.ndarray, pad: int, start: int, model_type: str) -> np.ndarray:
+    """The decoder inputs the model's forward builds from ``labels`` (ignored positions: pad)."""
+    targets = np.where(labels == IGNORE_INDEX, pad, labels)
+    dec = np.full_like(targets, pad)
+    dec[:, 1:] = targets[:, :-1]
+    if model_type in WRAP_LAST_TOKEN:
+        last = np.maximum((targets != pad).sum(axis=1) - 1, 0)
+        dec[:, 0] = targets[np.arange(len(targets)), last]
+    else:
+        dec[:, 0] = start
+    return dec.astype(np.int64)
 
 
 def check(
     model: Any, folder: Path, feeds: dict[str, np.ndarray], labels: np.ndarray,
     tolerance: float, max_new_tokens: int,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:  # fmt: skip
-    """(ONNX teacher-forced logits, PyTorch's, the generation section) on ``feeds``."""
+    """(ONNX teacher-forced logits, PyTorch's, the generation section) on ``feeds``: the pair
+    generating with the model's generation config as ``generate`` does (``decoder.compare``)."""
     pair = OnnxSeq2Seq(folder, model.config)
     ids, mask = torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
     with torch.no_grad():
@@ -177,30 +230,20 @@ def check(
                      use_cache=False).logits.numpy()  # fmt: skip
     got = pair.logits(feeds["input_ids"], feeds["attention_mask"], labels)
     n = decoder.GENERATE_PROMPTS
-    with torch.no_grad():
-        ref = model.generate(input_ids=ids[:n], attention_mask=mask[:n], do_sample=False,
-                             num_beams=1, max_new_tokens=max_new_tokens, output_logits=True,
-                             return_dict_in_generate=True)  # fmt: skip
-    seq, steps = pair.generate(feeds["input_ids"][:n], feeds["attention_mask"][:n], max_new_tokens)
-    compared, mismatches, max_diff = 0, 0, 0.0
-    for row in range(len(ref.sequences)):
-        for t, ref_logits in enumerate(ref.logits):
-            r = ref_logits[row].float().numpy()
-            if int(ref.sequences[row, t]) in (pair.eos, pair.pad) and t > 0:
-                break  # the row had finished
-            top2 = np.sort(r.astype(np.float64))[-2:]
-            if top2[1] - top2[0] < decoder.MIN_MARGIN or t >= len(steps):
-                break
-            compared += 1
-            max_diff = max(max_diff, float(np.max(np.abs(steps[t][row] - r))))
-            if int(seq[row, t + 1]) != int(ref.sequences[row, t + 1]):
-                mismatches += 1
-                break
+    gc = decoder.check_config(model, max_new_tokens)
+    ref = decoder.reference(model, gc, input_ids=ids[:n], attention_mask=mask[:n])
+    seq, raw = pair.search(feeds["input_ids"][:n], feeds["attention_mask"][:n], gc)
+    eos = gc.eos_token_id if gc.eos_token_id is not None else []
+    eos = {int(e) for e in np.atleast_1d(eos)}
+    compared, mismatches, ties, max_diff = decoder.compare(
+        ref, seq, raw, 1, eos, int(gc.num_beams or 1)
+    )
     generation = {
-        "method": f"greedy, up to {max_new_tokens} new tokens, against transformers' generate; "
-        f"compared until a top-2 margin < {decoder.MIN_MARGIN}",
+        "method": decoder.method(gc, max_new_tokens),
+        "num_beams": int(gc.num_beams or 1),
         "prompts": int(len(ref.sequences)),
         "steps_compared": compared,
+        "stopped_at_ties": ties,
         "mismatches": mismatches,
         "max_abs_diff": max_diff,
         "tolerance": tolerance,

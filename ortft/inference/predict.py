@@ -13,12 +13,15 @@ list (the task's tokens column), question answering needs ``question`` and ``con
   offsets and score (start probability x end probability);
 - fill-mask (masked LM): each mask token's best token with its top-5 candidates, and the text
   with the masks filled;
-- generate (causal LM, instruction, seq2seq): the greedy continuation (an instruction run's
-  input is formatted as a prompt, as in training). An ONNX decoder exported with its KV cache
-  (the default) runs the prompt once, then one token a step; PyTorch and a graph without the
-  cache re-run the whole sequence for each new token. Both give the same text (the export's
-  parity check compares the cache's steps with PyTorch's ``generate``); a seq2seq model uses
-  ``model.generate``, its export the encoder once and the decoder with its cache.
+- generate (causal LM, instruction, seq2seq): the continuation ``generate`` gives with the
+  model's generation config (``generation_config.json``: greedy or beam search, forced BOS/EOS,
+  no_repeat_ngram_size, min/max lengths, repetition_penalty, suppressed tokens; sampling off),
+  an instruction run's input formatted as a prompt, as in training. PyTorch runs
+  ``model.generate``; an ONNX export the same search and logits processors
+  (``ortft.export.generation``): a decoder with its KV cache (the default) runs the prompt once,
+  then one token a step, a graph without the cache re-runs the whole sequence for each new
+  token; a seq2seq export runs the encoder once and the decoder with its cache. Both give the
+  same text (the export's generation check compares them with ``generate``).
 """
 
 from __future__ import annotations
@@ -155,22 +158,56 @@ def fill_mask(
             yield {"index": start + i, "filled": text, "masks": masks}
 
 
-def _greedy_whole(m: SavedModel, ids: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
-    """Greedy decoding without a cache: the whole sequence each step."""
-    new: list[int] = []
-    for _ in range(max_new_tokens):
-        seq = np.asarray([ids + new], dtype=np.int64)
-        next_id = int(m.logits(seq, np.ones_like(seq))[0, -1].argmax())
-        if next_id == eos:
+def _generation_config(m: SavedModel, max_new_tokens: int) -> Any:
+    """What both runtimes generate with: the model's generation config (PyTorch: the model's
+    own; ONNX: the export's generation_config.json), sampling off, ``max_new_tokens``."""
+    from ortft.export import generation
+
+    if m.runtime == "pytorch":
+        gc = m._model.generation_config
+    else:
+        gc = generation.load(m.path, m.config)
+        if bad := generation.unsupported(gc):
+            raise InputError(
+                f"{m.path / 'generation_config.json'}: ortft predict on ONNX does not apply "
+                f"{', '.join(bad)} (PyTorch's generate would); unset it or predict on final/"
+            )
+    return generation.deterministic(gc, max_new_tokens=max_new_tokens)
+
+
+def _torch_generate(m: SavedModel, gc: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        out = m._model.generate(
+            input_ids=torch.from_numpy(ids.astype(np.int64)),
+            attention_mask=torch.from_numpy(mask.astype(np.int64)),
+            generation_config=gc,
+        )
+    return out.numpy()
+
+
+def _new_tokens(row: np.ndarray, eos: set[int]) -> list[int]:
+    """The generated tokens up to (not with) the first eos; a finished row's padding dropped."""
+    out: list[int] = []
+    for t in row.tolist():
+        if t in eos:
             break
-        new.append(next_id)
-    return new
+        out.append(int(t))
+    return out
+
+
+def _eos(gc: Any) -> set[int]:
+    return {int(e) for e in np.atleast_1d(gc.eos_token_id if gc.eos_token_id is not None else [])}
 
 
 def generate(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[dict[str, Any]]:
-    from ortft.export import parity
+    """A decoder's continuation of each text, as ``generate`` gives it with the model's
+    generation config (greedy or beam search, its logits processors)."""
+    from ortft.export import decoder, generation, parity
 
     tok = m.tokenizer
+    gc = _generation_config(m, max_new_tokens)
     cache = m.runtime == "onnxruntime" and bool(parity.empty_past(m._model, 1))
     limit = m.max_positions() or 1024
     eos = tok.eos_token_id
@@ -178,10 +215,16 @@ def generate(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[d
         prompt = m.spec.prompt(text, tok)
         ids = tok(prompt, add_special_tokens=False)["input_ids"] or [eos if eos is not None else 0]
         ids = ids[-max(1, limit - max_new_tokens) :]  # keep the prompt's end within the positions
-        if cache:  # the prompt once, then one token a step
-            new = parity.greedy(m._model, ids, max_new_tokens, eos)[0]
-        else:
-            new = _greedy_whole(m, ids, max_new_tokens, eos)
+        x = np.asarray([ids], dtype=np.int64)
+        if m.runtime == "pytorch":
+            seq = _torch_generate(m, gc, x, np.ones_like(x))
+        else:  # with the cache: the prompt once, then one token a step
+            steps = decoder.CachedSteps(m._model) if cache else decoder.WholeSteps(m.logits)
+            p = generation.plan(
+                gc, len(ids), encoder_decoder=False, max_positions=m.max_positions()
+            )
+            seq = generation.generate(steps, x, p)[0]
+        new = _new_tokens(seq[0, len(ids) :], _eos(gc))
         yield {
             "index": index,
             "generated": tok.decode(new, skip_special_tokens=True),
@@ -194,14 +237,14 @@ def generate_seq2seq(
 ) -> Iterator[dict[str, Any]]:
     tok = m.tokenizer
     special = set(tok.all_special_ids)
+    gc = _generation_config(m, max_new_tokens)
     for start, chunk in _chunks(texts, batch_size):
         enc = tok(chunk, max_length=max_length, truncation=True, padding=True, return_tensors="np")
-        out = m.spec.generate(
-            m._model,
-            enc["input_ids"].astype(np.int64),
-            enc["attention_mask"].astype(np.int64),
-            max_new_tokens,
-        )
+        ids, mask = enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
+        if m.runtime == "pytorch":
+            out = _torch_generate(m, gc, ids, mask)
+        else:  # the encoder once, the decoder with its cache
+            out = m._model.search(ids, mask, gc)[0]
         for i, row in enumerate(out):
             yield {
                 "index": start + i,

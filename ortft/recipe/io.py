@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,7 @@ def check_paths(loaded: LoadedRecipe) -> list[str]:
             continue
         if looks_local(value) and not path.exists():  # anything else may be a Hub id
             problems.append(f"{field}: {path} does not exist")
+    problems += _position_problems(loaded)
     if isinstance(r.deepspeed, str) and loaded.resolve_path(r.deepspeed).is_file():
         from ortft.recipe import deepspeed as zero  # a JSON file: the inline mapping's checks
 
@@ -227,6 +229,32 @@ def check_paths(loaded: LoadedRecipe) -> list[str]:
         except ValueError as err:
             problems.append(f"deepspeed: {err}")
     return problems
+
+
+def _position_problems(loaded: LoadedRecipe) -> list[str]:
+    """data.max_length fits a local model folder's learned position table (its config.json,
+    read without transformers; rules.LEARNED_POSITIONS says which models have one)."""
+    from ortft.recipe.rules import position_limit
+
+    value = loaded.recipe.model.name_or_path
+    if not value:
+        return []
+    try:
+        config_file = loaded.resolve_path(value) / "config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecipeError):
+        return []  # no local config.json: the model loader names what is wrong
+    if not isinstance(config, dict):
+        return []
+    limit = position_limit(str(config.get("model_type", "")), config)
+    n = loaded.recipe.data.max_length
+    if limit is None or n <= limit[0]:
+        return []
+    return [
+        f"data.max_length: {n} is beyond the {limit[0]} positions of {config_file} "
+        f"({config.get('model_type')} learns one embedding per position, {limit[1]}="
+        f"{config[limit[1]]}); lower data.max_length to {limit[0]} or less"
+    ]
 
 
 def load(

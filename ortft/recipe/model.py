@@ -9,23 +9,52 @@ from pydantic import Field, model_validator
 
 from ortft.recipe.fields import PositiveInt, Section
 
-Architecture = Literal["bert", "gpt2", "t5"]
+# Any transformers model_type; rules.task_architecture checks it against the task's Auto class.
+Architecture = str
+
+# Scalar config fields a recipe may set through model.from_config.options (no nesting: a recipe
+# names sizes, never objects or code).
+OptionValue = bool | int | float | str
 
 
 class FromConfig(Section):
     """A randomly initialised model built from a small config (demos, tests, benchmarks)."""
 
     architecture: Architecture = Field(
-        description="Model family: bert (encoder), gpt2 (decoder) or t5 (encoder-decoder, for seq2seq)."
+        description=(
+            "A transformers model_type whose Auto class fits the task: bert (encoder), gpt2 "
+            "(decoder), t5 (encoder-decoder, for seq2seq), or any other, e.g. llama, mistral, "
+            "mixtral, deberta-v2, modernbert, bart. Encoder-decoders fit only seq2seq; a type "
+            "that does not fit the task is an error listing those that do."
+        ),
+        min_length=1,
     )
     hidden_size: PositiveInt = Field(128, description="Width of the hidden states.")
-    num_layers: PositiveInt = Field(2, description="Number of transformer blocks.")
+    num_layers: PositiveInt = Field(
+        2, description="Number of transformer blocks (an encoder-decoder: each side)."
+    )
     num_heads: PositiveInt = Field(2, description="Attention heads; must divide hidden_size.")
+    num_kv_heads: PositiveInt | None = Field(
+        None,
+        description=(
+            "Key/value heads for grouped-query attention (num_key_value_heads; must divide "
+            "num_heads); default: the config's own. Not for bert, gpt2 or t5."
+        ),
+    )
     intermediate_size: PositiveInt | None = Field(
         None, description="Feed-forward width (default 4 × hidden_size)."
     )
     max_position_embeddings: PositiveInt = Field(
-        512, description="Longest sequence the model accepts."
+        512, description="Longest sequence the model accepts (where the config has the field)."
+    )
+    options: dict[str, OptionValue] = Field(
+        default_factory=dict,
+        description=(
+            "Other scalar fields of the transformers config, by their config name, e.g. "
+            "{num_local_experts: 2, num_experts_per_tok: 1} or {local_attention: 8}; they win "
+            "over the fields above. A name the config class lacks is an error when the model "
+            "is built."
+        ),
     )
 
     @model_validator(mode="after")
@@ -33,6 +62,16 @@ class FromConfig(Section):
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
+            )
+        private = [k for k in self.options if k.startswith("_") or not k.isidentifier()]
+        if private:
+            raise ValueError(
+                f"options: {', '.join(private)} is not a config field name (a config's public "
+                "fields are identifiers without a leading underscore)"
             )
         return self
 

@@ -7,11 +7,12 @@ would be a cycle (tests/test_layout.py)."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from ortft import tasks
 from ortft.data.spec import DataSection
-from ortft.recipe import backends
+from ortft.recipe import backends, hf_names
 
 Recipe = Any  # ortft.recipe.schema.Recipe, validated up to its model validators
 
@@ -50,6 +51,67 @@ def combinations(r: Recipe) -> None:
         raise ValueError("backend.trainable and adapter both choose what trains; use one of them")
     task_architecture(r)
     streaming(r)
+    positions(r)
+
+
+# Model types whose positions are a learned table of absolute rows, with the config key that
+# sizes it and the rows a padding offset takes. A position past the table is an index error at
+# step 0 (a tensor-size RuntimeError), so a longer data.max_length is refused up front. RoBERTa
+# numbers positions from pad_token_id + 1 = 2: 514 rows hold 512 tokens. OPT and BART add their
+# offset of 2 on top of max_position_embeddings, so all of it is usable (offset 0 here). Rotary
+# (llama, mistral, qwen2, gpt_neox), relative (t5, deberta-v2) and ALiBi (bloom) models have no
+# such table: longer inputs run, so they are not refused.
+LEARNED_POSITIONS: dict[str, tuple[str, int]] = {
+    "bert": ("max_position_embeddings", 0),
+    "roberta": ("max_position_embeddings", 2),
+    "xlm-roberta": ("max_position_embeddings", 2),
+    "camembert": ("max_position_embeddings", 2),
+    "mpnet": ("max_position_embeddings", 2),
+    "longformer": ("max_position_embeddings", 2),
+    "distilbert": ("max_position_embeddings", 0),
+    "electra": ("max_position_embeddings", 0),
+    "albert": ("max_position_embeddings", 0),
+    "mobilebert": ("max_position_embeddings", 0),
+    "ernie": ("max_position_embeddings", 0),
+    "xlm": ("max_position_embeddings", 0),
+    "gpt2": ("n_positions", 0),
+    "gpt_bigcode": ("n_positions", 0),
+    "gpt_neo": ("max_position_embeddings", 0),
+    "opt": ("max_position_embeddings", 0),
+    "bart": ("max_position_embeddings", 0),
+    "mbart": ("max_position_embeddings", 0),
+    "biogpt": ("max_position_embeddings", 0),
+}
+
+
+def position_limit(model_type: str, config: dict[str, Any]) -> tuple[int, str] | None:
+    """(the longest input, the config key that sets it) for a model with learned absolute
+    positions; None for any other model (or a config without the key)."""
+    entry = LEARNED_POSITIONS.get(model_type)
+    if entry is None:
+        return None
+    key, offset = entry
+    rows = config.get(key)
+    return (rows - offset, key) if isinstance(rows, int) and not isinstance(rows, bool) else None
+
+
+def positions(r: Recipe) -> None:
+    """data.max_length fits a from_config model's learned position table."""
+    fc = r.model.from_config
+    rows = getattr(fc, "max_position_embeddings", None)
+    if fc is None or rows is None:
+        return
+    kind = getattr(fc, "architecture", "")
+    options = getattr(fc, "options", None) or {}  # they win over the fields (model.py)
+    config = {"max_position_embeddings": rows, "n_positions": rows, **options}
+    limit = position_limit(kind, config)
+    if limit is not None and r.data.max_length > limit[0]:
+        field = f"options.{limit[1]}" if limit[1] in options else "max_position_embeddings"
+        raise ValueError(
+            f"data.max_length={r.data.max_length} is beyond the {limit[0]} positions of "
+            f"model.from_config.{field}={config[limit[1]]} ({kind} learns one embedding per "
+            f"position); lower data.max_length or raise model.from_config.{field}"
+        )
 
 
 def streaming(r: Recipe) -> None:
@@ -79,23 +141,33 @@ def streaming(r: Recipe) -> None:
 
 
 def task_architecture(r: Recipe) -> None:
-    """A model built from_config must be a family the task can learn (Task.architectures)."""
+    """A model built from_config must be a transformers model type the task's Auto class builds
+    (an encoder-decoder only for seq2seq: ``hf_names.fitting``)."""
     fc, name = r.model.from_config, r.task.name
     if fc is None:
         return
-    allowed = tasks.get(name, r.task).architectures
-    if fc.architecture in allowed:
+    auto_class = tasks.get(name, r.task).auto_class
+    if not auto_class:  # a plugin task that builds its own model
         return
-    if "t5" in (fc.architecture, *allowed):  # encoder-decoder vs the rest
+    fit = hf_names.fitting(auto_class)
+    arch = fc.architecture
+    if arch in fit:
+        return
+    listed = f"fitting {name}: {', '.join(fit)}"
+    if arch in hf_names.encoder_decoders():
         raise ValueError(
-            f"model.from_config.architecture={fc.architecture} cannot learn {name}: "
-            "seq2seq needs t5, every other task bert or gpt2"
+            f"model.from_config.architecture={arch} is an encoder-decoder, which fits only "
+            f"seq2seq ({listed})"
         )
-    if allowed == ("bert",):
-        raise ValueError(f"{name} needs an encoder: model.from_config.architecture=bert")
+    if arch in hf_names.known():
+        raise ValueError(
+            f"model.from_config.architecture={arch} cannot learn {name}: transformers' "
+            f"{auto_class} does not build it ({listed})"
+        )
+    close = difflib.get_close_matches(arch, fit, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
     raise ValueError(
-        f"model.from_config.architecture={fc.architecture} cannot learn {name} "
-        f"(it needs {' or '.join(allowed)})"
+        f"model.from_config.architecture={arch} is not a transformers model type; {hint}({listed})"
     )
 
 

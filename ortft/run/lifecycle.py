@@ -237,11 +237,18 @@ class _Run:
         s.stop_reason = self.stop_reason
         gate_list = [gates.parse(g) for g in [*r.gates, *self.extra_gates]]
         s.export = self.engine.export(self.run_dir, final_dir, samples)
-        if s.export is not None and "parity" in s.export:
+        checked = s.export is not None and "parity" in s.export
+        if checked:
             s.paths.onnx = s.export["dir"]  # <run>/onnx.failed when a check failed
+        if checked and r.export.required:
             # the parity check is a gate like any other: recorded, reported, exit 3 on failure
             gate_list.append(gates.Gate("export.max_abs_diff", "<=", r.export.tolerance))
+        elif checked and s.export.get("failures"):
+            log.warning("export checks failed (export.required: false, so the run passes): %s",
+                        "; ".join(s.export["failures"]))  # fmt: skip
         results = gates.check(gate_list, self.finish("completed", write=False))
+        if checked and r.export.required:  # the generation check too (decoders, seq2seq)
+            results += _generation_gate(s.export)
         s.gates = gates.as_dicts(results)
         self.finish("stopped" if self.stop_reason == "max_time" else "completed")
         final.describe(final_dir, s, r)
@@ -305,6 +312,23 @@ class _NoTracker:
 
     def close(self) -> None:
         pass
+
+
+def _generation_gate(export: dict[str, Any]) -> list[gates.GateResult]:
+    """The export's generation check as a gate result (none when the export has no such check):
+    the ONNX loop against PyTorch's ``generate`` with the model's generation config."""
+    gen = export.get("generation")
+    if gen is None:
+        return []
+    why = None
+    if not gen["passed"]:
+        why = (
+            f"{gen['mismatches']} prompt(s) diverged from generate, max |diff| "
+            f"{gen['max_abs_diff']:.2e}, {gen['steps_compared']} steps compared"
+        )
+    value = 1.0 if gen["passed"] else 0.0
+    metric = "export.generation.passed"
+    return [gates.GateResult(f"{metric}==1", metric, "==", 1.0, value, bool(gen["passed"]), why)]
 
 
 def _raise_failed_gates(results: list[gates.GateResult], summary: RunSummary) -> None:

@@ -13,7 +13,10 @@ summary.json (format_version 1) — written at the end of every run, also failed
   backend {requested, used, fallback, fallback_reason, ort_exports,
   pytorch_kernels {kernel: routed ORT graph nodes} (ort; {} elsewhere), notes, and flat extras:
   with backend.name=auto probe {steps, backends{name: step times}, chosen}; ort-ondevice
-  peak_rss_mb},
+  peak_rss_mb; a pretrained model's classification head (sequence- and token-classification,
+  torch/ort/auto) head {old_labels, new_labels, action: "kept" | "reordered" (rows permuted to
+  the data's label order) | "reinitialised" (other labels: a fresh head) | "new" (the
+  checkpoint had none)}},
   steps, epochs, samples, tokens,
   metrics {train_loss, eval_loss, eval_accuracy, eval_f1_macro, eval_perplexity — those that apply;
   the eval metrics are those of the step final/ holds},

@@ -178,6 +178,10 @@ class OrtBackend:
         _install_export_counter()
         _install_session_tweaks()
         _install_label_hook_fix()
+        from ortft.backends.ortmodule import patches
+
+        # architectures ORTModule cannot otherwise train (DeBERTa, ModernBERT, MoE): patches.py
+        self._report.notes.extend(patches.apply(module))
         self._route_kernels(module)
         self._report.notes.extend(f"{k}={v}" for k, v in sorted(session_settings().items()))
         self._report.notes.extend(

@@ -21,7 +21,7 @@ import torch
 
 from ortft.backends import Started, StepResult
 from ortft.backends.report import BackendReport, Precision
-from ortft.backends.torch import amp, distributed, models
+from ortft.backends.torch import amp, distributed, load_checks, models
 from ortft.backends.torch import device as runtime
 from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
@@ -72,6 +72,7 @@ class PyTorchEngine:
         self.wrapper: Any = None
         self.deepspeed: Any = None  # DeepSpeed's engine, when the recipe has a deepspeed section
         self.skipped_steps = 0  # fp16: steps the GradScaler skipped (overflow)
+        self.head: dict[str, Any] | None = None  # load_checks.settle_head's record
 
     # ---- start: device, threads, seeds, the process group
     def start(self, recipe: Any) -> Started:
@@ -111,7 +112,9 @@ class PyTorchEngine:
         tok_dir = run_dir / "tokenizer"
         if not distributed.is_main():
             distributed.barrier()
-        tokenizer = models.load_tokenizer(loaded, saved_dir=tok_dir if tok_dir.exists() else None)
+        saved = tok_dir if tok_dir.exists() else None
+        sample = task.texts(load_checks.sample_rows(train_rows), r.data) if not saved else []
+        tokenizer = models.load_tokenizer(loaded, saved_dir=saved, sample_texts=sample)
         if tokenizer is None:
             texts = task.texts(train_rows, r.data)
             tokenizer = models.train_tokenizer(texts, r.model.tokenizer.train)
@@ -181,6 +184,7 @@ class PyTorchEngine:
         r = self.recipe
         attn = self.wrapper.attn_implementation
         model = models.build_model(loaded, task.auto_class, tokenizer, labels, attn=attn)
+        self.head = load_checks.head_record(model)  # a pretrained head: kept, reordered or new
         if r.hardware.gradient_checkpointing:  # torch backend only (recipe check)
             model.gradient_checkpointing_enable()  # type: ignore[operator]
             log.info("gradient checkpointing: activations are recomputed in the backward")
@@ -344,6 +348,8 @@ class PyTorchEngine:
         if self.probe is not None:
             rep = dataclasses.replace(rep, requested="auto")
             rep.extra["probe"] = self.probe
+        if self.head is not None:
+            rep.extra["head"] = self.head
         return rep
 
     def close(self, ok: bool) -> None:

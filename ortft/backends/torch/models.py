@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ortft.backends.torch import load_checks
 from ortft.core.errors import InputError
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import FromConfig, ModelSection, TrainTokenizer
@@ -110,9 +111,14 @@ def _source(loaded: LoadedRecipe, value: str) -> str:
     return value
 
 
-def load_tokenizer(loaded: LoadedRecipe, saved_dir: Path | None = None) -> Any:
-    """The tokenizer from ``saved_dir`` (a resumed run), the recipe's path, or the model's."""
-    from transformers import AutoTokenizer
+def load_tokenizer(
+    loaded: LoadedRecipe, saved_dir: Path | None = None, sample_texts: list[str] | None = None
+) -> Any:
+    """The tokenizer from ``saved_dir`` (a resumed run), the recipe's path, or the model's.
+
+    A loaded one must fit the model and ``sample_texts`` (some training texts):
+    ``load_checks.check_tokenizer``; a resumed run's was checked when the run started."""
+    from transformers import AutoConfig, AutoTokenizer
 
     spec: ModelSection = loaded.recipe.model
     value = str(saved_dir) if saved_dir else (spec.tokenizer.path or spec.name_or_path)
@@ -127,6 +133,18 @@ def load_tokenizer(loaded: LoadedRecipe, saved_dir: Path | None = None) -> Any:
         raise InputError(f"{value}: cannot load tokenizer ({_first_line(err)})") from None
     if tok.pad_token is None:  # GPT-2-style tokenizers have none; pad with EOS
         tok.pad_token = tok.eos_token
+    if not saved_dir:
+        rows = None  # from_config: the embedding is built with a row per token
+        if spec.name_or_path:
+            try:
+                config = AutoConfig.from_pretrained(
+                    _source(loaded, spec.name_or_path), trust_remote_code=spec.trust_remote_code
+                )
+                rows = load_checks.embedding_rows(config)
+            except (OSError, ValueError, KeyError):
+                pass  # build_model reports a config it cannot read
+        field = "model.tokenizer.path" if spec.tokenizer.path else "model.name_or_path"
+        load_checks.check_tokenizer(tok, rows, sample_texts or [], field, source)
     return tok
 
 
@@ -144,7 +162,27 @@ def _first_line(err: Exception) -> str:
 # --------------------------------------------------------------------------- models
 
 
+CLASSIC = ("bert", "gpt2", "t5")  # built as before any model type could be (golden losses)
+
+
 def _config_from_spec(spec: FromConfig, tokenizer: Any, dropout: float | None) -> Any:
+    """bert, gpt2 and t5 through their own branch; any other model type generically."""
+    from ortft.backends.torch import hf_config
+
+    if spec.architecture not in CLASSIC:
+        return hf_config.generic_config(spec, tokenizer, dropout)
+    config = _classic_config(spec, tokenizer, dropout)
+    hf_config.apply_options(config, spec)
+    return config
+
+
+def _attention_for(auto: Any, config: Any, attn: str) -> str:
+    from ortft.backends.torch import hf_config
+
+    return hf_config.attention_for(auto, config, attn)
+
+
+def _classic_config(spec: FromConfig, tokenizer: Any, dropout: float | None) -> Any:
     from transformers import BertConfig, GPT2Config, T5Config
 
     inter = spec.intermediate_size or 4 * spec.hidden_size
@@ -237,25 +275,40 @@ def build_model(
         config = _config_from_spec(spec.from_config, tokenizer, spec.dropout)
         for k, v in label_kw.items():
             setattr(config, k, v)
+        attn = _attention_for(auto, config, attn)
         config._attn_implementation = attn
         torch.manual_seed(loaded.recipe.training.seed)
         return auto.from_config(config, attn_implementation=attn)
     source = str(weights_dir) if weights_dir else _source(loaded, spec.name_or_path or "")
     if weights_dir is None:
         _check_model_dir(source)
+    load_checks.check_weights(Path(source))  # a truncated file named before loading starts
     remote = spec.trust_remote_code  # off unless the recipe sets it: Hub code never runs by default
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=remote, **label_kw)
+        head = None  # a task with labels: keep the checkpoint's head, reorder it or start afresh
+        if labels is not None:  # from the head's own labels (label_kw replaced them above)
+            own = AutoConfig.from_pretrained(source, trust_remote_code=remote)
+            head = load_checks.plan_head(own, labels)
         if spec.dropout is not None:
             _set_dropout(config, spec.dropout)
         if config.pad_token_id is None and tokenizer is not None:
             config.pad_token_id = tokenizer.pad_token_id
         torch.manual_seed(loaded.recipe.training.seed)  # a fresh head is seeded too
-        return auto.from_pretrained(
-            source, config=config, attn_implementation=attn, trust_remote_code=remote
-        )
+        model, info = auto.from_pretrained(
+            source, config=config, attn_implementation=attn, trust_remote_code=remote,
+            ignore_mismatched_sizes=head is not None and head.resize, output_loading_info=True,
+        )  # fmt: skip
     except (OSError, ValueError, KeyError) as err:
         raise InputError(f"{spec.name_or_path}: cannot load model ({_first_line(err)})") from None
+    except load_checks.load_errors() as err:  # cut or corrupt weights (safetensors, torch.load)
+        raise InputError(
+            f"{source}: cannot read the model's weights ({_first_line(err)}); "
+            "download or save the model again"
+        ) from None
+    if head is not None:
+        load_checks.settle_head(model, head, info)
+    return model
 
 
 class TaskModule(nn.Module):

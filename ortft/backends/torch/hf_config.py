@@ -1,0 +1,233 @@
+"""``model.from_config`` for any transformers model type: the recipe's generic sizes mapped onto
+that type's config class (``AutoConfig.for_model``).
+
+Each generic field names the config fields it sets, by their canonical names: most configs
+alias hidden_size / num_hidden_layers / num_attention_heads through ``attribute_map`` (bart:
+d_model, encoder_layers, encoder_attention_heads), and an encoder-decoder has a second copy
+for its decoder. Every candidate the config has is set, so bart's decoder is as deep as its
+encoder. Values go into the constructor, so fields derived there (llama's head_dim) follow.
+bert, gpt2 and t5 keep their own construction in ``models._config_from_spec``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ortft.core.errors import RecipeError
+from ortft.recipe.schema import FromConfig
+
+FIELD = "model.from_config"
+
+# generic recipe field -> the config fields (canonical or aliased) that carry it
+SIZES: dict[str, tuple[str, ...]] = {
+    "hidden_size": ("hidden_size", "d_model", "n_embd"),
+    "num_layers": (
+        "num_hidden_layers",
+        "num_layers",
+        "encoder_layers",
+        "decoder_layers",
+        "num_decoder_layers",
+        "n_layer",
+    ),
+    "num_heads": (
+        "num_attention_heads",
+        "num_heads",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "n_head",
+    ),
+    "intermediate_size": (
+        "intermediate_size",
+        "ffn_dim",
+        "encoder_ffn_dim",
+        "decoder_ffn_dim",
+        "d_ff",
+        "n_inner",
+        "hidden_dim",  # distilbert's feed-forward width
+        "ffn_hidden_size",  # falcon's
+    ),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions"),
+    "num_kv_heads": ("num_key_value_heads",),
+}
+REQUIRED = ("hidden_size", "num_layers", "num_heads")
+# a head's width, where a config states it instead of deriving it (gemma defaults to 256)
+HEAD_DIM = ("head_dim", "d_kv")
+# tokenizer attribute -> config field, set where the config has the field
+TOKEN_IDS = {
+    "cls_token_id": "cls_token_id",
+    "sep_token_id": "sep_token_id",
+    "mask_token_id": "mask_token_id",
+    "unk_token_id": "unk_token_id",
+}
+
+
+def config_class(model_type: str) -> Any:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        return CONFIG_MAPPING[model_type]
+    except KeyError:
+        raise RecipeError(
+            f"{FIELD}.architecture={model_type}: transformers has no config for it"
+        ) from None
+
+
+def _default(cls: Any) -> Any:
+    try:
+        return cls()
+    except Exception as err:  # noqa: BLE001 - composite configs need sub-configs
+        raise RecipeError(
+            f"{FIELD}.architecture: {cls.__name__} cannot be built from sizes alone ({err})"
+        ) from None
+
+
+def _canonical(cls: Any, default: Any, names: tuple[str, ...]) -> list[str]:
+    """The config fields among ``names`` that ``default`` has, each by its canonical name."""
+    out: list[str] = []
+    for name in names:
+        canon = cls.attribute_map.get(name, name)
+        if isinstance(getattr(cls, canon, None), property):
+            continue  # derived, read-only (falcon's head_dim): the constructor does not take it
+        if hasattr(default, canon) and canon not in out:
+            out.append(canon)
+    return out
+
+
+def size_kwargs(spec: FromConfig, cls: Any, default: Any) -> dict[str, Any]:
+    """The recipe's sizes as constructor arguments of ``cls``."""
+    values = {
+        "hidden_size": spec.hidden_size,
+        "num_layers": spec.num_layers,
+        "num_heads": spec.num_heads,
+        "intermediate_size": spec.intermediate_size or 4 * spec.hidden_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "num_kv_heads": spec.num_kv_heads,
+    }
+    given = spec.model_fields_set
+    kw: dict[str, Any] = {}
+    for field, names in SIZES.items():
+        if values[field] is None:
+            continue
+        targets = _canonical(cls, default, names)
+        if not targets and (field in REQUIRED or field in given):
+            raise RecipeError(
+                f"{FIELD}.{field}: {cls.__name__} has no such field (looked for "
+                f"{', '.join(names)}); set it through {FIELD}.options"
+            )
+        kw.update(dict.fromkeys(targets, values[field]))
+    for name in _canonical(cls, default, HEAD_DIM):
+        kw[name] = spec.hidden_size // spec.num_heads
+    return kw
+
+
+def token_kwargs(tokenizer: Any, default: Any) -> dict[str, Any]:
+    """Token ids of the locally trained tokenizer, as the t5 branch sets them: a wordpiece
+    tokenizer's [SEP] ends texts and its [CLS] starts them; an encoder-decoder starts decoding
+    from pad."""
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
+    kw: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+    }
+    for attr, field in TOKEN_IDS.items():
+        value = getattr(tokenizer, attr, None)
+        if hasattr(default, field) and value is not None:
+            kw[field] = value
+    if getattr(default, "is_encoder_decoder", False):
+        kw["decoder_start_token_id"] = tokenizer.pad_token_id
+    # The defaults' forced ids belong to the pretrained vocabulary (BART's eos 2 is [CLS] in a
+    # trained wordpiece one, Marian's 0 is [PAD]): a model built from scratch forces nothing.
+    for field in ("forced_bos_token_id", "forced_eos_token_id"):
+        if getattr(default, field, None) is not None:
+            kw[field] = None
+    if hasattr(default, "decoder_vocab_size"):  # marian: a separate decoder vocabulary
+        kw["decoder_vocab_size"] = len(tokenizer)
+    return kw
+
+
+def dropout_kwargs(default: Any, p: float) -> dict[str, float]:
+    """model.dropout: every dropout probability the config has (``*dropout*``, ``*_pdrop``)."""
+    return {
+        name: p
+        for name, value in default.to_dict().items()
+        if ("dropout" in name or name.endswith("_pdrop"))
+        and (value is None or isinstance(value, float | int))
+        and not isinstance(value, bool)
+    }
+
+
+def option_kwargs(spec: FromConfig, cls: Any, default: Any) -> dict[str, Any]:
+    """model.from_config.options, checked against the config class's fields."""
+    kw: dict[str, Any] = {}
+    for name, value in spec.options.items():
+        canon = cls.attribute_map.get(name, name)
+        if not hasattr(default, canon) and name not in _read_names(cls):
+            raise RecipeError(f"{FIELD}.options.{name}: {cls.__name__} has no field {name}")
+        kw[canon] = value
+    return kw
+
+
+def _read_names(cls: Any) -> set[str]:
+    """Names a config or its model read as ``kwargs.get("x")`` / ``getattr(config, "x", d)``
+    rather than declare as fields (modernbert's global_attn_every_n_layers, deberta-v2's
+    position_buckets): the quoted identifiers of the config's and the model's source."""
+    import inspect
+    import re
+    import sys
+
+    names: set[str] = set()
+    for module_name in (cls.__module__, cls.__module__.replace(".configuration_", ".modeling_")):
+        try:
+            if module_name not in sys.modules:
+                importlib.import_module(module_name)
+            source = inspect.getsource(sys.modules[module_name])
+        except (ImportError, OSError, TypeError):
+            continue
+        names.update(re.findall(r"[\"']([A-Za-z][A-Za-z0-9_]*)[\"']", source))
+    return names
+
+
+def generic_config(spec: FromConfig, tokenizer: Any, dropout: float | None) -> Any:
+    """The config of ``spec.architecture`` with the recipe's sizes, the tokenizer's ids, the
+    dropout override and the options (last, so they win)."""
+    from transformers import AutoConfig
+
+    cls = config_class(spec.architecture)
+    default = _default(cls)
+    kw = size_kwargs(spec, cls, default)
+    kw.update(token_kwargs(tokenizer, default))
+    if dropout is not None:
+        kw.update(dropout_kwargs(default, dropout))
+    kw.update(option_kwargs(spec, cls, default))
+    try:
+        config = AutoConfig.for_model(spec.architecture, **kw)
+    except (TypeError, ValueError) as err:  # the config's own checks (e.g. strict types)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RecipeError(f"{FIELD}: {cls.__name__} rejects these values ({first})") from None
+    return config
+
+
+def apply_options(config: Any, spec: FromConfig) -> None:
+    """options and num_kv_heads on a bert / gpt2 / t5 config (built by its own branch)."""
+    if spec.num_kv_heads is not None:
+        raise RecipeError(
+            f"{FIELD}.num_kv_heads: {type(config).__name__} has no grouped-query attention"
+        )
+    for name, value in option_kwargs(spec, type(config), config).items():
+        setattr(config, name, value)
+
+
+def attention_for(auto: Any, config: Any, attn: str) -> str:
+    """``attn`` (the backend's choice), or eager where the model class has no sdpa path
+    (DeBERTa: transformers raises a ValueError for sdpa rather than choosing)."""
+    if attn != "sdpa":
+        return attn
+    try:
+        cls = auto._model_mapping[type(config)]
+    except (KeyError, AttributeError):
+        return attn
+    return attn if getattr(cls, "_supports_sdpa", False) else "eager"
