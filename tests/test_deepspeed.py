@@ -213,7 +213,7 @@ def test_deepspeeds_accelerator_is_the_runs_device() -> None:
     py-cpuinfo, which swaps sys.stdout and fails under pytest's capture once other tests ran."""
     code = (
         "import deepspeed, pytest\n"
-        "from ortft.backends import deepspeed as zero\n"
+        "from ortft.backends.torch import deepspeed as zero\n"
         "from ortft.core.errors import BackendError\n"
         "name = deepspeed.accelerator.get_accelerator().device_name()\n"
         "zero._check_accelerator(deepspeed, name)\n"
