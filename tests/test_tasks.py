@@ -265,7 +265,7 @@ def test_task_options_belong_to_their_task() -> None:
         **base,
         "model": {**base["model"], "from_config": {"architecture": "t5", "hidden_size": 32}},
     }
-    with pytest.raises(ValueError, match="seq2seq needs t5"):
+    with pytest.raises(ValueError, match="t5 is an encoder-decoder, which fits only seq2seq"):
         Recipe.model_validate(t5_cls)
     lora_auto = {**base, "adapter": {"kind": "lora"}, "backend": {"name": "auto"}}
     with pytest.raises(ValueError, match="backend.name=auto"):
