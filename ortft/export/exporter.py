@@ -69,8 +69,8 @@ class _LogitsOnly(torch.nn.Module):
 
 
 def parity_feeds(samples: Any, tokenizer: Any, n: int) -> dict[str, np.ndarray]:
-    """The rows parity compares on: up to ``n`` held-out rows (with labels when the data has them), else synthetic rows of
-    random ids and random lengths, padded at the end."""
+    """The rows parity compares on: up to ``n`` held-out rows (with labels when the data has
+    them), else synthetic rows of random ids and random lengths, padded at the end."""
     if samples is not None and len(samples):
         batch = samples.take(np.arange(min(n, len(samples))))
         return {k: batch[k] for k in ("input_ids", "attention_mask", "labels") if k in batch}
