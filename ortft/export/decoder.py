@@ -100,7 +100,8 @@ class CachedSteps:
     """``generation.Steps`` over the graph with past: the prompt once, then one token a call."""
 
     def __init__(self, session: Any):
-        self.session, self.past, self.seen = session, None, 0
+        self.session, self.seen = session, 0
+        self.past: dict[str, np.ndarray] | None = None
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         from ortft.export import parity
@@ -122,7 +123,8 @@ class WholeSteps:
     """``generation.Steps`` for a graph without a cache: the whole sequence each call."""
 
     def __init__(self, logits: Any):
-        self.logits, self.ids = logits, None  # logits(input_ids, attention_mask) -> [b, s, v]
+        self.logits = logits  # logits(input_ids, attention_mask) -> [b, s, v]
+        self.ids: np.ndarray | None = None
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         ids = tokens if self.ids is None else np.concatenate([self.ids, tokens], axis=1)

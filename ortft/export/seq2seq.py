@@ -120,7 +120,8 @@ class _Steps:
     """``generation.Steps`` of the decoder graph: the encoder's states, the self-attention cache."""
 
     def __init__(self, pair: OnnxSeq2Seq, hidden: np.ndarray, mask: np.ndarray):
-        self.pair, self.hidden, self.mask, self.past = pair, hidden, mask, None
+        self.pair, self.hidden, self.mask = pair, hidden, mask
+        self.past: dict[str, np.ndarray] | None = None
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         if self.past is None:  # beams: each input's states repeated for its beams, as generate
