@@ -184,3 +184,12 @@ def test_sizes():
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
         ]
     assert too_big == [], f"modules <= {MAX_MODULE_LINES} lines, functions <= {MAX_FUNCTION_LINES}"
+
+
+def test_the_cudalibs_shim_forwards():
+    """Venvs set up before the move run `import ortft.cudalibs; ortft.cudalibs.install_hook()`
+    from their ortft-cuda11.pth: the shim must hand over the real functions."""
+    import ortft.cudalibs as shim
+    import ortft.env.cudalibs as real
+
+    assert shim.install_hook is real.install_hook and shim.main is real.main
