@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ortft.backends.report import BackendReport, Precision
-from ortft.recipe import backends as rules
 
 if TYPE_CHECKING:
     import numpy as np
@@ -168,11 +167,16 @@ def _load(path: str) -> Any:
 
 def names() -> list[str]:
     """Every backend.name a recipe may use: the built-in ones, then registered ones."""
+    from ortft.recipe import backends as rules  # here, not at the top: run.summary imports
+    # backends.report, so this package loads on `--help`, which need not load tasks and pydantic
+
     return rules.names()
 
 
 def register(name: str, factory: Callable[[LoadedRecipe], Engine]) -> None:
     """Add an engine from outside the package (a plugin, or a test's toy engine)."""
+    from ortft.recipe import backends as rules
+
     _FACTORIES[name] = factory
     rules.allow(name)  # so a recipe may name it
 
