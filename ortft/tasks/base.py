@@ -62,7 +62,6 @@ class Task:
     export_skip: str | None = None  # why `ortft train` cannot export this task (export skipped)
     ondevice = False  # measured with backend.name=ort-ondevice / export --training-artifacts
     eval_metrics: tuple[str, ...] = ("eval_loss",)  # the summary.json names of its eval metrics
-    architectures: tuple[str, ...] = ("bert", "gpt2")  # model.from_config families that learn it
     # substrings of a saved model's config.architectures that imply this task; only for a plain
     # Hugging Face model without an ortft recipe (eval / predict / export SOURCE fall back to it)
     hf_architectures: tuple[str, ...] = ()

@@ -42,7 +42,6 @@ class MaskedLM(Task):
     export_kind = "per-token"
     predicts = "fill-mask"  # each [MASK] of the input text
     eval_metrics = ("eval_loss", "eval_perplexity")
-    architectures = ("bert",)  # an encoder: masks are predicted from both sides
     hf_architectures = ("MaskedLM",)
 
     @property

@@ -59,7 +59,6 @@ class Seq2Seq(Task):
     export_kind = "seq2seq"
     predicts = "generate"  # greedy from the input as source (PyTorch or the ONNX pair)
     eval_metrics = ("eval_loss", "eval_perplexity", "eval_exact_match", "eval_token_f1")
-    architectures = ("t5",)  # an encoder-decoder
     aligned_keys = ("input_ids", "attention_mask")  # labels are the target: their own length
 
     @property

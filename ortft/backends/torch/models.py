@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ortft.backends.torch import load_checks
+from ortft.backends.torch import hf_config, load_checks
 from ortft.core.errors import InputError
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import FromConfig, ModelSection, TrainTokenizer
@@ -167,19 +167,11 @@ CLASSIC = ("bert", "gpt2", "t5")  # built as before any model type could be (gol
 
 def _config_from_spec(spec: FromConfig, tokenizer: Any, dropout: float | None) -> Any:
     """bert, gpt2 and t5 through their own branch; any other model type generically."""
-    from ortft.backends.torch import hf_config
-
     if spec.architecture not in CLASSIC:
         return hf_config.generic_config(spec, tokenizer, dropout)
     config = _classic_config(spec, tokenizer, dropout)
     hf_config.apply_options(config, spec)
     return config
-
-
-def _attention_for(auto: Any, config: Any, attn: str) -> str:
-    from ortft.backends.torch import hf_config
-
-    return hf_config.attention_for(auto, config, attn)
 
 
 def _classic_config(spec: FromConfig, tokenizer: Any, dropout: float | None) -> Any:
@@ -275,7 +267,7 @@ def build_model(
         config = _config_from_spec(spec.from_config, tokenizer, spec.dropout)
         for k, v in label_kw.items():
             setattr(config, k, v)
-        attn = _attention_for(auto, config, attn)
+        attn = hf_config.attention_for(auto, config, attn)
         config._attn_implementation = attn
         torch.manual_seed(loaded.recipe.training.seed)
         return auto.from_config(config, attn_implementation=attn)
