@@ -130,6 +130,7 @@ def test_builtin_tasks_declare_export_kind_and_on_device_support() -> None:
         "seq2seq": "seq2seq",
         "question-answering": "encoder",
         "instruction": "decoder",
+        "image-classification": "image",
     }
     assert [n for n in tasks.names() if tasks.get(n).ondevice] == [
         "sequence-classification",

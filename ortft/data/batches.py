@@ -62,9 +62,12 @@ class Padding:
 
 
 def lengths(encoded: Encoded) -> np.ndarray:
-    """Each row's real length: stored at tokenization, or counted from the attention mask."""
+    """Each row's real length: stored at tokenization, or counted from the attention mask
+    (1 for rows without one: an image is one example, never cut)."""
     if LENGTH in encoded.arrays:
         return encoded.arrays[LENGTH]
+    if "attention_mask" not in encoded.arrays:
+        return np.ones(len(encoded), dtype=np.int32)
     return encoded.arrays["attention_mask"].sum(axis=1)
 
 

@@ -35,6 +35,11 @@ class RowColumns(Protocol):
         """The columns encode() reads (what is kept of each row)."""
         ...
 
+    def file_column(self, data: DataSection) -> str | None:
+        """The column holding a file path (an image), resolved against the folder of the file
+        that names it; None for text tasks. A folder source then lists files, not .txt texts."""
+        ...
+
 
 @dataclass(frozen=True)
 class RowCheck:
@@ -47,6 +52,7 @@ class RowCheck:
     label_column: str | None = None  # with allowed: the column checked against it
     allowed: tuple[str, ...] | None = None  # data.label_names, when given
     hint: str = "set data.text_column / data.label_column"
+    file_column: str | None = None  # a column of file paths (image tasks)
 
     @classmethod
     def of(cls, source: str, data: DataSection, task: RowColumns) -> RowCheck:
@@ -62,6 +68,7 @@ class RowCheck:
             label_column=data.label_column if allowed else None,
             allowed=allowed,
             hint="set the task's column options (task.*_column)" if own else cls.hint,
+            file_column=task.file_column(data),
         )
 
     def __call__(self, n: int, row: Any) -> None:

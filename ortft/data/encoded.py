@@ -23,10 +23,15 @@ class Encoded:
     arrays: dict[str, np.ndarray]  # input_ids, attention_mask, labels (+ task extras)
 
     def __len__(self) -> int:
-        return len(self.arrays["input_ids"])
+        # every task has labels (a causal LM's are its ids); image rows have no input_ids
+        return len(self.arrays["labels"])
 
     def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
         return {k: v[index] for k, v in self.arrays.items()}
+
+    def column(self, name: str) -> np.ndarray:
+        """One array, every row."""
+        return self.arrays[name]
 
 
 class Encoder(Protocol):

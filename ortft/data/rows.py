@@ -122,6 +122,28 @@ def _iter_folder(path: Path, data: DataSection) -> Iterator[dict[str, Any]]:
         raise InputError(f"{path}: no <label>/<doc>.txt files in this folder")
 
 
+def _iter_file_folder(path: Path, data: DataSection, column: str) -> Iterator[dict[str, Any]]:
+    """A folder of class sub-folders of files (images): every file is a row, named by its
+    path; hidden files (.DS_Store) are not. Whether a file is an image is the task's check."""
+    found = False
+    for label_dir in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for file in sorted(f for f in label_dir.iterdir() if not f.name.startswith(".")):
+            if file.is_file():
+                found = True
+                yield {column: str(file.resolve()), data.label_column: label_dir.name}
+    if not found:
+        raise InputError(f"{path}: no <label>/<file> files in this folder")
+
+
+def _resolved(rows: Iterator[Any], column: str, base: Path) -> Iterator[Any]:
+    """Rows whose ``column`` (a file path) is made absolute against ``base``, the folder of
+    the csv/jsonl file that names it."""
+    for row in rows:
+        if isinstance(row, dict) and isinstance(row.get(column), str) and row[column]:
+            row[column] = str((base / row[column]).expanduser().resolve())
+        yield row
+
+
 def _paragraphs(fh: io.TextIOBase) -> Iterator[str]:
     """``fh.read().split("\\n\\n")``, stripped and without empty ones, read 1 MiB at a time."""
     rest = ""
@@ -189,9 +211,12 @@ def _generate(spec: str) -> Iterator[dict[str, Any]]:
         k: tuple(v) if isinstance(v, list) else v for k, v in s["check"].items()
     }
     check = RowCheck(**fields)
-    rows = (
-        _iter_folder(path, data) if s["format"] == "folder" else _iter_file(path, s["format"], data)
-    )
+    files = check.file_column
+    if s["format"] == "folder":
+        rows = _iter_file_folder(path, data, files) if files else _iter_folder(path, data)
+    else:
+        rows = _iter_file(path, s["format"], data)
+        rows = _resolved(rows, files, path.parent) if files else rows
     n = 0
     for n, row in enumerate(rows, 1):
         check(n, row)

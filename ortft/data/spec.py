@@ -15,7 +15,8 @@ class DataSection(Section):
     train: str = Field(
         description=(
             "Training data: a csv/json/jsonl/parquet/txt file, a folder of class sub-folders of "
-            ".txt files, a saved `datasets` directory, 'pkg://<package>/<path>', or a Hub dataset name."
+            ".txt files (image tasks: of image files), a saved `datasets` directory, "
+            "'pkg://<package>/<path>', or a Hub dataset name."
         )
     )
     eval: str | None = Field(None, description="Evaluation data (same forms as train).")
@@ -38,6 +39,17 @@ class DataSection(Section):
     text_column: str = Field("text", description="Column holding the text.")
     text_pair_column: str | None = Field(None, description="Second text column for pair tasks.")
     label_column: str = Field("label", description="Column holding the label (classification).")
+    image_column: str = Field(
+        "image",
+        description="Image tasks: the column holding each image's file path (relative to the "
+        "csv/jsonl file that names it).",
+    )
+    on_bad_file: Literal["error", "skip"] = Field(
+        "error",
+        description="Image tasks: a missing, corrupt, truncated or non-image file stops with its "
+        "path and row (error), or is left out and counted in summary.json's data (skip). "
+        "Grayscale, palette, RGBA and 16-bit images are converted to RGB, never refused.",
+    )
     label_names: list[str] | None = Field(
         None, description="Label names in id order; default: the sorted distinct labels of train."
     )

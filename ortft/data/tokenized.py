@@ -61,6 +61,10 @@ class ArrowEncoded(Encoded):
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def column(self, name: str) -> np.ndarray:
+        """One column, every row (read from the memory-mapped files)."""
+        return _column(self._table[name], len(self.dataset))
+
     def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
         table = self._table[np.asarray(index, dtype=np.int64)]
         out = {}

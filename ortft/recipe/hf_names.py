@@ -95,9 +95,10 @@ _ALL_CLASSES = (
     "AutoModelForSequenceClassification",
     "AutoModelForTokenClassification",
     "AutoModelForQuestionAnswering",
+    "AutoModelForImageClassification",
 )
 
 
 def known() -> frozenset[str]:
-    """Every text model type the usual Auto classes build (to tell a typo from a misfit)."""
+    """Every model type the usual Auto classes build (to tell a typo from a misfit)."""
     return frozenset(t for c in _ALL_CLASSES for t in model_types(c))

@@ -49,9 +49,30 @@ def combinations(r: Recipe) -> None:
         raise ValueError("; ".join(problems))
     if r.adapter is not None and r.backend.trainable:
         raise ValueError("backend.trainable and adapter both choose what trains; use one of them")
+    modality(r)
     task_architecture(r)
     streaming(r)
     positions(r)
+
+
+def modality(r: Recipe) -> None:
+    """What a task's rows hold decides what the model needs: a tokenizer (text) or an image
+    processor (images: the model's own, or one sized to a from_config model's image_size)."""
+    task = tasks.get(r.task.name, r.task)
+    tok = r.model.tokenizer
+    if task.modality == "text":
+        if r.model.from_config and not tok.path and not tok.train:
+            raise ValueError(
+                "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
+            )
+        return
+    if tok.path or tok.train:
+        raise ValueError(
+            f"model.tokenizer: {r.task.name} reads {task.modality}s, not text (it uses the "
+            "model's image processor); remove model.tokenizer"
+        )
+    if r.data.streaming:
+        raise ValueError(f"data.streaming: {r.task.name} reads stored data (a list of files)")
 
 
 # Model types whose positions are a learned table of absolute rows, with the config key that

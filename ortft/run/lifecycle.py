@@ -98,6 +98,7 @@ class _Run:
         self.loop: loop.Loop | None = None  # built once the data and the engine are ready
         self.tracker: Any = None
         self.at_max_length: int | None = 0
+        self.data_report: dict[str, Any] = {}
         self.summary = RunSummary(
             task=self.recipe.task.name,
             provenance=Provenance.collect(loaded.path, loaded.sha256, device="", threads=0),
@@ -122,8 +123,10 @@ class _Run:
         raw = splits.load_splits(r.data, self.loaded.base_dir, task, seed=t.seed)
         labels = task.label_names(raw.train, r.data)  # None for tasks without labels
         tokenizer = self.engine.tokenizer(self.loaded, self.run_dir, task, raw.train, labels)
+        task.bind(tokenizer)  # an image task's collate runs its processor
         label2id = {name: i for i, name in enumerate(labels)} if labels else None
         train, evals = splits.encode_splits(task, raw, tokenizer, r.data, label2id)
+        self.data_report = task.data_report({"train": (raw.train, train), "eval": (raw.eval, evals)})
         global_batch = t.batch_size * started.world_size  # each rank trains on its slice
         stream = streaming.is_stream(train)  # data.streaming: no length, max_steps given
         make_batches: Any = (
@@ -283,6 +286,7 @@ class _Run:
                 "batch_shapes": len(self.loop.shapes),  # distinct, in this process
                 "rows_at_max_length": self.at_max_length,
                 "streaming": self.recipe.data.streaming,
+                **self.data_report,  # the task's own (images: files skipped and converted)
             }
         s.epochs = state.micro_step / per_epoch if per_epoch else float(state.epoch)
         s.metrics, s.throughput = metrics, report.throughput(meter.steady)

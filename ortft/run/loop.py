@@ -118,10 +118,11 @@ def train(loop: Loop, state: TrainState) -> str | None:
             epoch, batch = next(loop.batches)
             batch = loop.task.collate(batch, epoch, t.seed)  # masked-lm: this epoch's masking
             batch = batches.cut(batch, loop.padding, loop.task.aligned_keys)  # data.padding
-            tokens += int(batch["attention_mask"].sum())  # of the global batch: real tokens
-            _add_shape(shapes, batch["attention_mask"])
-            state.padded_tokens += batch["attention_mask"].size  # real + padding
-            loop.shapes.add(batch["input_ids"].shape)
+            mask = _mask(batch)
+            tokens += int(mask.sum())  # of the global batch: real tokens
+            _add_shape(shapes, mask)
+            state.padded_tokens += mask.size  # real + padding
+            loop.shapes.add(_model_shape(batch))
             micro.append(batch)
             state.micro_step += 1
             state.epoch = epoch
@@ -168,6 +169,19 @@ def train(loop: Loop, state: TrainState) -> str | None:
 def _epochs(loop: Loop, state: TrainState) -> float:
     """Epochs trained so far; a stream (data.streaming) has no length: the epoch number."""
     return state.micro_step / loop.per_epoch if loop.per_epoch else float(state.epoch)
+
+
+def _mask(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """Which positions are real: the attention mask; an image batch has none, and counts one
+    "token" per image (so tokens/s is images/s there, and padding is 0)."""
+    mask = batch.get("attention_mask")
+    return mask if mask is not None else np.ones((len(batch["labels"]), 1), dtype=np.int64)
+
+
+def _model_shape(batch: dict[str, np.ndarray]) -> tuple[int, ...]:
+    """The shape of what the model is fed: input_ids, or an image batch's pixel_values."""
+    main = batch.get("input_ids")
+    return (main if main is not None else batch["pixel_values"]).shape
 
 
 def _add_shape(shapes: dict[str, Any], mask: np.ndarray) -> None:

@@ -41,6 +41,7 @@ BUILTIN = {
     "seq2seq": "ortft.tasks.seq2seq",
     "question-answering": "ortft.tasks.question_answering",
     "instruction": "ortft.tasks.instruction",
+    "image-classification": "ortft.tasks.image_classification",
 }
 
 
@@ -119,5 +120,6 @@ def from_architecture(config: Any) -> str:
     raise InputError(
         f"unsupported model: cannot export a {archs or 'model without architectures'} "
         f"(supported: *ForSequenceClassification, *ForTokenClassification, "
-        f"*ForQuestionAnswering, *ForMaskedLM, *ForCausalLM / *LMHeadModel)"
+        f"*ForQuestionAnswering, *ForMaskedLM, *ForCausalLM / *LMHeadModel, "
+        f"*ForImageClassification)"
     )

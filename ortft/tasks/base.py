@@ -28,7 +28,8 @@ __all__ = ["Encoded", "ExportKind", "Task", "TaskOptions"]
 #   per-token  logits per position, compared where attention_mask is 1 (token-cls, masked-lm)
 #   decoder    per position, position t predicts t+1; called with use_cache=False (causal LMs)
 #   seq2seq    an encoder-decoder: encoder.onnx + decoder.onnx with its KV cache
-ExportKind = Literal["encoder", "per-token", "decoder", "seq2seq"]
+#   image      pixel_values -> one row of logits per image, plus preprocess.onnx (raw pixels in)
+ExportKind = Literal["encoder", "per-token", "decoder", "seq2seq", "image"]
 
 
 class TaskOptions(BaseModel):
@@ -47,6 +48,9 @@ class Task:
     """
 
     name: str = ""
+    # what a row holds: "text" (a tokenizer makes the arrays) or "image" (files, decoded per
+    # batch by collate; the run loads an image processor where text loads a tokenizer)
+    modality: str = "text"
     auto_class: str = ""  # transformers auto class that builds the model
     needs_labels = False  # the data has one label per row (data.label_column) or per word
     needs_logits = False  # eval keeps logits only where a metric needs them
@@ -101,6 +105,19 @@ class Task:
     def read_columns(self, data: DataSection) -> list[str]:
         """The columns encode() reads (what is kept of each row; default: ``columns``)."""
         return self.columns(data)
+
+    def file_column(self, data: DataSection) -> str | None:
+        """The column of file paths an image task reads (default: none, rows hold text)."""
+        return None
+
+    def bind(self, processor: Any) -> None:
+        """The run's loaded tokenizer or image processor; a task whose ``collate`` needs it
+        (image decoding) keeps it (default: ignore)."""
+
+    def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+        """What summary.json's ``data`` adds for this task, from each split's (rows, encoded)
+        (images: files skipped and converted; default: nothing)."""
+        return {}
 
     def texts(self, rows: list[dict[str, Any]], data: DataSection) -> list[str]:
         """The texts a tokenizer is trained on."""

@@ -159,7 +159,7 @@ def shard(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n = world_size()
     if n == 1:
         return batch
-    rows = len(batch["input_ids"])
+    rows = len(batch["labels"])  # every task has labels; image rows have no input_ids
     if rows % n:
         raise ValueError(f"a global batch of {rows} rows does not split over {n} processes")
     per, r = rows // n, rank()

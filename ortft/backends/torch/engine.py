@@ -107,7 +107,10 @@ class PyTorchEngine:
     def tokenizer(
         self, loaded: LoadedRecipe, run_dir: Path, task: Any, train_rows: list, labels: Any
     ) -> Any:
-        """Loaded from the model, or trained on the texts; rank 0 saves it, the others load it."""
+        """Loaded from the model, or trained on the texts; rank 0 saves it, the others load it.
+        An image task's is its image processor (``processors``)."""
+        if task.modality == "image":
+            return self._processor(loaded, run_dir)
         r = loaded.recipe
         tok_dir = run_dir / "tokenizer"
         if not distributed.is_main():
@@ -126,6 +129,26 @@ class PyTorchEngine:
         if distributed.is_main():
             distributed.barrier()  # the saved tokenizer is there for the other ranks
         return tokenizer
+
+    def _processor(self, loaded: LoadedRecipe, run_dir: Path) -> Any:
+        """The model's image processor (PIL backend), or one for a from_config model; saved in
+        the run as the tokenizer is."""
+        from ortft.backends.torch import hf_config, processors
+
+        spec, proc_dir = loaded.recipe.model, run_dir / "processor"
+        if not distributed.is_main():
+            distributed.barrier()
+        saved = proc_dir if proc_dir.exists() else None
+        source = models.model_source(loaded, spec.name_or_path) if spec.name_or_path else None
+        processor = processors.load(loaded, source, saved)
+        if processor is None:
+            config = hf_config.generic_config(spec.from_config, None, spec.dropout)
+            processor = processors.for_config(config)
+        if not proc_dir.exists():
+            processor.save_pretrained(proc_dir)
+        if distributed.is_main():
+            distributed.barrier()
+        return processor
 
     # ---- prepare: model, wrapper, optimizer, schedule, resume
     def prepare(self, loaded, task, tokenizer, labels, train, run_dir, resume_from, total_steps):
@@ -183,7 +206,8 @@ class PyTorchEngine:
     def _build_model(self, loaded, task, tokenizer, labels) -> torch.nn.Module:
         r = self.recipe
         attn = self.wrapper.attn_implementation
-        model = models.build_model(loaded, task.auto_class, tokenizer, labels, attn=attn)
+        vocab = tokenizer if task.modality == "text" else None  # an image processor sizes no vocab
+        model = models.build_model(loaded, task.auto_class, vocab, labels, attn=attn)
         self.head = load_checks.head_record(model)  # a pretrained head: kept, reordered or new
         if r.hardware.gradient_checkpointing:  # torch backend only (recipe check)
             model.gradient_checkpointing_enable()  # type: ignore[operator]

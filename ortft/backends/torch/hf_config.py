@@ -199,7 +199,8 @@ def generic_config(spec: FromConfig, tokenizer: Any, dropout: float | None) -> A
     cls = config_class(spec.architecture)
     default = _default(cls)
     kw = size_kwargs(spec, cls, default)
-    kw.update(token_kwargs(tokenizer, default))
+    if tokenizer is not None:  # an image model has no vocabulary
+        kw.update(token_kwargs(tokenizer, default))
     if dropout is not None:
         kw.update(dropout_kwargs(default, dropout))
     kw.update(option_kwargs(spec, cls, default))

@@ -101,7 +101,7 @@ def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
     )
 
 
-def _source(loaded: LoadedRecipe, value: str) -> str:
+def model_source(loaded: LoadedRecipe, value: str) -> str:
     """A local path as a string, or the Hub id unchanged."""
     path = loaded.resolve_path(value)
     if path.exists() or looks_local(value):
@@ -124,7 +124,7 @@ def load_tokenizer(
     value = str(saved_dir) if saved_dir else (spec.tokenizer.path or spec.name_or_path)
     if value is None:
         return None  # to be trained
-    source = value if saved_dir else _source(loaded, value)
+    source = value if saved_dir else model_source(loaded, value)
     if not saved_dir and not spec.tokenizer.path:
         _check_model_dir(source)
     try:
@@ -138,7 +138,7 @@ def load_tokenizer(
         if spec.name_or_path:
             try:
                 config = AutoConfig.from_pretrained(
-                    _source(loaded, spec.name_or_path), trust_remote_code=spec.trust_remote_code
+                    model_source(loaded, spec.name_or_path), trust_remote_code=spec.trust_remote_code
                 )
                 rows = load_checks.embedding_rows(config)
             except (OSError, ValueError, KeyError):
@@ -271,7 +271,7 @@ def build_model(
         config._attn_implementation = attn
         torch.manual_seed(loaded.recipe.training.seed)
         return auto.from_config(config, attn_implementation=attn)
-    source = str(weights_dir) if weights_dir else _source(loaded, spec.name_or_path or "")
+    source = str(weights_dir) if weights_dir else model_source(loaded, spec.name_or_path or "")
     if weights_dir is None:
         _check_model_dir(source)
     load_checks.check_weights(Path(source))  # a truncated file named before loading starts
@@ -314,14 +314,9 @@ class TaskModule(nn.Module):
         self.model = model
         self._task_forward = task.forward
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        labels: torch.Tensor,
-        **extra: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._task_forward(self.model, input_ids, attention_mask, labels, **extra)
+    def forward(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # by name: text tasks take input_ids / attention_mask / labels, images pixel_values
+        return self._task_forward(self.model, **inputs)
 
 
 # --------------------------------------------------------------------------- LoRA adapters
