@@ -111,6 +111,47 @@ def tiny_causal_lm(data: str, backend: str = "ort", **training: object) -> dict:
     }
 
 
+def write_image_folder(
+    root: Path, per_class: int = 8, classes: tuple[str, ...] = ("cat", "dog", "fox"),
+    size: tuple[int, int] = (10, 12), seed: int = 0,
+) -> Path:  # fmt: skip
+    """A folder of class sub-folders of small RGB PNGs, each class a colour the model can
+    learn (class i has channel i bright), with noise."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for c, name in enumerate(classes):
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 60, (*size, 3)).astype(np.uint8)
+            pixels[..., c % 3] += 150
+            Image.fromarray(pixels).save(folder / f"{i:03d}.png")
+    return root
+
+
+def tiny_image_classifier(data: str, backend: str = "ort", **training: object) -> dict:
+    """A ViT of 2 layers, hidden 32, on 8x8 images in 4x4 patches (~19k parameters)."""
+    return {
+        "model": {
+            "from_config": {
+                "architecture": "vit",
+                "hidden_size": 32,
+                "num_layers": 2,
+                "num_heads": 2,
+                "intermediate_size": 64,
+                "options": {"image_size": 8, "patch_size": 4},
+            },
+            "dropout": 0.0,
+        },
+        "task": "image-classification",
+        "data": {"train": data, "eval_fraction": 0.25},
+        "training": {"max_steps": 4, "batch_size": 4, "lr": 3e-3, "log_every": 1, **training},
+        "backend": {"name": backend},
+    }
+
+
 def write_recipe(path: Path, recipe: dict) -> Path:
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
