@@ -83,6 +83,18 @@ def test_collate_augments_train_batches_by_seed_epoch_and_file(tmp_path: Path) -
     assert not np.array_equal(a, b)
 
 
+def test_jsonl_paths_resolve_against_the_jsonl_folder(tmp_path: Path) -> None:
+    from ortft.data.rows import read_rows
+    from ortft.data.spec import DataSection
+
+    write_image_folder(tmp_path / "data" / "imgs", per_class=1)
+    lines = ['{"image": "imgs/cat/000.png", "label": "cat"}', '{"image": "/abs.png", "label": "x"}']
+    (tmp_path / "data" / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    spec = DataSection(train="data/rows.jsonl")
+    rows = list(read_rows(spec, tmp_path, spec.train, "train", tasks.get("image-classification")))
+    assert [r["image"] for r in rows] == [str(tmp_path / "data/imgs/cat/000.png"), "/abs.png"]
+
+
 # --------------------------------------------------------------------------- runs
 
 

@@ -38,6 +38,7 @@ TRAINED = [
     "question-answering.yaml",
     "token-classification.yaml",
     "seq2seq.yaml",
+    "image-classification.yaml",
     "bench/bert-cls.yaml",
     "bench/gpt2-clm.yaml",
     "bench/minilm-news.yaml",

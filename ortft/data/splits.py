@@ -112,16 +112,18 @@ def encode_splits(
         if raw.eval is not None
         else None
     )
+    text = getattr(task, "modality", "text") == "text"  # images: files checked, not tokenized
+    done = "tokenized" if text else "files checked"
     how = (
         "streamed: tokenized as read" if spec.streaming
-        else "tokenized earlier: cache hit" if hit
-        else f"tokenized in {time.perf_counter() - t0:.1f}s"
+        else f"{done} earlier: cache hit" if hit
+        else f"{done} in {time.perf_counter() - t0:.1f}s"
     )  # fmt: skip
     log.info(
-        "data: %s train / %d eval examples of %d tokens (%s)",
+        "data: %s train / %d eval examples %s (%s)",
         "a stream of" if spec.streaming else len(train),
         len(evals) if evals is not None else 0,
-        spec.max_length,
+        f"of {spec.max_length} tokens" if text else "(images, decoded per batch)",
         how,
     )
     return train, evals

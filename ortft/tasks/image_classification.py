@@ -87,7 +87,12 @@ class ImageClassification(Task):
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         paths, labels, modes = [], [], []
         for i, row in enumerate(rows):
-            path = str(row[data.image_column])
+            path = row[data.image_column]
+            if not isinstance(path, str):  # e.g. a datasets Image feature's {bytes, path}
+                raise InputError(
+                    f"row {i + 1}: data.image_column '{data.image_column}' holds a "
+                    f"{type(path).__name__}, not an image file path"
+                )
             try:
                 mode = images.check(path)
             except images.BadImage as err:
