@@ -11,7 +11,7 @@ Output, under recipes/data/digits/:
     README.md                             source, licence, this command, the split rule
 
 Split (index-based, held out): row i goes to eval.csv when i % 5 == 4, else to train.csv
-(359 eval, 1438 train). The rows are in the file's order, so each split mixes all 13 writers.
+(359 eval, 1438 train; every digit is in both, eval holds 21..52 of each).
 
 Re-running writes identical bytes (Pillow's PNG writer with fixed options, no metadata);
 `--check` regenerates into a temporary folder and compares it byte for byte with the

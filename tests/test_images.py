@@ -194,3 +194,14 @@ def test_ort_trains_a_vit_like_pytorch_with_the_patch_embedding_in_ort(tmp_path:
     assert graphs, "ORTModule saved no graph"
     ops = {n.op_type for g in graphs for n in onnx.load(str(g), load_external_data=False).graph.node}
     assert {"Conv", "Softmax", "MatMul"} <= ops  # patch embedding and attention ran in ORT
+
+
+def test_the_shipped_digits_are_what_the_script_writes() -> None:
+    """recipes/data/digits/ regenerates byte for byte from scikit-learn's digits.csv.gz."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "scripts" / "make-digits.py"), "--check"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
