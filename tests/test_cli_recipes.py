@@ -281,6 +281,7 @@ def test_train_rows_that_are_not_complete_objects_exit_2(tmp_path, no_training, 
     [
         ("sequence-classification", {"path/to/model": None, "data/train.csv": "text,label\nx,a\n"}),
         ("causal-lm", {"data/corpus.txt": "Some text.\n\nMore text.\n"}),
+        ("image-classification", {"path/to/model": None, "data/images": None}),
     ],
 )
 def test_init_writes_a_recipe_that_validates_once_its_paths_exist(tmp_path, task, placeholders):

@@ -55,7 +55,7 @@ def bench(
 
 def init(
     task: Annotated[
-        str, typer.Option("--task", help="sequence-classification or causal-lm.")
+        str, typer.Option("--task", help="sequence-classification, causal-lm or image-classification.")
     ] = "sequence-classification",
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
