@@ -7,6 +7,11 @@ numbers the PyTorch ones. A predict cell checks the output has the task's shape 
 text, a tag per word, an answer span of the context, filled masks, generated text), and the
 ONNX predictions equal the PyTorch ones. A task ortft does not export (Task.export_skip) has
 its ONNX cells skipped with that reason.
+
+image-classification reads image files: its run has 6 classes (so top-5 accuracy is scored),
+its predict input is a list of image paths. Its ONNX predict runs preprocess.onnx then
+model.onnx, as a client does: the cell checks it equals the two graphs run by hand, and PyTorch
+(the image processor) within the resize's one-pixel-step difference (IMAGE_ONNX_TOLERANCE).
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import pytest
 from conftest import (
     tiny_causal_lm,
     tiny_classifier,
+    tiny_image_classifier,
     write_classification_csv,
     write_corpus,
+    write_image_folder,
     write_recipe,
 )
 from helpers import run_cli, summary
@@ -38,8 +45,15 @@ TASKS = [
     "causal-lm",
     "instruction",
     "seq2seq",
+    "image-classification",
 ]
 MAX_NEW = 4  # generated tokens per prompt
+IMAGE_CLASSES = tuple("abcdef")  # more than 5: eval scores top5_accuracy
+# preprocess.onnx may put a resized pixel one 8-bit step off PIL's fixed-point resize
+# (export.json preprocess.tolerance: 2/255 after normalising); end to end that moved the tiny
+# ViT's logits by 1.2e-4 and its probabilities by 3.9e-5 at most (this run's 36 images,
+# 10x12 -> 8x8; 3 classes, 6 steps: 1.7e-4 and 4.8e-5)
+IMAGE_ONNX_TOLERANCE = 1e-3
 
 
 def _recipe(task: str, tmp: Path) -> dict[str, Any]:
@@ -47,6 +61,10 @@ def _recipe(task: str, tmp: Path) -> dict[str, Any]:
         r = tiny_classifier(str(write_classification_csv(tmp / "train.csv", n=80)))
     elif task == "causal-lm":
         r = tiny_causal_lm(str(write_corpus(tmp / "corpus.txt", n=40)))
+    elif task == "image-classification":
+        r = tiny_image_classifier(
+            str(write_image_folder(tmp / "imgs", per_class=6, classes=IMAGE_CLASSES))
+        )
     else:
         r = RECIPES[task]()
     r["data"]["eval_fraction"] = r["data"].get("eval_fraction", 0.2)
@@ -57,7 +75,12 @@ def _recipe(task: str, tmp: Path) -> dict[str, Any]:
 
 
 def _inputs(task: str, tmp: Path) -> Path:
-    """A few predict inputs in the task's format (plain lines and JSONL)."""
+    """A few predict inputs in the task's format (plain lines and JSONL; images: a list of
+    paths relative to it, with a blank line and padding that predict skips and strips)."""
+    if task == "image-classification":
+        path = tmp / "paths.txt"
+        path.write_text("imgs/a/000.png\n\n  imgs/c/001.png \nimgs/f/005.png\n")
+        return path
     rows = lambda name: [json.loads(x) for x in (DATA / name).read_text().splitlines()[:2]]  # noqa: E731
     lines = {
         "sequence-classification": ["great fun movie", '{"text": "terrible plot"}'],
@@ -164,7 +187,12 @@ def _check_predict(task: str, got: list[dict[str, Any]], m: Matrix) -> None:
     labels = set(config.get("id2label", {}).values())
     for line, r in zip(inputs, got, strict=True):
         obj = json.loads(line) if line.startswith("{") else {"text": line}
-        if kind == "label":
+        if kind == "image-label":  # the label, every label's score, the top 5 best first
+            assert r["input"] == line.strip() and r["label"] in labels
+            assert set(r["scores"]) == labels and sum(r["scores"].values()) == pytest.approx(1)
+            assert r["top_k"][0] == [r["label"], r["score"]] and len(r["top_k"]) == 5
+            assert [p for _, p in r["top_k"]] == sorted(r["scores"].values(), reverse=True)[:5]
+        elif kind == "label":
             assert r["label"] in labels and set(r["scores"]) == labels
             assert sum(r["scores"].values()) == pytest.approx(1.0)
         elif kind == "tags":  # one tag per word
@@ -207,5 +235,38 @@ def test_task_matrix(task: str, op: str, runtime: str, matrix: Matrix) -> None:
         _check_eval(task, got, matrix, runtime)
         return
     _check_predict(task, got, matrix)
-    if runtime == "onnx":
+    if runtime == "onnx" and task == "image-classification":
+        _client_predictions(got, matrix)
+        _near_predictions(got, matrix.result(task, "predict", "pytorch"), IMAGE_ONNX_TOLERANCE)
+    elif runtime == "onnx":
         _same_predictions(got, matrix.result(task, "predict", "pytorch"))
+
+
+def _client_predictions(got: list[dict[str, Any]], m: Matrix) -> None:
+    """An image export's predictions are what a client gets running its two graphs by hand:
+    each decoded image through preprocess.onnx, then model.onnx, softmax."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from ortft.data import images
+
+    run = m.run("image-classification")
+    pre, model = (
+        ort.InferenceSession(str(run / "onnx" / f)) for f in ("preprocess.onnx", "model.onnx")
+    )
+    labels = json.loads((run / "onnx" / "config.json").read_text())["id2label"]
+    for r in got:
+        x = pre.run(None, {"image": images.pixels(str(run.parent / r["input"]))})[0]
+        z = model.run(None, {"pixel_values": x})[0][0].astype(np.float64)
+        p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        want = {labels[str(i)]: float(v) for i, v in enumerate(p)}
+        assert r["scores"] == pytest.approx(want, abs=1e-6), r["input"]
+
+
+def _near_predictions(got: list[dict[str, Any]], want: list[dict[str, Any]], tol: float) -> None:
+    """Scores within ``tol``; the same label unless PyTorch's best two are within 2 * tol."""
+    assert [g["input"] for g in got] == [w["input"] for w in want]
+    for g, w in zip(got, want, strict=True):
+        assert all(abs(g["scores"][k] - v) <= tol for k, v in w["scores"].items()), (g, w)
+        (_, p1), (_, p2) = w["top_k"][:2]
+        assert g["label"] == w["label"] or p1 - p2 <= 2 * tol, (g, w)

@@ -18,7 +18,8 @@ def eval_cmd(
         Path | None,
         typer.Option(
             "--data",
-            help="Data to score (any format training reads); default: the run's eval split.",
+            help="Data to score (any format training reads; images: a folder of class "
+            "sub-folders or a csv/jsonl of paths); default: the run's eval split.",
         ),
     ] = None,
     batch_size: Annotated[
@@ -45,7 +46,9 @@ def predict(
         typer.Option(
             "--input",
             "-i",
-            help="Texts, one per line, or JSONL ('text'; token-cls: or 'tokens'; QA: 'question' and 'context'); - for stdin.",
+            help="Texts, one per line, or JSONL ('text'; token-cls: or 'tokens'; QA: 'question' "
+            "and 'context'); image-cls: image paths, one per line (relative to the file), or a "
+            "folder of images; - for stdin.",
         ),
     ] = "-",
     max_new_tokens: Annotated[
@@ -66,7 +69,8 @@ def predict(
     ] = None,
     as_json: Annotated[bool, json_option("One JSON object per input on stdout.")] = False,
 ) -> None:
-    """Run a trained model on inputs: a label, tags per word, an answer span, filled masks or text."""
+    """Run a trained model on inputs: a label, tags per word, an answer span, filled masks, text,
+    or an image's label."""
 
     def body() -> None:
         from ortft.inference import predict as predict_mod

@@ -2,14 +2,21 @@
 
 The model is a run directory (its ``final/``), a saved Hugging Face model directory, or an
 ONNX export folder (``model.onnx``, or a seq2seq's ``encoder.onnx`` + ``decoder.onnx``, with the
-tokenizer and config), which runs in an onnxruntime
-``InferenceSession``. Both kinds go through the same code: the model gives logits, and the
-loss and metrics are computed from them here, so a PyTorch model and its ONNX export report
-the same numbers (to float rounding). Batches get the task's fixed eval variant first, as in
-training's eval (masked-lm: the eval masking, seeded by the recipe's training.seed). A seq2seq
-model (PyTorch, or its export's encoder + decoder graphs) gets its logits from the decoder fed
-the target, and its generate metrics (exact match, token F1) as in training. The default data is the eval split the run's recipe used
-(``final/recipe.yaml``); ``--data`` scores another file in any format ``ortft.data.rows`` reads.
+tokenizer and config; an image export: ``model.onnx`` with the image processor's
+``preprocessor_config.json``), which runs in an onnxruntime ``InferenceSession``. Both kinds go
+through the same code: the model gives logits, and the loss and metrics are computed from them
+here, so a PyTorch model and its ONNX export report the same numbers (to float rounding).
+Batches get the task's fixed eval variant first, as in training's eval (masked-lm: the eval
+masking, seeded by the recipe's training.seed). A seq2seq model (PyTorch, or its export's
+encoder + decoder graphs) gets its logits from the decoder fed the target, and its generate
+metrics (exact match, token F1) as in training. An image model (image-classification) gets its
+batches as training's eval does: each file decoded, then the image processor
+(``preprocessor_config.json``, PIL backend) gives the ``pixel_values`` both runtimes are fed
+(an export's ``model.onnx`` too; ``preprocess.onnx`` is what ``ortft predict`` runs); accuracy,
+macro-F1, top-5 accuracy (more than 5 classes) and the loss come from the logits.
+The default data is the eval split the run's recipe used (``final/recipe.yaml``); ``--data``
+scores another file in any format ``ortft.data.rows`` reads (images: a folder of class
+sub-folders, or a csv/jsonl whose ``image`` column names files relative to it).
 The task is the run's own (its recipe's ``task:``, or the one an ONNX folder's export.json
 records), so an instruction run is scored as instruction; only a plain Hugging Face model that
 no ortft run describes has its task guessed from its architecture name.
@@ -48,7 +55,7 @@ class SavedModel:
     path: Path  # the model directory or the ONNX folder
     task: str
     config: Any
-    tokenizer: Any
+    tokenizer: Any  # an image task's: its image processor (as training's engine.tokenizer gives)
     recipe_yaml: Path | None  # the recipe it was trained with, when it is known
     run_dir: Path | None
     _model: Any = None
@@ -84,6 +91,23 @@ class SavedModel:
             return torch.stack([out.start_logits, out.end_logits], dim=1).float().numpy()
         return out.logits.float().numpy()
 
+    def image_logits(self, pixel_values: np.ndarray) -> np.ndarray:
+        """An image model's logits of a float32 [batch, 3, H, W] ``pixel_values``."""
+        pixel_values = np.ascontiguousarray(pixel_values, dtype=np.float32)
+        if self.runtime == "onnxruntime":
+            return self._model.run(["logits"], {"pixel_values": pixel_values})[0]
+        import torch
+
+        with torch.no_grad():
+            out = self._model(pixel_values=torch.from_numpy(pixel_values), return_dict=True)
+        return out.logits.float().numpy()
+
+    def batch_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """The logits of one collated eval batch (its pixel_values, or its token arrays)."""
+        if self.spec.modality == "image":
+            return self.image_logits(batch["pixel_values"])
+        return self.logits(batch["input_ids"], batch["attention_mask"], batch["labels"])
+
     def labels(self) -> list[str] | None:
         if not self.spec.needs_labels:
             return None
@@ -114,9 +138,29 @@ def _task(source: Path, recipe_yaml: Path | None, config: Any) -> tasks.Task:
     return tasks.get(tasks.from_architecture(config))  # fallback: no ortft recipe or export
 
 
+def _preprocessor(source: Path, task: tasks.Task) -> Any:
+    """The model's tokenizer, or an image task's image processor (its PIL backend, as in
+    training), bound to the task: its ``collate`` decodes the files and runs it."""
+    if task.modality == "image":
+        from ortft.backends.torch import processors
+
+        processor = processors.from_folder(str(source))
+        task.bind(processor)
+        return processor
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise InputError(f"{source}: cannot load config/tokenizer ({err})") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def open_model(source: Path) -> SavedModel:
     """A run dir (its final/), a saved HF model dir, or an ONNX export folder."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stdout/stderr stay ortft's
@@ -140,11 +184,8 @@ def open_model(source: Path) -> SavedModel:
         )
     try:
         config = AutoConfig.from_pretrained(source)
-        tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
-        raise InputError(f"{source}: cannot load config/tokenizer ({err})") from None
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+        raise InputError(f"{source}: cannot load config.json ({err})") from None
     recipe_yaml = next(
         (
             p
@@ -157,6 +198,7 @@ def open_model(source: Path) -> SavedModel:
         None,
     )
     task = _task(source, recipe_yaml, config)
+    tokenizer = _preprocessor(source, task)
     if task.needs_labels:  # the model's label names, in id order (token-cls metrics read them)
         task.bind_labels([str(config.id2label[i]) for i in range(len(config.id2label))])
     common = dict(
@@ -266,8 +308,7 @@ def score(
     for start in range(0, len(encoded), batch_size):
         batch = encoded.take(np.arange(start, min(start + batch_size, len(encoded))))
         batch = task.collate(batch, None, seed)  # None: the fixed eval variant, as training's
-        logits = m.logits(batch["input_ids"], batch["attention_mask"], batch["labels"])
-        logits = task.eval_logits(logits, batch)
+        logits = task.eval_logits(m.batch_logits(batch), batch)
         s, n = cross_entropy_sum(logits, batch["labels"], causal=task.shift_labels)
         total, weight = total + s, weight + n
         if task.needs_logits:
@@ -287,14 +328,9 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> di
     labels = m.labels()
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
     encoded = m.spec.encode(rows, m.tokenizer, spec, label2id)
-    log.info(
-        "eval: %s (%s) on %s: %d examples of %d tokens",
-        m.path,
-        m.runtime,
-        where,
-        len(encoded),
-        spec.max_length,
-    )
+    text = m.spec.modality == "text"  # an image has no token length
+    unit = f"examples of {spec.max_length} tokens" if text else "images"
+    log.info("eval: %s (%s) on %s: %d %s", m.path, m.runtime, where, len(encoded), unit)
     seed = loaded.recipe.training.seed if loaded else TrainingSection.model_fields["seed"].default
     metrics = score(m, encoded, batch_size, seed)
     return {
@@ -303,7 +339,7 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> di
         "task": m.task,
         "data": where,
         "examples": len(encoded),
-        "max_length": spec.max_length,
+        "max_length": spec.max_length if text else None,
         "metrics": {k: float(v) for k, v in metrics.items()},
         "eval_s": round(time.perf_counter() - t0, 3),
     }

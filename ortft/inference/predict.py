@@ -21,7 +21,10 @@ list (the task's tokens column), question answering needs ``question`` and ``con
   (``ortft.export.generation``): a decoder with its KV cache (the default) runs the prompt once,
   then one token a step, a graph without the cache re-runs the whole sequence for each new
   token; a seq2seq export runs the encoder once and the decoder with its cache. Both give the
-  same text (the export's generation check compares them with ``generate``).
+  same text (the export's generation check compares them with ``generate``);
+- image-label (image classification): ``--input`` names image files instead (a list of paths,
+  one per line, or a folder), each gets its label, softmax scores and top 5
+  (``ortft.inference.predict_image``: the input rules, and what each runtime runs).
 """
 
 from __future__ import annotations
@@ -286,6 +289,10 @@ def run(
     kind = m.spec.predicts
     if kind is None:
         raise InputError(f"{source}: ortft predict has no output for {m.task} (use ortft eval)")
+    if kind == "image-label":  # image files, not text lines
+        from ortft.inference import predict_image
+
+        return predict_image.run(m, input_path, batch_size)
     inputs = _read(input_path)
     if kind == "generate" and m.spec.export_kind == "decoder":
         return generate(m, [_field(o, "text", w) for w, o in inputs], max_new_tokens)
@@ -314,8 +321,10 @@ def run(
 
 
 def format_line(result: dict[str, Any]) -> str:
-    """The plain (non --json) line: label and score, word/TAG pairs, the answer and its score,
-    the filled text, or the generated text, on one line."""
+    """The plain (non --json) line: label and score (an image's: after its path), word/TAG
+    pairs, the answer and its score, the filled text, or the generated text, on one line."""
+    if "top_k" in result:
+        return f"{result['input']}\t{result['label']}\t{result['score']:.4f}"
     if "label" in result:
         return f"{result['label']}\t{result['score']:.4f}"
     if "tags" in result:

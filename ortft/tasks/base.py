@@ -70,8 +70,8 @@ class Task:
     # Hugging Face model without an ortft recipe (eval / predict / export SOURCE fall back to it)
     hf_architectures: tuple[str, ...] = ()
     # what `ortft predict` gives per input: "label" (with scores), "tags" (one per word),
-    # "answer" (a span of the context), "fill-mask" (each [MASK]'s token), "generate" (text);
-    # None: predict refuses the task
+    # "answer" (a span of the context), "fill-mask" (each [MASK]'s token), "generate" (text),
+    # "image-label" (an image file's label, scores and top 5); None: predict refuses the task
     predicts: str | None = None
 
     @property
