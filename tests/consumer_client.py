@@ -1,11 +1,15 @@
 """A client of an ortft ONNX export, as a deployment would write it: onnxruntime + tokenizers +
-numpy only (run in the clean venv of scripts/consumer-env.sh, never with ortft importable).
+numpy (+ Pillow for images) only (run in the clean venv of scripts/consumer-env.sh, never with
+ortft importable).
 
-    python consumer_client.py ONNX_DIR INPUTS.jsonl PREDICTS MAX_NEW
+    python consumer_client.py ONNX_DIR INPUTS PREDICTS MAX_NEW
 
-PREDICTS is the task's ``Task.predicts`` (label, tags, answer, fill-mask, generate). One JSON
-line per input on stdout, with the fields ``ortft predict`` gives that a client can compute.
-Each text is tokenized alone with the folder's tokenizer.json and run with an all-ones mask.
+PREDICTS is the task's ``Task.predicts`` (label, tags, answer, fill-mask, generate,
+image-label). One JSON line per input on stdout, with the fields ``ortft predict`` gives that a
+client can compute. Each text is tokenized alone with the folder's tokenizer.json and run with
+an all-ones mask. For image-label, INPUTS lists image files (one path a line, relative to it):
+each is decoded with Pillow, made 8-bit RGB (alpha over white), run through preprocess.onnx,
+then model.onnx alone.
 """
 
 from __future__ import annotations
@@ -136,8 +140,49 @@ def predict(folder: Path, obj: dict, kind: str, max_new: int) -> dict:
     return {"masks": [{"token": t} for t in tokens]}
 
 
+def to_rgb(img):
+    """8-bit RGB as ortft (and transformers' processors) convert: 16-bit samples >> 8, float
+    clipped to 0..255, a palette's transparency and any alpha composited onto white."""
+    from PIL import Image
+
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        wide = np.clip(np.asarray(img).astype(np.int64), 0, 65535) >> 8
+        img = Image.fromarray(wide.astype(np.uint8))
+    elif img.mode == "F":
+        img = Image.fromarray(np.clip(np.asarray(img), 0, 255).astype(np.uint8))
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        white = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, img.convert("RGBA")).convert("RGB")
+    return img.convert("RGB")
+
+
+def classify_images(folder: Path, inputs: Path) -> None:
+    from PIL import Image
+
+    pre, model = session(folder / "preprocess.onnx"), session(folder / "model.onnx")
+    labels = json.loads((folder / "config.json").read_text())["id2label"]
+    for line in inputs.read_text().splitlines():
+        shown = line.strip()
+        if not shown:
+            continue
+        with Image.open(inputs.parent / shown) as img:
+            pixels = np.asarray(to_rgb(img), dtype=np.uint8)  # [height, width, 3]
+        pixel_values = pre.run(["pixel_values"], {"image": pixels})[0]
+        p = softmax(model.run(["logits"], {"pixel_values": pixel_values})[0][0].astype(np.float64))
+        order = np.argsort(-p, kind="stable")[:5]
+        row = {"input": shown, "label": labels[str(order[0])], "score": float(p[order[0]])}
+        row["scores"] = {labels[str(i)]: float(v) for i, v in enumerate(p)}
+        row["top_k"] = [[labels[str(i)], float(p[i])] for i in order]
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     folder, inputs, kind, max_new = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    if kind == "image-label":
+        classify_images(folder, Path(inputs))
+        return
     for line in Path(inputs).read_text().splitlines():
         if line.strip():
             obj = json.loads(line) if line.startswith("{") else {"text": line}

@@ -2,16 +2,19 @@
 the way a deployment uses it, outside ortft.
 
 A throw-away venv (scripts/consumer-env.sh: requirements/consumer.txt, a recent onnxruntime
-release and tokenizers, none of ortft's stack; cached under ~/.cache/ortft) runs
+release, tokenizers and Pillow, none of ortft's stack; cached under ~/.cache/ortft) runs
 tests/consumer_client.py on each task's export: plain ``tokenizers``, an all-ones mask, one text
-at a time. Its outputs must equal ``ortft predict`` on the same export. The folder's model card
-snippet is run there too, verbatim, and must print what ``ortft predict`` gives for its input.
-This is the contract that an export is usable outside ortft.
+at a time; for images, Pillow's decoding (files of every mode ortft converts: alpha, palette,
+16-bit, CMYK...), preprocess.onnx, then model.onnx. Its outputs must equal ``ortft predict`` on
+the same export. The folder's model card snippet is run there too, verbatim, and must print what
+``ortft predict`` gives for its input. This is the contract that an export is usable outside
+ortft.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +22,20 @@ from typing import Any
 
 import pytest
 from helpers import run_cli
-from test_task_matrix import MAX_NEW, TASKS, Matrix, _close, _inputs
+from test_export_image import write_image_modes
+from test_task_matrix import (
+    MAX_NEW,
+    TASKS,
+    Matrix,
+    _close,
+    _inputs,
+    _near_predictions,
+)
 from typer.testing import CliRunner
 
 from ortft import tasks
 from ortft.cli.app import app
-from ortft.export import deploy
+from ortft.export import deploy, image
 from ortft.inference.predict import format_line
 
 pytestmark = pytest.mark.consumer
@@ -32,6 +43,11 @@ pytestmark = pytest.mark.consumer
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = Path(__file__).resolve().parent / "consumer_client.py"
 SNIPPET_NEW = 32  # the card's snippets generate up to 32 tokens
+# client (preprocess.onnx) vs PyTorch (the processor, PIL's resize): the graph redoes PIL's
+# integer resize (probabilities 4.7e-8 apart on 43 files of every mode, 3 classes), but its
+# check allows one 8-bit step per value; a graph that was one step off on 7.8% of the values
+# of random-noise 13x9 -> 8x8 files moved the tiny ViT's probabilities by up to 9.2e-4
+IMAGE_SCORE_TOLERANCE = 5e-3
 
 
 @pytest.fixture(scope="module")
@@ -115,23 +131,37 @@ def _ids(task: str) -> str:
     return task
 
 
+def _image_modes(run: Path) -> Path:
+    """A list of image files of every mode ortft converts to RGB, beside the run."""
+    files = write_image_modes(run.parent / "modes")
+    listing = run.parent / "modes.txt"
+    listing.write_text("".join(f"modes/{f.name}\n" for f in files))
+    return listing
+
+
 @pytest.mark.parametrize("task", EXPORTED, ids=_ids)
 def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str) -> None:
     kind = tasks.get(task).predicts
-    inputs = _inputs(task, matrix.run(task).parent)
+    all_inputs = [_inputs(task, matrix.run(task).parent)]
+    if kind == "image-label":
+        all_inputs.append(_image_modes(matrix.run(task)))
     for folder in _exports(task, matrix, consumer_python):
-        want = _predict(folder, inputs, MAX_NEW)
-        out = _consumer(
-            consumer_python, "-I", CLIENT, folder, _prompts(folder, inputs), kind, MAX_NEW
-        )
-        got = [json.loads(x) for x in out.splitlines()]
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            if kind == "fill-mask":  # the client reports each mask's best token
-                g, w = g["masks"], [{"token": x["token"]} for x in w["masks"]]
-            else:
-                w = {k: w[k] for k in g}
-            assert _close(g, w), (folder.name, g, w)
+        for inputs in all_inputs:
+            want = _predict(folder, inputs, MAX_NEW)
+            out = _consumer(
+                consumer_python, "-I", CLIENT, folder, _prompts(folder, inputs), kind, MAX_NEW
+            )
+            got = [json.loads(x) for x in out.splitlines()]
+            assert len(got) == len(want)
+            for g, w in zip(got, want, strict=True):
+                if kind == "fill-mask":  # the client reports each mask's best token
+                    g, w = g["masks"], [{"token": x["token"]} for x in w["masks"]]
+                else:
+                    w = {k: w[k] for k in g}
+                assert _close(g, w), (folder.name, g, w)
+            if kind == "image-label":  # PyTorch's processor: up to the resize's pixel step
+                pytorch = _predict(matrix.run(task), inputs, MAX_NEW)
+                _near_predictions(got, pytorch, IMAGE_SCORE_TOLERANCE)
 
 
 @pytest.mark.parametrize("task", EXPORTED, ids=_ids)
@@ -141,9 +171,15 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
         code = deploy.card_snippet((folder / "README.md").read_text())
         inputs = folder.parent / f"card-{folder.name}.jsonl"
         inputs.write_text(json.dumps(deploy.example_input(spec, None)) + "\n")
+        if spec.predicts == "image-label":  # the snippet reads image.png: a copy beside it
+            folder = shutil.copytree(folder, folder.parent / f"card-{folder.name}")
+            shutil.copy(_image_modes(matrix.run(task)).parent / "modes" / "rgba.png",
+                        folder / image.CARD_IMAGE)  # fmt: skip
+            inputs = folder / image.CARD_IMAGE
         (want,) = _predict(folder, inputs, SNIPPET_NEW)
         expected = {
             "label": lambda r: r["label"],
+            "image-label": lambda r: r["label"],
             "answer": lambda r: r["answer"],
             "fill-mask": lambda r: r["filled"],
             "generate": lambda r: r["generated"],
@@ -152,12 +188,13 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
         assert got.rstrip("\n") == expected, (folder.name, code)
 
 
-@pytest.mark.parametrize("task", ["sequence-classification", "seq2seq"])
+@pytest.mark.parametrize("task", ["sequence-classification", "seq2seq", "image-classification"])
 def test_export_records_the_consumer_runtime(
     task: str, matrix: Matrix, consumer_python: str
 ) -> None:
     """``ortft export --check-runtime PYTHON`` loads the export in that runtime, compares its
-    outputs, and only then lists it in export.json (and the card)."""
+    outputs (every fp32 graph: an image export's preprocess.onnx too), and only then lists it
+    in export.json (and the card)."""
     run = matrix.run(task)
     report = _export(run, run / "onnx-checked", "--check-runtime", consumer_python)
     assert [r["version"] for r in report["runtimes"]][1:] == [_pinned_version()]
@@ -175,12 +212,15 @@ def _pinned_version() -> str:
 
 
 def test_consumer_runtime_is_clean(consumer_python: str) -> None:
-    """The venv holds onnxruntime (the pinned release) and tokenizers, not ortft's stack."""
+    """The venv holds onnxruntime (the pinned release), tokenizers and Pillow, not ortft's
+    stack."""
     code = (
-        "import importlib.util, onnxruntime, tokenizers; print(onnxruntime.__version__); "
+        "import importlib.util, onnxruntime, tokenizers, PIL; print(onnxruntime.__version__); "
+        "print(PIL.__version__); "
         "print([m for m in ('torch', 'transformers', 'ortft') if importlib.util.find_spec(m)])"
     )
-    version, present = _consumer(consumer_python, "-I", "-c", code).splitlines()
+    version, pillow, present = _consumer(consumer_python, "-I", "-c", code).splitlines()
     pinned = (ROOT / "requirements" / "consumer.txt").read_text()
     assert f"onnxruntime=={version}\n" in pinned and present == "[]"
+    assert f"pillow=={pillow}\n" in pinned
     assert sys.executable != consumer_python

@@ -10,8 +10,13 @@ reported in issue #20, the quickstart's classifier then called three news texts 
 ``tokenizer.json`` therefore has no padding and truncates at the model's position limit;
 ``tokenizer_config.json`` keeps the training length as ``training_max_length``, for reference.
 
-The model card (``README.md``) holds one snippet per task: onnxruntime + tokenizers only, run
-from inside the folder. ``tests/test_consumer.py`` extracts it and runs it verbatim in a clean
+An image export has no tokenizer: its image processor (``preprocessor_config.json``) is saved
+as trained (its PIL backend; nothing of training's is left in it), and its card's snippet
+decodes with Pillow, converts to RGB as ``ortft.data.images.to_rgb`` does (alpha over white),
+then runs ``preprocess.onnx`` and ``model.onnx``.
+
+The model card (``README.md``) holds one snippet per task: onnxruntime + tokenizers (images:
+Pillow) only, run from inside the folder. ``tests/test_consumer.py`` extracts it and runs it verbatim in a clean
 venv with the onnxruntime release of ``requirements/consumer.txt``.
 """
 
@@ -250,10 +255,6 @@ def example_input(task: Any, tokenizer: Any) -> dict[str, str]:
 def write_card(folder: Path, task: Any, tokenizer: Any, report: dict[str, Any]) -> None:
     """README.md of the export folder: what it holds and the usage snippet."""
     cache = report.get("kv_cache")
-    prompt = None
-    if task.predicts == "generate" and task.export_kind != "seq2seq":
-        prompt = task.prompt(EXAMPLE["generate"], tokenizer)
-    code = snippet(task, tokenizer, cache, prompt)
     files = ", ".join(f"`{f}`" for f in report["files"].values())
     runtimes = "; ".join(
         f"{r['package']} {r['version']} ({r['checked']})" for r in report["runtimes"]
@@ -264,8 +265,12 @@ def write_card(folder: Path, task: Any, tokenizer: Any, report: dict[str, Any]) 
         False: "decoder without a KV cache (the whole sequence each step)",
         None: "",
     }[cache]
-    length = report["tokenizer"]["training_max_length"]
-    trained = f" (trained with {length})" if length else ""
+    if task.modality == "image":
+        from ortft.export import image
+
+        code, holds, inputs, usage = image.card(report)
+    else:
+        code, holds, inputs, usage = _text_card(task, tokenizer, report)
     (folder / "README.md").write_text(
         f"""---
 library_name: onnxruntime
@@ -274,18 +279,33 @@ tags: [ortft, onnx, {task.name}]
 # ONNX export (ortft)
 
 - **Task:** {task.name}{f"; {graph}" if graph else ""}
-- **Files:** {files}, the tokenizer (`tokenizer.json`), `config.json`, `export.json` (checks)
+- **Files:** {files}, {holds}, `config.json`, `export.json` (checks)
 - **ONNX:** opset {report["opset"]}, IR version {report["ir_version"]}
 - **Checked in:** {runtimes}
-- **Tokenizer:** no padding; truncates at {report["tokenizer"]["truncation"] or "no limit"} tokens{trained}.
-  Build the attention mask for the ids you get (all ones for one text).
+{inputs}
 
-Usage with `onnxruntime` and `tokenizers` only, run from this folder:
+Usage with {usage} only, run from this folder:
 
 {CARD_FENCE}
 {code}```
 """
     )
+
+
+def _text_card(task: Any, tokenizer: Any, report: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(the snippet, what else the folder holds, the tokenizer line, what the snippet needs)."""
+    prompt = None
+    if task.predicts == "generate" and task.export_kind != "seq2seq":
+        prompt = task.prompt(EXAMPLE["generate"], tokenizer)
+    code = snippet(task, tokenizer, report.get("kv_cache"), prompt)
+    length = report["tokenizer"]["training_max_length"]
+    trained = f" (trained with {length})" if length else ""
+    line = (
+        f"- **Tokenizer:** no padding; truncates at "
+        f"{report['tokenizer']['truncation'] or 'no limit'} tokens{trained}.\n"
+        "  Build the attention mask for the ids you get (all ones for one text)."
+    )
+    return code, "the tokenizer (`tokenizer.json`)", line, "`onnxruntime` and `tokenizers`"
 
 
 def card_snippet(readme: str) -> str:
@@ -324,18 +344,19 @@ def full_precision(files: dict[str, str]) -> list[str]:
 
 def graph_feeds(folder: Path, files: dict[str, str], feeds: dict[str, Any]) -> dict[str, Any]:
     """``{"<graph>/<input>": array}`` for every graph of the export: the parity rows (at most
-    8), an empty past, and for a seq2seq decoder the encoder's output and 4 target tokens."""
+    8), an empty past, for a seq2seq decoder the encoder's output and 4 target tokens, for an
+    image export's preprocess.onnx one decoded ``image`` (uint8 [height, width, 3])."""
     import numpy as np
 
     from ortft.export import parity
 
-    rows = {k: feeds[k][:8] for k in ("input_ids", "attention_mask")}
+    rows = {k: v if k == "image" else v[:8] for k, v in feeds.items()}
     out: dict[str, Any] = {}
     hidden = None
     for name in full_precision(files):
         sess = parity.session(folder / name)
         given = {i.name: rows[i.name] for i in sess.get_inputs() if i.name in rows}
-        given.update(parity.empty_past(sess, len(rows["input_ids"])))
+        given.update(parity.empty_past(sess, len(rows.get("input_ids", ()))))
         if "encoder_hidden_states" in {i.name for i in sess.get_inputs()}:
             given["input_ids"] = np.ascontiguousarray(rows["input_ids"][:, :4])
             given.update(

@@ -7,20 +7,20 @@ the model config and ``export.json`` (the reports). On request it also holds
 ``training/`` (on-device training artifacts, built by the caller's ``TrainingStep``); see
 ``ortft.export.onnx_tools`` and ``ortft.backends.ondevice.artifacts`` for what was measured.
 
-The checks and export.json's pass rules are in ``ortft.export.parity``; ``ortft export SOURCE``
-(runs, checkpoints, saved models, ONNX final/) is in ``ortft.tools.export_source``.
+The checks and export.json's pass rules are in ``ortft.export.parity``; an image model's
+export (``pixel_values`` in, and ``preprocess.onnx``) in ``ortft.export.image``;
+``ortft export SOURCE`` (runs, checkpoints, saved models, ONNX final/) in
+``ortft.tools.export_source``.
 
 Everything is written into a staging folder next to OUT and swapped into place at the end
-(``fsutil.promote``: an earlier OUT stays whole until then). When a check fails, the staging
-folder becomes ``OUT.failed/`` (its export.json says why) and OUT is left as it was.
+(``parity.publish``, ``fsutil.promote``: an earlier OUT stays whole until then). When a check
+fails, the staging folder becomes ``OUT.failed/`` (its export.json says why) and OUT is left
+as it was.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,10 +30,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ortft.core import fsutil
 from ortft.core.errors import InputError, RunError
 from ortft.export import decoder, generation, parity
 from ortft.export import onnx_tools as tools
+from ortft.export.parity import publish  # the folder: staged, then swapped in
 
 log = logging.getLogger("ortft")
 
@@ -99,54 +99,6 @@ def _tracing_example(feeds: dict[str, np.ndarray], tokenizer: Any) -> tuple[torc
     return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
-# --------------------------------------------------------------------------- the output folder
-
-
-def check_output(out: Path) -> None:
-    """OUT must be creatable and, if it exists, an earlier export (it gets replaced)."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / "export.json").exists():
-        raise InputError(f"{out}: exists and is not an ortft export folder; choose another -o")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise InputError(f"{out}: cannot create its parent folder ({err.strerror})") from None
-    if not os.access(out.parent, os.W_OK | os.X_OK):
-        raise InputError(f"{out}: cannot write in {out.parent} (permission denied)")
-
-
-def _staging(out: Path) -> Path:
-    check_output(out)
-    tmp = fsutil.temp_path(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-    except OSError as err:
-        raise InputError(f"{out}: cannot write there ({err.strerror})") from None
-    return tmp
-
-
-def publish(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
-    """Fill a staging folder beside OUT with ``build`` (which returns the report), write
-    export.json, then swap the folder in as OUT when every check passed, else as OUT.failed
-    (OUT is then left as it was). An earlier OUT is replaced only once the new one is whole."""
-    tmp = _staging(out)
-    failed = out.with_name(out.name + ".failed")
-    try:
-        result = parity.finish(build(tmp))
-        (tmp / "export.json").write_text(json.dumps(result, indent=2) + "\n")
-        final = out if result["passed"] else failed
-        fsutil.promote(tmp, final)
-        if result["passed"]:
-            shutil.rmtree(failed, ignore_errors=True)  # an earlier attempt's leftovers
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    result.update(dir=str(final), model=str(final / next(iter(result["files"].values()))))
-    return result
-
-
 def deployable(
     folder: Path,
     task: str,
@@ -156,8 +108,8 @@ def deployable(
     max_length: int | None,
     task_options: Any = None,
 ) -> dict[str, Any]:
-    """The export folder made ready for clients (``ortft.export.deploy``): the tokenizer
-    without training's padding, the IR version and the runtime checked, the model card
+    """The export folder made ready for clients (``ortft.export.deploy``): a text model's
+    tokenizer without training's padding, the IR version and the runtime checked, the model card
     (``task_options``: the run's ``task:``, e.g. an instruction model's prompt template)."""
     from ortft import tasks
     from ortft.export import deploy
@@ -165,9 +117,10 @@ def deployable(
     if _kind(task) == "decoder":
         result.setdefault("kv_cache", False)  # an ONNX final/ (ort-ondevice) has no cache
     result["ir_version"] = deploy.ir_version(folder / next(iter(result["files"].values())))
-    result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
     own = task_options is not None and getattr(task_options, "name", None) == task
     spec = tasks.get(task, task_options if own else None)
+    if spec.modality == "text":  # an image processor has no state of training's to take out
+        result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
     if spec.needs_labels:
         deploy.label_names(folder, config)
     deploy.write_card(folder, spec, tokenizer, result)
@@ -284,8 +237,13 @@ def export_model(
             f"--training-artifacts: built and tested for {', '.join(training.tasks)}, not {task}"
         )
     model = model.eval().to("cpu")
-    single = _SingleGraph(model, tokenizer, task, opset, tolerance, samples, kinds, options)
-    result = publish(out_dir, single.build)
+    if _kind(task) == "image":  # pixel_values in, and preprocess.onnx
+        build = _image_build(model, tokenizer, task, opset, tolerance, samples, kinds, options)
+    else:
+        build = _SingleGraph(
+            model, tokenizer, task, opset, tolerance, samples, kinds, options
+        ).build
+    result = publish(out_dir, build)
     p = result["parity"]
     log.info(
         "exported %s (parity: max |diff| %.2e, agreement %.3f)%s",
@@ -418,6 +376,27 @@ def _export_seq2seq(
         "exported %s (parity: max |diff| %.2e)", result["dir"], result["parity"]["max_abs_diff"]
     )
     return result
+
+
+def _image_build(
+    model: Any, processor: Any, task: str, opset: int, tolerance: float, samples: Any,
+    kinds: list[str], options: ExportOptions,
+) -> Callable[[Path], dict[str, Any]]:  # fmt: skip
+    """The staging folder's builder for an image classifier (``ortft.export.image``)."""
+    from ortft import tasks
+    from ortft.export import image
+
+    own = getattr(options.task_options, "name", None) == task
+    spec = tasks.get(task, options.task_options if own else None)
+    job = image.ImageGraph(model, processor, spec, opset=opset, tolerance=tolerance,
+                           samples=samples, kinds=kinds, n=PARITY_SAMPLES)  # fmt: skip
+
+    def build(tmp: Path) -> dict[str, Any]:
+        result = job.build(tmp)
+        result = other_runtimes(tmp, result, job.runtime_feeds, tolerance, options.check_runtimes)
+        return deployable(tmp, task, processor, model.config, result, None, options.task_options)
+
+    return build
 
 
 def _torch_export(graph: Graph, path: Path, opset: int) -> float:

@@ -15,21 +15,29 @@ when there is no PyTorch model (an ``ort-ondevice`` run's final/). The rules:
   again, so only the agreement is gated.
 - ``training`` (``--training-artifacts``): the loss falls over three steps on one batch.
 
+- ``preprocess`` (an image export's ``preprocess.onnx``): its pixel_values within its own
+  tolerance of the image processor's (``ortft.export.image``).
+
 The export passes when every section it has passes; ``failures`` holds one line per section
-that did not. Torch-free: ONNX Runtime and the converters are imported when used.
+that did not. ``publish`` writes export.json and swaps the folder in as OUT when it passed,
+else as OUT.failed. Torch-free: ONNX Runtime and the converters are imported when used.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ortft.core import fsutil
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.export import onnx_tools as tools  # the converters
@@ -75,7 +83,7 @@ def session_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarr
     """What ``sess`` takes of ``feeds``, with an empty past for a decoder with a KV cache."""
     names = {i.name for i in sess.get_inputs()}
     out = {k: v for k, v in feeds.items() if k in names}
-    return {**out, **empty_past(sess, len(feeds["input_ids"]))}
+    return {**out, **empty_past(sess, len(next(iter(out.values()))))}
 
 
 def run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
@@ -166,15 +174,19 @@ def dir_bytes(path: Path, stem: str) -> int:
 class Reference:
     """What every model file of one export is judged against."""
 
-    feeds: dict[str, np.ndarray]  # input_ids, attention_mask, and labels when the samples have them
+    feeds: dict[str, np.ndarray]  # the model's inputs, and labels when the samples have them
     logits: np.ndarray  # the reference model's output on ``feeds``
     positions: str  # see ``predictions``
     tolerance: float  # max |diff| for the full-precision files
     source: str  # where the samples come from: "eval data" | "synthetic"
+    names: tuple[str, ...] = (
+        "input_ids",
+        "attention_mask",
+    )  # the graph's inputs (images: pixel_values)
 
     @property
     def inputs(self) -> dict[str, np.ndarray]:
-        return {k: self.feeds[k] for k in ("input_ids", "attention_mask")}
+        return {k: self.feeds[k] for k in self.names}
 
     def judge(self, path: Path) -> dict[str, Any]:
         return judge(run(path, self.inputs), self.logits, self.feeds, self.positions)
@@ -230,6 +242,10 @@ def failures(result: dict[str, Any]) -> list[str]:
                 f"onnxruntime {rt['version']}: outputs differ from this build's by "
                 f"{rt['max_abs_diff']:.2e}"
             )
+    pre = result.get("preprocess")  # an image export's preprocess.onnx (``ortft.export.image``)
+    if pre is not None and not pre.get("passed", True):
+        why = pre.get("problem") or f"max |diff| {pre['max_abs_diff']:.2e} > {pre['tolerance']:.2e}"
+        out.append(f"preprocess.onnx: {why} from the image processor's pixel_values")
     training = result.get("training")
     if training is not None and not training["check"]["passed"]:
         out.append(f"training artifacts: loss did not fall {training['check']['losses']}")
@@ -261,7 +277,7 @@ def build_report(
     in ``kinds`` (each written next to it) and their latency. ``finish`` adds the verdict."""
     path = folder / "model.onnx"
     j = ref.judge(path)
-    parity: dict[str, Any] = {"samples": int(len(ref.feeds["input_ids"])), "source": ref.source}
+    parity: dict[str, Any] = {"samples": int(len(ref.logits)), "source": ref.source}
     if against:
         parity["against"] = against
     if independent is not None:  # ort-ondevice source: was the reference computed apart?
@@ -282,7 +298,7 @@ def build_report(
     }
     if export_s is not None:
         result["export_s"] = round(export_s, 3)
-    result.update(inputs=["input_ids", "attention_mask"], outputs=["logits"], parity=parity)
+    result.update(inputs=list(ref.names), outputs=["logits"], parity=parity)
     files = {kind: _variant(kind, folder, ref, result["bytes"]) for kind in kinds}
     for kind, file in files.items():
         result[kind] = file.pop("report")
@@ -318,10 +334,58 @@ def _latency(paths: dict[str, Path], ref: Reference) -> dict[str, Any]:
     timing = latency_ms(paths, small, repeats=LATENCY_REPEATS)
     ms = timing["run"]
     return {
-        "batch": list(small["input_ids"].shape),
+        "batch": list(small[ref.names[0]].shape),
         "threads": 1,
         "method": f"median of {LATENCY_REPEATS} interleaved runs, default session options",
         "ms": ms,
         "session_load_ms": timing["load"],
         "speedup_vs_fp32": {k: round(ms["fp32"] / v, 3) for k, v in ms.items() if k != "fp32"},
     }
+
+
+# --------------------------------------------------------------------------- the folder
+
+
+def check_output(out: Path) -> None:
+    """OUT must be creatable and, if it exists, an earlier export (it gets replaced)."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "export.json").exists():
+        raise InputError(f"{out}: exists and is not an ortft export folder; choose another -o")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"{out}: cannot create its parent folder ({err.strerror})") from None
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: cannot write in {out.parent} (permission denied)")
+
+
+def _staging(out: Path) -> Path:
+    check_output(out)
+    tmp = fsutil.temp_path(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+    except OSError as err:
+        raise InputError(f"{out}: cannot write there ({err.strerror})") from None
+    return tmp
+
+
+def publish(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """Fill a staging folder beside OUT with ``build`` (which returns the report), write
+    export.json, then swap the folder in as OUT when every check passed, else as OUT.failed
+    (OUT is then left as it was). An earlier OUT is replaced only once the new one is whole."""
+    tmp = _staging(out)
+    failed = out.with_name(out.name + ".failed")
+    try:
+        result = finish(build(tmp))
+        (tmp / "export.json").write_text(json.dumps(result, indent=2) + "\n")
+        final = out if result["passed"] else failed
+        fsutil.promote(tmp, final)
+        if result["passed"]:
+            shutil.rmtree(failed, ignore_errors=True)  # an earlier attempt's leftovers
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result.update(dir=str(final), model=str(final / next(iter(result["files"].values()))))
+    return result

@@ -1,7 +1,7 @@
 """``<run>/final/``: the trained model in Hugging Face format (or the ONNX inference graph of an
 ort-ondevice run), its tokenizer and the recipe, swapped in whole once training ends, so a
 reader never sees half a final/; then the model card and a copy of summary.json beside it.
-``<run>/onnx/`` is the exporter's (``ortft.export.exporter.publish``), step-N and best/ are
+``<run>/onnx/`` is the exporter's (``ortft.export.parity.publish``), step-N and best/ are
 ``ortft.checkpoint``'s."""
 
 from __future__ import annotations

@@ -126,7 +126,9 @@ class _Run:
         task.bind(tokenizer)  # an image task's collate runs its processor
         label2id = {name: i for i, name in enumerate(labels)} if labels else None
         train, evals = splits.encode_splits(task, raw, tokenizer, r.data, label2id)
-        self.data_report = task.data_report({"train": (raw.train, train), "eval": (raw.eval, evals)})
+        self.data_report = task.data_report(
+            {"train": (raw.train, train), "eval": (raw.eval, evals)}
+        )
         global_batch = t.batch_size * started.world_size  # each rank trains on its slice
         stream = streaming.is_stream(train)  # data.streaming: no length, max_steps given
         make_batches: Any = (
@@ -250,8 +252,8 @@ class _Run:
             log.warning("export checks failed (export.required: false, so the run passes): %s",
                         "; ".join(s.export["failures"]))  # fmt: skip
         results = gates.check(gate_list, self.finish("completed", write=False))
-        if checked and r.export.required:  # the generation check too (decoders, seq2seq)
-            results += _generation_gate(s.export)
+        if checked and r.export.required:  # the generation (decoders, seq2seq) and image
+            results += _generation_gate(s.export) + _preprocess_gate(s.export)  # preprocess checks
         s.gates = gates.as_dicts(results)
         self.finish("stopped" if self.stop_reason == "max_time" else "completed")
         final.describe(final_dir, s, r)
@@ -333,6 +335,21 @@ def _generation_gate(export: dict[str, Any]) -> list[gates.GateResult]:
     value = 1.0 if gen["passed"] else 0.0
     metric = "export.generation.passed"
     return [gates.GateResult(f"{metric}==1", metric, "==", 1.0, value, bool(gen["passed"]), why)]
+
+
+def _preprocess_gate(export: dict[str, Any]) -> list[gates.GateResult]:
+    """An image export's preprocess.onnx check as a gate result (none without that graph): the
+    graph against the image processor on the held-out images."""
+    pre = export.get("preprocess")
+    if pre is None or not pre.get("exported"):
+        return []
+    ok, why = bool(pre["passed"]), None
+    if not ok:
+        why = pre.get("problem") or (
+            f"max |diff| {pre['max_abs_diff']:.2e} > {pre['tolerance']:.2e} from the image processor"
+        )
+    metric = "export.preprocess.passed"
+    return [gates.GateResult(f"{metric}==1", metric, "==", 1.0, float(ok), ok, why)]
 
 
 def _raise_failed_gates(results: list[gates.GateResult], summary: RunSummary) -> None:

@@ -21,15 +21,14 @@ from ortft.export import deploy, parity
 from ortft.export.exporter import (
     PARITY_SAMPLES,
     ExportOptions,
-    check_output,
     deployable,
     export_model,
     other_runtimes,
     parity_feeds,
     prediction_positions,
-    publish,
     samples_source,
 )
+from ortft.export.parity import check_output, publish
 from ortft.recipe.task import read_task
 
 if TYPE_CHECKING:
@@ -181,9 +180,10 @@ def _model_dirs(source: Path) -> tuple[Path, Path]:
 def _load_model(
     model_dir: Path, weights_dir: Path, merge_adapters: bool
 ) -> tuple[torch.nn.Module, Any, str, Any]:
-    """(model, tokenizer, task, config) of a saved PyTorch model; a LoRA adapter merged in."""
+    """(model, tokenizer, task, config) of a saved PyTorch model; a LoRA adapter merged in.
+    An image model's "tokenizer" is its image processor."""
     import transformers
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from ortft import tasks
 
@@ -208,12 +208,24 @@ def _load_model(
             from safetensors.torch import load_model
 
             load_model(model, str(weights_dir / "model.safetensors"))
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = _tokenizer(model_dir, tasks.get(task).modality)
     except InputError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise InputError(f"{model_dir}: cannot load the model: {_first_line(err)}") from None
     return model, tokenizer, task, config
+
+
+def _tokenizer(model_dir: Path, modality: str) -> Any:
+    """The tokenizer of ``model_dir``, or an image model's image processor (its PIL backend,
+    as training ran it: ``processors``)."""
+    if modality == "image":
+        from ortft.backends.torch import processors
+
+        return processors.from_folder(str(model_dir))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def _export_onnx_source(

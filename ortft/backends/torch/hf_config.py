@@ -7,11 +7,16 @@ d_model, encoder_layers, encoder_attention_heads), and an encoder-decoder has a 
 for its decoder. Every candidate the config has is set, so bart's decoder is as deep as its
 encoder. Values go into the constructor, so fields derived there (llama's head_dim) follow.
 bert, gpt2 and t5 keep their own construction in ``models._config_from_spec``.
+
+Vision configs that state their shape in their own terms (stages of widths, ratios: swin,
+convnext, resnet, regnet, dinov2) get it derived from the same generic sizes (``VISION``); the
+recipe has no list fields.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 from ortft.core.errors import RecipeError
@@ -60,6 +65,106 @@ TOKEN_IDS = {
     "mask_token_id": "mask_token_id",
     "unk_token_id": "unk_token_id",
 }
+
+
+def _ffn(spec: FromConfig) -> int:
+    return spec.intermediate_size or 4 * spec.hidden_size
+
+
+def _widths(spec: FromConfig) -> list[int]:
+    """A stage per layer, each twice as wide as the last (as ResNet/ConvNeXt/Swin halve the
+    resolution and double the channels from stage to stage)."""
+    return [spec.hidden_size * 2**i for i in range(spec.num_layers)]
+
+
+def _swin(spec: FromConfig) -> dict[str, Any]:
+    # one block a stage; patch merging doubles the width, so the heads double too and each
+    # stays hidden_size / num_heads wide (swin-tiny: 96 / 3 = 32 in every stage)
+    return {
+        "embed_dim": spec.hidden_size,
+        "depths": [1] * spec.num_layers,
+        "num_heads": [spec.num_heads * 2**i for i in range(spec.num_layers)],
+        "mlp_ratio": _ffn(spec) / spec.hidden_size,
+    }
+
+
+def _convnext(spec: FromConfig) -> dict[str, Any]:
+    # no attention and a fixed 4x feed-forward (ConvNeXt's inverted bottleneck)
+    return {
+        "num_stages": spec.num_layers,
+        "hidden_sizes": _widths(spec),
+        "depths": [1] * spec.num_layers,
+    }
+
+
+def _resnet(spec: FromConfig) -> dict[str, Any]:
+    # basic blocks (ResNet-18/34's): the default bottleneck squeezes each width by 4 (16 -> 4
+    # channels at hidden_size 16); the stem is as wide as the first stage, as in ResNet-18
+    return {
+        "embedding_size": spec.hidden_size,
+        "hidden_sizes": _widths(spec),
+        "depths": [1] * spec.num_layers,
+        "layer_type": "basic",
+    }
+
+
+def _regnet(spec: FromConfig) -> dict[str, Any]:
+    # grouped convolutions of hidden_size / num_heads channels a group (as heads split the
+    # width): every stage's width is a multiple of it, as RegNet requires
+    return {
+        "embedding_size": spec.hidden_size,
+        "hidden_sizes": _widths(spec),
+        "depths": [1] * spec.num_layers,
+        "groups_width": spec.hidden_size // spec.num_heads,
+    }
+
+
+def _dinov2(spec: FromConfig) -> dict[str, Any]:
+    # the feed-forward width as a ratio, an int field in transformers 5.24 (2.5 is rejected)
+    ratio, rest = divmod(_ffn(spec), spec.hidden_size)
+    if rest:
+        raise RecipeError(
+            f"{FIELD}.intermediate_size: dinov2 states it as an integer multiple of "
+            f"hidden_size (mlp_ratio); {_ffn(spec)} is not one of {spec.hidden_size}"
+        )
+    return {
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "mlp_ratio": ratio,
+    }
+
+
+# model_type -> (the generic fields it reads, its constructor arguments from them). These
+# replace SIZES' mapping for the type: swin's num_heads is a list and its hidden_size derived,
+# the CNNs have neither field. vit, deit and beit take the generic mapping as text models do.
+VISION: dict[str, tuple[tuple[str, ...], Callable[[FromConfig], dict[str, Any]]]] = {
+    "swin": (("hidden_size", "num_layers", "num_heads", "intermediate_size"), _swin),
+    "convnext": (("hidden_size", "num_layers"), _convnext),
+    "convnextv2": (("hidden_size", "num_layers"), _convnext),
+    "resnet": (("hidden_size", "num_layers"), _resnet),
+    "regnet": (("hidden_size", "num_layers", "num_heads"), _regnet),
+    "dinov2": (("hidden_size", "num_layers", "num_heads", "intermediate_size"), _dinov2),
+}
+# options ortft itself reads, allowed on any vision config (one with num_channels) even where
+# the class has no such field: the processor of a from_config model is sized by image_size
+# (processors.for_config), which resnet and regnet do not declare
+ORTFT_OPTIONS = ("image_size",)
+# stochastic depth, which model.dropout sets with the dropout probabilities
+STOCHASTIC_DEPTH = ("drop_path_rate", "drop_connect_rate")
+
+
+def vision_kwargs(spec: FromConfig, cls: Any) -> dict[str, Any]:
+    """``VISION``'s constructor arguments; a size the recipe gives that the type has no use
+    for is an error, as a missing field is in ``size_kwargs``."""
+    uses, build = VISION[spec.architecture]
+    unused = sorted((spec.model_fields_set & set(SIZES)) - set(uses))
+    if unused:
+        raise RecipeError(
+            f"{FIELD}.{unused[0]}: {cls.__name__} has no such size ({spec.architecture} is "
+            f"shaped by {', '.join(uses)})"
+        )
+    return build(spec)
 
 
 def config_class(model_type: str) -> Any:
@@ -149,15 +254,34 @@ def token_kwargs(tokenizer: Any, default: Any) -> dict[str, Any]:
     return kw
 
 
-def dropout_kwargs(default: Any, p: float) -> dict[str, float]:
-    """model.dropout: every dropout probability the config has (``*dropout*``, ``*_pdrop``)."""
-    return {
-        name: p
-        for name, value in default.to_dict().items()
-        if ("dropout" in name or name.endswith("_pdrop"))
-        and (value is None or isinstance(value, float | int))
-        and not isinstance(value, bool)
-    }
+def dropout_kwargs(cls: Any, default: Any, p: float) -> dict[str, float]:
+    """model.dropout: every dropout probability the config has (``*dropout*``, ``*_pdrop``),
+    and its stochastic depth (``drop_path_rate``: beit and swin default to 0.1, which would
+    drop whole residual branches of a run asked for no dropout; efficientnet's
+    ``drop_connect_rate``). Each keeps its field's type: levit declares drop_path_rate an int
+    (transformers 5.24 rejects 0.0), so it gets ``int(p)`` where p is whole and otherwise keeps
+    its default, 0 (no drop path)."""
+    out: dict[str, float] = {}
+    for name, value in default.to_dict().items():
+        named = "dropout" in name or name.endswith("_pdrop") or name in STOCHASTIC_DEPTH
+        scalar = value is None or (isinstance(value, float | int) and not isinstance(value, bool))
+        if not (named and scalar):
+            continue
+        if _annotation(cls, name) in (int, "int"):
+            if float(p).is_integer():
+                out[name] = int(p)
+            continue
+        out[name] = p
+    return out
+
+
+def _annotation(cls: Any, name: str) -> Any:
+    """The field's declared type (a string under ``from __future__ import annotations``)."""
+    for klass in cls.__mro__:
+        annotations = klass.__dict__.get("__annotations__", {})
+        if name in annotations:
+            return annotations[name]
+    return None
 
 
 def option_kwargs(spec: FromConfig, cls: Any, default: Any) -> dict[str, Any]:
@@ -165,7 +289,8 @@ def option_kwargs(spec: FromConfig, cls: Any, default: Any) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     for name, value in spec.options.items():
         canon = cls.attribute_map.get(name, name)
-        if not hasattr(default, canon) and name not in _read_names(cls):
+        ortft_reads = name in ORTFT_OPTIONS and hasattr(default, "num_channels")
+        if not hasattr(default, canon) and not ortft_reads and name not in _read_names(cls):
             raise RecipeError(f"{FIELD}.options.{name}: {cls.__name__} has no field {name}")
         kw[canon] = value
     return kw
@@ -198,11 +323,14 @@ def generic_config(spec: FromConfig, tokenizer: Any, dropout: float | None) -> A
 
     cls = config_class(spec.architecture)
     default = _default(cls)
-    kw = size_kwargs(spec, cls, default)
+    if spec.architecture in VISION:
+        kw = vision_kwargs(spec, cls)
+    else:
+        kw = size_kwargs(spec, cls, default)
     if tokenizer is not None:  # an image model has no vocabulary
         kw.update(token_kwargs(tokenizer, default))
     if dropout is not None:
-        kw.update(dropout_kwargs(default, dropout))
+        kw.update(dropout_kwargs(cls, default, dropout))
     kw.update(option_kwargs(spec, cls, default))
     try:
         config = AutoConfig.for_model(spec.architecture, **kw)

@@ -267,6 +267,10 @@ def build_model(
         config = _config_from_spec(spec.from_config, tokenizer, spec.dropout)
         for k, v in label_kw.items():
             setattr(config, k, v)
+        # deit and levit map to two classes (with and without a distillation head) and
+        # transformers 5.24's from_config then iterates config.architectures: None is a TypeError
+        if config.architectures is None:
+            config.architectures = []
         attn = hf_config.attention_for(auto, config, attn)
         config._attn_implementation = attn
         torch.manual_seed(loaded.recipe.training.seed)
