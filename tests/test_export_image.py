@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from ortft.backends.torch import processors
 from ortft.cli.app import app
-from ortft.core.errors import GateError, InputError
+from ortft.core.errors import GateError
 from ortft.data import images
 from ortft.export import deploy, image, image_preprocess, parity
 from ortft.tools.export_source import export_source

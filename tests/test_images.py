@@ -192,7 +192,9 @@ def test_ort_trains_a_vit_like_pytorch_with_the_patch_embedding_in_ort(tmp_path:
     assert np.allclose(losses(tmp_path / "ort"), losses(tmp_path / "torch"), rtol=0, atol=1e-5)
     graphs = sorted((tmp_path / "ort" / "ort_graphs").glob("*.onnx"))
     assert graphs, "ORTModule saved no graph"
-    ops = {n.op_type for g in graphs for n in onnx.load(str(g), load_external_data=False).graph.node}
+    ops = {
+        n.op_type for g in graphs for n in onnx.load(str(g), load_external_data=False).graph.node
+    }
     assert {"Conv", "Softmax", "MatMul"} <= ops  # patch embedding and attention ran in ORT
 
 

@@ -55,7 +55,8 @@ def bench(
 
 def init(
     task: Annotated[
-        str, typer.Option("--task", help="sequence-classification, causal-lm or image-classification.")
+        str,
+        typer.Option("--task", help="sequence-classification, causal-lm or image-classification."),
     ] = "sequence-classification",
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
