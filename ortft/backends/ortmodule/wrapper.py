@@ -113,6 +113,38 @@ def _install_export_counter() -> None:
     cls._export_model = staticmethod(counted)
 
 
+def _install_batchnorm_restore() -> None:
+    """ORTModule's export traces the module in training mode, a real forward: every BatchNorm's
+    running mean and variance take one more update (of the first batch) than PyTorch gives
+    them, and num_batches_tracked counts it (a tiny ResNet's running_var off by 0.2 after 3
+    steps). Put the buffers back as they were before the export (once per process)."""
+    from onnxruntime.training.ortmodule import _graph_transition_manager as gtm
+    from torch import nn
+
+    cls = gtm.GraphTransitionManager
+    original = cls._export_model
+    if getattr(original, "_ortft_bn_restored", False):
+        return
+
+    def restored(*args: Any, **kwargs: Any) -> Any:
+        module = kwargs.get("flattened_module")
+        saved = []
+        for m in module.modules() if module is not None else ():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+                saved += [
+                    (b, b.detach().clone()) for b in m.buffers(recurse=False) if b is not None
+                ]
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for buffer, value in saved:  # in place: ORT's graph reads these very tensors
+                buffer.data.copy_(value)
+
+    restored._ortft_bn_restored = True  # type: ignore[attr-defined]
+    restored._ortft_counted = getattr(original, "_ortft_counted", False)  # type: ignore[attr-defined]
+    cls._export_model = staticmethod(restored)
+
+
 def _install_label_hook_fix() -> None:
     """ORT 1.19.2 bug: with the compute optimizer off, ``_add_check_label_sparsity_hook`` returns
     None and the export then iterates over it (``TypeError: 'NoneType' object is not iterable``),
@@ -176,6 +208,7 @@ class OrtBackend:
                 f"cannot import ORTModule ({type(err).__name__}: {err}); run `ortft doctor`"
             ) from None
         _install_export_counter()
+        _install_batchnorm_restore()
         _install_session_tweaks()
         _install_label_hook_fix()
         from ortft.backends.ortmodule import patches

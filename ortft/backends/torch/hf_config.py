@@ -9,8 +9,8 @@ encoder. Values go into the constructor, so fields derived there (llama's head_d
 bert, gpt2 and t5 keep their own construction in ``models._config_from_spec``.
 
 Vision configs that state their shape in their own terms (stages of widths, ratios: swin,
-convnext, resnet, regnet, dinov2) get it derived from the same generic sizes (``VISION``); the
-recipe has no list fields.
+convnext, resnet, regnet, dinov2, levit) get it derived from the same generic sizes
+(``VISION``); the recipe has no list fields.
 """
 
 from __future__ import annotations
@@ -78,11 +78,12 @@ def _widths(spec: FromConfig) -> list[int]:
 
 
 def _swin(spec: FromConfig) -> dict[str, Any]:
-    # one block a stage; patch merging doubles the width, so the heads double too and each
-    # stays hidden_size / num_heads wide (swin-tiny: 96 / 3 = 32 in every stage)
+    # a stage per layer, of two blocks: a window block and a shifted-window one (swin's unit:
+    # every Swin's depths are even); patch merging doubles the width, so the heads double too
+    # and each stays hidden_size / num_heads wide (swin-tiny: 96 / 3 = 32 in every stage)
     return {
         "embed_dim": spec.hidden_size,
-        "depths": [1] * spec.num_layers,
+        "depths": [2] * spec.num_layers,
         "num_heads": [spec.num_heads * 2**i for i in range(spec.num_layers)],
         "mlp_ratio": _ffn(spec) / spec.hidden_size,
     }
@@ -119,14 +120,36 @@ def _regnet(spec: FromConfig) -> dict[str, Any]:
     }
 
 
-def _dinov2(spec: FromConfig) -> dict[str, Any]:
-    # the feed-forward width as a ratio, an int field in transformers 5.24 (2.5 is rejected)
+def _whole_ratio(spec: FromConfig) -> int:
+    """The feed-forward width as a multiple of hidden_size: dinov2's and levit's mlp_ratio are
+    int fields in transformers 5.24 (2.5 is rejected)."""
     ratio, rest = divmod(_ffn(spec), spec.hidden_size)
     if rest:
         raise RecipeError(
-            f"{FIELD}.intermediate_size: dinov2 states it as an integer multiple of "
+            f"{FIELD}.intermediate_size: {spec.architecture} states it as a whole multiple of "
             f"hidden_size (mlp_ratio); {_ffn(spec)} is not one of {spec.hidden_size}"
         )
+    return ratio
+
+
+def _levit(spec: FromConfig) -> dict[str, Any]:
+    # a stage per layer (one block each), widths doubling, heads hidden_size / num_heads wide
+    # (key_dim) so they double too; between stages LeViT's attention subsampling, as its
+    # default down_ops: [kind, key_dim, heads, attention ratio 4, mlp ratio 2, stride 2]
+    widths, key, n = _widths(spec), spec.hidden_size // spec.num_heads, spec.num_layers
+    return {
+        "hidden_sizes": widths,
+        "num_attention_heads": [w // key for w in widths],
+        "depths": [1] * n,
+        "key_dim": [key] * n,
+        "mlp_ratio": [_whole_ratio(spec)] * n,
+        "attention_ratio": [2] * n,
+        "down_ops": [["Subsample", key, w // key, 4, 2, 2] for w in widths[:-1]],
+    }
+
+
+def _dinov2(spec: FromConfig) -> dict[str, Any]:
+    ratio = _whole_ratio(spec)
     return {
         "hidden_size": spec.hidden_size,
         "num_hidden_layers": spec.num_layers,
@@ -145,6 +168,7 @@ VISION: dict[str, tuple[tuple[str, ...], Callable[[FromConfig], dict[str, Any]]]
     "resnet": (("hidden_size", "num_layers"), _resnet),
     "regnet": (("hidden_size", "num_layers", "num_heads"), _regnet),
     "dinov2": (("hidden_size", "num_layers", "num_heads", "intermediate_size"), _dinov2),
+    "levit": (("hidden_size", "num_layers", "num_heads", "intermediate_size"), _levit),
 }
 # options ortft itself reads, allowed on any vision config (one with num_channels) even where
 # the class has no such field: the processor of a from_config model is sized by image_size

@@ -138,7 +138,8 @@ def load_tokenizer(
         if spec.name_or_path:
             try:
                 config = AutoConfig.from_pretrained(
-                    model_source(loaded, spec.name_or_path), trust_remote_code=spec.trust_remote_code
+                    model_source(loaded, spec.name_or_path),
+                    trust_remote_code=spec.trust_remote_code,
                 )
                 rows = load_checks.embedding_rows(config)
             except (OSError, ValueError, KeyError):
