@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU
 
-.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-peer bench-data soak-ddp gpu-check clean
+.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-peer bench-peer-image bench-data bench-image-rss soak-ddp gpu-check clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -16,7 +16,7 @@ help:
 	@echo "make test       setup if needed, then the fast tests (not slow, not gpu, not recipes)"
 	@echo "make test-py312 the fast tests on Python 3.12 (CPU), in .venv312 (not CI)"
 	@echo "make test-recipes  every shipped CPU recipe, 2 steps end to end (minutes)"
-	@echo "make test-archs  26 model families (tiny from_config) train on ORT = torch, export (minutes)"
+	@echo "make test-archs  36 model families (26 text, 10 vision; tiny from_config) train on ORT = torch, export (minutes)"
 	@echo "make test-archs-full  the same, plus the generation check and consumer load for every family"
 	@echo "make test-consumer  each task's ONNX export in a clean onnxruntime + tokenizers venv (minutes)"
 	@echo "make test-slow  the slow tests (minutes)"
@@ -25,7 +25,9 @@ help:
 	@echo "make style      apply ruff fixes and formatting"
 	@echo "make bench      ORT vs PyTorch on the CPU recipes in recipes/bench/; JSON in benchmarks/results/"
 	@echo "make bench-peer ortft (torch, ort) vs transformers' Trainer, same fine-tune (CPU, ~30 min)"
+	@echo "make bench-peer-image  the same for image classification: a ViT on the digits, Trainer fp32 and bf16 (CPU, ~10 min)"
 	@echo "make bench-data tokenization speed, cached start, peak RSS at 100k and 1M rows (CPU, ~30 min)"
+	@echo "make bench-image-rss  peak RSS and time to step 1 of an image folder of 10k and 100k files (CPU, ~10 min)"
 	@echo "make soak-ddp   2-process DDP N times (N=20): counts failed exits (SOAK_MODE=train)"
 	@echo "make gpu-check  on a GPU machine: doctor, GPU benches, fused Adam, DDP; JSON in benchmarks/results/"
 	@echo "make clean      remove $(VENV) and build/test caches (keeps ~/.cache/ortft)"
@@ -98,12 +100,26 @@ bench-peer: setup
 	@mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/peer.py $(PEER_ARGS) --out benchmarks/results/peer.json
 
+# The same for image classification: a ViT from a config (32x32, hidden 192, 4 layers) on the
+# digits, Trainer fp32 and bf16 against ortft torch and ort, alternating, 5 pairs. Not in CI.
+PEER_IMAGE_ARGS ?= --pairs 5
+bench-peer-image: setup
+	@mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/peer_image.py $(PEER_IMAGE_ARGS) --out benchmarks/results/peer-image.json
+
 # Data bigger than memory: tokenization rows/s (ortft vs a plain datasets.map), the cached second
 # run's time to its first step, peak RSS of a 20-step run, at each row count. Not in CI.
 DATA_ARGS ?= --rows 100000,1000000
 bench-data: setup
 	@mkdir -p benchmarks/results
 	nice -n 10 $(BIN)/python benchmarks/data.py $(DATA_ARGS) --out benchmarks/results/data.json
+
+# Image folders bigger than memory: N small PNGs written once (under /tmp), then peak RSS and the
+# time to step 1 of a tiny ViT's 20-step run, on an empty cache and a warm one. Not in CI.
+IMAGE_RSS_ARGS ?= --images 10000,100000 --phases
+bench-image-rss: setup
+	@mkdir -p benchmarks/results
+	nice -n 10 $(BIN)/python benchmarks/image_rss.py $(IMAGE_RSS_ARGS) --out benchmarks/results/image-rss.json
 
 # Not CI: the 2-process DDP run N times, counting the runs that fail (the SIGABRT at rank exit
 # that teardown now prevents); one line a run, then the failed runs' stderr tails.
