@@ -46,7 +46,7 @@ def _fingerprint(base_dir: Path, values: list[str | None]) -> str:
         except Exception:  # noqa: BLE001
             continue
         if path.exists():
-            h.update("\n".join(stat_key(path)).encode())
+            h.update(stat_key(path).encode())
     return h.hexdigest()[:16]
 
 
