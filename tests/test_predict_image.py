@@ -77,7 +77,12 @@ def onnx_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
             return self.model(pixel_values=pixel_values, return_dict=True).logits
 
-    with warnings.catch_warnings():  # the tracer's notes on ViT's shape checks
+    from ortft.export.onnx_tools import standard_symbolics
+
+    # standard_symbolics: an ORTModule built earlier in this process (test_images.py) left its
+    # ATen symbolics registered, and a graph exported with them (an ATen LayerNorm) does not
+    # load in a plain onnxruntime; warnings: the tracer's notes on ViT's shape checks
+    with warnings.catch_warnings(), standard_symbolics():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             Logits(),
