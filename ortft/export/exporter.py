@@ -21,7 +21,6 @@ as it was.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -400,29 +399,7 @@ def _image_build(
 
 
 def _torch_export(graph: Graph, path: Path, opset: int) -> float:
-    """torch.onnx.export to ``path``, checked (ONNX checker, no ATen fallbacks); its seconds."""
-    import onnx
-
-    t0 = time.perf_counter()
-    try:
-        with torch.no_grad(), tools.standard_symbolics():
-            torch.onnx.export(
-                graph.module,
-                graph.example,
-                str(path),
-                input_names=graph.inputs,
-                output_names=graph.outputs,
-                opset_version=opset,
-                do_constant_folding=True,
-                dynamo=False,
-                dynamic_axes=graph.axes,
-            )
-    except Exception as err:
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        raise RunError(
-            f"ONNX export (opset {opset}) failed: {type(err).__name__}: {first}"
-        ) from err
-    export_s = time.perf_counter() - t0
-    onnx.checker.check_model(str(path))
-    tools.check_portable(path)
-    return export_s
+    """``tools.torch_export`` of ``graph``; its seconds."""
+    return tools.torch_export(
+        graph.module, graph.example, path, opset, graph.inputs, graph.outputs, graph.axes
+    )

@@ -22,14 +22,12 @@ decoded image, each checked against what the run trained and evaluated with.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ortft.core.errors import RunError
 from ortft.data import images
 from ortft.export import generation, image_preprocess, parity
 from ortft.tasks.image_classification import PATH
@@ -146,28 +144,10 @@ def end_to_end(
 
 
 def _export(module: torch.nn.Module, example: torch.Tensor, path: Path, opset: int) -> float:
-    """torch.onnx.export of ``module`` to ``path``, checked (ONNX checker, no ATen fallbacks);
-    its seconds. As the exporter's, with the one input."""
-    import onnx
-
+    """``onnx_tools.torch_export`` of the one-input graph; its seconds."""
     from ortft.export import onnx_tools as tools
 
-    t0 = time.perf_counter()
-    try:
-        with torch.no_grad(), tools.standard_symbolics():
-            torch.onnx.export(
-                module, (example,), str(path), input_names=[INPUT], output_names=["logits"],
-                opset_version=opset, do_constant_folding=True, dynamo=False, dynamic_axes=AXES,
-            )  # fmt: skip
-    except Exception as err:
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        raise RunError(
-            f"ONNX export (opset {opset}) failed: {type(err).__name__}: {first}"
-        ) from err
-    export_s = time.perf_counter() - t0
-    onnx.checker.check_model(str(path))
-    tools.check_portable(path)
-    return export_s
+    return tools.torch_export(module, (example,), path, opset, [INPUT], ["logits"], AXES)
 
 
 # --------------------------------------------------------------------------- for clients

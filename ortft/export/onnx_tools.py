@@ -169,3 +169,32 @@ def check_portable(path: Path) -> None:
             f"{path}: the export contains {len(aten)} ATen fallback node(s) "
             f"({', '.join(aten[:3])}), which plain ONNX Runtime cannot run"
         )
+
+
+def torch_export(
+    module: Any, example: tuple[Any, ...], path: Path, opset: int,
+    inputs: Sequence[str], outputs: Sequence[str], axes: dict[str, dict[int, str]],
+) -> float:  # fmt: skip
+    """torch.onnx.export to ``path`` with torch's own symbolics, checked (ONNX checker, no ATen
+    fallbacks); its seconds. A failure of the tracer is one RunError line."""
+    import time
+
+    import onnx
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad(), standard_symbolics():
+            torch.onnx.export(
+                module, example, str(path), input_names=list(inputs), output_names=list(outputs),
+                opset_version=opset, do_constant_folding=True, dynamo=False, dynamic_axes=axes,
+            )  # fmt: skip
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise RunError(
+            f"ONNX export (opset {opset}) failed: {type(err).__name__}: {first}"
+        ) from err
+    export_s = time.perf_counter() - t0
+    onnx.checker.check_model(str(path))
+    check_portable(path)
+    return export_s
