@@ -132,7 +132,19 @@ def _iter_file_folder(path: Path, data: DataSection, column: str) -> Iterator[di
                 found = True
                 yield {column: str(file.resolve()), data.label_column: label_dir.name}
     if not found:
-        raise InputError(f"{path}: no <label>/<file> files in this folder")
+        raise InputError(
+            f"{path}: no <label>/<file> files in this folder, nor a metadata.jsonl or "
+            "metadata.csv naming its files"
+        )
+
+
+# what a folder of files names its rows in (datasets' audiofolder / imagefolder convention)
+METADATA = ("metadata.jsonl", "metadata.csv")
+
+
+def metadata_file(folder: Path) -> Path | None:
+    """The folder's metadata.jsonl / metadata.csv, if it has one."""
+    return next((folder / n for n in METADATA if (folder / n).is_file()), None)
 
 
 def _resolved(rows: Iterator[Any], column: str, base: Path) -> Iterator[Any]:
@@ -212,7 +224,10 @@ def _generate(spec: str) -> Iterator[dict[str, Any]]:
     }
     check = RowCheck(**fields)
     files = check.file_column
-    if s["format"] == "folder":
+    meta = metadata_file(path) if files and s["format"] == "folder" else None
+    if meta is not None:  # a folder of clips (or images) named by its metadata file
+        rows = _resolved(_iter_file(meta, meta.suffix.lstrip("."), data), files, path)
+    elif s["format"] == "folder":
         rows = _iter_file_folder(path, data, files) if files else _iter_folder(path, data)
     else:
         rows = _iter_file(path, s["format"], data)

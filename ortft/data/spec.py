@@ -15,7 +15,8 @@ class DataSection(Section):
     train: str = Field(
         description=(
             "Training data: a csv/json/jsonl/parquet/txt file, a folder of class sub-folders of "
-            ".txt files (image tasks: of image files), a saved `datasets` directory, "
+            ".txt files (image tasks: of image files; audio tasks: a folder with a metadata.jsonl "
+            "or metadata.csv naming its clips), a saved `datasets` directory, "
             "'pkg://<package>/<path>', or a Hub dataset name."
         )
     )
@@ -44,11 +45,17 @@ class DataSection(Section):
         description="Image tasks: the column holding each image's file path (relative to the "
         "csv/jsonl file that names it).",
     )
+    audio_column: str = Field(
+        "audio",
+        description="Audio tasks: the column holding each clip's file path (WAV, FLAC or OGG; "
+        "relative to the csv/jsonl file that names it, or to the folder's metadata file).",
+    )
     on_bad_file: Literal["error", "skip"] = Field(
         "error",
-        description="Image tasks: a missing, corrupt, truncated or non-image file stops with its "
-        "path and row (error), or is left out and counted in summary.json's data (skip). "
-        "Grayscale, palette, RGBA and 16-bit images are converted to RGB, never refused.",
+        description="Image and audio tasks: a missing, empty, corrupt, truncated or unreadable "
+        "file stops with its path and row (error), or is left out and counted in summary.json's "
+        "data (skip). Grayscale, palette, RGBA and 16-bit images are converted to RGB; stereo "
+        "and other sample rates are converted to the model's mono rate; never refused.",
     )
     label_names: list[str] | None = Field(
         None, description="Label names in id order; default: the sorted distinct labels of train."

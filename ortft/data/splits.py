@@ -112,7 +112,8 @@ def encode_splits(
         if raw.eval is not None
         else None
     )
-    text = getattr(task, "modality", "text") == "text"  # images: files checked, not tokenized
+    modality = getattr(task, "modality", "text")
+    text = modality == "text"  # images and audio: files checked, not tokenized
     done = "tokenized" if text else "files checked"
     how = (
         "streamed: tokenized as read" if spec.streaming
@@ -123,7 +124,7 @@ def encode_splits(
         "data: %s train / %d eval examples %s (%s)",
         "a stream of" if spec.streaming else len(train),
         len(evals) if evals is not None else 0,
-        f"of {spec.max_length} tokens" if text else "(images, decoded per batch)",
+        f"of {spec.max_length} tokens" if text else f"({modality} files, decoded per batch)",
         how,
     )
     return train, evals

@@ -56,22 +56,28 @@ def combinations(r: Recipe) -> None:
 
 
 def modality(r: Recipe) -> None:
-    """What a task's rows hold decides what the model needs: a tokenizer (text) or an image
-    processor (images: the model's own, or one sized to a from_config model's image_size)."""
+    """What a task's rows hold decides what the model needs: a tokenizer (text), an image
+    processor (images: the model's own, or one sized to a from_config model's image_size), or a
+    speech processor (audio: the model's feature extractor and tokenizer, or for a from_config
+    model one sized to its config and a tokenizer from model.tokenizer)."""
     task = tasks.get(r.task.name, r.task)
     tok = r.model.tokenizer
-    if task.modality == "text":
+    if task.modality in ("text", "audio"):
         if r.model.from_config and not tok.path and not tok.train:
             raise ValueError(
                 "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
             )
-        return
-    if tok.path or tok.train:
+        if task.modality == "audio" and r.model.name_or_path and (tok.path or tok.train):
+            raise ValueError(
+                f"model.tokenizer: {r.task.name} uses the tokenizer saved with "
+                f"model.name_or_path (its processor); remove model.tokenizer"
+            )
+    elif tok.path or tok.train:
         raise ValueError(
             f"model.tokenizer: {r.task.name} reads {task.modality}s, not text (it uses the "
             "model's image processor); remove model.tokenizer"
         )
-    if r.data.streaming:
+    if task.modality != "text" and r.data.streaming:
         raise ValueError(f"data.streaming: {r.task.name} reads stored data (a list of files)")
 
 

@@ -172,16 +172,21 @@ def _epochs(loop: Loop, state: TrainState) -> float:
 
 
 def _mask(batch: dict[str, np.ndarray]) -> np.ndarray:
-    """Which positions are real: the attention mask; an image batch has none, and counts one
-    "token" per image (so tokens/s is images/s there, and padding is 0)."""
+    """Which positions are real: the attention mask; an image or audio batch has none, and
+    counts one "token" per image or clip (so tokens/s is images/s or clips/s there, and
+    padding is 0)."""
     mask = batch.get("attention_mask")
     return mask if mask is not None else np.ones((len(batch["labels"]), 1), dtype=np.int64)
 
 
+# what the model is fed, by modality: tokens, an image batch's pixels, a speech batch's
+# log-mel frames (Whisper) or raw samples (CTC models such as wav2vec2)
+MODEL_INPUTS = ("input_ids", "pixel_values", "input_features", "input_values")
+
+
 def _model_shape(batch: dict[str, np.ndarray]) -> tuple[int, ...]:
-    """The shape of what the model is fed: input_ids, or an image batch's pixel_values."""
-    main = batch.get("input_ids")
-    return (main if main is not None else batch["pixel_values"]).shape
+    """The shape of what the model is fed (``MODEL_INPUTS``)."""
+    return next(batch[k] for k in MODEL_INPUTS if k in batch).shape
 
 
 def _add_shape(shapes: dict[str, Any], mask: np.ndarray) -> None:

@@ -42,6 +42,7 @@ BUILTIN = {
     "question-answering": "ortft.tasks.question_answering",
     "instruction": "ortft.tasks.instruction",
     "image-classification": "ortft.tasks.image_classification",
+    "speech-recognition": "ortft.tasks.speech_recognition",
 }
 
 

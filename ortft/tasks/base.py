@@ -29,7 +29,8 @@ __all__ = ["Encoded", "ExportKind", "Task", "TaskOptions"]
 #   decoder    per position, position t predicts t+1; called with use_cache=False (causal LMs)
 #   seq2seq    an encoder-decoder: encoder.onnx + decoder.onnx with its KV cache
 #   image      pixel_values -> one row of logits per image, plus preprocess.onnx (raw pixels in)
-ExportKind = Literal["encoder", "per-token", "decoder", "seq2seq", "image"]
+#   speech     encoder.onnx + decoder.onnx (KV cache) on log-mel features, plus features.onnx
+ExportKind = Literal["encoder", "per-token", "decoder", "seq2seq", "image", "speech"]
 
 
 class TaskOptions(BaseModel):
@@ -48,8 +49,9 @@ class Task:
     """
 
     name: str = ""
-    # what a row holds: "text" (a tokenizer makes the arrays) or "image" (files, decoded per
-    # batch by collate; the run loads an image processor where text loads a tokenizer)
+    # what a row holds: "text" (a tokenizer makes the arrays), "image" or "audio" (files,
+    # decoded per batch by collate; the run loads an image processor, or a speech processor:
+    # feature extractor + tokenizer, where text loads a tokenizer)
     modality: str = "text"
     auto_class: str = ""  # transformers auto class that builds the model
     needs_labels = False  # the data has one label per row (data.label_column) or per word
@@ -71,7 +73,8 @@ class Task:
     hf_architectures: tuple[str, ...] = ()
     # what `ortft predict` gives per input: "label" (with scores), "tags" (one per word),
     # "answer" (a span of the context), "fill-mask" (each [MASK]'s token), "generate" (text),
-    # "image-label" (an image file's label, scores and top 5); None: predict refuses the task
+    # "image-label" (an image file's label, scores and top 5), "transcript" (an audio file's
+    # text); None: predict refuses the task
     predicts: str | None = None
 
     @property
@@ -113,6 +116,10 @@ class Task:
     def bind(self, processor: Any) -> None:
         """The run's loaded tokenizer or image processor; a task whose ``collate`` needs it
         (image decoding) keeps it (default: ignore)."""
+
+    def prepare_model(self, model: Any, processor: Any) -> None:
+        """The built model, before it is wrapped (default: nothing; speech recognition gives a
+        Whisper built from a config Whisper's generation fields)."""
 
     def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
         """What summary.json's ``data`` adds for this task, from each split's (rows, encoded)

@@ -109,8 +109,8 @@ class PyTorchEngine:
     ) -> Any:
         """Loaded from the model, or trained on the texts; rank 0 saves it, the others load it.
         An image task's is its image processor (``processors``)."""
-        if task.modality == "image":
-            return self._processor(loaded, run_dir)
+        if task.modality != "text":
+            return self._processor(loaded, run_dir, task, train_rows)
         r = loaded.recipe
         tok_dir = run_dir / "tokenizer"
         if not distributed.is_main():
@@ -130,18 +130,23 @@ class PyTorchEngine:
             distributed.barrier()  # the saved tokenizer is there for the other ranks
         return tokenizer
 
-    def _processor(self, loaded: LoadedRecipe, run_dir: Path) -> Any:
-        """The model's image processor (PIL backend), or one for a from_config model; saved in
-        the run as the tokenizer is."""
-        from ortft.backends.torch import hf_config, processors
+    def _processor(self, loaded: LoadedRecipe, run_dir: Path, task: Any, rows: Any) -> Any:
+        """The model's image processor (PIL backend) or speech processor (feature extractor +
+        tokenizer), or one for a from_config model; saved in the run as the tokenizer is."""
+        from ortft.backends.torch import hf_config, processors, speech
 
         spec, proc_dir = loaded.recipe.model, run_dir / "processor"
         if not distributed.is_main():
             distributed.barrier()
         saved = proc_dir if proc_dir.exists() else None
         source = models.model_source(loaded, spec.name_or_path) if spec.name_or_path else None
-        processor = processors.load(loaded, source, saved)
-        if processor is None:
+        audio = task.modality == "audio"
+        processor = (speech if audio else processors).load(loaded, source, saved)
+        if processor is None and audio:
+            tokenizer = self._transcript_tokenizer(loaded, task, rows)
+            config = hf_config.generic_config(spec.from_config, tokenizer, spec.dropout)
+            processor = speech.for_config(config, tokenizer)
+        elif processor is None:
             config = hf_config.generic_config(spec.from_config, None, spec.dropout)
             processor = processors.for_config(config)
         if not proc_dir.exists():
@@ -149,6 +154,19 @@ class PyTorchEngine:
         if distributed.is_main():
             distributed.barrier()
         return processor
+
+    def _transcript_tokenizer(self, loaded: LoadedRecipe, task: Any, rows: Any) -> Any:
+        """A from_config speech model's tokenizer: model.tokenizer.path, or trained on the
+        transcripts with Whisper's special tokens."""
+        from ortft.backends.torch import speech
+
+        r = loaded.recipe
+        tokenizer = models.load_tokenizer(loaded)
+        if tokenizer is None:
+            texts = task.texts(rows, r.data)
+            tokenizer = speech.train_tokenizer(texts, r.model.tokenizer.train, task.language)
+            log.info("trained a Whisper byte-bpe tokenizer: %d tokens", len(tokenizer))
+        return tokenizer
 
     # ---- prepare: model, wrapper, optimizer, schedule, resume
     def prepare(self, loaded, task, tokenizer, labels, train, run_dir, resume_from, total_steps):
@@ -206,8 +224,10 @@ class PyTorchEngine:
     def _build_model(self, loaded, task, tokenizer, labels) -> torch.nn.Module:
         r = self.recipe
         attn = self.wrapper.attn_implementation
-        vocab = tokenizer if task.modality == "text" else None  # an image processor sizes no vocab
+        # an image processor sizes no vocabulary; a speech processor's tokenizer does
+        vocab = tokenizer if task.modality == "text" else getattr(tokenizer, "tokenizer", None)
         model = models.build_model(loaded, task.auto_class, vocab, labels, attn=attn)
+        task.prepare_model(model, tokenizer)
         self.head = load_checks.head_record(model)  # a pretrained head: kept, reordered or new
         if r.hardware.gradient_checkpointing:  # torch backend only (recipe check)
             model.gradient_checkpointing_enable()  # type: ignore[operator]

@@ -268,6 +268,11 @@ def token_kwargs(tokenizer: Any, default: Any) -> dict[str, Any]:
             kw[field] = value
     if getattr(default, "is_encoder_decoder", False):
         kw["decoder_start_token_id"] = tokenizer.pad_token_id
+    sot = tokenizer.get_vocab().get("<|startoftranscript|>")
+    if sot is not None and hasattr(default, "max_source_positions"):
+        # Whisper decodes from start-of-transcript; its default suppressed ids (220, 50256)
+        # belong to the pretrained vocabulary: a trained one suppresses only an empty answer
+        kw.update(decoder_start_token_id=sot, begin_suppress_tokens=[eos], suppress_tokens=None)
     # The defaults' forced ids belong to the pretrained vocabulary (BART's eos 2 is [CLS] in a
     # trained wordpiece one, Marian's 0 is [PAD]): a model built from scratch forces nothing.
     for field in ("forced_bos_token_id", "forced_eos_token_id"):
