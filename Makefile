@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU
 
-.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-peer bench-peer-image bench-data bench-image-rss soak-ddp gpu-check clean
+.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-peer bench-peer-image bench-peer-speech bench-data bench-image-rss soak-ddp gpu-check clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench      ORT vs PyTorch on the CPU recipes in recipes/bench/; JSON in benchmarks/results/"
 	@echo "make bench-peer ortft (torch, ort) vs transformers' Trainer, same fine-tune (CPU, ~30 min)"
 	@echo "make bench-peer-image  the same for image classification: a ViT on the digits, Trainer fp32 and bf16 (CPU, ~5 min)"
+	@echo "make bench-peer-speech the same for speech recognition: a Whisper on spoken digits, Seq2SeqTrainer fp32 and bf16 (CPU, ~15 min)"
 	@echo "make bench-data tokenization speed, cached start, peak RSS at 100k and 1M rows (CPU, ~30 min)"
 	@echo "make bench-image-rss  peak RSS and time to step 1 of an image folder of 10k and 100k files (CPU, ~3 min)"
 	@echo "make soak-ddp   2-process DDP N times (N=20): counts failed exits (SOAK_MODE=train)"
@@ -106,6 +107,14 @@ PEER_IMAGE_ARGS ?= --pairs 5
 bench-peer-image: setup
 	@mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/peer_image.py $(PEER_IMAGE_ARGS) --out benchmarks/results/peer-image.json
+
+# The same for speech recognition: a Whisper from a config (d_model 256, 4+4 layers, 3 s windows)
+# on the spoken digits, Seq2SeqTrainer fp32 and bf16 against ortft torch and ort, alternating,
+# 5 pairs. Not in CI.
+PEER_SPEECH_ARGS ?= --pairs 5
+bench-peer-speech: setup
+	@mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/peer_speech.py $(PEER_SPEECH_ARGS) --out benchmarks/results/peer-speech.json
 
 # Data bigger than memory: tokenization rows/s (ortft vs a plain datasets.map), the cached second
 # run's time to its first step, peak RSS of a 20-step run, at each row count. Not in CI.

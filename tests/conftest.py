@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import random
 from pathlib import Path
 
@@ -146,6 +147,52 @@ def tiny_image_classifier(data: str, backend: str = "ort", **training: object) -
             "dropout": 0.0,
         },
         "task": "image-classification",
+        "data": {"train": data, "eval_fraction": 0.25},
+        "training": {"max_steps": 4, "batch_size": 4, "lr": 3e-3, "log_every": 1, **training},
+        "backend": {"name": backend},
+    }
+
+
+SPEECH = Path(__file__).resolve().parent.parent / "recipes" / "data" / "speech"
+
+
+def write_speech_jsonl(path: Path, n: int = 16, split: str = "train") -> Path:
+    """A jsonl of the first ``n`` committed spoken-digit clips of ``split`` (absolute paths:
+    recipes/data/speech, 16 kHz FLAC) and their transcripts."""
+    lines = (SPEECH / f"{split}.jsonl").read_text().splitlines()[:n]
+    rows = [json.loads(x) for x in lines]
+    path.write_text(
+        "".join(
+            json.dumps({"audio": str(SPEECH / r["audio"]), "text": r["text"]}) + "\n" for r in rows
+        )
+    )
+    return path
+
+
+def tiny_speech_recognizer(data: str, backend: str = "ort", **training: object) -> dict:
+    """A Whisper of 1+1 layers, d_model 32, on 3 s windows, its byte-BPE tokenizer trained on
+    the transcripts."""
+    return {
+        "model": {
+            "from_config": {
+                "architecture": "whisper",
+                "hidden_size": 32,
+                "num_layers": 1,
+                "num_heads": 2,
+                "intermediate_size": 64,
+                "options": {
+                    "num_mel_bins": 80,
+                    "max_source_positions": 150,
+                    "max_target_positions": 24,
+                    # at Whisper's 0.02 a 2-step model answers every clip with nothing; 0.3
+                    # gives varied transcripts, so PyTorch-vs-ONNX checks compare some text
+                    "init_std": 0.3,
+                },
+            },
+            "tokenizer": {"train": {"kind": "byte-bpe", "vocab_size": 280}},
+            "dropout": 0.0,
+        },
+        "task": {"name": "speech-recognition", "max_target_length": 24},
         "data": {"train": data, "eval_fraction": 0.25},
         "training": {"max_steps": 4, "batch_size": 4, "lr": 3e-3, "log_every": 1, **training},
         "backend": {"name": backend},

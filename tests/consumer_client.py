@@ -1,5 +1,5 @@
 """A client of an ortft ONNX export, as a deployment would write it: onnxruntime + tokenizers +
-numpy (+ Pillow for images) only (run in the clean venv of scripts/consumer-env.sh, never with
+numpy (+ Pillow for images, soundfile for audio) only (run in the clean venv of scripts/consumer-env.sh, never with
 ortft importable).
 
     python consumer_client.py ONNX_DIR INPUTS PREDICTS MAX_NEW
@@ -9,7 +9,9 @@ image-label). One JSON line per input on stdout, with the fields ``ortft predict
 client can compute. Each text is tokenized alone with the folder's tokenizer.json and run with
 an all-ones mask. For image-label, INPUTS lists image files (one path a line, relative to it):
 each is decoded with Pillow, made 8-bit RGB (alpha over white), run through preprocess.onnx,
-then model.onnx alone.
+then model.onnx alone. For transcript, INPUTS lists 16 kHz audio files: each is decoded with
+soundfile, down-mixed to mono, run through features.onnx, encoder.onnx, then decoder.onnx
+greedily with generation_config.json's prompt and suppressed tokens.
 """
 
 from __future__ import annotations
@@ -178,10 +180,66 @@ def classify_images(folder: Path, inputs: Path) -> None:
         print(json.dumps(row), flush=True)
 
 
+def whisper_prompt(gen: dict) -> list[int]:
+    """The tokens Whisper's generate starts from: start-of-transcript, the language's token,
+    the task's, no-timestamps (generation_config.json's fields)."""
+    prompt = [gen["decoder_start_token_id"]]
+    if gen.get("language"):
+        lang = gen["language"]
+        prompt.append(gen["lang_to_id"][lang if lang.startswith("<|") else f"<|{lang}|>"])
+    if gen.get("task"):
+        prompt.append(gen["task_to_id"][gen["task"]])
+    if not gen.get("return_timestamps"):
+        prompt.append(gen["no_timestamps_token_id"])
+    return prompt
+
+
+def transcribe(folder: Path, samples: np.ndarray, gen: dict, max_new: int) -> list[int]:
+    """features.onnx on the raw 16 kHz samples, the encoder once, then the decoder with its KV
+    cache, greedy, with generation_config.json's suppressed tokens (begin_suppress_tokens at
+    the first generated position only)."""
+    features = session(folder / "features.onnx").run(None, {"samples": samples})[0]
+    hidden = session(folder / "encoder.onnx").run(None, {"input_features": features})[0]
+    decoder = session(folder / "decoder.onnx")
+    past, step, new = empty_past(decoder), whisper_prompt(gen), []
+    for i in range(max_new):
+        feeds = {"input_ids": np.array([step], dtype=np.int64), "encoder_hidden_states": hidden}
+        out = decoder.run(None, {**feeds, **past})
+        logits = out[0][0, -1].astype(np.float64)
+        logits[gen.get("suppress_tokens") or []] = -np.inf
+        if i == 0:
+            logits[gen.get("begin_suppress_tokens") or []] = -np.inf
+        token = int(logits.argmax())
+        if token == gen["eos_token_id"]:
+            break
+        new.append(token)
+        past, step = dict(zip(past, out[1:], strict=True)), [token]
+    return new
+
+
+def transcribe_files(folder: Path, inputs: Path, max_new: int) -> None:
+    import soundfile
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    gen = json.loads((folder / "generation_config.json").read_text())
+    for line in inputs.read_text().splitlines():
+        shown = line.strip()
+        if not shown:
+            continue
+        samples, rate = soundfile.read(inputs.parent / shown, dtype="float32", always_2d=True)
+        assert rate == 16000, f"{shown}: {rate} Hz (this client feeds 16 kHz clips)"
+        ids = transcribe(folder, samples.mean(axis=1).astype(np.float32), gen, max_new)
+        text = tok.decode(ids, skip_special_tokens=True).strip()
+        print(json.dumps({"input": shown, "text": text}), flush=True)
+
+
 def main() -> None:
     folder, inputs, kind, max_new = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     if kind == "image-label":
         classify_images(folder, Path(inputs))
+        return
+    if kind == "transcript":
+        transcribe_files(folder, Path(inputs), max_new)
         return
     for line in Path(inputs).read_text().splitlines():
         if line.strip():

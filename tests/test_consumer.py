@@ -2,10 +2,11 @@
 the way a deployment uses it, outside ortft.
 
 A throw-away venv (scripts/consumer-env.sh: requirements/consumer.txt, a recent onnxruntime
-release, tokenizers and Pillow, none of ortft's stack; cached under ~/.cache/ortft) runs
+release, tokenizers, Pillow and soundfile, none of ortft's stack; cached under ~/.cache/ortft) runs
 tests/consumer_client.py on each task's export: plain ``tokenizers``, an all-ones mask, one text
 at a time; for images, Pillow's decoding (files of every mode ortft converts: alpha, palette,
-16-bit, CMYK...), preprocess.onnx, then model.onnx. Its outputs must equal ``ortft predict`` on
+16-bit, CMYK...), preprocess.onnx, then model.onnx; for audio, soundfile's decoding of raw
+16 kHz samples, features.onnx, the encoder, then the decoder with its KV cache. Its outputs must equal ``ortft predict`` on
 the same export. The folder's model card snippet is run there too, verbatim, and must print what
 ``ortft predict`` gives for its input. This is the contract that an export is usable outside
 ortft.
@@ -35,7 +36,7 @@ from typer.testing import CliRunner
 
 from ortft import tasks
 from ortft.cli.app import app
-from ortft.export import deploy, image
+from ortft.export import deploy, image, speech_card
 from ortft.inference.predict import format_line
 
 pytestmark = pytest.mark.consumer
@@ -176,10 +177,16 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
             shutil.copy(_image_modes(matrix.run(task)).parent / "modes" / "rgba.png",
                         folder / image.CARD_IMAGE)  # fmt: skip
             inputs = folder / image.CARD_IMAGE
+        if spec.predicts == "transcript":  # the snippet reads audio.flac: a held-out clip
+            folder = shutil.copytree(folder, folder.parent / f"card-{folder.name}")
+            clip = _inputs(task, matrix.run(task).parent).read_text().split()[0]
+            shutil.copy(clip, folder / speech_card.CARD_AUDIO)
+            inputs = folder / speech_card.CARD_AUDIO
         (want,) = _predict(folder, inputs, SNIPPET_NEW)
         expected = {
             "label": lambda r: r["label"],
             "image-label": lambda r: r["label"],
+            "transcript": lambda r: r["text"],
             "answer": lambda r: r["answer"],
             "fill-mask": lambda r: r["filled"],
             "generate": lambda r: r["generated"],
@@ -188,7 +195,9 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
         assert got.rstrip("\n") == expected, (folder.name, code)
 
 
-@pytest.mark.parametrize("task", ["sequence-classification", "seq2seq", "image-classification"])
+@pytest.mark.parametrize(
+    "task", ["sequence-classification", "seq2seq", "image-classification", "speech-recognition"]
+)
 def test_export_records_the_consumer_runtime(
     task: str, matrix: Matrix, consumer_python: str
 ) -> None:
@@ -212,11 +221,11 @@ def _pinned_version() -> str:
 
 
 def test_consumer_runtime_is_clean(consumer_python: str) -> None:
-    """The venv holds onnxruntime (the pinned release), tokenizers and Pillow, not ortft's
-    stack."""
+    """The venv holds onnxruntime (the pinned release), tokenizers, Pillow and soundfile, not
+    ortft's stack."""
     code = (
-        "import importlib.util, onnxruntime, tokenizers, PIL; print(onnxruntime.__version__); "
-        "print(PIL.__version__); "
+        "import importlib.util, onnxruntime, tokenizers, PIL, soundfile; "
+        "print(onnxruntime.__version__); print(PIL.__version__); "
         "print([m for m in ('torch', 'transformers', 'ortft') if importlib.util.find_spec(m)])"
     )
     version, pillow, present = _consumer(consumer_python, "-I", "-c", code).splitlines()

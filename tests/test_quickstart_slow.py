@@ -1,5 +1,5 @@
 """The README's main job, end to end: the real quickstart recipe, and the image recipe to its
-stated accuracy (minutes; `make test-slow`)."""
+stated accuracy, the speech recipe to its stated WER (minutes; `make test-slow`)."""
 
 from __future__ import annotations
 
@@ -53,3 +53,27 @@ def test_image_recipe_trains_through_ort_to_its_stated_accuracy(tmp_path: Path) 
     export = json.loads((run / "onnx" / "export.json").read_text())
     assert export["passed"] and export["parity"]["passed"] and export["preprocess"]["passed"]
     assert (run / "onnx" / "preprocess.onnx").exists() and (run / "onnx" / "model.onnx").exists()
+
+
+@pytest.mark.slow
+def test_speech_recipe_trains_through_ort_to_its_stated_wer(tmp_path: Path) -> None:
+    """recipes/speech-recognition.yaml's header: eval WER <= 0.3 on the held-out voices and
+    digit strings, ORT with no fallback, the three graphs exported and checked."""
+    run = tmp_path / "speech"
+    res = run_cli(
+        "train", str(ROOT / "recipes" / "speech-recognition.yaml"), "--output-dir", str(run),
+        "--json", "--gate", "eval.wer<=0.3", env={"NO_COLOR": "1"}, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout)
+    assert summary["backend"]["used"] == "ort" and summary["backend"]["fallback"] is False
+    assert summary["metrics"]["eval_wer"] <= 0.3
+    assert summary["data"]["audio"]["eval"] == {
+        "rows": 60, "used": 60, "skipped": 0, "stereo": 0, "resampled": {}, "cut": 0,
+        "transcripts_truncated": 0,
+    }  # fmt: skip
+    export = json.loads((run / "onnx" / "export.json").read_text())
+    assert export["passed"] and export["parity"]["passed"] and export["generation"]["passed"]
+    assert export["features"]["passed"]
+    for graph in ("features.onnx", "encoder.onnx", "decoder.onnx"):
+        assert (run / "onnx" / graph).exists()

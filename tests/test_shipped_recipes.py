@@ -39,6 +39,7 @@ TRAINED = [
     "token-classification.yaml",
     "seq2seq.yaml",
     "image-classification.yaml",
+    "speech-recognition.yaml",
     "bench/bert-cls.yaml",
     "bench/gpt2-clm.yaml",
     "bench/minilm-news.yaml",
@@ -57,7 +58,7 @@ OWN_TEST = ["ddp.yaml", "deepspeed-zero2.yaml", "quickstart-hpo.yaml"]
 ON_CPU = ("hardware.device=cpu", "precision=fp32")
 
 # encoder-decoder models export two graphs (encoder.onnx + decoder.onnx), no model.onnx
-TWO_GRAPH_TASKS = {"seq2seq"}
+TWO_GRAPH_TASKS = {"seq2seq", "speech-recognition"}
 
 
 def ortft(*args: str, cwd: Path) -> subprocess.CompletedProcess:

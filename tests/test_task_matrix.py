@@ -8,7 +8,9 @@ text, a tag per word, an answer span of the context, filled masks, generated tex
 ONNX predictions equal the PyTorch ones. A task ortft does not export (Task.export_skip) has
 its ONNX cells skipped with that reason.
 
-image-classification reads image files: its run has 6 classes (so top-5 accuracy is scored),
+speech-recognition reads audio files: 16 committed spoken-digit clips, its predict input a
+list of held-out clip paths; ONNX predicts (features.onnx, encoder, decoder) must equal PyTorch's
+transcripts exactly. image-classification reads image files: its run has 6 classes (so top-5 accuracy is scored),
 its predict input is a list of image paths. Its ONNX predict runs preprocess.onnx then
 model.onnx, as a client does: the cell checks it equals the two graphs run by hand, and PyTorch
 (the image processor) within the resize's one-pixel-step difference (IMAGE_ONNX_TOLERANCE).
@@ -25,10 +27,12 @@ from conftest import (
     tiny_causal_lm,
     tiny_classifier,
     tiny_image_classifier,
+    tiny_speech_recognizer,
     write_classification_csv,
     write_corpus,
     write_image_folder,
     write_recipe,
+    write_speech_jsonl,
 )
 from helpers import run_cli, summary
 from test_tasks import DATA, RECIPES
@@ -46,6 +50,7 @@ TASKS = [
     "instruction",
     "seq2seq",
     "image-classification",
+    "speech-recognition",
 ]
 MAX_NEW = 4  # generated tokens per prompt
 IMAGE_CLASSES = tuple("abcdef")  # more than 5: eval scores top5_accuracy
@@ -65,6 +70,8 @@ def _recipe(task: str, tmp: Path) -> dict[str, Any]:
         r = tiny_image_classifier(
             str(write_image_folder(tmp / "imgs", per_class=6, classes=IMAGE_CLASSES))
         )
+    elif task == "speech-recognition":
+        r = tiny_speech_recognizer(str(write_speech_jsonl(tmp / "train.jsonl", n=16)))
     else:
         r = RECIPES[task]()
     r["data"]["eval_fraction"] = r["data"].get("eval_fraction", 0.2)
@@ -80,6 +87,12 @@ def _inputs(task: str, tmp: Path) -> Path:
     if task == "image-classification":
         path = tmp / "paths.txt"
         path.write_text("imgs/a/000.png\n\n  imgs/c/001.png \nimgs/f/005.png\n")
+        return path
+    if task == "speech-recognition":  # held-out clips (absolute paths), a blank line skipped
+        path = tmp / "clips.txt"
+        clips = [r["audio"] for r in map(json.loads, write_speech_jsonl(
+            tmp / "held-out.jsonl", n=3, split="eval").read_text().splitlines())]  # fmt: skip
+        path.write_text(f"{clips[0]}\n\n{clips[1]}\n{clips[2]}\n")
         return path
     rows = lambda name: [json.loads(x) for x in (DATA / name).read_text().splitlines()[:2]]  # noqa: E731
     lines = {
@@ -187,7 +200,10 @@ def _check_predict(task: str, got: list[dict[str, Any]], m: Matrix) -> None:
     labels = set(config.get("id2label", {}).values())
     for line, r in zip(inputs, got, strict=True):
         obj = json.loads(line) if line.startswith("{") else {"text": line}
-        if kind == "image-label":  # the label, every label's score, the top 5 best first
+        if kind == "transcript":  # the file's transcript, its duration, not cut (< 3 s)
+            assert r["input"] == line.strip() and isinstance(r["text"], str)
+            assert r["seconds"] > 0 and r["cut"] is False
+        elif kind == "image-label":  # the label, every label's score, the top 5 best first
             assert r["input"] == line.strip() and r["label"] in labels
             assert set(r["scores"]) == labels and sum(r["scores"].values()) == pytest.approx(1)
             assert r["top_k"][0] == [r["label"], r["score"]] and len(r["top_k"]) == 5

@@ -131,6 +131,7 @@ def test_builtin_tasks_declare_export_kind_and_on_device_support() -> None:
         "question-answering": "encoder",
         "instruction": "decoder",
         "image-classification": "image",
+        "speech-recognition": "speech",
     }
     assert [n for n in tasks.names() if tasks.get(n).ondevice] == [
         "sequence-classification",

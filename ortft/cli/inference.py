@@ -19,7 +19,8 @@ def eval_cmd(
         typer.Option(
             "--data",
             help="Data to score (any format training reads; images: a folder of class "
-            "sub-folders or a csv/jsonl of paths); default: the run's eval split.",
+            "sub-folders or a csv/jsonl of paths; audio: a csv/jsonl of paths and transcripts); "
+            "default: the run's eval split.",
         ),
     ] = None,
     batch_size: Annotated[
@@ -47,8 +48,8 @@ def predict(
             "--input",
             "-i",
             help="Texts, one per line, or JSONL ('text'; token-cls: or 'tokens'; QA: 'question' "
-            "and 'context'); image-cls: image paths, one per line (relative to the file), or a "
-            "folder of images; - for stdin.",
+            "and 'context'); image-cls and speech: image / audio paths, one per line "
+            "(relative to the file), or a folder of them; - for stdin.",
         ),
     ] = "-",
     max_new_tokens: Annotated[
@@ -56,7 +57,7 @@ def predict(
         typer.Option(
             "--max-new-tokens",
             min=1,
-            help="causal-lm, instruction, seq2seq: tokens to generate (greedy).",
+            help="causal-lm, instruction, seq2seq, speech: tokens to generate (greedy).",
         ),
     ] = 32,
     max_length: Annotated[
@@ -70,7 +71,7 @@ def predict(
     as_json: Annotated[bool, json_option("One JSON object per input on stdout.")] = False,
 ) -> None:
     """Run a trained model on inputs: a label, tags per word, an answer span, filled masks, text,
-    or an image's label."""
+    an image's label or an audio file's transcript."""
 
     def body() -> None:
         from ortft.inference import predict as predict_mod

@@ -56,7 +56,10 @@ def bench(
 def init(
     task: Annotated[
         str,
-        typer.Option("--task", help="sequence-classification, causal-lm or image-classification."),
+        typer.Option(
+            "--task",
+            help="sequence-classification, causal-lm, image-classification or speech-recognition.",
+        ),
     ] = "sequence-classification",
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")

@@ -269,6 +269,10 @@ def write_card(folder: Path, task: Any, tokenizer: Any, report: dict[str, Any]) 
         from ortft.export import image
 
         code, holds, inputs, usage = image.card(report)
+    elif task.modality == "audio":
+        from ortft.export import speech_card
+
+        code, holds, inputs, usage = speech_card.card(report)
     else:
         code, holds, inputs, usage = _text_card(task, tokenizer, report)
     (folder / "README.md").write_text(
@@ -345,23 +349,27 @@ def full_precision(files: dict[str, str]) -> list[str]:
 def graph_feeds(folder: Path, files: dict[str, str], feeds: dict[str, Any]) -> dict[str, Any]:
     """``{"<graph>/<input>": array}`` for every graph of the export: the parity rows (at most
     8), an empty past, for a seq2seq decoder the encoder's output and 4 target tokens, for an
-    image export's preprocess.onnx one decoded ``image`` (uint8 [height, width, 3])."""
+    image export's preprocess.onnx one decoded ``image`` (uint8 [height, width, 3]), for a
+    speech export's features.onnx one clip's ``samples``. The encoder is listed before the
+    decoder in ``files``."""
     import numpy as np
 
     from ortft.export import parity
 
-    rows = {k: v if k == "image" else v[:8] for k, v in feeds.items()}
+    one = ("image", "samples")  # one decoded image or clip, not rows
+    rows = {k: v if k in one else v[:8] for k, v in feeds.items()}
     out: dict[str, Any] = {}
     hidden = None
     for name in full_precision(files):
         sess = parity.session(folder / name)
-        given = {i.name: rows[i.name] for i in sess.get_inputs() if i.name in rows}
+        takes = {i.name for i in sess.get_inputs()}
+        given = {k: rows[k] for k in takes if k in rows}
         given.update(parity.empty_past(sess, len(rows.get("input_ids", ()))))
-        if "encoder_hidden_states" in {i.name for i in sess.get_inputs()}:
+        if "encoder_hidden_states" in takes:  # a speech decoder has no encoder mask
             given["input_ids"] = np.ascontiguousarray(rows["input_ids"][:, :4])
-            given.update(
-                encoder_hidden_states=hidden, encoder_attention_mask=rows["attention_mask"]
-            )
+            given["encoder_hidden_states"] = hidden
+            if "encoder_attention_mask" in takes:
+                given["encoder_attention_mask"] = rows["attention_mask"]
         if name == "encoder.onnx":
             hidden = sess.run(None, given)[0]
         out.update({f"{name}/{k}": v for k, v in given.items()})

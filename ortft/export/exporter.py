@@ -224,12 +224,16 @@ def export_model(
     options = options or ExportOptions()
     kinds = parity.wanted(options.optimize, options.fp16, options.quantize)
     training = options.training
-    if _kind(task) == "seq2seq":
+    if _kind(task) in ("seq2seq", "speech"):
         if kinds or training is not None:
             raise InputError(
-                "seq2seq exports the encoder and decoder graphs only: --optimize, --fp16, "
+                f"{task} exports the encoder and decoder graphs only: --optimize, --fp16, "
                 "--quantize and --training-artifacts are for single-graph models"
             )
+        if _kind(task) == "speech":  # features.onnx, encoder.onnx, decoder.onnx
+            model = model.eval().to("cpu")
+            build = _speech_build(model, tokenizer, task, opset, tolerance, samples, options)
+            return _published(out_dir, build)
         return _export_seq2seq(model, tokenizer, out_dir, opset, tolerance, samples, options)
     if training is not None and task not in training.tasks:
         raise InputError(
@@ -396,6 +400,42 @@ def _image_build(
         return deployable(tmp, task, processor, model.config, result, None, options.task_options)
 
     return build
+
+
+def _speech_build(
+    model: Any, processor: Any, task: str, opset: int, tolerance: float, samples: Any,
+    options: ExportOptions,
+) -> Callable[[Path], dict[str, Any]]:  # fmt: skip
+    """The staging folder's builder for a speech model (``ortft.export.speech``)."""
+    from ortft import tasks
+    from ortft.export import speech
+
+    own = getattr(options.task_options, "name", None) == task
+    spec = tasks.get(task, options.task_options if own else None)
+    job = speech.SpeechGraphs(model, processor, spec, opset=opset, tolerance=tolerance,
+                              samples=samples, n=PARITY_SAMPLES)  # fmt: skip
+
+    def build(tmp: Path) -> dict[str, Any]:
+        try:
+            result = job.build(tmp)
+        except RuntimeError as err:  # the tracer's failures
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            raise RunError(f"ONNX export (opset {opset}) failed: {first}") from err
+        result = other_runtimes(tmp, result, job.runtime_feeds, tolerance, options.check_runtimes)
+        return deployable(tmp, task, processor, model.config, result, None, options.task_options)
+
+    return build
+
+
+def _published(out_dir: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """``publish`` the staged export and log its parity line."""
+    result = publish(out_dir, build)
+    log.info(
+        "exported %s (parity: max |diff| %.2e)%s", result["dir"],
+        result["parity"]["max_abs_diff"],
+        "" if result["passed"] else f"; FAILED: {'; '.join(result['failures'])}",
+    )  # fmt: skip
+    return result
 
 
 def _torch_export(graph: Graph, path: Path, opset: int) -> float:

@@ -13,7 +13,11 @@ metrics (exact match, token F1) as in training. An image model (image-classifica
 batches as training's eval does: each file decoded, then the image processor
 (``preprocessor_config.json``, PIL backend) gives the ``pixel_values`` both runtimes are fed
 (an export's ``model.onnx`` too; ``preprocess.onnx`` is what ``ortft predict`` runs); accuracy,
-macro-F1, top-5 accuracy (more than 5 classes) and the loss come from the logits.
+macro-F1, top-5 accuracy (more than 5 classes) and the loss come from the logits. A speech
+model (speech-recognition) gets its batches the same way (each clip decoded to mono at the
+feature extractor's rate, then its log-mel ``input_features``); the loss comes from the
+teacher-forced logits, WER and CER from greedy generation (PyTorch's ``generate``, or the
+export's encoder + decoder graphs: ``ortft.export.speech``).
 The default data is the eval split the run's recipe used (``final/recipe.yaml``); ``--data``
 scores another file in any format ``ortft.data.rows`` reads (images: a folder of class
 sub-folders, or a csv/jsonl whose ``image`` column names files relative to it).
@@ -102,10 +106,29 @@ class SavedModel:
             out = self._model(pixel_values=torch.from_numpy(pixel_values), return_dict=True)
         return out.logits.float().numpy()
 
+    def speech_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """A speech model's teacher-forced logits of a collated batch (its features, labels)."""
+        feats = np.ascontiguousarray(batch[self.spec.feature_key], dtype=np.float32)
+        if self.runtime == "onnxruntime":
+            return self._model.logits(feats, batch["labels"])
+        import torch
+
+        with torch.no_grad():
+            out = self._model(
+                **{self.spec.feature_key: torch.from_numpy(feats)},
+                labels=torch.from_numpy(batch["labels"]),
+                decoder_attention_mask=torch.from_numpy(batch["decoder_attention_mask"]),
+                use_cache=False,
+                return_dict=True,
+            )
+        return out.logits.float().numpy()
+
     def batch_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """The logits of one collated eval batch (its pixel_values, or its token arrays)."""
+        """The logits of one collated eval batch (its pixel_values, features or tokens)."""
         if self.spec.modality == "image":
             return self.image_logits(batch["pixel_values"])
+        if self.spec.modality == "audio":
+            return self.speech_logits(batch)
         return self.logits(batch["input_ids"], batch["attention_mask"], batch["labels"])
 
     def labels(self) -> list[str] | None:
@@ -140,11 +163,13 @@ def _task(source: Path, recipe_yaml: Path | None, config: Any) -> tasks.Task:
 
 def _preprocessor(source: Path, task: tasks.Task) -> Any:
     """The model's tokenizer, or an image task's image processor (its PIL backend, as in
-    training), bound to the task: its ``collate`` decodes the files and runs it."""
-    if task.modality == "image":
-        from ortft.backends.torch import processors
+    training) or a speech task's processor, bound to the task: its ``collate`` decodes the
+    files and runs it."""
+    if task.modality in ("image", "audio"):
+        from ortft.backends.torch import processors, speech
 
-        processor = processors.from_folder(str(source))
+        load = speech.from_folder if task.modality == "audio" else processors.from_folder
+        processor = load(str(source))
         task.bind(processor)
         return processor
     from transformers import AutoTokenizer
@@ -210,6 +235,10 @@ def open_model(source: Path) -> SavedModel:
         run_dir=run_dir,
         spec=task,
     )
+    if onnx_file.name == "encoder.onnx" and task.export_kind == "speech":
+        from ortft.export.speech import OnnxWhisper
+
+        return SavedModel(runtime="onnxruntime", _model=OnnxWhisper(source, config), **common)
     if onnx_file.name == "encoder.onnx":
         from ortft.export.seq2seq import OnnxSeq2Seq
 
@@ -315,7 +344,7 @@ def score(
             logits_all.append(logits)
             labels_all.append(task.metric_labels(batch, len(batch["labels"])))
     metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)
-    if m.runtime == "pytorch" or task.export_kind == "seq2seq":  # generation (seq2seq) metrics
+    if m.runtime == "pytorch" or task.export_kind in ("seq2seq", "speech"):  # generated text
         metrics.update(task.generate_metrics(m._model, m.tokenizer, encoded))
     return metrics
 
@@ -328,8 +357,8 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> di
     labels = m.labels()
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
     encoded = m.spec.encode(rows, m.tokenizer, spec, label2id)
-    text = m.spec.modality == "text"  # an image has no token length
-    unit = f"examples of {spec.max_length} tokens" if text else "images"
+    text = m.spec.modality == "text"  # an image or a clip has no token length
+    unit = f"examples of {spec.max_length} tokens" if text else f"{m.spec.modality} files"
     log.info("eval: %s (%s) on %s: %d %s", m.path, m.runtime, where, len(encoded), unit)
     seed = loaded.recipe.training.seed if loaded else TrainingSection.model_fields["seed"].default
     metrics = score(m, encoded, batch_size, seed)

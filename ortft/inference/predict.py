@@ -24,7 +24,9 @@ list (the task's tokens column), question answering needs ``question`` and ``con
   same text (the export's generation check compares them with ``generate``);
 - image-label (image classification): ``--input`` names image files instead (a list of paths,
   one per line, or a folder), each gets its label, softmax scores and top 5
-  (``ortft.inference.predict_image``: the input rules, and what each runtime runs).
+  (``ortft.inference.predict_image``: the input rules, and what each runtime runs);
+- transcript (speech recognition): ``--input`` names audio files as for images, each gets its
+  transcript (``ortft.inference.predict_speech``: clips over the model's 30 s are cut).
 """
 
 from __future__ import annotations
@@ -293,6 +295,10 @@ def run(
         from ortft.inference import predict_image
 
         return predict_image.run(m, input_path, batch_size)
+    if kind == "transcript":  # audio files, not text lines
+        from ortft.inference import predict_speech
+
+        return predict_speech.run(m, input_path, batch_size, max_new_tokens)
     inputs = _read(input_path)
     if kind == "generate" and m.spec.export_kind == "decoder":
         return generate(m, [_field(o, "text", w) for w, o in inputs], max_new_tokens)
@@ -323,6 +329,8 @@ def run(
 def format_line(result: dict[str, Any]) -> str:
     """The plain (non --json) line: label and score (an image's: after its path), word/TAG
     pairs, the answer and its score, the filled text, or the generated text, on one line."""
+    if "seconds" in result:  # a transcript: after its file's path
+        return f"{result['input']}\t{result['text']}"
     if "top_k" in result:
         return f"{result['input']}\t{result['label']}\t{result['score']:.4f}"
     if "label" in result:

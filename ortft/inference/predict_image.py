@@ -52,11 +52,12 @@ class Item:
     path: Path
 
 
-def read_list(stream: TextIO, name: str, base: Path) -> list[Item]:
-    """One item per non-blank line of ``stream`` (named ``name``), paths relative to ``base``."""
+def read_list(stream: TextIO, name: str, base: Path, kind: str = "image") -> list[Item]:
+    """One item per non-blank line of ``stream`` (named ``name``), paths relative to ``base``
+    (``kind``: what the files are, for the message)."""
     items = []
     not_text = InputError(
-        f"{name}: not a text file of image paths (give one path per line, or a folder)"
+        f"{name}: not a text file of {kind} paths (give one path per line, or a folder)"
     )
     try:
         for n, line in enumerate(stream, 1):
@@ -80,32 +81,35 @@ def _undecoded(text: str) -> bool:
     return False
 
 
-def read_folder(folder: Path) -> list[Item]:
-    """Every image file under ``folder``, sorted by its path under it."""
+def read_folder(folder: Path, extensions: frozenset[str] = EXTENSIONS, kind: str = "image"):
+    """Every ``kind`` file (by extension) under ``folder``, sorted by its path under it."""
     found = sorted(
         p.relative_to(folder)
         for p in folder.rglob("*")
-        if p.suffix.lower() in EXTENSIONS and p.is_file()
+        if p.suffix.lower() in extensions and p.is_file()
     )
     rels = [r for r in found if not any(part.startswith(".") for part in r.parts)]
     if not rels:
-        raise InputError(f"{folder}: no image files ({', '.join(sorted(EXTENSIONS))}) in it")
+        raise InputError(f"{folder}: no {kind} files ({', '.join(sorted(extensions))}) in it")
     return [Item(str(folder / r), str(folder / r), folder / r) for r in rels]
 
 
-def read(input_path: str) -> list[Item]:
-    """The images ``--input`` names: a list file, stdin (``-``), a folder or one image."""
+def read(
+    input_path: str, extensions: frozenset[str] = EXTENSIONS, kind: str = "image"
+) -> list[Item]:
+    """The files ``--input`` names: a list file, stdin (``-``), a folder or one file (an
+    image; ``ortft.inference.predict_speech`` passes its audio extensions)."""
     if input_path == "-":
-        return read_list(sys.stdin, "<stdin>", Path.cwd())
+        return read_list(sys.stdin, "<stdin>", Path.cwd(), kind)
     path = Path(input_path)
     if path.is_dir():
-        return read_folder(path)
+        return read_folder(path, extensions, kind)
     if not path.is_file():
         raise InputError(f"{path}: input file or folder not found")
-    if path.suffix.lower() in EXTENSIONS:  # one image named directly
+    if path.suffix.lower() in extensions:  # one file named directly
         return [Item(str(path), str(path), path)]
     with open(path, encoding="utf-8") as fh:
-        return read_list(fh, str(path), path.parent)
+        return read_list(fh, str(path), path.parent, kind)
 
 
 def check(items: list[Item]) -> None:

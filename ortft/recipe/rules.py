@@ -67,6 +67,11 @@ def modality(r: Recipe) -> None:
             raise ValueError(
                 "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
             )
+        if task.modality == "audio" and tok.train and tok.train.kind != "byte-bpe":
+            raise ValueError(
+                f"model.tokenizer.train.kind={tok.train.kind}: Whisper's tokenizer is "
+                "byte-level BPE; set kind: byte-bpe"
+            )
         if task.modality == "audio" and r.model.name_or_path and (tok.path or tok.train):
             raise ValueError(
                 f"model.tokenizer: {r.task.name} uses the tokenizer saved with "

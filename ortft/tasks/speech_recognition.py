@@ -282,7 +282,7 @@ class SpeechRecognition(Task):
 
         feats = batch[self.feature_key]
         if not isinstance(model, torch.nn.Module):  # the ONNX encoder + decoder
-            ids = model.generate(feats, max_new_tokens)
+            ids = model.generate(feats, max_new_tokens, num_beams=1)  # greedy, as below
         else:
             was_training, device = model.training, next(model.parameters()).device
             model.eval()

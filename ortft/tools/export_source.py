@@ -217,12 +217,16 @@ def _load_model(
 
 
 def _tokenizer(model_dir: Path, modality: str) -> Any:
-    """The tokenizer of ``model_dir``, or an image model's image processor (its PIL backend,
-    as training ran it: ``processors``)."""
+    """The tokenizer of ``model_dir``, an image model's image processor (its PIL backend,
+    as training ran it: ``processors``) or a speech model's processor (``speech``)."""
     if modality == "image":
         from ortft.backends.torch import processors
 
         return processors.from_folder(str(model_dir))
+    if modality == "audio":
+        from ortft.backends.torch import speech
+
+        return speech.from_folder(str(model_dir), str(model_dir))
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)

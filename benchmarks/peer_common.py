@@ -1,0 +1,368 @@
+"""What the benchmarks against transformers' Trainer share (peer_image.py, peer_speech.py).
+
+A bench is a ``Bench``: its recipe, batch, ortft overrides and a Trainer worker (a function
+that trains in its own process and writes its timing as JSON). ``main(bench)`` parses the
+shared flags and runs rounds of the four runners, alternating (trainer, trainer-bf16, torch,
+ort, trainer, ...), each measurement a fresh process, each after a wait for a quiet machine;
+then the JSON and the table. ``StepRecorder`` gives a Trainer worker the step ends and losses
+it reports, timed as ortft's side is (``timing``).
+
+A step's time is from the end of the step before to the end of this one, alike on both sides:
+Trainer's ``on_step_end`` callback; ortft's metrics.jsonl ``time_s``. ms/step is the median
+of the timed steps; samples/s = batch x timed steps / their time.
+
+Offline: HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE / HF_DATASETS_OFFLINE are set for every process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RUNNERS = ("trainer", "trainer-bf16", "torch", "ort")
+BASES = ("trainer", "trainer-bf16")  # the ratios' denominators
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# A shared machine is not measured: with other work at a load average of 6 on 2 cores, a
+# 2-thread torch step of peer_image's ViT took 4.0-7.7 s against 0.87 s on 1 thread (libgomp's
+# workers spin-wait for a descheduled peer at every parallel region; OMP_WAIT_POLICY=PASSIVE:
+# 0.72 s), and a quiet step takes 0.21 s; a bench then read ort at 3.7x the Trainer. So each
+# measurement waits for a quiet second (--max-busy) and records the CPU share others took while
+# it ran (``others_share``: the machine's busy time from /proc/stat less its own process tree's).
+OTHERS = 0.1  # a run is clean where others took at most this share of the CPU
+SUMMARIZED = ("samples_per_s", "ms_per_step", "loss_step1", "train_loss")
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str  # the log prefix, the temporary folders' and the results file's name
+    script: str  # the bench's file: a Trainer runner runs it again with --worker
+    recipe: Path
+    batch: int
+    overrides: dict[str, str]  # ortft's side of the same fine-tune, over the recipe
+    model: str  # the table's headline names the model with this
+    worker: Callable[[bool, int, int, Path], None]  # one Trainer run: bf16, steps, warmup, out
+    extra: dict[str, Any] = field(default_factory=dict)  # JSON fields after "batch"
+    extra_keys: tuple[str, ...] = ()  # more per-run fields to take the median of
+
+
+# --------------------------------------------------------------------------- a Trainer's side
+
+
+class StepRecorder:
+    """The step ends and losses of one Trainer run: ``callback()`` for ``callbacks=``,
+    ``trainer(Trainer)`` for the class to train with (it keeps each step's loss)."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+        self.losses: list[float] = []
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        ends = self.ends
+
+        class StepEnds(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                ends.append(time.perf_counter())
+
+        return StepEnds()
+
+    def trainer(self, base: type) -> type:
+        losses = self.losses
+
+        class LossTrainer(base):  # type: ignore[misc, valid-type]
+            def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None):
+                loss = super().training_step(model, inputs, num_items_in_batch)
+                losses.append(float(loss))  # a CPU scalar: no device sync to pay
+                return loss
+
+        return LossTrainer
+
+    def result(self, steps: int, warmup: int, batch: int, run: Any, model: Any, args: Any):
+        """The worker's JSON: timing, the first step's loss, what the Trainer ran with."""
+        import torch
+
+        return {
+            **timing([e - self.ends[0] for e in self.ends], steps, warmup, batch),
+            "loss_step1": self.losses[0],
+            "train_loss": run.training_loss,
+            "threads": torch.get_num_threads(),
+            "attention": model.config._attn_implementation,
+            "optimizer": args.optim if isinstance(args.optim, str) else args.optim.value,
+            "bf16": bool(args.bf16),
+        }
+
+
+def timing(ends: list[float], steps: int, warmup: int, batch: int) -> dict[str, Any]:
+    """samples/s and ms/step of the timed steps, from each step's end (seconds, any origin;
+    ``ends[k]`` is the end of step k + 1)."""
+    timed = ends[warmup + steps - 1] - ends[warmup - 1]
+    per_step = [b - a for a, b in zip(ends[warmup - 1 : -1], ends[warmup:], strict=True)]
+    return {
+        "samples_per_s": batch * steps / timed,
+        "timed_s": timed,
+        "ms_per_step": 1000 * statistics.median(per_step),
+        "step_ms": [round(1000 * x, 1) for x in per_step],
+    }
+
+
+def write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=1))
+
+
+# --------------------------------------------------------------------------- a quiet machine
+
+
+def cpu_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy, all cores (/proc/stat: user .. steal)."""
+    with open("/proc/stat") as fh:
+        f = [int(x) for x in fh.readline().split()[1:9]]
+    return (sum(f) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+
+
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def wait_quiet(max_busy: float, wait: float) -> tuple[float, float]:
+    """Wait (at most ``wait`` s) until the machine is at most ``max_busy`` busy over a second
+    (others' work: no measurement runs now); returns the seconds waited and the last share."""
+    t0 = time.monotonic()
+    while True:
+        busy0 = cpu_busy_s()
+        time.sleep(1.0)
+        share = (cpu_busy_s() - busy0) / (os.cpu_count() or 1)
+        if share <= max_busy or time.monotonic() - t0 >= wait:
+            return time.monotonic() - t0, share
+        time.sleep(4.0)
+
+
+# --------------------------------------------------------------------------- the measurements
+
+
+def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict:
+    """One measurement in a fresh process: its timing and losses, or its error."""
+    env = {**os.environ, **OFFLINE, "NO_COLOR": "1"}
+    tag = f"{runner}-{len(list(tmp.iterdir()))}"
+    if runner in BASES:
+        out = tmp / f"{tag}.json"
+        cmd = [sys.executable, bench.script, "--worker", runner, "--steps", str(steps),
+               "--warmup", str(warmup), "--result", str(out)]  # fmt: skip
+    else:
+        run_dir = tmp / tag
+        overrides = {
+            **bench.overrides,
+            "backend.name": runner,
+            "training.max_steps": str(warmup + steps),
+        }
+        cmd = [sys.executable, "-m", "ortft", "train", str(bench.recipe),
+               *[f"{k}={v}" for k, v in overrides.items()],
+               "--output-dir", str(run_dir), "--json"]  # fmt: skip
+    t0, busy0, own0 = time.perf_counter(), cpu_busy_s(), _children_cpu_s()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    wall = time.perf_counter() - t0
+    # the CPU the rest of the machine took meanwhile, as a share of all cores
+    others = (cpu_busy_s() - busy0) - (_children_cpu_s() - own0)
+    shared = {"wall_s": wall, "others_share": max(0.0, others) / (wall * (os.cpu_count() or 1))}
+    if proc.returncode != 0:
+        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        return {"ok": False, "error": f"exit {proc.returncode}: {tail[-1][:300] if tail else ''}"}
+    if runner in BASES:
+        return {"ok": True, **shared, **json.loads(out.read_text())}
+    return {"ok": True, **shared, **ortft_result(run_dir, proc.stdout, steps, warmup, bench.batch)}
+
+
+def ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int, batch: int) -> dict:
+    summary = json.loads(stdout)  # `ortft train --json`: the summary
+    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r for r in rows if r["kind"] == "train"}
+    ends = [train[s]["time_s"] for s in range(1, warmup + steps + 1)]
+    out = {
+        **timing(ends, steps, warmup, batch),
+        "loss_step1": train[1]["loss"],
+        "summary_samples_per_s": summary["throughput"]["samples_per_s"],  # steps 2..N
+        "train_loss": summary["metrics"]["train_loss"],
+        "backend_used": summary["backend"]["used"],
+        "ort_exports": summary["backend"].get("ort_exports"),
+    }
+    config = run_dir / "final" / "config.json"  # a trained tokenizer's size, where it has one
+    vocab = json.loads(config.read_text()).get("vocab_size") if config.exists() else None
+    return {**out, "vocab_size": vocab} if vocab is not None else out
+
+
+def run(bench: Bench, a: argparse.Namespace) -> dict:
+    """``a.pairs`` rounds of the four runners, then up to ``a.retries`` more while fewer than
+    ``a.pairs`` rounds were clean (no run in them shared the CPU with others: ``clean``)."""
+    rounds: list[dict[str, dict]] = []
+    loads: list[float] = []
+    quiet = (a.max_busy, a.wait)
+    with tempfile.TemporaryDirectory(prefix=f"ortft-{bench.name}-") as tmp:
+        while len(rounds) < a.pairs or (
+            sum(map(clean, rounds)) < a.pairs and len(rounds) < a.pairs + a.retries
+        ):
+            one: dict[str, dict] = {}
+            for runner in RUNNERS:
+                waited, busy = wait_quiet(*quiet)
+                loads.append(os.getloadavg()[0])
+                res = measure(bench, runner, a.steps, a.warmup, Path(tmp), a.timeout)
+                res.update(load_avg_before=loads[-1], waited_s=waited, busy_before=busy)
+                one[runner] = res
+                what = (
+                    f"{res['ms_per_step']:.0f} ms/step, {res['samples_per_s']:.1f} samples/s, "
+                    f"step-1 loss {res['loss_step1']:.4f}, others "
+                    f"{res['others_share']:.0%} of the CPU (waited {waited:.0f} s)"
+                    if res["ok"]
+                    else res["error"]
+                )
+                print(f"{bench.name}: round {len(rounds) + 1} {runner:12s} {what}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            rounds.append(one)
+    kept = [r for r in rounds if clean(r)] or rounds  # all of them where none was clean
+    return {
+        "format_version": 1,
+        "pairs": a.pairs,
+        "rounds_run": len(rounds),
+        "rounds_clean": sum(map(clean, rounds)),
+        "rounds_summarized": "clean" if any(map(clean, rounds)) else "all (none was clean)",
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "batch": bench.batch,
+        **bench.extra,
+        "ortft_overrides": bench.overrides,
+        "quiet": {"max_busy": quiet[0], "wait_s": quiet[1], "others_max": OTHERS},
+        "runners": summarize({r: [one[r] for one in kept] for r in RUNNERS}, bench.extra_keys),
+        "rounds": rounds,
+        "machine": {
+            "cores": os.cpu_count(),
+            "load_avg_during": [min(loads), statistics.median(loads), max(loads)],
+            "load_avg_after": list(os.getloadavg()),
+        },
+    }
+
+
+def clean(one: dict[str, dict]) -> bool:
+    """A round in which every runner ran, and others took at most ``OTHERS`` of the CPU."""
+    return all(r["ok"] and r["others_share"] <= OTHERS for r in one.values())
+
+
+def summarize(by_runner: dict[str, list[dict]], extra_keys: tuple[str, ...] = ()) -> dict:
+    """Per runner: the medians, and the ratio of samples/s to each base pair by pair (its median
+    and min-max over the rounds where both ran)."""
+    out: dict[str, Any] = {}
+    for runner, runs in by_runner.items():
+        row: dict[str, Any] = {key: _median_of(runs, key) for key in SUMMARIZED}
+        row.update({k: v for k in extra_keys if (v := _median_of(runs, k)) is not None})
+        shares = [r["others_share"] for r in runs if r["ok"]]
+        row["others_share_max"] = max(shares) if shares else None
+        for base in BASES:
+            ratios = [
+                r["samples_per_s"] / b["samples_per_s"]
+                for r, b in zip(runs, by_runner[base], strict=True)
+                if r["ok"] and b["ok"]
+            ]
+            row[f"vs_{base}"] = statistics.median(ratios) if ratios else None
+            row[f"vs_{base}_range"] = [min(ratios), max(ratios)] if ratios else None
+        out[runner] = row
+    return out
+
+
+def _median_of(runs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in runs if r["ok"] and r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _ratio(value: float | None, rng: list[float] | None) -> str:
+    if value is None or rng is None:
+        return f"{'—':>18s}"
+    return f"{value:5.2f}× ({rng[0]:.2f}–{rng[1]:.2f})".rjust(18)
+
+
+def print_table(bench: Bench, result: dict[str, Any]) -> None:
+    m = result["machine"]["load_avg_during"]
+    print(
+        f"{bench.name}: {result['rounds_clean']} clean of {result['rounds_run']} round(s) × "
+        f"{result['steps']} timed steps after {result['warmup']} warm-up, batch "
+        f"{result['batch']}, {bench.model}; load average {m[0]:.1f}–"
+        f"{m[2]:.1f} (median {m[1]:.1f}); the table: {result['rounds_summarized']} rounds"
+    )
+    print(f"{'runner':12s} {'ms/step':>8s} {'samples/s':>10s} {'vs trainer':>18s} "
+          f"{'vs trainer-bf16':>18s} {'step-1 loss':>11s} {'others max':>10s}")  # fmt: skip
+    for runner, r in result["runners"].items():
+        ms, sps, loss = r["ms_per_step"], r["samples_per_s"], r["loss_step1"]
+        print(
+            f"{runner:12s} "
+            + (f"{ms:8.0f} {sps:10.1f} " if sps is not None else f"{'failed':>19s} ")
+            + _ratio(r["vs_trainer"], r["vs_trainer_range"])
+            + " "
+            + _ratio(r["vs_trainer-bf16"], r["vs_trainer-bf16_range"])
+            + (f" {loss:11.4f}" if loss is not None else f" {'':11s}")
+            + (f" {r['others_share_max']:10.0%}" if r["others_share_max"] is not None else "")
+        )
+    runs = [x for one in result["rounds"] for x in one.values()]
+    for error in sorted({x["error"] for x in runs if not x["ok"]}):
+        print(f"{bench.name}: failed: {error}")
+    vocabs = {x["vocab_size"] for x in runs if x["ok"] and x.get("vocab_size") is not None}
+    if len(vocabs) > 1:  # each side trains its tokenizer: they should be the same one
+        print(f"{bench.name}: the runners' vocabularies differ: {sorted(vocabs)} tokens")
+    busy = sum(1 for x in runs if x["ok"] and x["others_share"] > OTHERS)
+    if busy:
+        print(
+            f"{bench.name}: {busy} run(s) shared the CPU (others took over {OTHERS:.0%}): "
+            "PyTorch's OpenMP threads (libgomp's default spin-wait) then run up to 4-5x "
+            "slower, ORT's far less; their rounds are left out of the table where any is clean"
+        )
+
+
+def main(bench: Bench, doc: str) -> None:
+    """The command line of a bench (``doc``: its module docstring)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--pairs", type=int, default=5, help="rounds of the four runners")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
+    p.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
+    p.add_argument(
+        "--max-busy",
+        type=float,
+        default=0.2,
+        help="wait before each measurement until other work takes at most this share of the CPU",
+    )
+    p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for that at most")
+    p.add_argument(
+        "--retries", type=int, default=3, help="extra rounds at most while a round was not clean"
+    )
+    p.add_argument(
+        "--out", type=Path, default=REPO / "benchmarks" / "results" / f"{bench.name}.json"
+    )
+    p.add_argument("--worker", choices=BASES, help=argparse.SUPPRESS)  # a Trainer process
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        bench.worker(a.worker == "trainer-bf16", a.steps, a.warmup, a.result)
+        return
+    if a.pairs < 1 or a.steps < 1 or a.warmup < 1 or a.retries < 0:
+        p.error("--pairs, --steps and --warmup must be >= 1, --retries >= 0")
+    os.environ.update(OFFLINE)
+    result = run(bench, a)
+    print_table(bench, result)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(a.out, result)
+    print(f"{bench.name}: wrote {a.out}", file=sys.stderr)

@@ -1,0 +1,342 @@
+"""Speech recognition (Whisper) export: ``encoder.onnx``, ``decoder.onnx`` with its KV cache and
+``features.onnx``, each checked against PyTorch; run by ``ortft.export.speech_runner``.
+
+- ``encoder.onnx``: ``input_features`` float32 [batch, mel, frames] (frames fixed: Whisper's
+  encoder refuses any other length) -> ``last_hidden_state``.
+- ``decoder.onnx``: ``input_ids`` [batch, target], ``encoder_hidden_states``,
+  ``past_key_values.<layer>.key|value`` (self-attention, [batch, heads, past, head_dim]) ->
+  ``logits`` and ``present.<layer>.key|value``. Whisper's decoder has no encoder attention
+  mask (every frame is real: the features are padded with silence). The first step feeds the
+  init tokens (``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>``) and an empty past.
+- ``features.onnx`` (``ortft.export.audio_features``): the raw clip -> ``input_features``.
+
+As in ``ortft.export.seq2seq``, only the self-attention cache crosses the graph boundary: the
+cross-attention keys and values are recomputed from ``encoder_hidden_states`` at each step
+(Whisper's attention picks "reuse" or "compute" with the Python branch ``is_updated``, which
+tracing fixes; one graph needs the compute path). That costs two projections of the encoder's
+states per layer and step, most of a step's work for Whisper's 1500 frames: measured on a random
+whisper-base-sized model (d_model 512, 6+6 layers, one thread), a decoder step took 106 ms
+against PyTorch's cached 27 ms (the encoder 1.0 s a clip). Cross keys and values given to the
+decoder graph (computed once, e.g. as encoder outputs) would remove that.
+
+The decoder is traced with a cache (3 random past positions, 2 tokens). Without one,
+transformers 5.24's mask code calls ``torch.diff`` (``find_packed_sequence_indices``: no
+attention mask, no cache), which torch 2.6 cannot export (measured: UnsupportedOperatorError
+``aten::diff`` at opset 20); with a cache it is not called.
+
+The checks (export.json): ``parity``: teacher-forced logits against PyTorch's (labels shifted
+right, empty past); ``generation``: the pair generating as Whisper's ``generate`` does (its init
+tokens and suppressors, greedy or beam search) against it, step by step (``decoder.compare``),
+and the tokens it returns; ``features``: features.onnx against the feature extractor on the
+clips' decoded audio (gated like parity); ``end_to_end`` (recorded, not gated: features.onnx
+may be 1e-3 off the extractor, which can flip a near tie): the raw clips through features.onnx
+and the pair against PyTorch's generate on the extractor's features, transcripts compared.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ortft.core.constants import IGNORE_INDEX
+from ortft.export import decoder, generation, parity
+from ortft.export.speech_runner import DECODER, ENCODER, FEATURES, OnnxWhisper, refuse
+from ortft.tasks.speech_recognition import PATH
+
+# Clips parity runs on: the logits are [clips, target, vocab] twice (PyTorch's and ONNX's), 210 MB
+# each for 16 clips of 64 tokens over Whisper's 51865 ids
+MAX_CLIPS = 16
+END_TO_END_CLIPS = 8
+SYNTHETIC_LABELS = 8  # random target tokens per synthetic clip
+
+
+class _Encoder(torch.nn.Module):
+    def __init__(self, model: Any):
+        super().__init__()
+        self.encoder = model.get_encoder()
+
+    def forward(self, input_features: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_features=input_features).last_hidden_state
+
+
+class _Decoder(torch.nn.Module):
+    """(input_ids, encoder_hidden_states, *flat past) -> (logits, *flat present)."""
+
+    def __init__(self, model: Any, n_layers: int):
+        super().__init__()
+        self.model, self.n_layers = model, n_layers
+
+    def forward(self, input_ids, encoder_hidden_states, *past):
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        own = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(self.n_layers)])
+        out = self.model(
+            decoder_input_ids=input_ids,
+            encoder_outputs=(encoder_hidden_states,),
+            cache=EncoderDecoderCache(own, DynamicCache()),  # an empty cross cache: computed
+            use_cache=True,
+            return_dict=True,
+        )
+        cache = out.cache.self_attention_cache
+        return (out.logits, *[t for layer in cache.layers for t in (layer.keys, layer.values)])
+
+
+def export_graphs(model: Any, input_features: np.ndarray, folder: Path, opset: int):
+    """Write encoder.onnx and decoder.onnx to ``folder``; (decoder inputs, decoder outputs)."""
+    from ortft.export import onnx_tools as tools
+
+    feats = torch.from_numpy(np.ascontiguousarray(input_features[:2], dtype=np.float32))
+    if len(feats) < 2:  # a batch of 2 keeps the batch axis a variable
+        feats = torch.cat([feats, feats])
+    batch = {0: "batch"}
+    enc = _Encoder(model).eval()
+    enc_axes = {"input_features": batch, "last_hidden_state": batch}
+    names = (["input_features"], ["last_hidden_state"])
+    tools.torch_export(enc, (feats,), folder / ENCODER, opset, *names, enc_axes)
+    c = model.config
+    layers, heads = int(c.decoder_layers), int(c.decoder_attention_heads)
+    with torch.no_grad():
+        hidden = enc(feats)
+    gen = torch.Generator().manual_seed(0)
+    dim = int(c.d_model) // heads
+    past = [torch.randn(2, heads, 3, dim, generator=gen) for _ in range(2 * layers)]
+    ids = torch.full((2, 2), int(c.decoder_start_token_id), dtype=torch.long)
+    inputs = ["input_ids", "encoder_hidden_states", *decoder.past_names(layers)]
+    outputs = ["logits", *decoder.past_names(layers, "present")]
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch", 1: "target"},
+        "encoder_hidden_states": batch,
+        "logits": {0: "batch", 1: "target"},
+    }
+    axes.update({n: {0: "batch", 2: "past_target"} for n in inputs[2:]})
+    axes.update({n: {0: "batch", 2: "total_target"} for n in outputs[1:]})
+    module = _Decoder(model, layers).eval()
+    tools.torch_export(module, (ids, hidden, *past), folder / DECODER, opset, inputs, outputs, axes)
+    return inputs, outputs
+
+
+# --------------------------------------------------------------------------- the clips
+
+
+def _synthetic(n: int, rate: int, seconds: float, rng: np.random.Generator) -> list[np.ndarray]:
+    """Tones in noise, 0.3 s to a little over the extractor's window (so it cuts some)."""
+    out = []
+    for _ in range(n):
+        t = np.arange(int(rng.uniform(0.3, 1.2 * seconds) * rate)) / rate
+        tone = np.sin(2 * np.pi * rng.uniform(100, 3000) * t) * rng.uniform(0.05, 0.5)
+        out.append((tone + rng.normal(0, 0.02, len(t))).astype(np.float32))
+    return out
+
+
+def clips(
+    task: Any, processor: Any, samples: Any, n: int, vocab: int
+) -> tuple[dict[str, np.ndarray], list[np.ndarray], str]:
+    """(feeds: input_features and labels, the decoded clips, source): up to ``n`` held-out clips
+    through ``task.collate`` (eval's path) and decoded as the task decodes them; else ``n``
+    synthetic clips through the feature extractor, with random labels ("synthetic")."""
+    fe = processor.feature_extractor
+    rate, seconds = int(fe.sampling_rate), float(fe.n_samples) / float(fe.sampling_rate)
+    if samples is not None and len(samples):
+        batch = samples.take(np.arange(min(n, len(samples))))
+        task.bind(processor)
+        feats = task.collate(batch, None, 0)["input_features"]
+        labels = np.asarray(batch["labels"], dtype=np.int64)
+        # the labels are padded to task.max_target_length (448): cut to the longest, as batches
+        real = np.flatnonzero(np.any(labels != IGNORE_INDEX, axis=0))
+        labels = labels[:, : int(real[-1]) + 1 if len(real) else 1]
+        return {"input_features": feats, "labels": labels}, task.clips(batch[PATH]), "eval data"
+    rng = np.random.default_rng(0)
+    decoded = _synthetic(n, rate, seconds, rng)
+    feats = fe(decoded, sampling_rate=rate, return_tensors="np").input_features
+    labels = rng.integers(0, vocab, (n, SYNTHETIC_LABELS), dtype=np.int64)
+    return {"input_features": feats, "labels": labels}, decoded, "synthetic"
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def check_parity(model: Any, pair: OnnxWhisper, feeds: dict, tolerance: float, source: str):
+    """export.json's ``parity``: teacher-forced logits against PyTorch's forward with labels
+    (no decoder mask: the padded positions are compared too, and match as they are computed
+    the same way on both sides)."""
+    feats, labels = feeds["input_features"], feeds["labels"]
+    with torch.no_grad():
+        want = model(input_features=torch.from_numpy(feats), labels=torch.from_numpy(labels),
+                     use_cache=False).logits.float().numpy()  # fmt: skip
+    got = pair.logits(feats, labels).astype(np.float32)
+    targets = {"attention_mask": (labels != IGNORE_INDEX).astype(np.int64), "labels": labels}
+    j = parity.judge(got, want, targets, "token")
+    section = {"samples": int(len(labels)), "source": source, "against": "teacher-forced logits"}
+    section.update(
+        max_abs_diff=j["max_abs_diff"],
+        prediction_agreement=j["prediction_agreement"],
+        tolerance=tolerance,
+    )
+    section["passed"] = parity.passed("parity", section)
+    return section
+
+
+def _reference(model: Any, gc: Any, feats: np.ndarray) -> tuple[Any, np.ndarray]:
+    """PyTorch's generate on ``feats``: (the dict output with logits and scores, the ids it
+    returns plainly)."""
+    x = torch.from_numpy(feats)
+    ref = decoder.reference(model, gc, input_features=x)
+    with torch.no_grad():
+        plain = model.generate(input_features=x, generation_config=gc)
+    return ref, plain.numpy()
+
+
+def check_generation(model: Any, pair: OnnxWhisper, feats: np.ndarray, tolerance: float):
+    """export.json's ``generation``: the pair generating with the model's generation config
+    (``decoder.check_config``) on a few clips, against Whisper's ``generate``: step by step from
+    the init tokens (``decoder.compare``; beams: the sequences and the first step's logits, one
+    clip at a time), then the tokens each returns (init tokens and eos taken off)."""
+    from ortft.export import speech_runner as runner
+
+    gc = decoder.check_config(model, decoder.GENERATE_TOKENS)
+    beams = int(gc.num_beams or 1)
+    eos = {int(e) for e in np.atleast_1d(gc.eos_token_id if gc.eos_token_id is not None else [])}
+    n = min(decoder.GENERATE_PROMPTS, len(feats))
+    groups = [slice(0, n)] if beams == 1 else [slice(i, i + 1) for i in range(n)]
+    totals, max_diff, outputs_equal = np.zeros(3, dtype=np.int64), 0.0, True
+    for rows in groups:
+        ref, plain = _reference(model, gc, feats[rows])
+        seq, raw, k = pair.search(feats[rows], gc)
+        if beams > 1:  # generate's split keeps one row of each step's [beams, vocab] logits
+            ref.logits = ref.logits[:1]
+        *counts, diff = decoder.compare(ref, seq, raw, k, eos, beams)
+        totals, max_diff = totals + counts, max(max_diff, diff)
+        mine = runner.padded(runner.new_tokens(seq, k, gc), int(gc.pad_token_id or 0))
+        outputs_equal &= mine.shape == plain.shape and bool(np.all(mine == plain))
+    compared, mismatches, ties = (int(x) for x in totals)
+    return {
+        "method": decoder.method(gc, decoder.GENERATE_TOKENS)
+        + ", after Whisper's init tokens and with its suppressors",
+        "num_beams": beams,
+        "clips": n,
+        "steps_compared": compared,
+        "stopped_at_ties": ties,
+        "mismatches": mismatches,
+        "outputs_equal": outputs_equal,
+        "max_abs_diff": max_diff,
+        "tolerance": tolerance,
+        "passed": mismatches == 0 and compared > 0 and outputs_equal and max_diff <= tolerance,
+    }
+
+
+def check_features(folder: Path, fe: Any, decoded: list[np.ndarray], source: str):
+    """export.json's ``features``: features.onnx written and checked against the extractor on
+    each decoded clip, or why there is none (``exported: false``)."""
+    from ortft.export import audio_features
+
+    problem = audio_features.supported_problem(fe)
+    if problem is not None:
+        return {"exported": False, "reason": problem}
+    described = audio_features.write(fe, folder / FEATURES)
+    diff = 0.0
+    for clip in decoded:
+        got = audio_features.run(folder / FEATURES, clip)
+        want = fe(clip, sampling_rate=fe.sampling_rate, return_tensors="np").input_features
+        diff = max(diff, float(np.max(np.abs(got - want))))
+    return {
+        "exported": True,
+        "file": FEATURES,
+        **described,
+        "nb_max_frames": int(fe.nb_max_frames),
+        "clips": len(decoded),
+        "source": source,
+        "max_abs_diff": diff,
+        "tolerance": audio_features.TOLERANCE,
+        "passed": diff <= audio_features.TOLERANCE,
+    }
+
+
+def end_to_end(model: Any, pair: OnnxWhisper, processor: Any, decoded: list[np.ndarray]):
+    """export.json's ``end_to_end`` (not gated): each raw clip through features.onnx and the
+    pair, against PyTorch's generate on the extractor's features; transcripts compared."""
+    gc = decoder.check_config(model, decoder.GENERATE_TOKENS)
+    fe, tok = processor.feature_extractor, processor.tokenizer
+    chosen = decoded[:END_TO_END_CLIPS]
+    got = pair.transcribe(chosen, decoder.GENERATE_TOKENS)
+    feats = fe(chosen, sampling_rate=fe.sampling_rate, return_tensors="pt").input_features
+    with torch.no_grad():
+        want = model.generate(input_features=feats, generation_config=gc)
+    texts = tok.batch_decode(got, skip_special_tokens=True)
+    ref = tok.batch_decode(want, skip_special_tokens=True)
+    return {
+        "clips": len(chosen),
+        "transcripts_equal": sum(a == b for a, b in zip(texts, ref, strict=True)),
+        "max_new_tokens": decoder.GENERATE_TOKENS,
+        "gated": False,
+    }
+
+
+# --------------------------------------------------------------------------- the exporter's job
+
+
+class SpeechGraphs:
+    """``build`` fills the staging folder: encoder.onnx, decoder.onnx, features.onnx, the
+    processor, config and generation config, and returns export.json's sections (the caller
+    adds the runtimes and the card: ``exporter.deployable``)."""
+
+    def __init__(
+        self, model: Any, processor: Any, task: Any, *, opset: int, tolerance: float,
+        samples: Any, n: int,
+    ):  # fmt: skip
+        refuse(model.generation_config)  # before exporting what could not be run
+        self.model, self.processor, self.task = model.eval(), processor, task
+        self.opset, self.tolerance = opset, tolerance
+        vocab = int(model.config.vocab_size)
+        self.feeds, self.decoded, self.source = clips(
+            task, processor, samples, min(n, MAX_CLIPS), vocab
+        )
+
+    @property
+    def runtime_feeds(self) -> dict[str, np.ndarray]:
+        """What ``--check-runtime`` runs each graph on (``deploy.graph_feeds``): the features,
+        4 decoder tokens (the shifted labels' first), one raw clip (``samples``)."""
+        from ortft.export.seq2seq import shift_right
+
+        c = self.model.config
+        dec = shift_right(self.feeds["labels"], int(c.pad_token_id),
+                          int(c.decoder_start_token_id), "whisper")  # fmt: skip
+        return {
+            "input_features": self.feeds["input_features"],
+            "input_ids": np.ascontiguousarray(dec[:, :4]),
+            "samples": self.decoded[0],
+        }
+
+    def build(self, tmp: Path) -> dict[str, Any]:
+        model, feeds = self.model, self.feeds
+        t0 = time.perf_counter()
+        inputs, outputs = export_graphs(model, feeds["input_features"], tmp, self.opset)
+        export_s = time.perf_counter() - t0
+        self.processor.save_pretrained(tmp)  # processor_config.json (the extractor), tokenizer
+        generation.save(model, tmp)  # config.json, generation_config.json
+        pair = OnnxWhisper(tmp, model.config)
+        features = check_features(tmp, self.processor.feature_extractor, self.decoded, self.source)
+        files = {"encoder": ENCODER, "decoder": DECODER}
+        result: dict[str, Any] = {
+            "format_version": parity.EXPORT_FORMAT_VERSION,
+            "task": getattr(self.task, "name", "speech-recognition"),
+            "model_type": getattr(model.config, "model_type", None),
+            "opset": self.opset,
+            "files": files,
+            "bytes": parity.dir_bytes(tmp, ENCODER) + parity.dir_bytes(tmp, DECODER),
+            "export_s": round(export_s, 3),
+            "inputs": {"encoder": ["input_features"], "decoder": inputs},
+            "outputs": {"encoder": ["last_hidden_state"], "decoder": outputs},
+            "kv_cache": True,
+            "language": getattr(model.generation_config, "language", None),  # the init tokens'
+            "parity": check_parity(model, pair, feeds, self.tolerance, self.source),
+            "generation": check_generation(model, pair, feeds["input_features"], self.tolerance),
+            "features": features,
+        }
+        if features.get("passed"):
+            files["features"] = FEATURES
+            result["end_to_end"] = end_to_end(model, pair, self.processor, self.decoded)
+        return result
