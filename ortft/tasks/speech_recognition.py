@@ -157,7 +157,14 @@ class SpeechRecognition(Task):
         return [str(r[data.text_column]) for r in rows]
 
     def bind(self, processor: Any) -> None:
+        """Keep the run's speech processor; its tokenizer's prefix is set to what generate
+        starts from (the language, transcribe, no timestamps), so labels and generation agree
+        for a pretrained multilingual tokenizer too."""
         self.processor = processor
+        tok = getattr(processor, "tokenizer", None)
+        if hasattr(tok, "set_prefix_tokens"):
+            tok.set_prefix_tokens(language=self.language, task="transcribe",
+                                  predict_timestamps=False)  # fmt: skip
 
     @property
     def feature_key(self) -> str:
@@ -166,10 +173,11 @@ class SpeechRecognition(Task):
         return names[0] if names else "input_features"
 
     def limits(self) -> tuple[int, float]:
-        """(the feature extractor's sample rate, the seconds a clip is cut at)."""
+        """(the feature extractor's sample rate, the seconds a clip is cut at: task.max_seconds
+        or the extractor's window, whichever is shorter; the extractor cuts at its window)."""
         fe = self.processor.feature_extractor
-        window = float(getattr(fe, "n_samples", 0) / fe.sampling_rate) or None
-        return int(fe.sampling_rate), float(self.options.max_seconds or window or 30.0)
+        window = float(getattr(fe, "n_samples", 0) / fe.sampling_rate) or 30.0
+        return int(fe.sampling_rate), min(float(self.options.max_seconds or window), window)
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         if tokenizer is not None:
@@ -269,6 +277,10 @@ class SpeechRecognition(Task):
             model.generation_config = generation_config(
                 processor.tokenizer, model.config, self.language
             )
+        elif gc is not None and getattr(gc, "lang_to_id", None) and self.language:
+            # a pretrained multilingual Whisper: decode in the language it is trained on,
+            # to transcribe (its config may leave both to detection)
+            gc.language, gc.task = self.language, "transcribe"
 
     def metrics(self, loss, logits, labels) -> dict[str, Any]:
         return {"loss": loss}
