@@ -77,3 +77,17 @@ def test_speech_recipe_trains_through_ort_to_its_stated_wer(tmp_path: Path) -> N
     assert export["features"]["passed"]
     for graph in ("features.onnx", "encoder.onnx", "decoder.onnx"):
         assert (run / "onnx" / graph).exists()
+    # final/ in transformers' pipeline transcribes as ortft predict does (PyTorch and ONNX)
+    import soundfile as sf
+    from transformers import pipeline
+
+    clips = sorted((ROOT / "recipes" / "data" / "speech" / "clips").glob("eval-000*.flac"))
+    listing = tmp_path / "clips.txt"
+    listing.write_text("".join(f"{c}\n" for c in clips))
+    asr = pipeline("automatic-speech-recognition", model=str(run / "final"))
+    want = [asr({"raw": x, "sampling_rate": r})["text"].strip()
+            for x, r in (sf.read(str(c), dtype="float32") for c in clips)]  # fmt: skip
+    for source in (run, run / "onnx"):
+        res = run_cli("predict", str(source), "-i", str(listing), timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert [ln.split("\t")[1] for ln in res.stdout.splitlines()] == want, source
