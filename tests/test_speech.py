@@ -314,3 +314,41 @@ def test_validate_refuses_a_wordpiece_whisper_tokenizer(tmp_path: Path) -> None:
     recipe = _tiny(tmp_path, _wordpiece)
     line = _error_line(_cli("validate", recipe))
     assert line.startswith(f"error: {recipe}: model.tokenizer.train.kind=wordpiece"), line
+
+
+# --------------------------------------------------------------------------- data forms
+
+
+def test_a_folder_with_a_metadata_file_names_its_clips(tmp_path: Path) -> None:
+    """A folder of clips with a metadata.jsonl (datasets' audiofolder layout): its rows, the
+    paths made absolute against the folder; a folder with neither metadata nor class folders
+    is one error line."""
+    from ortft import tasks
+    from ortft.core.errors import InputError
+    from ortft.data.rows import read_rows
+    from ortft.data.spec import DataSection
+
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    rows = [
+        json.loads(x)
+        for x in write_speech_jsonl(tmp_path / "t.jsonl", 2).read_text().split("\n")
+        if x
+    ]
+    for i, r in enumerate(rows):
+        shutil.copy(r["audio"], folder / f"{i}.flac")
+    lines = [json.dumps({"audio": f"{i}.flac", "text": r["text"]}) for i, r in enumerate(rows)]
+    (folder / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    spec = DataSection(train="clips")
+    task = tasks.get("speech-recognition")
+    got = list(read_rows(spec, tmp_path, spec.train, "train", task))
+    assert got == [
+        {"audio": str(folder / f"{i}.flac"), "text": r["text"]} for i, r in enumerate(rows)
+    ]
+    (folder / "metadata.jsonl").unlink()
+    with pytest.raises(InputError, match="nor a metadata.jsonl or metadata.csv"):
+        list(
+            read_rows(
+                DataSection(train="clips", label_column="x"), tmp_path, "clips", "train", task
+            )
+        )
