@@ -352,3 +352,16 @@ def test_a_folder_with_a_metadata_file_names_its_clips(tmp_path: Path) -> None:
                 DataSection(train="clips", label_column="x"), tmp_path, "clips", "train", task
             )
         )
+
+
+def test_backend_auto_probes_both_backends_on_audio_batches(tmp_path: Path) -> None:
+    """backend.name=auto times torch and ort on the first collated audio batches (features,
+    not input_ids) and trains on the faster; both probes ran (no error recorded)."""
+    recipe = _tiny(tmp_path, lambda r: r["backend"].update(name="auto"))
+    res = run_cli("train", recipe, "--output-dir", tmp_path / "run", "--json",
+                  "training.max_steps=1", timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    probe = json.loads(res.stdout)["backend"]["probe"]
+    assert set(probe["backends"]) == {"torch", "ort"}, probe
+    assert all("median_step_s" in b for b in probe["backends"].values()), probe
+    assert probe["chosen"] in ("torch", "ort")

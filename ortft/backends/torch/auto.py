@@ -50,8 +50,10 @@ def _time_backend(
     backend = wrapper(name, r.backend)
     # the same model the PyTorch engine builds (keep the two in step)
     model = models.build_model(
-        loaded, task.auto_class, tokenizer, labels, attn=backend.attn_implementation
-    )
+        loaded, task.auto_class, models.vocabulary(task, tokenizer), labels,
+        attn=backend.attn_implementation,
+    )  # fmt: skip
+    task.prepare_model(model, tokenizer)
     if r.adapter is not None:
         model = models.apply_adapter(model, r.adapter)
     module = models.TaskModule(model, task).to(device)
@@ -71,7 +73,8 @@ def _time_backend(
         t0 = time.perf_counter()
         epoch, batch = next(rows)
         batch = batches.cut(task.collate(batch, epoch, r.training.seed), padding, task.aligned_keys)
-        widths.append(int(batch["input_ids"].shape[1]))
+        ids = batch.get("input_ids")  # an image or a clip is one "token", as the loop counts
+        widths.append(int(ids.shape[1]) if ids is not None else 1)
         inputs = {
             k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")
         }

@@ -224,8 +224,7 @@ class PyTorchEngine:
     def _build_model(self, loaded, task, tokenizer, labels) -> torch.nn.Module:
         r = self.recipe
         attn = self.wrapper.attn_implementation
-        # an image processor sizes no vocabulary; a speech processor's tokenizer does
-        vocab = tokenizer if task.modality == "text" else getattr(tokenizer, "tokenizer", None)
+        vocab = models.vocabulary(task, tokenizer)
         model = models.build_model(loaded, task.auto_class, vocab, labels, attn=attn)
         task.prepare_model(model, tokenizer)
         self.head = load_checks.head_record(model)  # a pretrained head: kept, reordered or new

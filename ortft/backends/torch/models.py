@@ -243,6 +243,14 @@ def _set_dropout(config: Any, p: float) -> None:
             setattr(config, name, p)
 
 
+def vocabulary(task: Any, processor: Any) -> Any:
+    """What sizes the model's vocabulary: a text task's tokenizer, a speech processor's
+    tokenizer; an image processor sizes none (None)."""
+    if task.modality == "text":
+        return processor
+    return getattr(processor, "tokenizer", None)
+
+
 def build_model(
     loaded: LoadedRecipe,
     task_auto_class: str,
