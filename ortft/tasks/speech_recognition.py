@@ -162,7 +162,7 @@ class SpeechRecognition(Task):
         for a pretrained multilingual tokenizer too."""
         self.processor = processor
         tok = getattr(processor, "tokenizer", None)
-        if hasattr(tok, "set_prefix_tokens"):
+        if tok is not None and hasattr(tok, "set_prefix_tokens"):
             tok.set_prefix_tokens(language=self.language, task="transcribe",
                                   predict_timestamps=False)  # fmt: skip
 
@@ -253,7 +253,8 @@ class SpeechRecognition(Task):
         return {**batch, self.feature_key: self.features(self.clips(batch[PATH])),
                 "decoder_attention_mask": mask}  # fmt: skip
 
-    def forward(self, model, labels, decoder_attention_mask, **inputs) -> tuple[Any, Any]:
+    # by name, as TaskModule calls it: a speech batch has no input_ids / attention_mask
+    def forward(self, model, labels, decoder_attention_mask, **inputs) -> tuple[Any, Any]:  # type: ignore[override]
         out = model(
             labels=labels,
             decoder_attention_mask=decoder_attention_mask,
@@ -296,14 +297,15 @@ class SpeechRecognition(Task):
         if not isinstance(model, torch.nn.Module):  # the ONNX encoder + decoder
             ids = model.generate(feats, max_new_tokens, num_beams=1)  # greedy, as below
         else:
-            was_training, device = model.training, next(model.parameters()).device
-            model.eval()
+            hf: Any = model  # a transformers model: generate() is its own
+            was_training, device = hf.training, next(hf.parameters()).device
+            hf.eval()
             with torch.no_grad():
-                ids = model.generate(
+                ids = hf.generate(
                     torch.from_numpy(feats).to(device), max_new_tokens=max_new_tokens,
                     do_sample=False, num_beams=1,
                 ).cpu().numpy()  # fmt: skip
-            model.train(was_training)
+            hf.train(was_training)
         return self.processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
     @property
