@@ -254,7 +254,9 @@ class SpeechRecognition(Task):
                 "decoder_attention_mask": mask}  # fmt: skip
 
     # by name, as TaskModule calls it: a speech batch has no input_ids / attention_mask
-    def forward(self, model, labels, decoder_attention_mask, **inputs) -> tuple[Any, Any]:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        self, model, labels, decoder_attention_mask, **inputs
+    ) -> tuple[Any, Any]:
         out = model(
             labels=labels,
             decoder_attention_mask=decoder_attention_mask,
