@@ -365,3 +365,27 @@ def test_backend_auto_probes_both_backends_on_audio_batches(tmp_path: Path) -> N
     assert set(probe["backends"]) == {"torch", "ort"}, probe
     assert all("median_step_s" in b for b in probe["backends"].values()), probe
     assert probe["chosen"] in ("torch", "ort")
+
+
+def test_ort_trains_whisper_like_pytorch_front_end_encoder_and_decoder_in_ort(
+    tmp_path: Path,
+) -> None:
+    """The conv front-end, the encoder and the decoder run in ORT's graph (no fallback), and
+    the per-step losses equal PyTorch's."""
+    import onnx
+
+    recipe = _tiny(tmp_path, lambda r: r["training"].update(max_steps=3))
+    ort = run_cli("train", recipe, "--output-dir", tmp_path / "ort", "backend.name=ort",
+                  "backend.save_onnx=true", timeout=600)  # fmt: skip
+    assert ort.returncode == 0, ort.stderr[-3000:]
+    ref = run_cli("train", recipe, "--output-dir", tmp_path / "torch", timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    backend = summary(tmp_path / "ort")["backend"]
+    assert backend["used"] == "ort" and not backend["fallback"] and backend["ort_exports"] >= 1
+    assert np.allclose(losses(tmp_path / "ort"), losses(tmp_path / "torch"), rtol=1e-4, atol=1e-5)
+    graphs = sorted((tmp_path / "ort" / "ort_graphs").glob("*.onnx"))
+    assert graphs, "ORTModule saved no graph"
+    ops = {
+        n.op_type for g in graphs for n in onnx.load(str(g), load_external_data=False).graph.node
+    }
+    assert {"Conv", "Softmax", "MatMul"} <= ops  # conv front-end and attention ran in ORT
