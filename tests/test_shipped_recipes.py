@@ -44,6 +44,7 @@ TRAINED = [
     "bench/gpt2-clm.yaml",
     "bench/minilm-news.yaml",
     "bench/vit-digits.yaml",
+    "bench/whisper-digits.yaml",
 ]
 # Written for CUDA (hardware.device: cuda, 12 layers x hidden 768 at batch 64 x 256 tokens):
 # one step of that model on 2 CPU cores is minutes, not seconds. They validate in
