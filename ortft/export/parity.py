@@ -214,6 +214,23 @@ def passed(kind: str, rep: dict[str, Any]) -> bool:
     )
 
 
+def teacher_forced(
+    got: np.ndarray, want: np.ndarray, labels: np.ndarray, tolerance: float, source: str
+) -> dict[str, Any]:
+    """export.json's ``parity`` of an encoder-decoder (seq2seq, speech): the ONNX decoder's
+    teacher-forced logits against PyTorch's, judged on the label positions."""
+    targets = {"attention_mask": (labels != IGNORE_INDEX).astype(np.int64), "labels": labels}
+    j = judge(got, want, targets, "token")
+    section = {"samples": int(len(labels)), "source": source, "against": "teacher-forced logits"}
+    section.update(
+        max_abs_diff=j["max_abs_diff"],
+        prediction_agreement=j["prediction_agreement"],
+        tolerance=tolerance,
+    )
+    section["passed"] = passed("parity", section)
+    return section
+
+
 def failures(result: dict[str, Any]) -> list[str]:
     """One line per section of ``result`` that did not pass, in report order."""
     out = []

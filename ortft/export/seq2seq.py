@@ -269,15 +269,7 @@ def build_report(
         labels = rng.integers(0, model.config.vocab_size, (len(feeds["input_ids"]), 8))
     labels = labels.astype(np.int64)
     got, want, generation = check(model, folder, feeds, labels, tolerance, decoder.GENERATE_TOKENS)
-    targets = {"attention_mask": (labels != IGNORE_INDEX).astype(np.int64), "labels": labels}
-    j = parity.judge(got, want, targets, "token")
-    section = {"samples": int(len(labels)), "source": source, "against": "teacher-forced logits"}
-    section.update(
-        max_abs_diff=j["max_abs_diff"],
-        prediction_agreement=j["prediction_agreement"],
-        tolerance=tolerance,
-    )
-    section["passed"] = parity.passed("parity", section)
+    section = parity.teacher_forced(got, want, labels, tolerance, source)
     return {
         "format_version": parity.EXPORT_FORMAT_VERSION,
         "task": "seq2seq",

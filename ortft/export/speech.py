@@ -168,16 +168,7 @@ def check_parity(model: Any, pair: OnnxWhisper, feeds: dict, tolerance: float, s
         want = model(input_features=torch.from_numpy(feats), labels=torch.from_numpy(labels),
                      use_cache=False).logits.float().numpy()  # fmt: skip
     got = pair.logits(feats, labels).astype(np.float32)
-    targets = {"attention_mask": (labels != IGNORE_INDEX).astype(np.int64), "labels": labels}
-    j = parity.judge(got, want, targets, "token")
-    section = {"samples": int(len(labels)), "source": source, "against": "teacher-forced logits"}
-    section.update(
-        max_abs_diff=j["max_abs_diff"],
-        prediction_agreement=j["prediction_agreement"],
-        tolerance=tolerance,
-    )
-    section["passed"] = parity.passed("parity", section)
-    return section
+    return parity.teacher_forced(got, want, labels, tolerance, source)
 
 
 def _reference(model: Any, gc: Any, feats: np.ndarray) -> tuple[Any, np.ndarray]:

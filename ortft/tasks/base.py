@@ -9,11 +9,13 @@ A task file subclasses both: its options model (``name: Literal["<task>"]`` plus
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ortft.core.constants import IGNORE_INDEX
+from ortft.core.errors import InputError
 from ortft.data.encoded import Encoded
 
 if TYPE_CHECKING:
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
     from ortft.data.spec import DataSection
 
-__all__ = ["Encoded", "ExportKind", "Task", "TaskOptions"]
+__all__ = ["Encoded", "ExportKind", "Task", "TaskOptions", "skip_bad_file"]
 
 # How the ONNX export lays out its logits, and how parity compares them:
 #   encoder    one row of logits per example (classification; question answering's [2, seq])
@@ -31,6 +33,17 @@ __all__ = ["Encoded", "ExportKind", "Task", "TaskOptions"]
 #   image      pixel_values -> one row of logits per image, plus preprocess.onnx (raw pixels in)
 #   speech     encoder.onnx + decoder.onnx (KV cache) on log-mel features, plus features.onnx
 ExportKind = Literal["encoder", "per-token", "decoder", "seq2seq", "image", "speech"]
+
+
+def skip_bad_file(data: DataSection, row: int, path: str, err: Exception) -> None:
+    """A file task's bad file (``err`` says why) at 1-based ``row``: with
+    ``data.on_bad_file=error`` one line naming the row and the file; with ``skip`` a warning,
+    and the caller leaves the row out (counted from what its encode kept)."""
+    if data.on_bad_file == "error":
+        raise InputError(
+            f"row {row}: {path}: {err} (data.on_bad_file=skip leaves such files out)"
+        ) from None
+    logging.getLogger("ortft").warning("skipped %s: %s", path, err)
 
 
 class TaskOptions(BaseModel):

@@ -10,7 +10,6 @@ and what the exported ``preprocess.onnx`` reproduces) into ``pixel_values``.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from typing import Annotated, Any, Literal
 
@@ -19,10 +18,8 @@ from pydantic import Field, model_validator
 
 from ortft.core.errors import InputError
 from ortft.data import images
-from ortft.tasks.base import Encoded, Task, TaskOptions
+from ortft.tasks.base import Encoded, Task, TaskOptions, skip_bad_file
 from ortft.tasks.classification import macro_f1
-
-log = logging.getLogger("ortft")
 
 PATH = "_image"  # the encoded column of file paths (bytes); "_": never fed to the model
 MODE = "_mode"  # each image's mode as read (RGB, L, P, RGBA, I;16...)
@@ -96,11 +93,7 @@ class ImageClassification(Task):
             try:
                 mode = images.check(path)
             except images.BadImage as err:
-                if data.on_bad_file == "error":
-                    raise InputError(
-                        f"row {i + 1}: {path}: {err} (data.on_bad_file=skip leaves such files out)"
-                    ) from None
-                log.warning("skipped %s: %s", path, err)
+                skip_bad_file(data, i + 1, path, err)
                 continue
             key = str(row[data.label_column])
             if key not in label2id:

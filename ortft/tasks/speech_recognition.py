@@ -35,7 +35,7 @@ from pydantic import Field
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.data import audio
-from ortft.tasks.base import Encoded, Task, TaskOptions
+from ortft.tasks.base import Encoded, Task, TaskOptions, skip_bad_file
 
 log = logging.getLogger("ortft")
 
@@ -195,11 +195,7 @@ class SpeechRecognition(Task):
             try:
                 notes = audio.notes_of(audio.check(path), rate, limit)
             except audio.BadAudio as err:
-                if data.on_bad_file == "error":
-                    raise InputError(
-                        f"row {i + 1}: {path}: {err} (data.on_bad_file=skip leaves such files out)"
-                    ) from None
-                log.warning("skipped %s: %s", path, err)
+                skip_bad_file(data, i + 1, path, err)
                 continue
             ids = self.processor.tokenizer(str(row[data.text_column])).input_ids
             ids = ids[1:] if ids and ids[0] == start else ids  # the model prepends it

@@ -81,6 +81,21 @@ def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
             sep_token="[SEP]",
             mask_token="[MASK]",
         )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=train_byte_bpe(texts, spec),
+        bos_token=BPE_EOS,
+        eos_token=BPE_EOS,
+        unk_token=BPE_EOS,
+        pad_token=BPE_EOS,
+    )
+
+
+def train_byte_bpe(texts: list[str], spec: TrainTokenizer) -> Any:
+    """A GPT-2-style byte-level BPE (``tokenizers.Tokenizer``) trained on ``texts``, with
+    ``BPE_EOS`` as its one special token (Whisper's tokenizer is built on it too:
+    ``backends/torch/speech.py``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -92,13 +107,7 @@ def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=BPE_EOS,
-        eos_token=BPE_EOS,
-        unk_token=BPE_EOS,
-        pad_token=BPE_EOS,
-    )
+    return tok
 
 
 def model_source(loaded: LoadedRecipe, value: str) -> str:

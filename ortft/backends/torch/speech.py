@@ -51,25 +51,16 @@ def is_whisper(tokenizer: Any) -> bool:
 def train_tokenizer(texts: list[str], spec: TrainTokenizer, language: str | None) -> Any:
     """A ``WhisperTokenizer`` (byte-level BPE) trained on ``texts``, Whisper's special tokens
     added, its prefix set to transcribe in ``language``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import WhisperTokenizer
+
+    from ortft.backends.torch import models
 
     if spec.kind != "byte-bpe":
         raise InputError(
             f"model.tokenizer.train.kind={spec.kind}: Whisper's tokenizer is byte-level BPE; "
             "set kind: byte-bpe"
         )
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size,
-        min_frequency=spec.min_frequency,
-        special_tokens=[EOT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok = models.train_byte_bpe(texts, spec)  # its one special token: end-of-text (EOT)
     model = json.loads(tok.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     whisper = WhisperTokenizer(vocab=model["vocab"], merges=merges, pad_token=EOT)
