@@ -44,6 +44,30 @@ OTHERS = 0.1  # a run is clean where others took at most this share of the CPU
 SUMMARIZED = ("samples_per_s", "ms_per_step", "loss_step1", "train_loss")
 
 
+def trainer_overrides(lr: float, batch: int, seed: int, **more: str) -> dict[str, str]:
+    """ortft's side of a fine-tune the Trainer runs at its defaults (linear decay, no warm-up,
+    no weight decay, clipping at 1.0), restated so they follow the constants the Trainer is
+    given: a metrics row per step, no eval, export or checkpoint; ``more``: the bench's own
+    overrides (their dotted keys as a dict: ``**{"task.generate_samples": "0"}``)."""
+    return {
+        "hardware.device": "cpu",
+        "training.lr": str(lr),
+        "training.batch_size": str(batch),
+        "training.scheduler": "linear",
+        "training.warmup_ratio": "0",
+        "training.weight_decay": "0",
+        "training.max_grad_norm": "1.0",
+        "training.seed": str(seed),
+        "training.log_every": "1",  # a metrics row (with time_s) per step
+        "training.eval_every": "null",
+        "data.eval_fraction": "0",  # every training row, no eval
+        "export.enabled": "false",
+        "checkpoint.save_every": "null",
+        "checkpoint.resume": "never",
+        **more,
+    }
+
+
 @dataclass(frozen=True)
 class Bench:
     name: str  # the log prefix, the temporary folders' and the results file's name

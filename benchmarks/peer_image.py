@@ -84,24 +84,8 @@ VIT = {  # recipes/bench/vit-digits.yaml's model.from_config, as ViTConfig's fie
     "hidden_dropout_prob": 0.0,
     "attention_probs_dropout_prob": 0.0,
 }
-# ortft's side of the same fine-tune (the recipe holds these too; restated so they follow the
-# constants Trainer is given)
-ORTFT_OVERRIDES = {
-    "hardware.device": "cpu",
-    "training.lr": str(LR),
-    "training.batch_size": str(BATCH),
-    "training.scheduler": "linear",
-    "training.warmup_ratio": "0",
-    "training.weight_decay": "0",
-    "training.max_grad_norm": "1.0",
-    "training.seed": str(SEED),
-    "training.log_every": "1",  # a metrics row (with time_s) per step
-    "training.eval_every": "null",
-    "data.eval_fraction": "0",  # every training digit, no eval
-    "export.enabled": "false",
-    "checkpoint.save_every": "null",
-    "checkpoint.resume": "never",
-}
+# ortft's side of the same fine-tune (the recipe holds these too)
+ORTFT_OVERRIDES = common.trainer_overrides(LR, BATCH, SEED)
 
 
 def digits() -> tuple[list[str], list[int]]:

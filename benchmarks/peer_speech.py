@@ -95,25 +95,8 @@ WHISPER = {  # recipes/bench/whisper-digits.yaml's model.from_config, as Whisper
     "activation_dropout": 0.0,
 }
 SECONDS = WHISPER["max_source_positions"] // 50  # the feature extractor's window
-# ortft's side of the same fine-tune (the recipe holds these too; restated so they follow the
-# constants the Trainer is given)
-ORTFT_OVERRIDES = {
-    "hardware.device": "cpu",
-    "training.lr": str(LR),
-    "training.batch_size": str(BATCH),
-    "training.scheduler": "linear",
-    "training.warmup_ratio": "0",
-    "training.weight_decay": "0",
-    "training.max_grad_norm": "1.0",
-    "training.seed": str(SEED),
-    "training.log_every": "1",  # a metrics row (with time_s) per step
-    "training.eval_every": "null",
-    "data.eval_fraction": "0",  # every training clip, no eval
-    "task.generate_samples": "0",
-    "export.enabled": "false",
-    "checkpoint.save_every": "null",
-    "checkpoint.resume": "never",
-}
+# ortft's side of the same fine-tune (the recipe holds these too)
+ORTFT_OVERRIDES = common.trainer_overrides(LR, BATCH, SEED, **{"task.generate_samples": "0"})
 
 
 def clips() -> tuple[list[str], list[str]]:
