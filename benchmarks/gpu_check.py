@@ -5,14 +5,20 @@ nvidia-smi sees a GPU), then this. Every step runs in its own process and is rec
 its outcome, so one failing step (a backend, a precision) does not hide the others:
 
 1. ``ortft doctor --json``: every provider library resolves, the CUDA extensions are built.
-2. interop: torch (CUDA 12.4) and onnxruntime-training (CUDA 11.8) in one process: a CUDA
+2. allocator: torch_gpu_allocator (built from PyPI's CUDA 12.4 wheels, no nvcc) loads and its
+   three addresses lie inside it; ORTModule's CUDA session is configured with them
+   (``gpu_external_alloc`` / ``_free`` / ``_empty_cache``); ``torch.cuda.memory_allocated()``
+   grows across an ORTModule forward, i.e. ORT's CUDA 11.8 provider really allocates through
+   cu12.4 torch's caching allocator, the pairing no one has tested (docs/gpu.md, section 4).
+3. interop: torch (CUDA 12.4) and onnxruntime-training (CUDA 11.8) in one process: a CUDA
    tensor through DLPack into an OrtValue and back (same pointer, same values), then ORTModule
    against PyTorch on a small MLP (outputs and gradients), which is what every ORTModule step
    does (docs/gpu.md says why this is the question that matters).
-3. the GPU bench recipes: ort vs torch vs torch + torch.compile, in fp32, bf16 and fp16.
-4. adamw_ort_fused (ORT's FusedAdam, a CUDA extension) vs torch's fused AdamW.
-5. padding elimination (ORTModule's embedding sparsity, CUDA-only in ORT 1.19) on vs off.
-6. with two GPUs or more: 2-process DDP (torchrun), ort and torch.
+4. the GPU bench recipes: ort vs torch vs torch + torch.compile, in fp32, bf16 and fp16.
+5. the optimizer: torch's fused AdamW vs foreach on both backends, plus adamw_ort_fused (ORT's
+   FusedAdam) only where its fused_ops extension was built (it needs a CUDA 12 nvcc).
+6. padding elimination (ORTModule's embedding sparsity, CUDA-only in ORT 1.19) on vs off.
+7. with two GPUs or more: 2-process DDP (torchrun), ort and torch.
 
 The results, with the machine's description, go to
 ``benchmarks/results/gpu-check-<gpu>-<time>.json``, rewritten after every step.
@@ -36,6 +42,36 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ("bert-cls-gpu", "gpt2-clm-gpu")  # recipes/bench/<name>.yaml
 DTYPES = ("fp32", "bf16", "fp16")
 PY = sys.executable
+
+ALLOCATOR = r"""
+import json, torch
+from ortft.env import cuda_extensions, extensions
+from onnxruntime.training.ortmodule import ORTModule
+from onnxruntime.training.ortmodule.torch_cpp_extensions import torch_gpu_allocator as ext
+out = {"problems": cuda_extensions.inspect(__import__("pathlib").Path(ext.__file__))}
+model = ORTModule(torch.nn.Sequential(torch.nn.Linear(256, 4096), torch.nn.GELU(),
+                                      torch.nn.Linear(4096, 256)).cuda())
+x = torch.randn(512, 256, device="cuda")
+torch.cuda.synchronize()
+before = torch.cuda.memory_allocated()
+y = model(x)  # ORT's activations kept for backward: allocated through torch's allocator
+torch.cuda.synchronize()
+out["memory_allocated_before"], out["memory_allocated_after"] = before, torch.cuda.memory_allocated()
+manager = model._torch_module._execution_manager(True)
+session = manager._execution_agent._inference_session
+options = session.get_provider_options().get("CUDAExecutionProvider", {})
+expected = {"gpu_external_alloc": ext.gpu_caching_allocator_raw_alloc_address(),
+            "gpu_external_free": ext.gpu_caching_allocator_raw_delete_address(),
+            "gpu_external_empty_cache": ext.gpu_caching_allocator_empty_cache_address()}
+out["provider_options"] = {k: options.get(k) for k in expected}
+out["session_uses_torch_allocator"] = all(str(v) == str(options.get(k)) for k, v in expected.items())
+y.sum().backward()
+# the output alone is 512 x 256 floats; the kept activations are 512 x 4096 x 2 more
+out["ok"] = (not out["problems"] and out["session_uses_torch_allocator"]
+             and out["memory_allocated_after"] - before >= 512 * 4096 * 4)
+print(json.dumps(out))
+raise SystemExit(0 if out["ok"] else 1)
+"""
 
 INTEROP = r"""
 import copy, json, torch
@@ -73,11 +109,20 @@ def bench_cmd(recipe: Path, backends: str, steps: int, repeats: int) -> list[str
             "--repeats", str(repeats), "--json"]  # fmt: skip
 
 
-def plan(n_gpus: int, steps: int, repeats: int, recipe_dir: Path) -> list[dict[str, Any]]:
+def fused_ops_built() -> bool:
+    from ortft.env import extensions
+
+    return extensions.built_file("fused_ops") is not None
+
+
+def plan(
+    n_gpus: int, steps: int, repeats: int, recipe_dir: Path, fused_ops: bool = False
+) -> list[dict[str, Any]]:
     """Every step: a name and the command whose stdout (JSON where it prints JSON) is recorded.
     ``recipe_dir`` holds the precision variants that :func:`write_precision_recipes` wrote."""
     steps_out: list[dict[str, Any]] = [
         {"name": "doctor", "cmd": [PY, "-m", "ortft", "doctor", "--json"]},
+        {"name": "allocator", "cmd": [PY, "-c", ALLOCATOR]},
         {"name": "interop", "cmd": [PY, "-c", INTEROP]},
     ]
     for name in RECIPES:
@@ -89,7 +134,9 @@ def plan(n_gpus: int, steps: int, repeats: int, recipe_dir: Path) -> list[dict[s
                  "cmd": bench_cmd(recipe, backends, steps, repeats)}
             )  # fmt: skip
     bert = recipe_dir / "bert-cls-gpu-fp32.yaml"
-    fused = "ort,ort+optimizer.name=adamw_ort_fused,torch,torch+optimizer.implementation=foreach"
+    fused = "ort,ort+optimizer.implementation=foreach,torch,torch+optimizer.implementation=foreach"
+    if fused_ops:  # what the profile has: set-up does not build fused_ops (docs/gpu.md, 4)
+        fused += ",ort+optimizer.name=adamw_ort_fused"
     steps_out.append({"name": "fused adam", "cmd": bench_cmd(bert, fused, steps, repeats)})
     # bert-cls-gpu pads every batch to 256 tokens (snippets of ~30): the case it is made for.
     padding = (
@@ -124,7 +171,7 @@ def machine() -> dict[str, Any]:
         ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    gpus = [dict(zip(query.split(","), (v.strip() for v in line.split(","))))
+    gpus = [dict(zip(query.split(","), (v.strip() for v in line.split(",")), strict=False))
             for line in smi.stdout.strip().splitlines()]  # fmt: skip
     topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, check=False)
     versions = subprocess.run(
@@ -201,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ortft-gpu-check-") as tmp:
         work = Path(tmp)
         write_precision_recipes(work / "recipes")
-        for step in plan(n_gpus, args.steps, args.repeats, work / "recipes"):
+        for step in plan(n_gpus, args.steps, args.repeats, work / "recipes", fused_ops_built()):
             report["steps"].append(run_step(step, work, args.timeout))
             fsutil.write_json_atomic(out, report)
     failed = [s["name"] for s in report["steps"] if s.get("exit_code") != 0]

@@ -101,9 +101,13 @@ def test_a_missing_gpu_piece_matters_as_much_as_the_machine_says(gpu, profile, v
     check = doctor.provider_check("CUDA provider", "lib.so", ["libcudnn.so.8"], gpu, profile)
     assert check.verdict == verdict
     assert "libcudnn.so.8 not found" in check.value and "GPU=1" in (check.fix or "")
-    assert doctor.cuda_extensions_check(["fused_ops"], gpu, profile).verdict == verdict
+    assert doctor.gpu_allocator_check(None, gpu, profile).verdict == verdict
+    assert doctor.gpu_allocator_check(["libcudart.so.13"], gpu, profile).verdict == verdict
     assert doctor.provider_check("CUDA provider", "lib.so", [], gpu, profile).verdict == doctor.OK
-    assert doctor.cuda_extensions_check([], gpu, profile).verdict == doctor.OK
+    assert doctor.gpu_allocator_check(["libcudart.so.12"], gpu, profile).verdict == doctor.OK
+    # fused_ops serves only adamw_ort_fused: context wherever it is missing, GPU or not
+    assert doctor.fused_ops_check(False).verdict == doctor.INFO
+    assert doctor.fused_ops_check(True).verdict == doctor.OK
 
 
 def test_a_cpu_provider_that_cannot_load_always_fails():
@@ -124,8 +128,9 @@ def test_doctor_gpu_profile_without_a_gpu_warns(monkeypatch, tmp_path):
     profile(monkeypatch, tmp_path, installed=True, gpu=False, missing=["libcudnn.so.8"])
     check = doctor._probe_provider("CUDAExecutionProvider", gpu_visible=False)
     assert (check.name, check.verdict) == ("CUDA provider", doctor.WARN)
-    (ext,) = doctor._probe_cuda_extensions()  # this machine cannot build them: no nvcc
-    assert ext.verdict == doctor.WARN and "fused_ops" in ext.value
+    allocator, fused = doctor._probe_cuda_extensions()  # set-up built the allocator here
+    assert allocator.verdict == doctor.OK and "libcudart.so.12" in allocator.value
+    assert fused.verdict == doctor.INFO and "--fused-ops" in (fused.fix or "")
 
 
 def test_doctor_gpu_profile_that_resolves_but_was_not_preloaded(monkeypatch, tmp_path):
@@ -147,7 +152,7 @@ def test_doctor_fails_with_a_visible_gpu_and_the_cpu_profile(monkeypatch, tmp_pa
     assert checks["CUDA provider"].verdict == doctor.FAIL
     assert "libcudart.so.11.0" in checks["CUDA provider"].value
     assert checks["CPU provider"].verdict == doctor.OK
-    assert checks["CUDA extensions"].verdict == doctor.FAIL
+    assert checks["GPU allocator extension"].verdict == doctor.OK  # built on every machine
     assert doctor.exit_code(list(checks.values())) == 1
 
 
@@ -156,7 +161,8 @@ def test_doctor_cpu_profile_without_a_gpu_is_information(monkeypatch, tmp_path):
     monkeypatch.setattr(doctor, "_gpu_visible", lambda: False)
     checks = {c.name: c for c in doctor._probe_ort() + doctor._probe_cuda_extensions()}
     assert checks["CUDA provider"].verdict == doctor.INFO
-    assert checks["CUDA extensions"].verdict == doctor.INFO
+    assert checks["GPU allocator extension"].verdict == doctor.OK
+    assert checks["fused_ops extension"].verdict == doctor.INFO
 
 
 # --------------------------------------------------------------------------- make gpu-check
@@ -208,7 +214,13 @@ def test_gpu_check_plan_is_valid_without_a_gpu(tmp_path, gpus):
     gc.write_precision_recipes(tmp_path)
     steps = gc.plan(gpus, steps=20, repeats=2, recipe_dir=tmp_path)
     names = [s["name"] for s in steps]
-    assert names[:2] == ["doctor", "interop"]
+    fused = {s["name"]: " ".join(s["cmd"]) for s in steps}["fused adam"]
+    assert "adamw_ort_fused" not in fused  # set-up builds no fused_ops: only where it exists
+    with_fused = gc.plan(gpus, steps=20, repeats=2, recipe_dir=tmp_path, fused_ops=True)
+    assert "adamw_ort_fused" in " ".join(with_fused[names.index("fused adam")]["cmd"])
+    assert names[:3] == ["doctor", "allocator", "interop"]
+    for step in steps[1:3]:  # the python -c probes at least compile here
+        compile(step["cmd"][-1], step["name"], "exec")
     assert {"fused adam", "padding elimination"} <= set(names)
     assert ("ddp2 ort" in names) == (gpus >= 2)
     for step in steps:

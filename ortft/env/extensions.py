@@ -1,19 +1,22 @@
 """Build ORTModule's torch C++ extensions, and cache them outside the virtual environment.
 
-ORTModule needs a few small C++ extensions compiled against the installed torch
-(``aten_op_executor``, ``torch_interop_utils``; on a GPU also ``fused_ops`` and
-``torch_gpu_allocator``). They live as ``*.so`` files in onnxruntime's
-``training/ortmodule/torch_cpp_extensions/`` folder, where ORTModule imports them from.
+ORTModule needs a few small C++ extensions compiled against the installed torch. They live as
+``*.so`` files in onnxruntime's ``training/ortmodule/torch_cpp_extensions/`` folder, where
+ORTModule imports them from:
 
-* A GPU is visible (``torch.cuda.is_available()``): the stock ``python -m torch_ort.configure``.
-* Otherwise only the CPU extensions. The stock configure also tries the CUDA ones whenever
-  torch is a CUDA build, which fails on a machine without a GPU (even one with nvcc).
+* ``aten_op_executor`` and ``torch_interop_utils`` (``cpu/``): every run.
+* ``torch_cuda_extensions`` (``cuda/``, one ``.cc``, no device code): every ORTModule on a GPU.
+  Built on every machine, GPU or not, with the host compiler and a ``CUDA_HOME`` made of PyPI's
+  CUDA 12.4 wheels (``cuda_extensions.py`` says how), so its tests run everywhere.
+* ``fused_ops`` (``cuda/``, ``.cu`` kernels): only ``optimizer.name: adamw_ort_fused``. It needs a
+  CUDA 12 nvcc, which PyPI does not have: built on request by ``python -m ortft.env.extensions
+  --fused-ops`` where a CUDA 12.x toolkit is installed (docs/gpu.md).
 
 Compiling takes minutes on 2 cores, so the built files are saved under
 ``${ORTFT_CACHE:-~/.cache/ortft}/extensions/<key>/`` (the key hashes the torch and
 onnxruntime-training versions (and its distribution when it is the -cpu one), the Python
-version and whether CUDA is used) and copied back
-on the next set-up. ``python -m ortft.env.extensions`` is what ``make setup`` runs; ``ortft doctor
+version and the CUDA runtime wheels the allocator is built against) and copied back on the
+next set-up. ``python -m ortft.env.extensions`` is what ``make setup`` runs; ``ortft doctor
 --fix`` calls :func:`ensure_built`.
 """
 
@@ -36,7 +39,7 @@ from pathlib import Path
 
 from ortft.core import fsutil
 from ortft.core.errors import OrtftError
-from ortft.env import ort_training
+from ortft.env import cuda_extensions, ort_training
 
 MARKER = "ortft-extensions.json"  # written next to the .so files: which key they were built for
 FIX_COMMAND = "ortft doctor --fix"  # or `make setup` in a clone
@@ -52,7 +55,6 @@ class Status:
 
     directory: str | None
     built: bool
-    cuda: bool
     key: str | None
     expected: list[str] = field(default_factory=list)
     present: list[str] = field(default_factory=list)
@@ -87,16 +89,25 @@ def _setup_scripts(ext_dir: Path, kind: str) -> list[Path]:
     return sorted((ext_dir / kind).glob("*/setup.py"))
 
 
-def expected_names(ext_dir: Path, cuda: bool) -> list[str]:
-    kinds = ["cpu", "cuda"] if cuda else ["cpu"]
-    return [p.parent.name for kind in kinds for p in _setup_scripts(ext_dir, kind)]
+def expected_names(ext_dir: Path) -> list[str]:
+    """What set-up builds: the CPU extensions, and the GPU allocator where its source is (both
+    ORT builds, CUDA and -cpu, ship it). fused_ops is built only on request (module docstring)."""
+    names = [p.parent.name for p in _setup_scripts(ext_dir, "cpu")]
+    if cuda_extensions.source_dir(ext_dir) is not None:
+        names.append(cuda_extensions.NAME)
+    return names
 
 
-def missing_cuda(ext_dir: Path) -> list[str]:
-    """The CUDA extensions (fused_ops, torch_gpu_allocator) not built in ``ext_dir``, whether
-    or not a GPU is visible: the GPU profile reports them without one."""
-    present = {_module_name(p) for p in _built_files(ext_dir)}
-    return [p.parent.name for p in _setup_scripts(ext_dir, "cuda") if p.parent.name not in present]
+def built_names(ext_dir: Path) -> list[str]:
+    return sorted({_module_name(p) for p in _built_files(ext_dir)})
+
+
+def built_file(name: str) -> Path | None:
+    """The built ``.so`` of extension ``name`` (``fused_ops``, ``torch_gpu_allocator``...) in
+    onnxruntime's extensions folder, or None."""
+    ext_dir = extensions_dir()
+    found = [so for so in _built_files(ext_dir) if _module_name(so) == name] if ext_dir else []
+    return found[0] if found else None
 
 
 def _built_files(ext_dir: Path) -> list[Path]:
@@ -117,21 +128,15 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def cuda_visible() -> bool:
-    """Whether torch sees a GPU (CUDA or ROCm); a CUDA toolkit without a GPU does not count."""
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-def key_inputs(cuda: bool) -> dict:
+def key_inputs() -> dict:
     ort = ort_training.installed()
     inputs = {
         "torch": _dist_version("torch"),
         "onnxruntime-training": ort[1] if ort else None,
         "python": f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}",
         "platform": f"{sys.platform}-{platform.machine()}",
-        "cuda": cuda,
+        # what the allocator is built against; whether a GPU is visible changes nothing built
+        "gpu-allocator": cuda_extensions.wheel_versions(),
     }
     # Only when it is not the default distribution, so the keys of existing caches still hold.
     if ort and ort[0] != "onnxruntime-training":
@@ -147,19 +152,14 @@ def cache_key(inputs: dict) -> str:
 # --------------------------------------------------------------------------- status
 
 
-def status(cuda: bool | None = None) -> Status:
-    """What is built, without building anything. Imports torch only to ask about the GPU."""
+def status() -> Status:
+    """What is built, without building anything (nor importing torch)."""
     ext_dir = extensions_dir()
     if ext_dir is None:
-        return Status(None, False, False, None, problem="onnxruntime-training is not installed")
-    if cuda is None:
-        try:
-            cuda = cuda_visible()
-        except Exception as err:  # torch missing or broken: still report what is on disk
-            return Status(str(ext_dir), False, False, None, problem=f"cannot import torch ({err})")
-    key = cache_key(key_inputs(cuda))
-    expected = expected_names(ext_dir, cuda)
-    present = sorted({_module_name(p) for p in _built_files(ext_dir)})
+        return Status(None, False, None, problem="onnxruntime-training is not installed")
+    key = cache_key(key_inputs())
+    expected = expected_names(ext_dir)
+    present = built_names(ext_dir)
     missing = [name for name in expected if name not in present]
     stale = False
     marker = ext_dir / MARKER
@@ -169,7 +169,7 @@ def status(cuda: bool | None = None) -> Status:
         except (OSError, ValueError):
             stale = True
     built = bool(expected) and not missing and not stale
-    return Status(str(ext_dir), built, cuda, key, expected, present, missing, stale)
+    return Status(str(ext_dir), built, key, expected, present, missing, stale)
 
 
 def is_built() -> bool:
@@ -182,7 +182,7 @@ def check_loads(timeout: float = 300) -> str | None:
     This is what catches an ABI mismatch (e.g. torch >= 2.7: undefined symbol PyNode).
     """
     ext_dir = extensions_dir()
-    names = sorted({_module_name(p) for p in _built_files(ext_dir)}) if ext_dir else []
+    names = built_names(ext_dir) if ext_dir else []
     pkg = "onnxruntime.training.ortmodule.torch_cpp_extensions"
     code = "import importlib, torch\n" + "".join(
         f"importlib.import_module({pkg + '.' + name!r})\n" for name in names
@@ -273,33 +273,56 @@ def _run_logged(cmd: list[str], cwd: Path, env: dict, log: Path, what: str) -> N
         )
 
 
-def _build_cpu(ext_dir: Path, log: Path) -> None:
-    # Like onnxruntime's install.build_torch_cpp_extensions, minus the CUDA extensions. The
-    # build tree goes to a temp dir so no stale objects from another torch can be picked up.
+def _build(ext_dir: Path, log: Path) -> None:
+    """The CPU extensions as onnxruntime's install.build_torch_cpp_extensions builds them, then
+    the GPU allocator (cuda_extensions.py). The build tree goes to a temp dir so no stale objects
+    from another torch can be picked up."""
     env = dict(os.environ, ONNXRUNTIME_CUDA_VERSION="", ONNXRUNTIME_ROCM_VERSION="")
     scripts = _setup_scripts(ext_dir, "cpu")
+    allocator = cuda_extensions.source_dir(ext_dir) is not None
+    total = len(scripts) + allocator
     with tempfile.TemporaryDirectory(prefix="ortft-ext-build-") as build_base:
         for i, setup_py in enumerate(scripts, 1):
             name = setup_py.parent.name
-            _say(f"compiling {name} ({i}/{len(scripts)}; a few minutes on 2 cores)")
+            _say(f"compiling {name} ({i}/{total}; a few minutes on 2 cores)")
             cmd = [sys.executable, str(setup_py), "build", "--build-base", build_base]
             _run_logged(cmd, ext_dir, env, log, f"ORTModule's C++ extension '{name}'")
         for so in Path(build_base).glob("lib.*/*.so"):
             shutil.copyfile(so, ext_dir / so.name)
+        if allocator:
+            _say(f"compiling {cuda_extensions.NAME} ({total}/{total}; host compiler, no nvcc)")
+            try:
+                cuda_extensions.build(
+                    ext_dir,
+                    Path(build_base),
+                    lambda cmd, cwd, env, what: _run_logged(cmd, cwd, env, log, what),
+                )
+            except cuda_extensions.CudaBuildError as err:
+                raise ExtensionError(str(err)) from None
 
 
-# V100 to H100: what torch 2.6's CUDA 12.4 and ORT's CUDA 11.8 build both run on. Without it
-# torch builds for the visible GPU only, and the cache (keyed on versions, not on the GPU) would
-# hand an A100 build to an H100 sharing the same ~/.cache ("no kernel image is available").
-CUDA_ARCHS = "7.0;7.5;8.0;8.6;8.9;9.0"
-
-
-def _build_gpu(ext_dir: Path, log: Path) -> None:
-    _say("a GPU is visible: running `python -m torch_ort.configure` (CUDA + CPU extensions)")
-    cmd = [sys.executable, "-m", "torch_ort.configure"]
-    env = dict(os.environ)
-    env.setdefault("TORCH_CUDA_ARCH_LIST", CUDA_ARCHS)
-    _run_logged(cmd, ext_dir, env, log, "ORTModule's extensions (torch_ort.configure)")
+def build_fused_ops() -> Path:
+    """fused_ops (``optimizer.name: adamw_ort_fused``) with the CUDA 12.x toolkit named by
+    ``CUDA_HOME``, into the extensions folder and the cache of the current key (so a restore
+    brings it back with the others)."""
+    ext_dir = extensions_dir()
+    if ext_dir is None:
+        raise ExtensionError("onnxruntime-training is not installed; run `make setup` first")
+    log = cache_root() / "build-fused_ops.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"ortft: building fused_ops with CUDA_HOME={os.environ.get('CUDA_HOME')}\n")
+    with tempfile.TemporaryDirectory(prefix="ortft-fused-ops-") as build_base:
+        try:
+            dest = cuda_extensions.build_fused_ops(
+                ext_dir,
+                Path(build_base),
+                lambda cmd, cwd, env, what: _run_logged(cmd, cwd, env, log, what),
+            )
+        except cuda_extensions.CudaBuildError as err:
+            raise ExtensionError(str(err)) from None
+    inputs = key_inputs()
+    _save(ext_dir, cache_key(inputs), inputs)
+    return dest
 
 
 def ensure_built(force: bool = False, use_cache: bool = True) -> Status:
@@ -310,15 +333,9 @@ def ensure_built(force: bool = False, use_cache: bool = True) -> Status:
             "onnxruntime-training is not installed; run `pip install -r requirements/lock.txt` "
             "(or `make setup`) first"
         )
-    try:
-        cuda = cuda_visible()
-    except Exception as err:
-        raise ExtensionError(
-            f"cannot import torch ({err}); run `pip install -r requirements/lock.txt` first"
-        ) from None
-    inputs = key_inputs(cuda)
+    inputs = key_inputs()
     key = cache_key(inputs)
-    current = status(cuda)
+    current = status()
     cached = cache_root() / key
     if current.built and not force:
         adopted = not (ext_dir / MARKER).is_file()  # e.g. built by torch_ort.configure
@@ -349,7 +366,7 @@ def ensure_built(force: bool = False, use_cache: bool = True) -> Status:
         if problem is None:
             _write_marker(ext_dir, key, inputs, f"cache {cached}")
             _say(f"restored from cache {cached}")
-            return status(cuda)
+            return status()
         _say(f"cached build in {cached} does not load ({problem}); rebuilding")
         for so in _built_files(ext_dir):
             so.unlink()
@@ -360,11 +377,8 @@ def ensure_built(force: bool = False, use_cache: bool = True) -> Status:
     log = log_dir / f"build-{key}.log"
     log.write_text(f"ortft: building ORTModule's extensions for {json.dumps(inputs)}\n")
     start = time.monotonic()
-    if cuda:
-        _build_gpu(ext_dir, log)
-    else:
-        _build_cpu(ext_dir, log)
-    result = status(cuda)
+    _build(ext_dir, log)
+    result = status()
     if result.missing:
         raise ExtensionError(
             f"the build finished but {', '.join(result.missing)} is missing from {ext_dir}; "
@@ -381,7 +395,7 @@ def ensure_built(force: bool = False, use_cache: bool = True) -> Status:
     saved = _save(ext_dir, key, inputs)
     where = f"; cached in {saved}" if saved else ""
     _say(f"built {', '.join(result.present)} in {time.monotonic() - start:.0f} s{where}")
-    return status(cuda)
+    return status()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,12 +410,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--status", action="store_true", help="print the status as JSON; build nothing"
     )
+    parser.add_argument(
+        "--fused-ops",
+        action="store_true",
+        help="also build fused_ops (adamw_ort_fused) with the CUDA 12.x nvcc in $CUDA_HOME",
+    )
     args = parser.parse_args(argv)
     if args.status:
         print(json.dumps(status().as_dict(), indent=2))
         return 0
     try:
         result = ensure_built(force=args.force, use_cache=not args.no_cache)
+        if args.fused_ops:
+            _say(f"built {build_fused_ops()}")
+            result = status()
     except ExtensionError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

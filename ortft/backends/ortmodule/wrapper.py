@@ -211,8 +211,13 @@ class OrtBackend:
         _install_batchnorm_restore()
         _install_session_tweaks()
         _install_label_hook_fix()
-        from ortft.backends.ortmodule import patches
+        import torch
 
+        from ortft.backends.ortmodule import allocator, patches
+
+        # ORTModule imports the allocator whenever CUDA is available, wherever the model is
+        cuda = torch.cuda.is_available()
+        self._report.notes.extend(allocator.configure(self.options.gpu_allocator, cuda))
         # architectures ORTModule cannot otherwise train (DeBERTa, ModernBERT, MoE): patches.py
         self._report.notes.extend(patches.apply(module))
         self._route_kernels(module)
