@@ -64,6 +64,33 @@ def make_deterministic() -> None:
 AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def resolve_precision(dtype: str, backend: str, device: torch.device) -> tuple[str, str | None]:
+    """``precision.dtype: auto`` made concrete for this device and backend, with the reason
+    (None for a dtype the recipe set). bf16 only where the hardware runs it natively, and never
+    on ``ort`` on CPU: ONNX Runtime 1.19's CPU provider has no bf16 training kernels."""
+    from ortft.env import hardware
+
+    if dtype != "auto":
+        return dtype, None
+    if backend == "ort-ondevice":
+        return "fp32", "ort-ondevice trains in fp32 only"
+    if device.type == "cuda":
+        cc = torch.cuda.get_device_capability(device)
+        name = f"compute capability {cc[0]}.{cc[1]}"
+        if hardware.cuda_bf16(cc):
+            return "bf16", f"auto: this GPU ({name}) runs bf16 natively"
+        return "fp32", f"auto: this GPU ({name}) has no native bf16 (8.0 or newer has)"
+    flags = hardware.cpu_bf16()
+    if not flags:
+        return "fp32", "auto: this CPU has no avx512_bf16 or AMX, so bf16 would be emulated"
+    if backend == "ort":
+        return "fp32", (
+            f"auto: this CPU has {flags[0]}, but ONNX Runtime's CPU provider has no bf16 "
+            "training kernels (backend.name=torch trains in bf16 here)"
+        )
+    return "bf16", f"auto: this CPU has {flags[0]} (bf16 in hardware)"
+
+
 def check_precision(dtype: str, backend: str, device: torch.device) -> None:
     """What the recipe could not know before the device was resolved (hardware.device=auto).
 
@@ -71,7 +98,7 @@ def check_precision(dtype: str, backend: str, device: torch.device) -> None:
     CPU provider has no bf16 MatMul, so bf16 on the ort backend fails; fp16 training on CPU is
     not supported. Never a silent fp32 run instead.
     """
-    if device.type != "cpu" or dtype == "fp32":
+    if device.type != "cpu" or dtype in ("fp32", "auto"):  # auto: resolve_precision first
         return
     if dtype == "fp16":
         raise InputError(
@@ -82,6 +109,28 @@ def check_precision(dtype: str, backend: str, device: torch.device) -> None:
         raise InputError(
             "precision.dtype=bf16 with backend.name=ort needs a CUDA GPU: ONNX Runtime's "
             "CPU provider has no bf16 MatMul; use backend.name=torch or fp32 on cpu"
+        )
+
+
+def check_optimizer(name: str, device: torch.device) -> None:
+    """``adamw_ort_fused`` where ORT's ``fused_ops`` extension is built (it needs a CUDA 12
+    nvcc, which set-up does not have), checked when the run starts: validation may run on
+    another machine. The alternative named is torch's own fused AdamW, the same kind of
+    multi-tensor kernel on CUDA."""
+    if name != "adamw_ort_fused":
+        return
+    if device.type != "cuda":  # hardware.device=auto that resolved to cpu (rules catch `cpu`)
+        raise InputError(
+            f"optimizer.name=adamw_ort_fused needs CUDA, and this run is on {device.type}; "
+            "use optimizer.name=adamw"
+        )
+    from ortft.env import cuda_extensions, extensions
+
+    if extensions.built_file("fused_ops") is None:
+        raise InputError(
+            "optimizer.name=adamw_ort_fused: ORT's fused_ops extension is not built here (it "
+            "needs a CUDA 12 nvcc: docs/gpu.md); use optimizer.name=adamw "
+            f"optimizer.implementation=fused, or build it: {cuda_extensions.FUSED_OPS_COMMAND}"
         )
 
 

@@ -1,0 +1,110 @@
+"""``precision.dtype: auto``: bf16 where the hardware runs it natively, fp32 elsewhere, with
+the reason on stderr and in summary.json; what ``ortft doctor`` says about bf16."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_classifier, write_classification_csv, write_recipe
+from helpers import losses, run_cli
+from typer.testing import CliRunner
+
+from ortft.backends.torch import device as runtime
+from ortft.cli.app import app
+from ortft.env import hardware
+from ortft.tools import doctor_verdicts
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n\nflags : other\n")
+    assert hardware.cpu_flags(info) == {"fpu", "sse", "avx512f", "avx512_bf16"}
+    assert hardware.cpu_flags(tmp_path / "absent") == set()
+    assert hardware.cpu_bf16({"avx512f", "avx512_bf16", "amx_bf16"}) == ["amx_bf16", "avx512_bf16"]
+    assert hardware.cpu_bf16({"avx512f"}) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "backend", "dtype", "words"),
+    [
+        (["avx512_bf16"], "torch", "bf16", "avx512_bf16"),
+        (["amx_bf16"], "torch", "bf16", "amx_bf16"),
+        (["avx512_bf16"], "ort", "fp32", "no bf16 training kernels"),
+        ([], "torch", "fp32", "would be emulated"),
+        (["avx512_bf16"], "ort-ondevice", "fp32", "fp32 only"),
+    ],
+)
+def test_auto_on_cpu(monkeypatch, flags, backend, dtype, words):
+    monkeypatch.setattr(hardware, "cpu_bf16", lambda: flags)
+    chosen, reason = runtime.resolve_precision("auto", backend, CPU)
+    assert chosen == dtype and words in reason
+
+
+@pytest.mark.parametrize(
+    ("cc", "dtype"), [((7, 0), "fp32"), ((7, 5), "fp32"), ((8, 0), "bf16"), ((9, 0), "bf16")]
+)
+def test_auto_on_cuda_follows_the_compute_capability(monkeypatch, cc, dtype):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
+    for backend in ("torch", "ort"):  # ORT's CUDA provider has bf16 kernels
+        chosen, reason = runtime.resolve_precision("auto", backend, CUDA)
+        assert chosen == dtype and f"{cc[0]}.{cc[1]}" in reason
+
+
+def test_a_dtype_the_recipe_names_is_kept():
+    assert runtime.resolve_precision("fp32", "torch", CPU) == ("fp32", None)
+    assert runtime.resolve_precision("bf16", "torch", CPU) == ("bf16", None)
+
+
+def test_doctor_says_where_bf16_is_native():
+    assert doctor_verdicts.bf16_check(["avx512_bf16"], []).verdict == doctor_verdicts.OK
+    assert "8.6" in doctor_verdicts.bf16_check([], [(8, 6)]).value
+    assert doctor_verdicts.bf16_check([], [(7, 0)]).verdict == doctor_verdicts.INFO
+
+
+@pytest.fixture
+def recipe(tmp_path: Path) -> Path:
+    write_classification_csv(tmp_path / "train.csv")
+    r = tiny_classifier("train.csv", max_steps=2)
+    r["data"]["eval_fraction"] = 0.0
+    r["export"] = {"enabled": False}
+    r["precision"] = {"dtype": "auto"}
+    r["hardware"] = {"device": "cpu"}
+    return write_recipe(tmp_path / "r.yaml", r)
+
+
+def test_a_torch_run_records_the_choice_and_trains_in_it(recipe, tmp_path, monkeypatch):
+    """The same recipe on a CPU with and without native bf16 (flags faked): the choice and its
+    reason in summary.json and on stderr, and the losses show autocast really ran in bf16."""
+    got = {}
+    for flags, dtype in ((["avx512_bf16"], "bf16"), ([], "fp32")):
+        monkeypatch.setattr(hardware, "cpu_bf16", lambda flags=flags: flags)
+        out = tmp_path / dtype
+        args = ["train", str(recipe), "backend.name=torch", "--output-dir", str(out)]
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 0, res.output
+        precision = json.loads((out / "summary.json").read_text())["precision"]
+        assert (precision["dtype"], precision["requested"]) == (dtype, "auto")
+        assert precision["reason"] in res.stderr and f"precision: {dtype}" in res.stderr
+        got[dtype] = losses(out)
+    assert all(math.isfinite(v) for v in got["bf16"] + got["fp32"])
+    assert got["bf16"] != got["fp32"]  # 8 bits of mantissa: not the fp32 numbers
+    assert got["bf16"] == pytest.approx(got["fp32"], abs=3e-2)  # test_precision's bound
+
+
+def test_an_ort_run_on_cpu_stays_fp32_and_says_why(recipe, tmp_path):
+    """In its own process (ORTModule in-process after other tests' exports misbehaves); on
+    this CPU (avx512_bf16) the reason names ORT's missing bf16 kernels."""
+    out = tmp_path / "ort"
+    res = run_cli("train", str(recipe), "backend.name=ort", "--output-dir", str(out), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    precision = json.loads((out / "summary.json").read_text())["precision"]
+    assert (precision["dtype"], precision["requested"]) == ("fp32", "auto")
+    assert precision["reason"].startswith("auto: ") and precision["reason"] in res.stderr
+    if hardware.cpu_bf16():
+        assert "no bf16 training kernels" in precision["reason"]
