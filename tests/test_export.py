@@ -301,7 +301,11 @@ def test_unwritable_or_foreign_output(tmp_path):
 
 
 def test_unsupported_architecture(tmp_path):
-    src = _save_tiny(tmp_path / "model", "bert-headless")  # no task head
+    src = _save_tiny(tmp_path / "model", "bert-headless")  # a head no task has: pre-training
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(
+        json.dumps({**config, "architectures": ["BertForPreTraining"]})
+    )
     res = _invoke(src, "-o", tmp_path / "out")
     assert res.exit_code == 2 and "unsupported model" in res.stderr
     assert not (tmp_path / "out").exists()

@@ -58,9 +58,14 @@ class BackendReport:
 class Precision:
     dtype: str = "fp32"
     skipped_steps: int = 0  # fp16 steps skipped by loss scaling (an overflow), not an error
+    requested: str | None = None  # the recipe's precision.dtype, when it was auto
+    reason: str | None = None  # why auto chose dtype
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "skipped_steps": self.skipped_steps}
+        out: dict[str, Any] = {"dtype": self.dtype, "skipped_steps": self.skipped_steps}
+        if self.requested is not None:
+            out.update(requested=self.requested, reason=self.reason)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Precision:

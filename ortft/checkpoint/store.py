@@ -56,6 +56,8 @@ class TrainState:
     best_value: float | None = None
     stop_reference: float | None = None  # early stopping: what an eval must beat by min_delta
     evals_without_improvement: int = 0
+    # the tracker runs a resume continues (logging.trackers): {"mlflow": run id, "wandb": run id}
+    trackers: dict[str, str] = field(default_factory=dict)
 
 
 def checkpoint_name(step: int) -> str:

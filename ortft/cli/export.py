@@ -14,7 +14,11 @@ from ortft.cli.output import quiet_libraries
 
 def export(
     source: Annotated[
-        Path, typer.Argument(help="Run dir, checkpoint or saved HF model dir.", show_default=False)
+        str,
+        typer.Argument(
+            help="Run dir, checkpoint, saved HF model dir or pkg://<package>/<dir>.",
+            show_default=False,
+        ),
     ],
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Output folder (default SOURCE/onnx).")
@@ -90,17 +94,21 @@ def export(
     )
 
 
-def _export(source: Path, output: Path | None, as_json: bool, **options: Any) -> None:
+def _export(source: str, output: Path | None, as_json: bool, **options: Any) -> None:
     """The command's body: refuse option combinations that make no sense, then export.
 
     ``options`` are ``export_source``'s keyword arguments, as the command line gave them."""
     from ortft.core.errors import UsageError
+    from ortft.data.paths import PKG_PREFIX, resolve_input_path
     from ortft.tools.export_source import export_source
 
+    if source.startswith(PKG_PREFIX) and output is None:  # SOURCE/onnx: inside site-packages
+        raise UsageError(f"{source} is inside an installed package: pass -o OUT")
     if options["trainable"] and not options["training_artifacts"]:
         raise UsageError("--trainable needs --training-artifacts")
     if options["quantize"] not in (None, "int8"):
         raise UsageError(f"--quantize {options['quantize']}: the choice is int8")
     quiet_libraries(state["debug"])
-    report = export_source(source, output, **options)
+    path = resolve_input_path(source, Path.cwd()) if source.startswith(PKG_PREFIX) else Path(source)
+    report = export_source(path, output, **options)
     typer.echo(json.dumps(report, indent=2) if as_json else report["dir"])

@@ -1,5 +1,6 @@
-"""The commands around training: ``bench``, ``hpo``, ``doctor``, ``init``, ``recipes`` and the
-``cache`` group (``cache list``, ``cache prune``); each one's work is in ``ortft.tools``."""
+"""The commands around training: ``bench``, ``hpo``, ``doctor``, ``init``, ``recipes``, ``schema``,
+``plot`` and the ``cache`` group (``cache list``, ``cache prune``); each one's work is in
+``ortft.tools`` (``plot``'s in ``ortft.run.curves``, which also draws a run's own curves.png)."""
 
 from __future__ import annotations
 
@@ -176,5 +177,57 @@ def hpo(
         quiet_libraries(state["debug"])
         result = hpo_mod.run(recipe, overrides or [], trials, study, storage, output_dir)
         typer.echo(json.dumps(result, indent=2) if as_json else hpo_mod.format_table(result))
+
+    guarded(body)
+
+
+def schema(
+    markdown: Annotated[
+        bool,
+        typer.Option(
+            "--markdown", help="The Markdown reference (docs/recipe-reference.md) instead."
+        ),
+    ] = False,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
+    ] = None,
+) -> None:
+    """Print the recipe's JSON Schema (docs/recipe.schema.json: editors check recipes with it)."""
+    from ortft.tools import schema_doc
+
+    text = schema_doc.reference() if markdown else schema_doc.schema_text()
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    typer.echo(str(output))
+
+
+def plot(
+    runs: Annotated[
+        list[Path], typer.Argument(help="Run folders (with metrics.jsonl).", show_default=False)
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write.")] = Path(
+        "curves.png"
+    ),
+    report: Annotated[
+        Path | None,
+        typer.Option("--report", help="Also add the picture to this Markdown report (FILE.md)."),
+    ] = None,
+) -> None:
+    """Draw loss, learning rate and eval metrics over steps for one or several runs (needs matplotlib)."""
+
+    def body() -> None:
+        from ortft.run import curves
+
+        if report is not None and report.suffix.lower() != ".md":
+            from ortft.core.errors import UsageError
+
+            raise UsageError(f"--report {report}: the picture goes into a .md (Markdown) report")
+        curves.plot_runs(runs, output)
+        if report is not None:
+            curves.embed(report, output)
+        typer.echo(str(output))
 
     guarded(body)

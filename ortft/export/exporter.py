@@ -8,7 +8,10 @@ the model config and ``export.json`` (the reports). On request it also holds
 ``ortft.export.onnx_tools`` and ``ortft.backends.ondevice.artifacts`` for what was measured.
 
 The checks and export.json's pass rules are in ``ortft.export.parity``; an image model's
-export (``pixel_values`` in, and ``preprocess.onnx``) in ``ortft.export.image``;
+export (``pixel_values`` in, and ``preprocess.onnx``) in ``ortft.export.image``; a bare
+encoder's (``last_hidden_state`` and the pooled ``sentence_embedding``) in
+``ortft.export.embedding``; ``onnx/model.onnx``, a link for transformers.js, in
+``ortft.export.layout``;
 ``ortft export SOURCE`` (runs, checkpoints, saved models, ONNX final/) in
 ``ortft.tools.export_source``.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,9 +34,11 @@ import numpy as np
 import torch
 
 from ortft.core.errors import InputError, RunError
-from ortft.export import decoder, generation, parity
+from ortft.export import decoder, embedding, generation, layout, parity
 from ortft.export import onnx_tools as tools
 from ortft.export.parity import publish  # the folder: staged, then swapped in
+from ortft.export.rows import parity_feeds, samples_source
+from ortft.export.rows import tracing_example as _tracing_example
 
 log = logging.getLogger("ortft")
 
@@ -51,6 +57,8 @@ POSITIONS = {"encoder": "row", "per-token": "token", "decoder": "next-token"}
 def _kind(task: str) -> str:
     from ortft import tasks
 
+    if task == embedding.TASK:  # an encoder without a head, exported without a task
+        return "embedding"
     return tasks.get(task).export_kind
 
 
@@ -65,37 +73,6 @@ class _LogitsOnly(torch.nn.Module):
         if getattr(out, "logits", None) is None:  # question answering: [batch, 2 (start, end), seq]
             return torch.stack([out.start_logits, out.end_logits], dim=1)
         return out.logits
-
-
-def parity_feeds(samples: Any, tokenizer: Any, n: int) -> dict[str, np.ndarray]:
-    """The rows parity compares on: up to ``n`` held-out rows (with labels when the data has
-    them), else synthetic rows of random ids and random lengths, padded at the end."""
-    if samples is not None and len(samples):
-        batch = samples.take(np.arange(min(n, len(samples))))
-        return {k: batch[k] for k in ("input_ids", "attention_mask", "labels") if k in batch}
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, len(tokenizer), size=(n, 32), dtype=np.int64)
-    mask = (np.arange(32)[None, :] < rng.integers(8, 33, size=(n, 1))).astype(np.int64)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return {"input_ids": np.where(mask == 1, ids, pad), "attention_mask": mask}
-
-
-def _tracing_example(feeds: dict[str, np.ndarray], tokenizer: Any) -> tuple[torch.Tensor, ...]:
-    """Two rows, the second partly padded.
-
-    The exporter traces one path through the model: transformers skips building the attention
-    mask when a batch has no padding, and a graph traced that way would ignore
-    ``attention_mask`` for good. A padded row keeps the masking in the graph.
-    """
-    ids = feeds["input_ids"][:2].copy()
-    mask = feeds["attention_mask"][:2].copy()
-    if len(ids) < 2:
-        ids, mask = np.concatenate([ids, ids]), np.concatenate([mask, mask])
-    cut = max(1, ids.shape[1] // 2)
-    mask[1, cut:] = 0
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids[1, cut:] = pad
-    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def deployable(
@@ -124,7 +101,7 @@ def deployable(
         deploy.label_names(folder, config)
     deploy.write_card(folder, spec, tokenizer, result)
     result["files"]["card"] = "README.md"
-    return result
+    return layout.with_links(folder, result)
 
 
 def other_runtimes(
@@ -150,10 +127,6 @@ def other_runtimes(
 def prediction_positions(task: str) -> str:
     """Which logits are predictions (see ``parity.predictions``)."""
     return POSITIONS[_kind(task)]
-
-
-def samples_source(samples: Any) -> str:
-    return "eval data" if samples is not None and len(samples) else "synthetic"
 
 
 # --------------------------------------------------------------------------- export
@@ -200,6 +173,7 @@ class ExportOptions:
     kv_cache: bool = True
     task_options: Any = None
     check_runtimes: Sequence[str] = ()
+    pooling: Any = None  # an embedding's ``ortft.data.pooling.Pooling`` (None: mean, no L2)
 
 
 def export_model(
@@ -222,6 +196,14 @@ def export_model(
     failure into a GateError.
     """
     options = options or ExportOptions()
+    if _kind(task) == "embedding":  # last_hidden_state, sentence_embedding (export.embedding)
+        job = embedding.EncoderGraph(
+            model.eval().to("cpu"), tokenizer, options, task=task, opset=opset,
+            tolerance=tolerance, samples=samples, n=PARITY_SAMPLES,
+        )  # fmt: skip
+        runtimes = partial(other_runtimes, feeds=job.feeds, tolerance=tolerance,
+                           pythons=options.check_runtimes)  # fmt: skip
+        return _published(out_dir, partial(job.build, runtimes=runtimes))
     kinds = parity.wanted(options.optimize, options.fp16, options.quantize)
     training = options.training
     if _kind(task) in ("seq2seq", "speech"):

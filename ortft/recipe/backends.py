@@ -17,7 +17,7 @@ from ortft.env import ort_training
 # backend.* fields that configure ORTModule: set on another backend they would do nothing
 ORTMODULE_FIELDS = (
     "allow_fallback", "log_level", "save_onnx", "memory_optimization_level",
-    "compute_optimizer", "pytorch_kernels",
+    "compute_optimizer", "pytorch_kernels", "gpu_allocator",
 )  # fmt: skip
 
 
@@ -80,7 +80,7 @@ def ondevice_problems(r: Any) -> list[str]:
         problems.append("training.early_stopping / checkpoint.final=best")
     if r.optimizer.name != "adamw":
         problems.append(f"optimizer.name={r.optimizer.name} (ORT's AdamW graph is used)")
-    if r.precision.dtype != "fp32":
+    if r.precision.dtype not in ("fp32", "auto"):  # auto: fp32 here, with that reason
         problems.append(f"precision.dtype={r.precision.dtype} (ort-ondevice trains in fp32 only)")
     if r.hardware.gradient_checkpointing:
         problems.append("hardware.gradient_checkpointing (a PyTorch feature)")

@@ -80,6 +80,8 @@ def check(cfg: dict[str, Any], recipe: Any, world: int | None = None) -> list[st
     clip = _given(cfg, "gradient_clipping")
     if clip is not None and clip != (t.max_grad_norm or 0.0):
         problems.append(f"gradient_clipping={clip} but training.max_grad_norm={t.max_grad_norm}")
+    if recipe.precision.dtype == "auto":  # DeepSpeed casts the model itself, from its config
+        problems.append("precision.dtype=auto: name fp32, bf16 or fp16 with a deepspeed config")
     for key in ("fp16", "bf16"):
         enabled = (cfg.get(key) or {}).get("enabled", False)
         if enabled not in (False, "auto") and recipe.precision.dtype != key:

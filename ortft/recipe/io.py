@@ -192,7 +192,8 @@ def format_errors(
             problems.append(f"{head}unknown key{hint}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            problems.append(f"{head}{msg}")
+            # a model validator reports every cross-field rule it breaks, one a line (rules.py)
+            problems += [f"{head}{line}" for line in msg.splitlines() or [msg]]
     return problems
 
 

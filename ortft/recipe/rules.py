@@ -1,6 +1,8 @@
 """Cross-field rules of a recipe: combinations that cannot run are errors at validation, never
-a silent fallback (fp32, a no-op) at run time. ``Recipe``'s model validators call these in
-order; each raises ``ValueError`` with one line naming the fields involved.
+a silent fallback (fp32, a no-op) at run time. Each rule yields one line per problem, naming
+the fields involved; ``combinations`` (``Recipe``'s model validator) runs every rule and raises
+one ``ValueError`` holding all their lines, which ``io.format_errors`` splits: a recipe that
+breaks three rules shows three lines in one ``ortft validate``, not one per fix.
 
 ``Recipe`` here is ``Any``: schema.py imports this module, so importing it back for the type
 would be a cycle (tests/test_layout.py)."""
@@ -8,6 +10,7 @@ would be a cycle (tests/test_layout.py)."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
 from typing import Any
 
 from ortft import tasks
@@ -25,37 +28,63 @@ def has_eval_data(data: DataSection) -> bool:
     )
 
 
+def problems(r: Recipe) -> list[str]:
+    """Every cross-field problem of the recipe, in the order the rules run."""
+    return [
+        *combination_problems(r),
+        *modality(r),
+        *task_architecture(r),
+        *streaming(r),
+        *positions(r),
+        *eval_user_problems(r),
+    ]
+
+
+def _raise_all(found: list[str]) -> None:
+    if found:
+        raise ValueError("\n".join(found))  # one problem a line: io.format_errors splits them
+
+
 def combinations(r: Recipe) -> None:
-    """Precision, device, backend, optimizer, adapter and task/architecture combinations."""
+    """``Recipe``'s first model validator: raise one ``ValueError`` with every problem of every
+    rule, one a line (pydantic stops at the first validator that raises, so this one runs them
+    all, ``eval_users``'s included)."""
+    _raise_all(problems(r))
+
+
+def eval_users(r: Recipe) -> None:
+    """``Recipe``'s second model validator: ``eval_user_problems`` alone (already reported by
+    ``combinations``, so it finds none once that passed)."""
+    _raise_all(list(eval_user_problems(r)))
+
+
+def combination_problems(r: Recipe) -> Iterator[str]:
+    """Precision, device, backend, optimizer and adapter combinations."""
     # hardware.device=auto is checked again once resolved (runtime.check_precision).
     dtype, device = r.precision.dtype, r.hardware.device
     if dtype == "fp16" and device == "cpu":
-        raise ValueError(
+        yield (
             "precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training on cpu; "
             "use bf16 (backend.name=torch) or fp32"
         )
     if isinstance(r.deepspeed, dict):
         from ortft.recipe import deepspeed as zero
 
-        problems = zero.check(r.deepspeed, r)
-        if problems:
-            raise ValueError("deepspeed: " + "; ".join(problems))
+        found = zero.check(r.deepspeed, r)
+        if found:
+            yield "deepspeed: " + "; ".join(found)
     elif isinstance(r.deepspeed, str) and not r.deepspeed.endswith(".json"):
-        raise ValueError(f"deepspeed: {r.deepspeed!r} is not a .json file path")
+        yield f"deepspeed: {r.deepspeed!r} is not a .json file path"
     if r.optimizer.name == "adamw_ort_fused" and device == "cpu":
-        raise ValueError("optimizer.name=adamw_ort_fused needs CUDA; use adamw on cpu")
-    problems = backends.problems(r)
-    if problems:
-        raise ValueError("; ".join(problems))
+        yield "optimizer.name=adamw_ort_fused needs CUDA; use adamw on cpu"
+    found = backends.problems(r)
+    if found:
+        yield "; ".join(found)
     if r.adapter is not None and r.backend.trainable:
-        raise ValueError("backend.trainable and adapter both choose what trains; use one of them")
-    modality(r)
-    task_architecture(r)
-    streaming(r)
-    positions(r)
+        yield "backend.trainable and adapter both choose what trains; use one of them"
 
 
-def modality(r: Recipe) -> None:
+def modality(r: Recipe) -> Iterator[str]:
     """What a task's rows hold decides what the model needs: a tokenizer (text), an image
     processor (images: the model's own, or one sized to a from_config model's image_size), or a
     speech processor (audio: the model's feature extractor and tokenizer, or for a from_config
@@ -64,26 +93,24 @@ def modality(r: Recipe) -> None:
     tok = r.model.tokenizer
     if task.modality in ("text", "audio"):
         if r.model.from_config and not tok.path and not tok.train:
-            raise ValueError(
-                "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
-            )
+            yield "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
         if task.modality == "audio" and tok.train and tok.train.kind != "byte-bpe":
-            raise ValueError(
+            yield (
                 f"model.tokenizer.train.kind={tok.train.kind}: Whisper's tokenizer is "
                 "byte-level BPE; set kind: byte-bpe"
             )
         if task.modality == "audio" and r.model.name_or_path and (tok.path or tok.train):
-            raise ValueError(
+            yield (
                 f"model.tokenizer: {r.task.name} uses the tokenizer saved with "
                 f"model.name_or_path (its processor); remove model.tokenizer"
             )
     elif tok.path or tok.train:
-        raise ValueError(
+        yield (
             f"model.tokenizer: {r.task.name} reads {task.modality}s, not text (it uses the "
             "model's image processor); remove model.tokenizer"
         )
     if task.modality != "text" and r.data.streaming:
-        raise ValueError(f"data.streaming: {r.task.name} reads stored data (a list of files)")
+        yield f"data.streaming: {r.task.name} reads stored data (a list of files)"
 
 
 # Model types whose positions are a learned table of absolute rows, with the config key that
@@ -127,7 +154,7 @@ def position_limit(model_type: str, config: dict[str, Any]) -> tuple[int, str] |
     return (rows - offset, key) if isinstance(rows, int) and not isinstance(rows, bool) else None
 
 
-def positions(r: Recipe) -> None:
+def positions(r: Recipe) -> Iterator[str]:
     """data.max_length fits a from_config model's learned position table."""
     fc = r.model.from_config
     rows = getattr(fc, "max_position_embeddings", None)
@@ -139,40 +166,40 @@ def positions(r: Recipe) -> None:
     limit = position_limit(kind, config)
     if limit is not None and r.data.max_length > limit[0]:
         field = f"options.{limit[1]}" if limit[1] in options else "max_position_embeddings"
-        raise ValueError(
+        yield (
             f"data.max_length={r.data.max_length} is beyond the {limit[0]} positions of "
             f"model.from_config.{field}={config[limit[1]]} ({kind} learns one embedding per "
             f"position); lower data.max_length or raise model.from_config.{field}"
         )
 
 
-def streaming(r: Recipe) -> None:
+def streaming(r: Recipe) -> Iterator[str]:
     """data.streaming: what a stream of rows cannot give (see ortft/data/streaming.py)."""
     d = r.data
     if not d.streaming:
         return
     task = tasks.get(r.task.name, r.task)
     if not r.training.max_steps:
-        raise ValueError("data.streaming needs training.max_steps (a stream has no length)")
+        yield "data.streaming needs training.max_steps (a stream has no length)"
     if not d.eval and d.eval_fraction > 0:
-        raise ValueError(
+        yield (
             "data.streaming cannot hold out data.eval_fraction of a stream; "
             "give data.eval (read in full) or set data.eval_fraction: 0"
         )
     if task.needs_labels and not d.label_names:
-        raise ValueError("data.streaming needs data.label_names (a stream is read once)")
+        yield "data.streaming needs data.label_names (a stream is read once)"
     if not task.row_local:
-        raise ValueError(
+        yield (
             f"data.streaming: {r.task.name} tokenizes across rows (packing or row ids); "
             "it needs stored data"
         )
     if r.backend.name not in ("ort", "torch"):
-        raise ValueError(f"data.streaming runs on backend.name ort or torch, not {r.backend.name}")
+        yield f"data.streaming runs on backend.name ort or torch, not {r.backend.name}"
     if d.num_proc > 1:
-        raise ValueError("data.num_proc applies to stored data; a stream tokenizes as it reads")
+        yield "data.num_proc applies to stored data; a stream tokenizes as it reads"
 
 
-def task_architecture(r: Recipe) -> None:
+def task_architecture(r: Recipe) -> Iterator[str]:
     """A model built from_config must be a transformers model type the task's Auto class builds
     (an encoder-decoder only for seq2seq: ``hf_names.fitting``)."""
     fc, name = r.model.from_config, r.task.name
@@ -187,23 +214,25 @@ def task_architecture(r: Recipe) -> None:
         return
     listed = f"fitting {name}: {', '.join(fit)}"
     if arch in hf_names.encoder_decoders():
-        raise ValueError(
+        yield (
             f"model.from_config.architecture={arch} is an encoder-decoder, which fits only "
             f"seq2seq ({listed})"
         )
+        return
     if arch in hf_names.known():
-        raise ValueError(
+        yield (
             f"model.from_config.architecture={arch} cannot learn {name}: transformers' "
             f"{auto_class} does not build it ({listed})"
         )
+        return
     close = difflib.get_close_matches(arch, fit, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
-    raise ValueError(
+    yield (
         f"model.from_config.architecture={arch} is not a transformers model type; {hint}({listed})"
     )
 
 
-def eval_users(r: Recipe) -> None:
+def eval_user_problems(r: Recipe) -> Iterator[str]:
     """Early stopping, best-model selection and hpo need evals with the task's metrics."""
     t = r.training
     users: list[tuple[str, str, bool]] = []  # (who, metric, needs eval_every)
@@ -216,10 +245,10 @@ def eval_users(r: Recipe) -> None:
     metrics = tasks.get(r.task.name, r.task).eval_metrics
     for who, metric, needs_every in users:
         if metric not in metrics:
-            raise ValueError(
+            yield (
                 f"{who}: {metric} is not a metric of {r.task.name} (one of {', '.join(metrics)})"
             )
         if not has_eval_data(r.data):
-            raise ValueError(f"{who} needs eval data: set data.eval or data.eval_fraction > 0")
+            yield f"{who} needs eval data: set data.eval or data.eval_fraction > 0"
         if needs_every and not t.eval_every:
-            raise ValueError(f"{who} needs training.eval_every (evaluations during training)")
+            yield f"{who} needs training.eval_every (evaluations during training)"

@@ -26,7 +26,7 @@ from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, Ru
 from ortft.core.progress import Progress
 from ortft.data import batches, splits, streaming
 from ortft.recipe.io import LoadedRecipe, dump
-from ortft.run import final, gates, loop, provenance, report, rundir
+from ortft.run import final, gates, loop, provenance, report, rundir, trackers, tracking
 from ortft.run.early_stopping import Selector
 from ortft.run.summary import Provenance, RunPaths, RunSummary
 from ortft.run.tracking import Tracker
@@ -52,9 +52,11 @@ def run(
     output_dir: Path | None = None,
     extra_gates: list[str] | None = None,
     on_eval: Callable[[int, dict[str, float]], None] | None = None,
+    tracker_parent: dict[str, str] | None = None,
 ) -> RunSummary:
     """Train ``loaded``; ``on_eval(step, metrics)`` is called after every eval (ortft hpo's hook:
-    it may raise ``errors.Stopped`` to end the run, recorded as status "pruned")."""
+    it may raise ``errors.Stopped`` to end the run, recorded as status "pruned");
+    ``tracker_parent``: ortft hpo's study run, whose child this run's tracker runs are."""
     r = loaded.recipe
     run_dir = rundir.resolve(loaded, output_dir)
     previous = RunSummary.read(run_dir / "summary.json")  # a foreign format_version: exit 2
@@ -65,7 +67,9 @@ def run(
     with rundir.lock(run_dir):  # a second run on this directory: exit 2, naming this one's pid
         resume_from = rundir.find_resume(loaded, run_dir, engine.checkpoint_problem)
         fsutil.remove_stale(run_dir, ".*.tmp-*")  # what a kill -9 left of a save
-        return _Run(loaded, run_dir, engine, resume_from, extra_gates, on_eval).execute()
+        run_ = _Run(loaded, run_dir, engine, resume_from, extra_gates, on_eval)
+        run_.tracker_parent = tracker_parent or {}
+        return run_.execute()
 
 
 def _already_finished(
@@ -97,6 +101,7 @@ class _Run:
         self.selector = Selector(self.recipe)
         self.loop: loop.Loop | None = None  # built once the data and the engine are ready
         self.tracker: Any = None
+        self.tracker_parent: dict[str, str] = {}
         self.at_max_length: int | None = 0
         self.data_report: dict[str, Any] = {}
         self.summary = RunSummary(
@@ -112,6 +117,7 @@ class _Run:
 
     def execute(self) -> RunSummary:
         r, t = self.recipe, self.recipe.training
+        tracking.check(r.logging, self.run_dir)  # a tracker not installed, a bad URI: exit 2 now
         started = self.engine.start(r)
         self.summary.provenance.device, self.summary.provenance.threads = (
             started.device, started.threads,
@@ -156,11 +162,8 @@ class _Run:
         self.summary.parameters, self.summary.trainable_parameters = self.engine.parameter_counts()
         self.recipe_yaml = dump(r, base_dir=self.loaded.base_dir)
         main = self.engine.is_main()
-        self.tracker = (
-            Tracker(self.run_dir, r.logging, truncate_after_step=self.state.step if self.resume_from else None)
-            if main
-            else _NoTracker()
-        )  # fmt: skip
+        # under DDP global rank 0 alone logs: one tracker run, every step once
+        self.tracker = self._open_tracker() if main else _NoTracker()
         self.loop = loop.Loop(
             engine=self.engine, task=task, training=t, steps=steps, global_batch=global_batch,
             per_epoch=per_epoch, eval_data=evals, tokenizer=tokenizer, tracker=self.tracker,
@@ -187,6 +190,7 @@ class _Run:
             self.run_dir, state, self.recipe_yaml, self.recipe.checkpoint.keep_last
         )
         if path is not None:
+            self.tracker.commit(state.step)  # MLflow and W&B get the rows the checkpoint holds
             self.loop.last_checkpoint = path
             self.summary.paths.last_checkpoint = str(path)
         return path
@@ -257,6 +261,7 @@ class _Run:
         s.gates = gates.as_dicts(results)
         self.finish("stopped" if self.stop_reason == "max_time" else "completed")
         final.describe(final_dir, s, r)
+        self._close_tracker(final_dir)
         b = s.backend
         log.info(
             "done: %d steps, backend %s%s, %d ORT export(s), %.1f samples/s", state.step, b.used,
@@ -264,6 +269,32 @@ class _Run:
         )  # fmt: skip
         _raise_failed_gates(results, s)
         return s
+
+    def _open_tracker(self) -> Tracker:
+        """metrics.jsonl and the trackers; a resume reopens the tracker runs its checkpoint names."""
+        r, p = self.recipe, self.summary.provenance
+        tags = {
+            f"ortft.{k}": str(v) for k, v in p.to_dict().items() if k not in ("packages", "extra")
+        }
+        tags.update({"ortft.task": r.task.name, "ortft.backend": r.backend.name})
+        return Tracker(
+            self.run_dir, r.logging, self.state.step if self.resume_from else None,
+            ids=self.state.trackers, parent=self.tracker_parent, tags=tags,
+            params=trackers.flatten(r.model_dump(mode="json")),
+        )  # fmt: skip
+
+    def _close_tracker(self, final_dir: Path) -> None:
+        """The trackers get summary.json, the model card and export.json, then end their runs;
+        a failure there is one more warning, so summary.json is written again."""
+        s = self.summary
+        files = [self.run_dir / "summary.json", final_dir / "README.md"]
+        if s.paths.onnx:
+            files.append(Path(s.paths.onnx) / "export.json")
+        before = len(self.tracker.warnings)
+        self.tracker.close(s.status, files)
+        if len(self.tracker.warnings) > before:
+            s.extra["trackers"] = self.tracker.report()
+            s.write(self.run_dir / "summary.json")
 
     def finish(self, status: str, error: str | None = None, write: bool = True) -> RunSummary:
         """Bring the summary up to date; write summary.json (rank 0) unless ``write`` is False."""
@@ -297,8 +328,10 @@ class _Run:
         s.apply(self.selector.report(state, self.stop_reason))
         s.provenance.finished_at = provenance.utc_now()
         if write and self.engine.is_main():
-            if self.tracker is not None:
-                self.tracker.close()  # flush TensorBoard, draw curves.png
+            if self.tracker is not None and status not in ("completed", "stopped"):
+                self.tracker.close(status)  # a finished run's closes after the model card
+            if self.tracker is not None and self.tracker.report():
+                s.extra["trackers"] = self.tracker.report()
             try:
                 s.write(self.run_dir / "summary.json")
             except OSError as err:  # e.g. disk full: keep the run's own error, not this one
@@ -313,11 +346,19 @@ class _Run:
 class _NoTracker:
     """Ranks other than 0 under torchrun write no metrics."""
 
+    warnings: list[str] = []
+
     def write(self, row: dict[str, Any]) -> None:
         pass
 
-    def close(self) -> None:
+    def commit(self, step: int) -> None:
         pass
+
+    def close(self, status: str = "", artifacts: list[Path] | None = None) -> None:
+        pass
+
+    def report(self) -> dict[str, Any]:
+        return {}
 
 
 def _generation_gate(export: dict[str, Any]) -> list[gates.GateResult]:

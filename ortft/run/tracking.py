@@ -1,101 +1,122 @@
-"""Where metric rows go: metrics.jsonl always, TensorBoard and a PNG of the curves by option.
+"""Where metric rows go: metrics.jsonl always, the trackers of ``logging.trackers``, a PNG.
 
-``recipe.logging.tensorboard`` writes event files to ``<run>/tensorboard/`` (scalars
-``train/loss``, ``train/lr``, ``eval/<metric>``); ``recipe.logging.plot`` draws
-``<run>/curves.png`` from metrics.jsonl when the run ends. Both libraries are optional
-extras: ``check`` fails before training with the install command when one is missing.
+Rows reach TensorBoard as they come (a resume purges what it redoes); MLflow and W&B get them
+when a checkpoint is written and at the end, so a run killed and resumed shows every step once
+(their stores cannot take a point back). The tracker run ids go into the checkpoint
+(``TrainState.trackers``) and a resume reopens the same runs. A tracker that fails mid-run
+(disk full, server gone) is dropped with a one-line warning, recorded in summary.json; the run
+goes on. ``logging.plot`` draws ``<run>/curves.png`` from metrics.jsonl when the run ends.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from ortft.core.errors import InputError
 from ortft.recipe.schema import LoggingSection
-from ortft.run import report
+from ortft.run import report, trackers
 
 log = logging.getLogger("ortft")
 
 PLOT_NAME = "curves.png"
 
 
-def check(spec: LoggingSection) -> None:
-    """The optional packages a recipe's logging needs are installed (an input error if not)."""
-    need = [("tensorboard", "logging.tensorboard", "tensorboard")] if spec.tensorboard else []
-    need += [("matplotlib", "logging.plot", "matplotlib")] if spec.plot else []
-    for module, field, package in need:
-        if importlib.util.find_spec(module) is None:
-            raise InputError(
-                f"{field}: needs the '{package}' package: "
-                f"pip install -c requirements/lock.txt -r requirements/extras.txt "
-                f"(or pip install {package}; pinned in requirements/extras.txt)"
-            )
+def check(spec: LoggingSection, run_dir: Path | None = None) -> None:
+    """The packages a recipe's logging needs are installed, its URI valid (an input error if not)."""
+    trackers.check(spec, run_dir or Path.cwd())
+    if spec.plot and importlib.util.find_spec("matplotlib") is None:
+        raise InputError(
+            "logging.plot: needs the 'matplotlib' package: "
+            "pip install -c requirements/lock.txt -r requirements/extras.txt"
+        )
 
 
 class Tracker:
-    """``write(row)`` like ``report.MetricsLog``, also to TensorBoard; ``close()`` at the end."""
+    """``write(row)`` like ``report.MetricsLog``, also to each tracker; ``commit(step)`` when a
+    checkpoint holds ``step``; ``close(status, artifacts)`` at the end."""
 
-    def __init__(self, run_dir: Path, spec: LoggingSection, truncate_after_step: int | None):
-        check(spec)
+    def __init__(
+        self,
+        run_dir: Path,
+        spec: LoggingSection,
+        truncate_after_step: int | None,
+        *,
+        ids: dict[str, str] | None = None,
+        params: dict[str, str] | None = None,
+        tags: dict[str, str] | None = None,
+        parent: dict[str, str] | None = None,
+    ):
+        # check(spec) ran before training (lifecycle): an InputError there, not a warning here
         self.run_dir, self.spec = run_dir, spec
         self.jsonl = report.MetricsLog(run_dir / "metrics.jsonl", truncate_after_step)
-        self.tb: Any = None
-        if spec.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        self.ids = ids if ids is not None else {}  # the checkpoint's TrainState.trackers
+        self.pending: list[dict[str, Any]] = []  # rows the non-live trackers have not had yet
+        self.warnings: list[str] = []
+        self.sinks: list[Any] = []
+        self.places: dict[str, Any] = {}  # summary.json's record of where each tracker wrote
+        for name in spec.trackers:
+            ctx = trackers.Context(
+                run_dir, spec, params or {}, {**(tags or {}), **spec.tags},
+                resume_id=self.ids.get(name) if truncate_after_step is not None else None,
+                resume_step=truncate_after_step, parent=parent or {},
+            )  # fmt: skip
+            sink = self._guard(name, "start", trackers.open_sink, name, ctx)
+            if sink is not None:
+                self.sinks.append(sink)
+                self.places[name] = sink.where()
+                if sink.run_id:
+                    self.ids[name] = sink.run_id
 
-            # purge_step: a resumed run drops the events logged after its checkpoint
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=truncate_after_step)
+    def _guard(self, name: str, what: str, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``; a failure drops the tracker with one warning (the run goes on)."""
+        try:
+            return fn(*args)
+        except Exception as err:  # noqa: BLE001 - a tracker never fails a run
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            line = f"{name}: could not {what}: {type(err).__name__}: {first}"
+            log.warning("tracker %s; it is off for the rest of this run", line)
+            self.warnings.append(line)
+            self.sinks = [s for s in self.sinks if s.name != name]
+            return None
 
     def write(self, row: dict[str, Any]) -> None:
         self.jsonl.write(row)
-        if self.tb is None:
-            return
-        kind, step = row["kind"], row["step"]
-        for key, value in row.items():
-            if key not in ("kind", "step", "epoch", "time_s") and isinstance(value, (int, float)):
-                self.tb.add_scalar(f"{kind}/{key}", value, step)
+        self.pending.append(row)
+        for sink in [s for s in self.sinks if s.live]:
+            self._guard(sink.name, "log", sink.log, [row])
 
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
-            self.tb = None
+    def commit(self, step: int) -> None:
+        """A checkpoint now holds ``step``: the rows up to it go to MLflow and W&B."""
+        ready = [r for r in self.pending if r["step"] <= step]
+        self.pending = [r for r in self.pending if r["step"] > step]
+        for sink in [s for s in self.sinks if not s.live]:
+            self._guard(sink.name, "log", sink.log, ready)
+
+    def close(self, status: str = "completed", artifacts: list[Path] | None = None) -> None:
+        """A finished run sends every row; a failed one only those a checkpoint holds (its resume
+        redoes the rest). Then the artifacts that exist, and the run's end status."""
+        if status in ("completed", "stopped"):
+            self.commit(max((r["step"] for r in self.pending), default=0))
+        files = [p for p in artifacts or [] if p.is_file()]
+        for sink in list(self.sinks):
+            self._guard(sink.name, "finish", sink.close, status, files)
+        self.sinks = []
         if self.spec.plot:
             try:
                 plot(self.jsonl.path, self.run_dir / PLOT_NAME)
             except Exception as err:  # noqa: BLE001 - a plot never fails a run
                 log.warning("could not draw %s: %s", PLOT_NAME, err)
 
+    def report(self) -> dict[str, Any]:
+        """summary.json's ``trackers``: where each wrote, and the warnings of those that failed."""
+        return {**self.places, "warnings": self.warnings} if self.spec.trackers else {}
+
 
 def plot(metrics_jsonl: Path, out: Path) -> Path:
-    """Train loss (and eval loss) against steps on the left; the other eval metrics on the right."""
-    import matplotlib
+    """This run's loss, learning rate and eval curves (``run/curves.py``, as ``ortft plot``)."""
+    from ortft.run import curves
 
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
-    train = [r for r in rows if r["kind"] == "train"]
-    evals = [r for r in rows if r["kind"] == "eval"]
-    others = sorted({k for r in evals for k in r} - {"kind", "step", "epoch", "loss"})
-    fig, axes = plt.subplots(1, 2 if others else 1, figsize=(11 if others else 6, 4), squeeze=False)
-    ax = axes[0][0]
-    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
-    if evals:
-        ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend()
-    if others:
-        ax = axes[0][1]
-        for key in others:
-            ax.plot([r["step"] for r in evals], [r[key] for r in evals], "o-", label=f"eval {key}")
-        ax.set_xlabel("step")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return curves.save(curves.figure([curves.read(metrics_jsonl.parent, metrics_jsonl)]), out)

@@ -32,7 +32,9 @@ __all__ = ["Encoded", "ExportKind", "Task", "TaskOptions", "skip_bad_file"]
 #   seq2seq    an encoder-decoder: encoder.onnx + decoder.onnx with its KV cache
 #   image      pixel_values -> one row of logits per image, plus preprocess.onnx (raw pixels in)
 #   speech     encoder.onnx + decoder.onnx (KV cache) on log-mel features, plus features.onnx
-ExportKind = Literal["encoder", "per-token", "decoder", "seq2seq", "image", "speech"]
+#   embedding  a bare encoder: last_hidden_state and the pooled sentence_embedding, each compared
+#              (ortft.export.embedding; `ortft export` of a folder without a head gets it too)
+ExportKind = Literal["encoder", "per-token", "decoder", "seq2seq", "image", "speech", "embedding"]
 
 
 def skip_bad_file(data: DataSection, row: int, path: str, err: Exception) -> None:

@@ -20,13 +20,14 @@ import io
 import json
 import os
 import platform
+import subprocess
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 from ortft import __version__
-from ortft.env import ort_training
+from ortft.env import hardware, ort_training
 from ortft.tools.doctor_verdicts import (
     CONFLICTING_ORT,
     DATA_PACKAGES,
@@ -41,9 +42,11 @@ from ortft.tools.doctor_verdicts import (
     ORT_MAX_IR_VERSION,
     WARN,
     Check,
+    bf16_check,
     check_platform,
     check_versions,
-    cuda_extensions_check,
+    fused_ops_check,
+    gpu_allocator_check,
     gpu_verdict,
     pin,
     provider_check,
@@ -122,9 +125,11 @@ def _probe_torch() -> list[Check]:
         return [*checks, Check("gpu", WARN, f"cannot query GPUs ({_short(err)})", "nvidia-smi")]
     if count:
         checks.append(Check("gpu", OK, f"{count}: {', '.join(names)}"))
+        caps = [torch.cuda.get_device_capability(i) for i in range(count)]
     else:
         checks.append(Check("gpu", INFO, "none visible: training runs on the CPU"))
-    return checks
+        caps = []
+    return [*checks, bf16_check(hardware.cpu_bf16(), caps)]
 
 
 def _gpu_visible() -> bool:
@@ -209,14 +214,21 @@ def _probe_provider(provider: str, gpu_visible: bool) -> Check:
 
 
 def _probe_cuda_extensions() -> list[Check]:
-    """torch-ort's CUDA extensions, reported apart from the CPU ones (which every run needs)."""
-    from ortft.env import cudalibs, extensions
+    """torch-ort's CUDA extensions, each on its own line: the GPU allocator (every ORTModule on
+    a GPU) and fused_ops (only adamw_ort_fused). The CPU ones have their own line."""
+    from ortft.env import cuda_extensions, cudalibs, extensions
 
-    ext_dir = extensions.extensions_dir()
-    if ext_dir is None:
+    if extensions.extensions_dir() is None:
         return []  # the onnxruntime lines already say it is missing
-    missing = extensions.missing_cuda(ext_dir)
-    return [cuda_extensions_check(missing, _gpu_visible(), cudalibs.installed())]
+    allocator_so, needed = extensions.built_file(cuda_extensions.NAME), None
+    if allocator_so is not None:
+        try:
+            needed = cuda_extensions.needed(allocator_so)
+        except (OSError, subprocess.CalledProcessError) as err:  # no readelf: say so, not crash
+            return [Check("GPU allocator extension", WARN, f"readelf failed: {_short(err)}",
+                          "apt-get install binutils")]  # fmt: skip
+    allocator = gpu_allocator_check(needed, _gpu_visible(), cudalibs.installed())
+    return [allocator, fused_ops_check(extensions.built_file("fused_ops") is not None)]
 
 
 def _probe_extensions(fix: bool) -> list[Check]:

@@ -174,12 +174,32 @@ def _libc() -> str:
     return f"{lib} {ver}" if lib else "libc unknown"
 
 
+def bf16_check(cpu_flags: list[str], gpu_capabilities: list[tuple[int, int]]) -> Check:
+    """Where bf16 is native: what ``precision.dtype: auto`` would choose (context, never a
+    failure: fp32 trains everywhere)."""
+    found = []
+    if cpu_flags:
+        found.append(f"CPU ({', '.join(cpu_flags)}: backend.name=torch)")
+    native = [cc for cc in gpu_capabilities if tuple(cc) >= (8, 0)]
+    if native:
+        found.append(f"GPU (compute capability {native[0][0]}.{native[0][1]})")
+    if found:
+        return Check(
+            "bf16", OK, "native on " + " and ".join(found) + ": precision.dtype=auto picks it"
+        )
+    value = (
+        "not native here (no avx512_bf16/AMX, no GPU of compute capability >= 8.0): auto keeps fp32"
+    )
+    return Check("bf16", INFO, value)
+
+
 # --------------------------------------------------------------------------- GPU pieces
 
 GPU_PROFILE_FIX = "make setup GPU=1  (the CUDA 11.8 libraries ORT's CUDA provider links against)"
-CUDA_EXT_FIX = (
-    "on the GPU machine, with a CUDA 12.x toolkit (nvcc) installed: ortft doctor --fix "
-    "(PyPI has no CUDA 12 nvcc; docs/gpu.md)"
+# fused_ops needs a CUDA 12 nvcc, which PyPI does not have (ortft/env/cuda_extensions.py)
+FUSED_OPS_FIX = (
+    "where a CUDA 12.x toolkit is installed: CUDA_HOME=/usr/local/cuda-12.4 .venv/bin/python -m "
+    "ortft.env.extensions --fused-ops  (or optimizer.name=adamw optimizer.implementation=fused)"
 )
 
 
@@ -203,11 +223,28 @@ def provider_check(
     return Check(name, gpu_verdict(gpu_visible, gpu_profile), value, GPU_PROFILE_FIX)
 
 
-def cuda_extensions_check(missing: list[str], gpu_visible: bool, gpu_profile: bool) -> Check:
-    if not missing:
-        return Check("CUDA extensions", OK, "fused_ops, torch_gpu_allocator built")
-    value = (
-        f"{', '.join(missing)} not built: optimizer.name=adamw_ort_fused and ORT allocating "
-        "through torch's CUDA allocator need them"
-    )
-    return Check("CUDA extensions", gpu_verdict(gpu_visible, gpu_profile), value, CUDA_EXT_FIX)
+def gpu_allocator_check(needed: list[str] | None, gpu_visible: bool, gpu_profile: bool) -> Check:
+    """torch_gpu_allocator, which every ORTModule on a GPU imports; ``needed`` is the built
+    file's ``readelf -d`` NEEDED list, None when it is not built."""
+    name = "GPU allocator extension"
+    if needed is None:
+        value = "torch_gpu_allocator not built: ORTModule cannot start on a GPU without it"
+        return Check(
+            name, gpu_verdict(gpu_visible, gpu_profile), value, f"{EXT_FIX}  (or make setup)"
+        )
+    cudarts = [lib for lib in needed if lib.startswith("libcudart.so")]
+    if cudarts != ["libcudart.so.12"]:
+        value = f"torch_gpu_allocator needs {cudarts or 'no libcudart'}, not libcudart.so.12 (torch's CUDA 12.4)"
+        return Check(
+            name, gpu_verdict(gpu_visible, gpu_profile), value, f"{EXT_FIX}  (rebuilds it)"
+        )
+    value = "torch_gpu_allocator built (libcudart.so.12, from PyPI's CUDA 12.4 wheels; no nvcc)"
+    return Check(name, OK, value)
+
+
+def fused_ops_check(built: bool) -> Check:
+    """fused_ops serves only optimizer.name=adamw_ort_fused: its absence is context."""
+    if built:
+        return Check("fused_ops extension", OK, "fused_ops built: optimizer.name=adamw_ort_fused")
+    value = "fused_ops not built: optimizer.name=adamw_ort_fused is unavailable (optional)"
+    return Check("fused_ops extension", INFO, value, FUSED_OPS_FIX)

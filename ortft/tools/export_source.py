@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from ortft.backends.ondevice import artifacts
 from ortft.backends.ondevice import reference as ondevice_reference
 from ortft.core.errors import GateError, InputError
-from ortft.export import deploy, parity
+from ortft.data import pooling
+from ortft.export import deploy, embedding, parity
 from ortft.export.exporter import (
     PARITY_SAMPLES,
     ExportOptions,
@@ -43,10 +44,13 @@ def _first_line(err: Exception) -> str:
 
 def task_of(config: Any, model_dir: Path | None = None) -> str:
     """The task the run's recipe (``model_dir/recipe.yaml``) names; only a plain Hugging Face
-    model without one falls back to the task its architecture name implies."""
+    model without one falls back to the task its architecture name implies, an encoder without
+    a head (``BertModel``) to feature extraction (``ortft.export.embedding``)."""
     from ortft import tasks
 
     recorded = read_task(model_dir / "recipe.yaml") if model_dir is not None else None
+    if recorded is None and embedding.bare_encoder(config):
+        return embedding.TASK
     task = recorded.name if recorded is not None else tasks.from_architecture(config)
     skip = tasks.get(task).export_skip
     if skip:
@@ -140,6 +144,7 @@ def export_source(
             training=artifacts.ForExport(trainable) if training_artifacts else None,
             max_length=deploy.training_max_length(model_dir),
             task_options=read_task(model_dir / "recipe.yaml"),
+            pooling=pooling.read(model_dir) if task == embedding.TASK else None,
             **options,
         )
         result = export_model(
@@ -190,7 +195,8 @@ def _load_model(
     try:
         config = AutoConfig.from_pretrained(model_dir)
         task = task_of(config, model_dir)
-        auto = getattr(transformers, tasks.get(task).auto_class)
+        spec = None if task == embedding.TASK else tasks.get(task)  # feature extraction: no task
+        auto = getattr(transformers, spec.auto_class if spec else "AutoModel")
         model = auto.from_pretrained(model_dir, attn_implementation="eager")
         adapter_dir = model_dir / "adapter"
         if (adapter_dir / "adapter_config.json").exists() != merge_adapters:
@@ -208,7 +214,7 @@ def _load_model(
             from safetensors.torch import load_model
 
             load_model(model, str(weights_dir / "model.safetensors"))
-        tokenizer = _tokenizer(model_dir, tasks.get(task).modality)
+        tokenizer = _tokenizer(model_dir, spec.modality if spec else "text")
     except InputError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError) as err:

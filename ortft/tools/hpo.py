@@ -109,7 +109,7 @@ def run(
     spec = loaded.recipe.hpo
     if spec is None:
         raise RecipeError(
-            "no hpo section: add one with the search space (see README: ortft hpo)",
+            "no hpo section: add one with the search space (see docs/evaluate.md: ortft hpo)",
             source=str(recipe),
         )
     check_space(recipe, overrides, spec)
@@ -124,7 +124,10 @@ def run(
     )
     study = _study(loaded, spec, study_name, storage, direction)
     _requeue_interrupted(study)
-    objective = _objective(recipe, overrides, spec, base)
+    from ortft.run.trackers.study import Study
+
+    trackers = Study(loaded.recipe.logging, base, study_name)  # each trial a child run
+    objective = _objective(recipe, [*overrides, *trackers.overrides], spec, base, trackers.parent)
     done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
     todo = max(0, trials - done)
     log.info(
@@ -138,7 +141,10 @@ def run(
     )
     started = time.time()
     if todo:
-        study.optimize(objective, n_trials=todo)
+        try:
+            study.optimize(objective, n_trials=todo)
+        finally:
+            trackers.close()
     return _result(study, loaded, spec, base, storage, direction, time.time() - started)
 
 
@@ -191,7 +197,7 @@ def _requeue_interrupted(study: Any) -> None:
 
 
 def _objective(
-    recipe: Path, overrides: list[str], spec: HpoSection, base: Path
+    recipe: Path, overrides: list[str], spec: HpoSection, base: Path, parent: dict[str, str]
 ) -> Callable[[Any], float]:
     """One trial: a ``train.run`` with the sampled values, in ``base/trial-NNN``; its metric."""
     import optuna
@@ -225,7 +231,7 @@ def _objective(
 
         try:
             summary = RunSummary.coerce(
-                train.run(trial_loaded, output_dir=run_dir, on_eval=on_eval)
+                train.run(trial_loaded, output_dir=run_dir, on_eval=on_eval, tracker_parent=parent)
             )
         except Stopped as err:
             log.info("hpo: trial %d %s", trial.number, err)

@@ -27,7 +27,7 @@ def shipped_recipes() -> list[tuple[Path, str]]:
             if (
                 line.startswith("#")
                 and text
-                and not text.startswith(("Run:", "Override", "ortft "))
+                and not text.startswith(("Run:", "Override", "ortft ", "yaml-language-server:"))
             ):
                 summary = text
                 break

@@ -73,6 +73,8 @@ class PyTorchEngine:
         self.deepspeed: Any = None  # DeepSpeed's engine, when the recipe has a deepspeed section
         self.skipped_steps = 0  # fp16: steps the GradScaler skipped (overflow)
         self.head: dict[str, Any] | None = None  # load_checks.settle_head's record
+        self.dtype: str = self.recipe.precision.dtype  # precision.dtype=auto: resolved at start
+        self.dtype_reason: str | None = None
 
     # ---- start: device, threads, seeds, the process group
     def start(self, recipe: Any) -> Started:
@@ -80,10 +82,12 @@ class PyTorchEngine:
 
         hf_logging.disable_progress_bar()  # ortft reports its own progress on stderr
         rt = runtime.resolve(recipe.hardware)
-        runtime.check_precision(recipe.precision.dtype, self.name, rt.device)
+        if self.name != "auto":  # else once the probe has chosen the backend (prepare)
+            self._resolve_precision(self.name, rt.device)
         # DDP under torchrun: join the process group (a no-op in one process); cuda:LOCAL_RANK
         rt = dataclasses.replace(rt, device=distributed.setup(rt.device))
         self.device = rt.device
+        runtime.check_optimizer(recipe.optimizer.name, rt.device)
         # DeepSpeed's accelerator (imported by a deepspeed section, or by accelerate when a
         # model loads) is this device, never its own guess: CUDA whenever a GPU is visible
         os.environ["DS_ACCELERATOR"] = rt.device.type
@@ -97,6 +101,13 @@ class PyTorchEngine:
         if recipe.training.deterministic:
             runtime.make_deterministic()
         return Started(str(rt.device), rt.threads, rt.reason, world, distributed.summary())
+
+    def _resolve_precision(self, backend: str, device: torch.device) -> None:
+        requested = self.recipe.precision.dtype
+        self.dtype, self.dtype_reason = runtime.resolve_precision(requested, backend, device)
+        if self.dtype_reason is not None:
+            log.info("precision: %s (%s)", self.dtype, self.dtype_reason)
+        runtime.check_precision(self.dtype, backend, device)
 
     def is_main(self) -> bool:
         return distributed.is_main()
@@ -179,6 +190,8 @@ class PyTorchEngine:
             wrapper_name, self.probe = auto.choose(
                 loaded, task, tokenizer, labels, train, self.device, build_optimizer
             )
+        if self.name == "auto":
+            self._resolve_precision(wrapper_name, self.device)
         self.wrapper = wrapper(wrapper_name, r.backend)
         self.model = self._build_model(loaded, task, tokenizer, labels)
         self.module = models.TaskModule(self.model, task)
@@ -215,7 +228,7 @@ class PyTorchEngine:
         else:
             self.forward = distributed.wrap(self.wrapped, self.device)  # DDP around ORTModule
         # DeepSpeed runs fp16/bf16 by casting the model itself; otherwise autocast the forward
-        self.amp_dtype = "fp32" if self.deepspeed is not None else r.precision.dtype
+        self.amp_dtype = "fp32" if self.deepspeed is not None else self.dtype
         # fp16: loss scaling; for fp32/bf16 the scaler is disabled and each call is a no-op
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == "fp16")
         amp.load_scaler_state(self.scaler, ck.scaler if ck is not None else None)
@@ -382,7 +395,10 @@ class PyTorchEngine:
         return models.count_parameters(m), models.count_parameters(m, trainable=True)
 
     def precision(self) -> Precision:
-        return Precision(self.recipe.precision.dtype, self.skipped_steps)
+        auto = self.recipe.precision.dtype == "auto"
+        return Precision(
+            self.dtype, self.skipped_steps, "auto" if auto else None, self.dtype_reason
+        )
 
     def report(self) -> BackendReport:
         if self.wrapper is None:  # failed before the model was built

@@ -1,0 +1,82 @@
+"""The Hugging Face Hub layout beside ortft's own, so that the common consumers open an export
+folder as it is: Optimum's ``ORTModel*`` (and ortft) read ``model.onnx`` at the root,
+transformers.js (``@huggingface/transformers``) reads ``onnx/model.onnx`` next to the root's
+``config.json`` and ``tokenizer.json``.
+
+The root file stays the one copy: ``onnx/model.onnx`` is a relative link to ``../model.onnx``
+(a 90 MB MiniLM is not written twice), and so is each external-data file the graph names, since
+onnxruntime looks for external data beside the path it is given (``onnx/``), not beside the
+link's target. A folder copied where links are not kept (``shutil.copytree`` without
+``symlinks=True`` copies the file; a file system without links gets none) loses nothing: the
+root is canonical. export.json lists the links under ``links`` ({link: the file it points to},
+both relative to the folder), not under ``files``: a reader that copies or hashes ``files``
+sees each file once.
+
+Only the fp32 ``model.onnx`` is linked (transformers.js's ``dtype: "fp32"``); a seq2seq or
+speech export has no root ``model.onnx`` and no links: transformers.js wants other graphs there
+(``encoder_model.onnx``, ``decoder_model_merged.onnx``), which ortft does not write.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("ortft")
+
+HUB_DIR = "onnx"  # transformers.js: <model>/onnx/model.onnx for dtype "fp32"
+MODEL = "model.onnx"
+
+
+def external_files(path: Path) -> list[str]:
+    """The external-data files ``path``'s initializers name (``model.onnx.data``, or torch's
+    one file per tensor for a graph over 2 GB), relative to its folder; [] for most exports."""
+    import onnx
+
+    # the graph without its external data: 0.14 s for the quickstart's 90 MB model.onnx
+    model = onnx.load(str(path), load_external_data=False)
+    names = {
+        e.value
+        for t in model.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+        for e in t.external_data
+        if e.key == "location"
+    }
+    # a location outside the folder is not linked: a link is made only where it stays inside
+    return sorted(n for n in names if not Path(n).is_absolute() and ".." not in Path(n).parts)
+
+
+def hub_links(folder: Path) -> dict[str, str]:
+    """Link ``folder/onnx/model.onnx`` (and its external data) to the root files; returns
+    export.json's ``links``. {} when the folder has no ``model.onnx`` or its file system makes
+    no links (a one-line warning; the root files are all a consumer of ``model.onnx`` needs)."""
+    if not (folder / MODEL).is_file():
+        return {}
+    hub = folder / HUB_DIR
+    links = {f"{HUB_DIR}/{name}": name for name in [MODEL, *external_files(folder / MODEL)]}
+    try:
+        hub.mkdir(exist_ok=True)
+        for link, target in links.items():
+            (folder / link).parent.mkdir(parents=True, exist_ok=True)
+            up = "../" * link.count("/")  # a tensor file may sit in a subfolder of its own
+            os.symlink(up + target, folder / link)
+    except OSError as err:
+        log.warning(
+            "%s: no %s/ links for transformers.js (%s); the root %s is complete",
+            folder, HUB_DIR, err.strerror or err, MODEL,
+        )  # fmt: skip
+        shutil.rmtree(hub, ignore_errors=True)  # the links only: never their targets
+        return {}
+    return links
+
+
+def with_links(folder: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` (export.json) after :func:`hub_links`: the last step of every folder made
+    ready for clients (``exporter.deployable``, ``embedding``'s own)."""
+    links = hub_links(folder)
+    if links:
+        result["links"] = links
+    return result
