@@ -18,7 +18,10 @@ its outcome, so one failing step (a backend, a precision) does not hide the othe
 5. the optimizer: torch's fused AdamW vs foreach on both backends, plus adamw_ort_fused (ORT's
    FusedAdam) only where its fused_ops extension was built (it needs a CUDA 12 nvcc).
 6. padding elimination (ORTModule's embedding sparsity, CUDA-only in ORT 1.19) on vs off.
-7. with two GPUs or more: 2-process DDP (torchrun), ort and torch.
+7. the compiled route (``backend.compile: true``, bf16) and ``backend.name: auto`` choosing
+   among ort, torch and torch compiled (``backend.compile: auto``, ``precision.dtype: auto``),
+   each a training run whose summary.json is recorded.
+8. with two GPUs or more: 2-process DDP (torchrun), ort and torch.
 
 The results, with the machine's description, go to
 ``benchmarks/results/gpu-check-<gpu>-<time>.json``, rewritten after every step.
@@ -143,13 +146,29 @@ def plan(
         "ort,ort+ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER=0,"
         "ort+backend.compute_optimizer=false,torch"
     )
-    steps_out.append({"name": "padding elimination", "cmd": bench_cmd(bert, padding, steps, repeats)})
+    steps_out.append(
+        {"name": "padding elimination", "cmd": bench_cmd(bert, padding, steps, repeats)}
+    )
+    # the compiled route through `ortft train` (inductor on CUDA, bf16 autocast), then the
+    # auto probe among ort, torch eager and torch compiled at their native precisions: the
+    # summary's backend.compile / backend.probe records come back
+    routes = {
+        "compiled bf16": ["backend.name=torch", "backend.compile=true", "precision.dtype=bf16"],
+        "auto routes": ["backend.name=auto", "backend.compile=auto", "precision.dtype=auto"],
+    }
+    plain = ROOT / "recipes" / "bench" / "bert-cls-gpu.yaml"  # no precision: set here
+    for label, overrides in routes.items():
+        train = [PY, "-m", "ortft", "train", str(plain), *overrides,
+                 f"training.max_steps={steps * 10}", "--output-dir"]  # fmt: skip
+        steps_out.append({"name": label, "cmd": train, "run_dir": True})
     if n_gpus >= 2:
         for backend in ("ort", "torch"):
             launcher = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
             train = ["-m", "ortft", "train", str(bert), f"backend.name={backend}",
                      f"training.max_steps={steps}", "--output-dir"]  # fmt: skip
-            steps_out.append({"name": f"ddp2 {backend}", "cmd": [*launcher, *train], "run_dir": True})
+            steps_out.append(
+                {"name": f"ddp2 {backend}", "cmd": [*launcher, *train], "run_dir": True}
+            )
     return steps_out
 
 
@@ -241,8 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu-check: torch sees no CUDA GPU (torch.cuda.device_count() == 0)", file=sys.stderr)
         return 2
     desc = machine()
-    slug = re.sub(r"[^a-z0-9]+", "-", desc["gpus"][0]["name"].lower()).strip("-") if desc["gpus"] else "gpu"
-    out = args.out or ROOT / "benchmarks" / "results" / f"gpu-check-{slug}-{time.strftime('%Y%m%d-%H%M')}.json"
+    slug = (
+        re.sub(r"[^a-z0-9]+", "-", desc["gpus"][0]["name"].lower()).strip("-")
+        if desc["gpus"]
+        else "gpu"
+    )
+    out = (
+        args.out
+        or ROOT / "benchmarks" / "results" / f"gpu-check-{slug}-{time.strftime('%Y%m%d-%H%M')}.json"
+    )
     report: dict[str, Any] = {"machine": desc, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                               "args": vars(args) | {"out": str(out)}, "steps": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="ortft-gpu-check-") as tmp:

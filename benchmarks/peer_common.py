@@ -1,4 +1,6 @@
-"""What the benchmarks against transformers' Trainer share (peer_image.py, peer_speech.py).
+"""What the benchmarks against transformers' Trainer share (peer_image.py, peer_speech.py run
+through ``Bench`` and ``main``; peer.py, with its routes and two kinds of data, takes the pieces:
+``trainer_overrides``, ``StepRecorder``, ``run_process``, ``ortft_result``, ``wait_quiet``).
 
 A bench is a ``Bench``: its recipe, batch, ortft overrides and a Trainer worker (a function
 that trains in its own process and writes its timing as JSON). ``main(bench)`` parses the
@@ -68,6 +70,25 @@ def trainer_overrides(lr: float, batch: int, seed: int, **more: str) -> dict[str
     }
 
 
+def trainer_arguments(
+    output_dir: str, lr: float, batch: int, steps: int, seed: int, bf16: bool, **more: object
+) -> dict[str, object]:
+    """The Trainer's side (any ``TrainingArguments`` subclass): its defaults but for the bench's
+    constants, on CPU, no checkpoints, no trackers; ``more``: the bench's own arguments."""
+    return {
+        "output_dir": output_dir,
+        "per_device_train_batch_size": batch,
+        "learning_rate": lr,
+        "max_steps": steps,
+        "seed": seed,
+        "bf16": bf16,
+        "use_cpu": True,
+        "save_strategy": "no",
+        "report_to": "none",
+        **more,
+    }
+
+
 @dataclass(frozen=True)
 class Bench:
     name: str  # the log prefix, the temporary folders' and the results file's name
@@ -121,6 +142,7 @@ class StepRecorder:
         return {
             **timing([e - self.ends[0] for e in self.ends], steps, warmup, batch),
             "loss_step1": self.losses[0],
+            "loss_mean": statistics.mean(self.losses),
             "train_loss": run.training_loss,
             "threads": torch.get_num_threads(),
             "attention": model.config._attn_implementation,
@@ -179,7 +201,6 @@ def wait_quiet(max_busy: float, wait: float) -> tuple[float, float]:
 
 def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict:
     """One measurement in a fresh process: its timing and losses, or its error."""
-    env = {**os.environ, **OFFLINE, "NO_COLOR": "1"}
     tag = f"{runner}-{len(list(tmp.iterdir()))}"
     if runner in BASES:
         out = tmp / f"{tag}.json"
@@ -192,24 +213,42 @@ def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeo
             "backend.name": runner,
             "training.max_steps": str(warmup + steps),
         }
-        cmd = [sys.executable, "-m", "ortft", "train", str(bench.recipe),
-               *[f"{k}={v}" for k, v in overrides.items()],
-               "--output-dir", str(run_dir), "--json"]  # fmt: skip
+        cmd = ortft_train(bench.recipe, overrides, run_dir)
+    proc, shared = run_process(cmd, timeout)
+    if proc is None or proc.returncode != 0:
+        return {"ok": False, "error": failure(proc, timeout)}
+    if runner in BASES:
+        return {"ok": True, **shared, **json.loads(out.read_text())}
+    return {"ok": True, **shared, **ortft_result(run_dir, proc.stdout, steps, warmup, bench.batch)}
+
+
+def ortft_train(recipe: Path, overrides: dict[str, str], run_dir: Path) -> list[str]:
+    """``ortft train`` as a user runs it: the recipe, dotted overrides, ``--json``."""
+    return [sys.executable, "-m", "ortft", "train", str(recipe),
+            *[f"{k}={v}" for k, v in overrides.items()],
+            "--output-dir", str(run_dir), "--json"]  # fmt: skip
+
+
+def run_process(cmd: list[str], timeout: float) -> tuple[Any, dict[str, float]]:
+    """Run ``cmd`` offline; the finished process (None if it timed out), its wall time and the
+    share of the CPU the rest of the machine took meanwhile (``others_share``)."""
+    env = {**os.environ, **OFFLINE, "NO_COLOR": "1"}
     t0, busy0, own0 = time.perf_counter(), cpu_busy_s(), _children_cpu_s()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+        proc = None
     wall = time.perf_counter() - t0
-    # the CPU the rest of the machine took meanwhile, as a share of all cores
     others = (cpu_busy_s() - busy0) - (_children_cpu_s() - own0)
-    shared = {"wall_s": wall, "others_share": max(0.0, others) / (wall * (os.cpu_count() or 1))}
-    if proc.returncode != 0:
-        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        return {"ok": False, "error": f"exit {proc.returncode}: {tail[-1][:300] if tail else ''}"}
-    if runner in BASES:
-        return {"ok": True, **shared, **json.loads(out.read_text())}
-    return {"ok": True, **shared, **ortft_result(run_dir, proc.stdout, steps, warmup, bench.batch)}
+    return proc, {"wall_s": wall, "others_share": max(0.0, others) / (wall * (os.cpu_count() or 1))}
+
+
+def failure(proc: Any, timeout: float) -> str:
+    """A failed process in one line: its exit code and the last line of its stderr."""
+    if proc is None:
+        return f"timed out after {timeout:.0f} s"
+    tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    return f"exit {proc.returncode}: {tail[-1][:300] if tail else ''}"
 
 
 def ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int, batch: int) -> dict:
@@ -224,6 +263,13 @@ def ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int, batch: int
         "train_loss": summary["metrics"]["train_loss"],
         "backend_used": summary["backend"]["used"],
         "ort_exports": summary["backend"].get("ort_exports"),
+        # so a faster route is not a broken one: every step's loss, the end-of-run eval
+        "loss_mean": statistics.mean(r["loss"] for r in train.values()),
+        "eval_loss": summary["metrics"].get("eval_loss"),
+        "eval_accuracy": summary["metrics"].get("eval_accuracy"),
+        "precision": (summary.get("precision") or {}).get("dtype"),
+        "compile": summary["backend"].get("compile"),  # backend.compile, where this ortft has it
+        "probe": summary["backend"].get("probe"),  # backend.name=auto: every candidate's figures
     }
     config = run_dir / "final" / "config.json"  # a trained tokenizer's size, where it has one
     vocab = json.loads(config.read_text()).get("vocab_size") if config.exists() else None

@@ -120,16 +120,9 @@ def trainer_worker(bf16: bool, steps: int, warmup: int, out: Path) -> None:
     record = common.StepRecorder()
     with tempfile.TemporaryDirectory(prefix="peer-image-trainer-") as tmp:
         args = TrainingArguments(
-            output_dir=tmp,
-            per_device_train_batch_size=BATCH,
-            learning_rate=LR,
-            max_steps=warmup + steps,
-            seed=SEED,
-            bf16=bf16,
-            use_cpu=True,
-            save_strategy="no",
-            report_to="none",
-            dataloader_num_workers=0,
+            **common.trainer_arguments(
+                tmp, LR, BATCH, warmup + steps, SEED, bf16, dataloader_num_workers=0
+            )
         )
         trainer = record.trainer(Trainer)(
             model=model, args=args, train_dataset=Digits(), callbacks=[record.callback()]

@@ -175,15 +175,7 @@ def trainer_worker(bf16: bool, steps: int, warmup: int, out: Path) -> None:
     record = common.StepRecorder()
     with tempfile.TemporaryDirectory(prefix="peer-speech-trainer-") as tmp:
         args = Seq2SeqTrainingArguments(
-            output_dir=tmp,
-            per_device_train_batch_size=BATCH,
-            learning_rate=LR,
-            max_steps=warmup + steps,
-            seed=SEED,
-            bf16=bf16,
-            use_cpu=True,
-            save_strategy="no",
-            report_to="none",
+            **common.trainer_arguments(tmp, LR, BATCH, warmup + steps, SEED, bf16)
         )
         trainer = record.trainer(Seq2SeqTrainer)(
             model=model,

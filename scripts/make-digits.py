@@ -21,13 +21,11 @@ committed one (exit 1 and one line on the first difference).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import gzip
 import importlib.util
 import io
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -113,37 +111,7 @@ def write_all(out: Path) -> None:
     (out / "README.md").write_text(README)
 
 
-def first_difference(expected: Path, actual: Path) -> str | None:
-    want = {p.relative_to(expected) for p in expected.rglob("*") if p.is_file()}
-    have = {p.relative_to(actual) for p in actual.rglob("*") if p.is_file()}
-    if want - have:
-        return f"{actual / sorted(want - have)[0]} is missing"
-    if have - want:
-        return f"{actual / sorted(have - want)[0]} is not made by this script"
-    for rel in sorted(want):
-        if (expected / rel).read_bytes() != (actual / rel).read_bytes():
-            return f"{actual / rel} differs from a fresh run"
-    return None
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare a fresh run with " + str(OUT))
-    args = parser.parse_args()
-    if not args.check:
-        write_all(OUT)
-        print(OUT)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        write_all(Path(tmp))
-        problem = first_difference(Path(tmp), OUT)
-    if problem:
-        print(
-            f"make-digits --check: {problem}; rerun: python scripts/make-digits.py", file=sys.stderr
-        )
-        sys.exit(1)
-    print(f"make-digits --check: {OUT} matches a fresh run")
-
-
 if __name__ == "__main__":
-    main()
+    from regenerate import main  # scripts/regenerate.py
+
+    main("make-digits", write_all, OUT, __doc__)

@@ -93,6 +93,24 @@ def tiny_classifier(data: str, backend: str = "ort", **training: object) -> dict
     }
 
 
+def tiny_encoder(texts: list[str]):
+    """(a BertModel without a head: 2 layers, hidden 32; a wordpiece tokenizer trained on
+    ``texts``), built in this process with seed 0: the embedding tests' encoder."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from ortft.backends.torch.models import train_tokenizer
+    from ortft.recipe.schema import TrainTokenizer
+
+    torch.manual_seed(0)
+    tok = train_tokenizer(texts * 10, TrainTokenizer(kind="wordpiece", vocab_size=120))
+    config = BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, pad_token_id=tok.pad_token_id, architectures=["BertModel"],
+    )  # fmt: skip
+    return BertModel(config).eval(), tok
+
+
 def tiny_causal_lm(data: str, backend: str = "ort", **training: object) -> dict:
     return {
         "model": {

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_encoder
 
 from ortft.core.errors import InputError
 from ortft.data import pooling
@@ -114,19 +115,7 @@ def test_bare_encoder():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
     """(a BertModel without a head, its tokenizer), built here."""
-    import torch
-    from transformers import BertConfig, BertModel
-
-    from ortft.backends.torch.models import train_tokenizer
-    from ortft.recipe.schema import TrainTokenizer
-
-    torch.manual_seed(0)
-    tok = train_tokenizer(TEXTS * 10, TrainTokenizer(kind="wordpiece", vocab_size=120))
-    config = BertConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, pad_token_id=tok.pad_token_id, architectures=["BertModel"],
-    )  # fmt: skip
-    return BertModel(config).eval(), tok
+    return tiny_encoder(TEXTS)
 
 
 def _export(model, tok, out: Path, pool, tolerance: float = 1e-4, **options) -> dict:

@@ -223,6 +223,13 @@ def test_gpu_check_plan_is_valid_without_a_gpu(tmp_path, gpus):
         compile(step["cmd"][-1], step["name"], "exec")
     assert {"fused adam", "padding elimination"} <= set(names)
     assert ("ddp2 ort" in names) == (gpus >= 2)
+    for name in ("compiled bf16", "auto routes"):  # training runs: their overrides validate
+        cmd = steps[names.index(name)]["cmd"]
+        assert steps[names.index(name)]["run_dir"]
+        at = cmd.index("train") + 1
+        overrides = [a for a in cmd[at + 1 :] if "=" in a]
+        r = recipe_io.load(cmd[at], overrides, check_files=False).recipe
+        assert r.backend.compile in (True, "auto") and r.hardware.device == "cuda"
     for step in steps:
         cmd = step["cmd"]
         if "bench" in cmd:

@@ -40,6 +40,7 @@ TRAINED = [
     "seq2seq.yaml",
     "image-classification.yaml",
     "speech-recognition.yaml",
+    "sentence-embedding.yaml",
     "bench/bert-cls.yaml",
     "bench/gpt2-clm.yaml",
     "bench/minilm-news.yaml",

@@ -35,6 +35,8 @@ from conftest import (
     write_speech_jsonl,
 )
 from helpers import run_cli, summary
+from test_sentence_embedding import _recipe as sentence_embedding_recipe
+from test_sentence_embedding import _rows as sentence_pairs
 from test_tasks import DATA, RECIPES
 from typer.testing import CliRunner
 
@@ -51,6 +53,7 @@ TASKS = [
     "seq2seq",
     "image-classification",
     "speech-recognition",
+    "sentence-embedding",
 ]
 MAX_NEW = 4  # generated tokens per prompt
 IMAGE_CLASSES = tuple("abcdef")  # more than 5: eval scores top5_accuracy
@@ -72,6 +75,12 @@ def _recipe(task: str, tmp: Path) -> dict[str, Any]:
         )
     elif task == "speech-recognition":
         r = tiny_speech_recognizer(str(write_speech_jsonl(tmp / "train.jsonl", n=16)))
+    elif task == "sentence-embedding":  # (anchor, positive) pairs, 20 % held out
+        pairs = tmp / "pairs.jsonl"
+        pairs.write_text("".join(json.dumps(r) + "\n" for r in sentence_pairs(40, seed=3)))
+        r = sentence_embedding_recipe("torch")
+        r["data"] = {**r["data"], "train": str(pairs)}
+        del r["data"]["eval"]
     else:
         r = RECIPES[task]()
     r["data"]["eval_fraction"] = r["data"].get("eval_fraction", 0.2)
@@ -108,6 +117,7 @@ def _inputs(task: str, tmp: Path) -> Path:
         "causal-lm": ["the cat sat", "dogs ran in"],
         "instruction": ["Is 3 larger than 2?", "Add 17 and 10."],
         "seq2seq": [r["source"] for r in rows("numbers-eval.jsonl")],
+        "sentence-embedding": ["a cat sat on the mat", '{"text": "dogs ran in the park"}'],
     }[task]
     path = tmp / "inputs.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -218,6 +228,9 @@ def _check_predict(task: str, got: list[dict[str, Any]], m: Matrix) -> None:
         elif kind == "answer":  # a span of the context, its character offsets
             assert r["answer"] and obj["context"][r["start"] : r["end"]] == r["answer"]
             assert 0 < r["score"] <= 1
+        elif kind == "embedding":  # one vector of the model's width per text
+            assert len(r["embedding"]) == config["hidden_size"]
+            assert all(isinstance(v, float) for v in r["embedding"])
         elif kind == "fill-mask":  # each [MASK] filled, with its candidates
             assert len(r["masks"]) == obj["text"].count("[MASK]")
             assert all(len(x["candidates"]) == 5 for x in r["masks"])

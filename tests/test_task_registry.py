@@ -132,6 +132,7 @@ def test_builtin_tasks_declare_export_kind_and_on_device_support() -> None:
         "instruction": "decoder",
         "image-classification": "image",
         "speech-recognition": "speech",
+        "sentence-embedding": "embedding",
     }
     assert [n for n in tasks.names() if tasks.get(n).ondevice] == [
         "sequence-classification",

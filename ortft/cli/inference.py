@@ -31,10 +31,15 @@ def eval_cmd(
     """Evaluate a saved model (PyTorch or its ONNX export) with the metrics training reports."""
 
     def body() -> None:
-        from ortft.inference import evaluate
+        from ortft.inference import evaluate, predict_embedding
 
         quiet_libraries(state["debug"])
-        result = evaluate.run(source, data_file, batch_size)
+        if predict_embedding.embeds(source):  # retrieval, not logits (evaluate_embedding.py)
+            from ortft.inference import evaluate_embedding
+
+            result = evaluate_embedding.run(source, data_file, batch_size)
+        else:
+            result = evaluate.run(source, data_file, batch_size)
         typer.echo(json.dumps(result, indent=2) if as_json else evaluate.format_result(result))
 
     guarded(body)
@@ -68,17 +73,34 @@ def predict(
             help="Truncate inputs to this many tokens (default: the training length; not causal LMs).",
         ),
     ] = None,
+    query: Annotated[
+        str | None,
+        typer.Option(
+            "--query",
+            help="A model that embeds: rank the inputs (passages) by cosine similarity to this "
+            "text, best first.",
+        ),
+    ] = None,
+    top_k: Annotated[
+        int | None,
+        typer.Option("--top-k", min=1, help="With --query: print the best N only."),
+    ] = None,
     as_json: Annotated[bool, json_option("One JSON object per input on stdout.")] = False,
 ) -> None:
     """Run a trained model on inputs: a label, tags per word, an answer span, filled masks, text,
-    an image's label or an audio file's transcript."""
+    an image's label, an audio file's transcript, or a sentence embedding (--query: a ranking)."""
 
     def body() -> None:
         from ortft.inference import predict as predict_mod
 
         quiet_libraries(state["debug"])
         for result in predict_mod.run(
-            source, input_path, max_new_tokens=max_new_tokens, max_length=max_length
+            source,
+            input_path,
+            max_new_tokens=max_new_tokens,
+            max_length=max_length,
+            query=query,
+            top_k=top_k,
         ):
             typer.echo(json.dumps(result) if as_json else predict_mod.format_line(result))
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ortft.core.errors import InputError
-from ortft.data.pooling import Pooling
+from ortft.data.pooling import Pooling, pool_tokens
 from ortft.export import deploy, generation, layout, parity, rows
 from ortft.export import onnx_tools as tools
 
@@ -46,7 +46,6 @@ AXES = {
     "last_hidden_state": {0: "batch", 1: "sequence"},
     "sentence_embedding": {0: "batch"},
 }
-MASKED = -1e9  # max pooling: what a masked position holds (sentence-transformers' value)
 CARD_TEXTS = ("A man is eating food.", "A man is eating a piece of bread.")
 
 
@@ -85,13 +84,7 @@ def refuse(task: str, options: Any) -> None:
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
     """One vector per row of ``hidden`` [batch, sequence, hidden], as sentence-transformers'
     Pooling and Normalize modules compute it."""
-    keep = mask.unsqueeze(-1).to(hidden.dtype)
-    if pooling.mode == "cls":
-        out = hidden[:, 0]
-    elif pooling.mode == "max":
-        out = hidden.masked_fill(keep == 0, MASKED).max(dim=1).values
-    else:  # mean; the clamp keeps an all-masked row at 0 rather than NaN (as theirs does)
-        out = (hidden * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1e-9)
+    out = pool_tokens(hidden, mask, pooling.mode)
     return torch.nn.functional.normalize(out, p=2, dim=1) if pooling.normalize else out
 
 

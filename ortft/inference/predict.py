@@ -26,7 +26,10 @@ list (the task's tokens column), question answering needs ``question`` and ``con
   one per line, or a folder), each gets its label, softmax scores and top 5
   (``ortft.inference.predict_image``: the input rules, and what each runtime runs);
 - transcript (speech recognition): ``--input`` names audio files as for images, each gets its
-  transcript (``ortft.inference.predict_speech``: clips over the model's 30 s are cut).
+  transcript (``ortft.inference.predict_speech``: clips over the model's 30 s are cut);
+- embedding (a sentence-embedding run, an embedding export, an encoder without a head): each
+  text's sentence embedding, or with ``--query`` the texts ranked by cosine similarity to it
+  (``ortft.inference.predict_embedding``, which also says what counts as embedding).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ortft.core.errors import InputError
+from ortft.inference import predict_embedding
 from ortft.inference.evaluate import SavedModel, open_model, training_recipe
 
 TOP_K = 5  # fill-mask candidates per mask, as the transformers fill-mask pipeline's default
@@ -285,9 +289,23 @@ def run(
     max_new_tokens: int = 32,
     max_length: int | None = None,
     batch_size: int = 16,
+    query: str | None = None,
+    top_k: int | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """One result dict per input."""
+    """One result dict per input (``query``, ``top_k``: rank them, for a model that embeds)."""
+    if predict_embedding.embeds(source):  # before open_model: an export without a task
+        where = "<stdin>" if input_path == "-" else input_path
+        texts = [_field(o, "text", w) for w, o in _read(input_path)]
+        return predict_embedding.run(
+            source, texts, where, query=query, top_k=top_k, max_length=max_length,
+            batch_size=batch_size,
+        )  # fmt: skip
     m = open_model(source)
+    if query is not None or top_k is not None:
+        raise InputError(
+            f"{source}: --query and --top-k rank texts by embedding, and {m.task} does not "
+            "embed (a sentence-embedding run or an embedding export does)"
+        )
     kind = m.spec.predicts
     if kind is None:
         raise InputError(f"{source}: ortft predict has no output for {m.task} (use ortft eval)")
@@ -328,7 +346,10 @@ def run(
 
 def format_line(result: dict[str, Any]) -> str:
     """The plain (non --json) line: label and score (an image's: after its path), word/TAG
-    pairs, the answer and its score, the filled text, or the generated text, on one line."""
+    pairs, the answer and its score, the filled text, the generated text, an embedding, or a
+    ranked text, on one line."""
+    if "embedding" in result or "rank" in result:
+        return predict_embedding.format_line(result)
     if "seconds" in result:  # a transcript: after its file's path
         return f"{result['input']}\t{result['text']}"
     if "top_k" in result:

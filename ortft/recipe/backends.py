@@ -9,7 +9,9 @@ checks of its own) through ``allow``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from ortft import tasks
 from ortft.env import ort_training
@@ -19,6 +21,38 @@ ORTMODULE_FIELDS = (
     "allow_fallback", "log_level", "save_onnx", "memory_optimization_level",
     "compute_optimizer", "pytorch_kernels", "gpu_allocator",
 )  # fmt: skip
+
+
+# backend.compile: the field lives in schema.BackendSection; its type and text are here
+Compile = Literal[False, True, "auto"]
+COMPILE_DESCRIPTION = (
+    "Train the torch backend through torch.compile (inductor, dynamic shapes: one compile "
+    "serves every batch length). true: always; false: eager PyTorch; auto: the backend.name=auto "
+    "probe (or, with backend.name=torch, a probe of eager against compiled) times both and "
+    "counts the compile time against the run's steps, skipping the compiled route when the run "
+    "is too short for it to pay back. The first step pays the compile (minutes on a 2-core "
+    "CPU with an empty cache, under one from the cache: kernels are kept in "
+    "${ORTFT_CACHE:-~/.cache/ortft}/inductor). torch and auto only (docs/backends.md)."
+)
+
+
+def compile_field() -> Any:
+    return Field(False, description=COMPILE_DESCRIPTION)
+
+
+def compile_problems(recipe: Any) -> list[str]:
+    """backend.compile where torch.compile cannot go (torch-free)."""
+    value, name = recipe.backend.compile, recipe.backend.name
+    if value is False:
+        return []
+    setting = f"backend.compile={str(value).lower()}"
+    if name in ("ort", "ort-ondevice"):
+        return [f"{setting} compiles the torch backend: use backend.name=torch or auto"]
+    if recipe.deepspeed is not None:
+        # DeepSpeed's engine owns the forward (its own hooks and casts around the module);
+        # compiling through it is not measured here
+        return [f"{setting} with deepspeed: DeepSpeed runs eager; use backend.compile=false"]
+    return []
 
 
 def ortmodule_fields_set(recipe: Any) -> list[str]:
@@ -118,4 +152,4 @@ def names() -> list[str]:
 def problems(recipe: Any) -> list[str]:
     """What the recipe's backend cannot do (none for a registered engine)."""
     check = RULES.get(recipe.backend.name)
-    return check(recipe) if check is not None else []
+    return compile_problems(recipe) + (check(recipe) if check is not None else [])

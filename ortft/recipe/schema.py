@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ortft.data.spec import DataFormat, DataSection  # noqa: F401 - re-exported
+from ortft.recipe import backends as backend_rules
 from ortft.recipe import rules
 from ortft.recipe.fields import (  # noqa: F401 - re-exported: other modules import them from here
     LOWER_IS_BETTER,
@@ -200,6 +201,7 @@ class BackendSection(Section):
             raise ValueError(f"Input should be {choices}")
         return value
 
+    compile: backend_rules.Compile = backend_rules.compile_field()
     trainable: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = (
         Field(
             None,

@@ -43,6 +43,7 @@ BUILTIN = {
     "instruction": "ortft.tasks.instruction",
     "image-classification": "ortft.tasks.image_classification",
     "speech-recognition": "ortft.tasks.speech_recognition",
+    "sentence-embedding": "ortft.tasks.sentence_embedding",
 }
 
 

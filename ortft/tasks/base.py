@@ -19,6 +19,8 @@ from ortft.core.errors import InputError
 from ortft.data.encoded import Encoded
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import numpy as np
 
     from ortft.data.spec import DataSection
@@ -135,6 +137,11 @@ class Task:
     def prepare_model(self, model: Any, processor: Any) -> None:
         """The built model, before it is wrapped (default: nothing; speech recognition gives a
         Whisper built from a config Whisper's generation fields)."""
+
+    def write_extras(self, folder: Path, model: Any) -> None:
+        """Files final/ adds beside the model's own (``folder``: final/ being written, ``model``:
+        the trained transformers model; default: nothing; sentence-embedding writes the
+        sentence-transformers modules.json and pooling config)."""
 
     def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
         """What summary.json's ``data`` adds for this task, from each split's (rows, encoded)

@@ -1,9 +1,29 @@
-"""``backend.name: auto``: time a few steps of each backend on the recipe's first batches.
+"""``backend.name: auto`` (and ``backend.compile: auto``): time a few steps of each route the
+recipe allows on its first batches, then train with the one whose whole run is estimated fastest.
+
+A route is (backend, compile, dtype): ``torch`` eager, ``torch`` compiled (``backend.compile``
+true: only compiled; auto: both; false: only eager), and ``ort`` under ``backend.name: auto``;
+each in the precision it runs natively when ``precision.dtype: auto`` (bf16 on torch where the
+hardware has it, fp32 on ORT's CPU provider: ``device.resolve_precision``).
 
 Each candidate gets its own freshly built model and optimizer, which are thrown away after
 the probe; every RNG is saved before and restored after, so the run that follows is exactly
-the run ``backend.name=<chosen>`` would have been. The choice is the lower median step time
-over the probe steps after the first (the first holds ORT's one-off export, reported apart).
+the run ``backend.name=<chosen>`` (with its compile and dtype) would have been.
+
+The estimate: ``one_off_s + median_step_s x run steps``, where the median is over the probe
+steps after the first and ``one_off_s`` is the first step's excess over that median (ORT's
+export, inductor's compile) — the run pays it again, so a short run does not pick a route whose
+one-off cost it cannot earn back.
+
+The compiled candidate's compile is paid before it can be measured, so under
+``backend.compile: auto`` it is probed only when its expected compile time is at most
+``MAX_COMPILE_SHARE`` of the eager torch run's estimate: the compile time measured last time
+for this model, task, device and dtype (``compiled.known_compile_s``; every probe that
+compiles records it), else ``UNKNOWN_COMPILE_S``. Numbers (docs/backends.md, "Compiled
+PyTorch"): on the busy 2-core dev CPU the tiny 2-layer test model's first compiled step took
+230 s from an empty inductor cache and 51 s from a warm one, bert-cls's 77 s, MiniLM's 115 s;
+a compile costing more than a fifth of the eager run is more than compiled steps were
+measured to save (MiniLM's fp32 steps: nothing).
 """
 
 from __future__ import annotations
@@ -14,12 +34,14 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ortft.backends.torch import models
+from ortft.backends.torch import compiled, models
+from ortft.backends.torch import device as runtime
 from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
 from ortft.core.errors import BackendError
@@ -28,12 +50,36 @@ from ortft.recipe.io import LoadedRecipe
 
 log = logging.getLogger("ortft")
 
-PROBE_STEPS = 4  # 1 to warm up (ORT exports here) + 3 timed
-CANDIDATES = ("torch", "ort")  # torch first: ORT's spinning thread pool would slow torch after it
+PROBE_STEPS = 4  # 1 to warm up (ORT exports, inductor compiles here) + 3 timed
+MAX_COMPILE_SHARE = 0.2  # of the eager run's estimate (module docstring)
+UNKNOWN_COMPILE_S = 120.0  # an unmeasured model's first compile: 77-230 s measured here
 
 
-def _time_backend(
-    name: str,
+@dataclass(frozen=True)
+class Route:
+    backend: str
+    compile: bool
+    dtype: str
+
+    @property
+    def label(self) -> str:
+        return self.backend + ("+compile" if self.compile else "")
+
+
+def routes(recipe: Any, device: torch.device) -> list[Route]:
+    """The candidates, torch first (ORT's spinning thread pool would slow torch after it)."""
+    b = recipe.backend
+    compiles = {False: [False], True: [True], "auto": [False, True]}[b.compile]
+    backends = ["torch", "ort"] if b.name == "auto" else ["torch"]
+    out = []
+    for name in backends:
+        dtype, _ = runtime.resolve_precision(recipe.precision.dtype, name, device)
+        out += [Route(name, c, dtype) for c in (compiles if name == "torch" else [False])]
+    return out
+
+
+def _time_route(
+    route: Route,
     loaded: LoadedRecipe,
     task: Any,
     tokenizer: Any,
@@ -47,7 +93,7 @@ def _time_backend(
     """Wall time of each of ``PROBE_STEPS`` optimizer steps (one micro-batch each); the width
     of each batch (tokens per row after padding) is appended to ``widths``."""
     r = loaded.recipe
-    backend = wrapper(name, r.backend)
+    backend = wrapper(route.backend, r.backend, compile=route.compile)
     # the same model the PyTorch engine builds (keep the two in step)
     model = models.build_model(
         loaded, task.auto_class, models.vocabulary(task, tokenizer), labels,
@@ -57,8 +103,10 @@ def _time_backend(
     if r.adapter is not None:
         model = models.apply_adapter(model, r.adapter)
     module = models.TaskModule(model, task).to(device)
-    wrapped = backend.wrap(module, scratch / name)
+    wrapped = backend.wrap(module, scratch / route.label)
     wrapped.train()
+    outer = getattr(backend, "outer", None)
+    forward = outer(wrapped) if outer is not None else wrapped
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, r, device)
     # the batches the run will see: the task's collate, then cut to data.padding (a probe of
@@ -78,7 +126,8 @@ def _time_backend(
         inputs = {
             k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")
         }
-        loss, _ = wrapped(**inputs)
+        with runtime.autocast(route.dtype, device):  # the route's precision, as the run's
+            loss, _ = forward(**inputs)
         loss.backward()
         backend.after_step(wrapped)
         if r.training.max_grad_norm:
@@ -90,6 +139,65 @@ def _time_backend(
     return times
 
 
+def _figures(route: Route, times: list[float], widths: list[int], steps: int) -> dict[str, Any]:
+    median = statistics.median(times[1:])
+    one_off = max(times[0] - median, 0.0)
+    return {
+        "backend": route.backend,
+        "compile": route.compile,
+        "dtype": route.dtype,
+        "first_step_s": round(times[0], 4),
+        "step_times_s": [round(t, 4) for t in times[1:]],
+        "median_step_s": round(median, 4),
+        "one_off_s": round(one_off, 3),
+        "estimated_total_s": round(one_off + median * steps, 3),
+        "sequence_lengths": widths,
+    }
+
+
+def compile_skip(eager: dict[str, Any] | None, known_s: float | None, steps: int) -> str | None:
+    """Why the compiled candidate is not worth probing (None: probe it); module docstring."""
+    if eager is None or "median_step_s" not in eager:
+        return "eager torch did not run, so the compile cannot be weighed"
+    expected = known_s if known_s is not None else UNKNOWN_COMPILE_S
+    budget = MAX_COMPILE_SHARE * eager["median_step_s"] * steps
+    if expected <= budget:
+        return None
+    source = "measured last time" if known_s is not None else "assumed for an unmeasured model"
+    return (
+        f"the run is too short: a compile of ~{expected:.0f} s ({source}) is more than "
+        f"{MAX_COMPILE_SHARE:.0%} of eager torch's estimated {eager['median_step_s'] * steps:.0f} s "
+        f"for {steps} steps"
+    )
+
+
+def _probe_one(route: Route, args: tuple, result: dict[str, Any], steps: int, key: str) -> None:
+    """Time one route into ``result["backends"][label]`` (or record why it did not run)."""
+    loaded = args[0]
+    entry = {"backend": route.backend, "compile": route.compile, "dtype": route.dtype}
+    if route.compile and loaded.recipe.backend.compile == "auto":
+        known = compiled.known_compile_s(key)
+        skip = compile_skip(result["backends"].get("torch"), known, steps)
+        if skip is not None:
+            result["backends"][route.label] = {**entry, "skipped": skip}
+            log.info("auto: %s not probed: %s", route.label, skip)
+            return
+    widths: list[int] = []
+    try:
+        times = _time_route(route, *args, widths=widths)
+    except BackendError as err:  # ORT cannot run this model: torch it is
+        result["backends"][route.label] = {**entry, "error": str(err)}
+        log.info("auto: %s cannot run this model (%s)", route.label, err)
+        return
+    finally:
+        if route.compile:
+            torch._dynamo.reset()  # drop the probe model's graphs (the run compiles its own)
+        gc.collect()
+    figures = result["backends"][route.label] = _figures(route, times, widths, steps)
+    if route.compile:
+        compiled.remember_compile_s(key, figures["one_off_s"])
+
+
 def choose(
     loaded: LoadedRecipe,
     task: Any,
@@ -98,50 +206,41 @@ def choose(
     encoded: Any,
     device: torch.device,
     build_optimizer: Callable[..., Any],
-) -> tuple[str, dict[str, Any]]:
-    """The faster backend's name and the probe's record for summary.json."""
+    steps: int,
+) -> tuple[tuple[str, bool], dict[str, Any]]:
+    """The chosen route's (backend name, compile) and the probe's record for summary.json."""
     rng = checkpoint.rng_state()
-    result: dict[str, Any] = {"steps": PROBE_STEPS, "timed_from_step": 2, "backends": {}}
+    result: dict[str, Any] = {
+        "steps": PROBE_STEPS, "timed_from_step": 2, "run_steps": steps, "backends": {},
+    }  # fmt: skip
+    candidates = routes(loaded.recipe, device)
     try:
         with tempfile.TemporaryDirectory(prefix="ortft-probe-") as scratch:
-            for name in CANDIDATES:
-                try:
-                    times = _time_backend(
-                        name,
-                        loaded,
-                        task,
-                        tokenizer,
-                        labels,
-                        encoded,
-                        device,
-                        build_optimizer,
-                        Path(scratch),
-                        widths := [],
-                    )
-                except BackendError as err:  # ORT cannot run this model: torch it is
-                    result["backends"][name] = {"error": str(err)}
-                    log.info("auto: %s cannot run this model (%s)", name, err)
-                    continue
-                finally:
-                    gc.collect()
-                result["backends"][name] = {
-                    "first_step_s": round(times[0], 4),
-                    "step_times_s": [round(t, 4) for t in times[1:]],
-                    "median_step_s": round(statistics.median(times[1:]), 4),
-                    "sequence_lengths": widths,
-                }
+            args = (loaded, task, tokenizer, labels, encoded, device, build_optimizer)
+            for route in candidates:
+                key = compiled.route_key(loaded.recipe, device, route.dtype)
+                _probe_one(route, (*args, Path(scratch)), result, steps, key)
     finally:
         checkpoint.set_rng_state(rng)
-    timed = {n: b["median_step_s"] for n, b in result["backends"].items() if "median_step_s" in b}
+    timed = {n: b for n, b in result["backends"].items() if "estimated_total_s" in b}
     if not timed:
-        raise BackendError("backend.name=auto: neither backend could run this model")
-    chosen = min(timed, key=lambda n: timed[n])
-    result["chosen"] = chosen
-    parts = ", ".join(f"{n} {t * 1000:.0f} ms/step" for n, t in timed.items())
-    log.info(
-        "backend: auto chose %s (probe, %d steps each on the first batches: %s)",
-        chosen,
-        PROBE_STEPS,
-        parts,
-    )
-    return chosen, result
+        raise BackendError("backend.name=auto: no route could run this model")
+    label = min(timed, key=lambda n: timed[n]["estimated_total_s"])
+    best = timed[label]
+    result.update(chosen=best["backend"], route=label, compile=best["compile"], dtype=best["dtype"])
+    log.info("backend: auto chose %s %s (%s)", label, best["dtype"], _why(result, steps))
+    return (best["backend"], best["compile"]), result
+
+
+def _why(result: dict[str, Any], steps: int) -> str:
+    parts = []
+    for label, b in result["backends"].items():
+        if "estimated_total_s" in b:
+            one_off = f" + {b['one_off_s']:.1f} s once" if b["one_off_s"] >= 0.05 else ""
+            parts.append(
+                f"{label} {b['dtype']} {b['median_step_s'] * 1000:.0f} ms/step{one_off} "
+                f"= {b['estimated_total_s']:.0f} s"
+            )
+        else:
+            parts.append(f"{label} {'not probed' if 'skipped' in b else 'failed'}")
+    return f"probe, {PROBE_STEPS} steps each; estimated over {steps} steps: " + ", ".join(parts)

@@ -1,18 +1,18 @@
-"""Eager PyTorch: the baseline, with transformers' default (sdpa) attention.
+"""PyTorch: the baseline, with transformers' default (sdpa) attention, eager or compiled.
 
-Two bench-only variants are switched on by environment variables that ``ortft bench`` sets
-for its worker processes (they are not recipe fields: a recipe describes a training run,
-these describe a measurement):
+``backend.compile: true`` (or the ``auto`` probe's choice) runs the forward through
+``torch.compile`` (``compiled.py``): the engine puts ``outer`` around its forward, outside DDP.
 
-- ``ORTFT_TORCH_ATTN=eager``: eager attention, the same model code ORTModule runs.
-- ``ORTFT_TORCH_COMPILE=1``: ``torch.compile`` the module (inductor).
+A bench-only variant is switched on by an environment variable that ``ortft bench`` sets for
+its worker processes (not a recipe field: a recipe describes a training run, this describes a
+measurement): ``ORTFT_TORCH_ATTN=eager``, eager attention, the same model code ORTModule runs.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ortft.backends.report import BackendReport
 
@@ -23,35 +23,38 @@ if TYPE_CHECKING:
 class TorchBackend:
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, compile: bool = False) -> None:
         self.attn_implementation = os.environ.get("ORTFT_TORCH_ATTN", "sdpa")
         if self.attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"ORTFT_TORCH_ATTN={self.attn_implementation}: use sdpa or eager")
-        self.compile = os.environ.get("ORTFT_TORCH_COMPILE", "0") == "1"
+        self.compile = compile
+        self.clock: Any = None  # compiled: the first step's time (compiled.CompileClock)
 
     def wrap(self, module: nn.Module, run_dir: Path) -> nn.Module:
-        if self.compile:
-            import torch
+        return module  # evaluation, saving and export use the module itself
 
-            if not hasattr(torch.compiler, "is_exporting"):
-                # torch 2.6 lacks it; transformers 5.24's masking_utils calls it inside a
-                # try/except that returns False in eager mode, but dynamo fails on the missing
-                # attribute instead of taking the except (InternalTorchDynamoError). False is
-                # what eager mode gets, so the compiled model masks as the eager one does.
-                torch.compiler.is_exporting = lambda: False  # type: ignore[attr-defined]
-            return torch.compile(module)  # type: ignore[return-value]
-        return module
+    def outer(self, forward: nn.Module) -> Any:
+        """The training forward: compiled around DDP (or the module) when compile is on."""
+        if not self.compile:
+            return forward
+        from ortft.backends.torch import compiled
+
+        self.clock = compiled.CompileClock()
+        return compiled.compile_forward(forward)
 
     def before_forward(self, seed: int, micro_step: int) -> None:
-        return None  # torch's own RNG state is in every checkpoint
+        if self.clock is not None:
+            self.clock.start()  # torch's own RNG state is in every checkpoint
 
     def after_step(self, wrapped: nn.Module) -> None:
-        return None
+        if self.clock is not None:
+            self.clock.stop()
 
     def report(self) -> BackendReport:
-        notes = []
+        notes, extra = [], {}
         if self.attn_implementation != "sdpa":
             notes.append(f"attention={self.attn_implementation} (ORTFT_TORCH_ATTN)")
         if self.compile:
-            notes.append("torch.compile (ORTFT_TORCH_COMPILE)")
-        return BackendReport(requested="torch", used="torch", notes=notes)
+            extra["compile"] = self.clock.record() if self.clock is not None else {}
+            notes.append(f"torch.compile ({extra['compile'].get('compiler')}, dynamic shapes)")
+        return BackendReport(requested="torch", used="torch", notes=notes, extra=extra)

@@ -1,9 +1,9 @@
 """The PyTorch module engine: ``backend.name`` torch, ort or auto.
 
 A Hugging Face model inside ``models.TaskModule``, wrapped by a module wrapper (``wrappers.py``):
-eager PyTorch (``eager.py``) or ORTModule (``ortmodule/``), or the faster of the two on a short
-probe (``auto.py``) —
-then by DDP (under torchrun) or a DeepSpeed engine (``deepspeed:``). Mixed precision is autocast
+eager PyTorch (``eager.py``) or ORTModule (``ortmodule/``), or the route a short probe estimates
+fastest (``auto.py``) — then by DDP (under torchrun) or a DeepSpeed engine (``deepspeed:``), and
+``backend.compile``'s torch.compile outside it all (``compiled.py``). Mixed precision is autocast
 around the forward plus a GradScaler for fp16. The run's lifecycle (``ortft.run``) calls the
 ``Engine`` methods; everything that touches torch is here.
 """
@@ -92,15 +92,19 @@ class PyTorchEngine:
         # model loads) is this device, never its own guess: CUDA whenever a GPU is visible
         os.environ["DS_ACCELERATOR"] = rt.device.type
         world = distributed.world_size()
-        if world > 1 and self.name == "auto":
+        if world > 1 and self._probes():
             raise InputError(
-                "backend.name=auto times backends in one process; under torchrun choose "
-                "backend.name=ort or torch"
+                "backend.name=auto (and backend.compile=auto) time routes in one process; "
+                "under torchrun choose backend.name=ort or torch and backend.compile=true/false"
             )
         runtime.seed_everything(recipe.training.seed)
         if recipe.training.deterministic:
             runtime.make_deterministic()
         return Started(str(rt.device), rt.threads, rt.reason, world, distributed.summary())
+
+    def _probes(self) -> bool:
+        """backend.name=auto, or backend.compile=auto: a probe picks the route (auto.py)."""
+        return self.name == "auto" or self.recipe.backend.compile == "auto"
 
     def _resolve_precision(self, backend: str, device: torch.device) -> None:
         requested = self.recipe.precision.dtype
@@ -183,16 +187,16 @@ class PyTorchEngine:
     def prepare(self, loaded, task, tokenizer, labels, train, run_dir, resume_from, total_steps):
         r, t = self.recipe, self.recipe.training
         self.task, self._tokenizer = task, tokenizer
-        wrapper_name = self.name
-        if self.name == "auto":  # time a few steps of each wrapper on the first batches
+        wrapper_name, compiled = self.name, None
+        if self._probes():  # time a few steps of each route on the first batches
             from ortft.backends.torch import auto
 
-            wrapper_name, self.probe = auto.choose(
-                loaded, task, tokenizer, labels, train, self.device, build_optimizer
+            (wrapper_name, compiled), self.probe = auto.choose(
+                loaded, task, tokenizer, labels, train, self.device, build_optimizer, total_steps
             )
         if self.name == "auto":
             self._resolve_precision(wrapper_name, self.device)
-        self.wrapper = wrapper(wrapper_name, r.backend)
+        self.wrapper = wrapper(wrapper_name, r.backend, compile=compiled)
         self.model = self._build_model(loaded, task, tokenizer, labels)
         self.module = models.TaskModule(self.model, task)
         self.module.to(self.device)
@@ -227,6 +231,8 @@ class PyTorchEngine:
             self.forward: torch.nn.Module = self.deepspeed
         else:
             self.forward = distributed.wrap(self.wrapped, self.device)  # DDP around ORTModule
+            outer = getattr(self.wrapper, "outer", None)  # torch.compile, around DDP
+            self.forward = outer(self.forward) if outer is not None else self.forward
         # DeepSpeed runs fp16/bf16 by casting the model itself; otherwise autocast the forward
         self.amp_dtype = "fp32" if self.deepspeed is not None else self.dtype
         # fp16: loss scaling; for fp32/bf16 the scaler is disabled and each call is a no-op
@@ -361,7 +367,8 @@ class PyTorchEngine:
     def write_final(self, folder: Path) -> None:
         """A Hugging Face model folder. A LoRA run's holds the base model (frozen weights,
         trained head) and, in adapter/, the adapter in PEFT's format (`ortft export
-        --merge-adapters` merges them)."""
+        --merge-adapters` merges them); then the task's own files (``Task.write_extras``:
+        a sentence-embedding run's sentence-transformers modules)."""
         if models.is_adapted(self.model):
             import copy
 
@@ -369,6 +376,7 @@ class PyTorchEngine:
             self.model.save_pretrained(folder / "adapter")
         else:
             self.model.save_pretrained(folder)
+        self.task.write_extras(folder, self.model)
 
     def export(self, run_dir: Path, final_dir: Path, samples: Any) -> dict[str, Any] | None:
         spec, task = self.recipe.export, self.task
@@ -385,7 +393,7 @@ class PyTorchEngine:
             opset=spec.opset, tolerance=spec.tolerance, samples=samples,
             options=exporter.ExportOptions(
                 max_length=self.recipe.data.max_length, kv_cache=spec.kv_cache,
-                task_options=self.recipe.task,
+                task_options=self.recipe.task, pooling=getattr(task, "pooling", None),
             ),
         )  # fmt: skip
 
@@ -405,7 +413,7 @@ class PyTorchEngine:
             return BackendReport(requested=self.name, used=self.name)
         rep = self.wrapper.report()
         if self.probe is not None:
-            rep = dataclasses.replace(rep, requested="auto")
+            rep = dataclasses.replace(rep, requested=self.name)
             rep.extra["probe"] = self.probe
         if self.head is not None:
             rep.extra["head"] = self.head

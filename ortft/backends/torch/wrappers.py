@@ -1,18 +1,20 @@
-"""The module wrapper a PyTorch engine trains through: eager PyTorch (``eager.py``) or ORTModule
-(``ortft.backends.ortmodule``). Each has ``wrap`` / ``after_step`` / ``report``; the engine and
-the ``auto`` probe (``auto.py``) both pick one here by name."""
+"""The module wrapper a PyTorch engine trains through: eager PyTorch (``eager.py``, compiled or
+not) or ORTModule (``ortft.backends.ortmodule``). Each has ``wrap`` / ``outer`` /
+``after_step`` / ``report``; the engine and the ``auto`` probe (``auto.py``) both pick one here
+by name."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def wrapper(name: str, options: Any) -> Any:
-    """The module wrapper for ``name``: ``wrap`` / ``after_step`` / ``report`` (eager.py, ortmodule/wrapper.py)."""
+def wrapper(name: str, options: Any, compile: bool | None = None) -> Any:
+    """The module wrapper for ``name`` (eager.py, ortmodule/wrapper.py); ``compile``: the torch
+    route's, where the probe chose it (default: ``backend.compile: true``)."""
     if name == "torch":
         from ortft.backends.torch.eager import TorchBackend
 
-        return TorchBackend()
+        return TorchBackend(compile=options.compile is True if compile is None else compile)
     if name == "ort":
         from ortft.backends.ortmodule.wrapper import OrtBackend
 

@@ -1,0 +1,139 @@
+"""``backend.compile``: the torch backend's forward through ``torch.compile`` (inductor).
+
+How it composes: the compiled callable is the outermost layer of the forward, around DDP when
+there is one (``torch.compile(DDP(module))``, the order torch 2.6 documents: dynamo's
+DDPOptimizer splits the graph at DDP's bucket boundaries so the gradient all-reduce still
+overlaps the backward; ``DDP(torch.compile(module))`` compiles one whole backward whose
+all-reduces only start after it). The model the engine saves, evaluates and exports is never
+the compiled wrapper, so checkpoints, best/ and final/ carry no ``_orig_mod.`` prefix.
+
+Dynamic shapes (``dynamic=True``): length-aware batches (``data.padding: longest``,
+``group_by_length``) change the sequence length every step; one graph with a symbolic length
+and batch serves them all. torch's default (automatic dynamic) compiles a static graph first
+and recompiles once the length changes: two compiles where one does.
+
+Inductor's on-disk cache lives under ``${ORTFT_CACHE:-~/.cache/ortft}/inductor`` (unless
+``TORCHINDUCTOR_CACHE_DIR`` is set): a second run of the same model reuses the generated
+kernels and pays dynamo's tracing only. The ``auto`` probe keeps each compile time it measures
+in ``compile-times.json`` beside it, to know a compile's cost before paying it (``auto.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ortft.core.fsutil import write_json_atomic
+
+log = logging.getLogger("ortft")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ORTFT_CACHE") or Path.home() / ".cache" / "ortft")
+
+
+def prepare() -> None:
+    """Before the first compile: the cache directory, and torch 2.6's missing
+    ``torch.compiler.is_exporting``."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+    if not hasattr(torch.compiler, "is_exporting"):
+        # torch 2.6 lacks it; transformers 5.24's masking_utils calls it inside a try/except
+        # that returns False in eager mode, but dynamo fails on the missing attribute instead
+        # of taking the except (InternalTorchDynamoError). False is what eager mode gets, so
+        # the compiled model masks as the eager one does.
+        torch.compiler.is_exporting = lambda: False  # type: ignore[attr-defined]
+
+
+# ORTFT_COMPILE_BACKEND=aot_eager: dynamo + AOTAutograd without inductor's code generation, a
+# test and debugging knob (seconds instead of minutes on 2 cores); the route is the same
+COMPILE_BACKENDS = ("inductor", "aot_eager")
+
+
+def compile_forward(forward: Any) -> Any:
+    prepare()
+    backend = os.environ.get("ORTFT_COMPILE_BACKEND", "inductor")
+    if backend not in COMPILE_BACKENDS:
+        raise ValueError(f"ORTFT_COMPILE_BACKEND={backend}: use inductor or aot_eager")
+    return torch.compile(forward, backend=backend, dynamic=True)
+
+
+def graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process (recompiles included)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class CompileClock:
+    """The first step's wall time (forward + backward: both graphs compile there), logged once."""
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+        self._t0: float | None = None
+        self._graphs0 = 0
+
+    def start(self) -> None:
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+            self._graphs0 = graphs_compiled()
+
+    def stop(self) -> None:
+        if self.seconds is None and self._t0 is not None:
+            self.seconds = time.perf_counter() - self._t0
+            log.info(
+                "torch.compile: the first step took %.1f s (inductor compiling forward and "
+                "backward; kernels cached in %s)",
+                self.seconds,
+                os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+            )
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "compiler": os.environ.get("ORTFT_COMPILE_BACKEND", "inductor"),
+            "dynamic": True,
+            "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+        }
+        if self.seconds is not None:
+            out["first_step_s"] = round(self.seconds, 3)
+            out["graphs"] = graphs_compiled() - self._graphs0
+        return out
+
+
+# ---- measured compile times, for the auto probe
+def _times_file() -> Path:
+    return cache_root() / "compile-times.json"
+
+
+def route_key(recipe: Any, device: torch.device, dtype: str) -> str:
+    """What a compile's cost depends on: the model, the task, the device and the dtype."""
+    m = recipe.model
+    model = m.name_or_path or json.dumps(m.from_config.model_dump(), sort_keys=True)
+    adapter = "+lora" if recipe.adapter is not None else ""
+    return f"{model}{adapter}|{recipe.task.name}|{device.type}|{dtype}|torch {torch.__version__}"
+
+
+def known_compile_s(key: str) -> float | None:
+    try:
+        return float(json.loads(_times_file().read_text())[key])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remember_compile_s(key: str, seconds: float) -> None:
+    path = _times_file()
+    try:
+        times = json.loads(path.read_text())
+    except (OSError, ValueError):
+        times = {}
+    times[key] = round(seconds, 3)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, dict(sorted(times.items())), indent=1)
+    except OSError as err:  # a read-only home: the probe only loses its memory
+        log.debug("could not record the compile time in %s: %s", path, err)
