@@ -242,7 +242,8 @@ def embed(folder: Path, inputs: Path) -> None:
     config = json.loads((folder / "config.json").read_text())
     lowercase = json.loads((folder / "export.json").read_text())["pooling"]["lowercase"]
     tok.enable_padding(pad_id=config.get("pad_token_id") or 0)
-    texts = [line.strip() for line in inputs.read_text().splitlines() if line.strip()]
+    lines = [line.strip() for line in inputs.read_text().splitlines() if line.strip()]
+    texts = [json.loads(x)["text"] if x.startswith("{") else x for x in lines]  # text or JSONL
     enc = tok.encode_batch([t.lower() for t in texts] if lowercase else texts)
     ids = np.array([e.ids for e in enc], dtype=np.int64)
     mask = np.array([e.attention_mask for e in enc], dtype=np.int64)

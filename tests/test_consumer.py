@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import run_cli
 from test_export_image import write_image_modes
@@ -99,10 +100,11 @@ def _consumer(python: str, *args: Any, cwd: Path | None = None) -> str:
     return res.stdout
 
 
-def _predict(source: Path, inputs: Path, max_new: int) -> list[dict[str, Any]]:
+def _predict(source: Path, inputs: Path, max_new: int, *extra: str) -> list[dict[str, Any]]:
     import onnxruntime  # noqa: F401 - first import logs via deepspeed to the stdout of its time
 
     args = ["predict", str(source), "-i", str(inputs), "--json", "--max-new-tokens", str(max_new)]
+    args += extra
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.stderr + str(res.exception)
     return [json.loads(x) for x in res.stdout.splitlines()]
@@ -157,6 +159,8 @@ def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str)
             for g, w in zip(got, want, strict=True):
                 if kind == "fill-mask":  # the client reports each mask's best token
                     g, w = g["masks"], [{"token": x["token"]} for x in w["masks"]]
+                elif kind == "embedding":  # the client's padded batch: predict's vectors
+                    g, w = g["sentence_embedding"], w["embedding"]
                 else:
                     w = {k: w[k] for k in g}
                 assert _close(g, w), (folder.name, g, w)
@@ -182,6 +186,18 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
             clip = _inputs(task, matrix.run(task).parent).read_text().split()[0]
             shutil.copy(clip, folder / speech_card.CARD_AUDIO)
             inputs = folder / speech_card.CARD_AUDIO
+        if spec.predicts == "embedding":  # the card prints its two texts' cosine similarity
+            from ortft.export import embedding
+
+            inputs.write_text("".join(t + "\n" for t in embedding.CARD_TEXTS))
+            # uncut, as the snippet encodes them (predict cuts at the run's 24 tokens; the tiny
+            # vocabulary spells "eating" and "bread" letter by letter)
+            rows = _predict(folder, inputs, 1, "--max-length", "512")
+            first, second = (np.array(r["embedding"]) for r in rows)
+            cosine = first @ second / (np.linalg.norm(first) * np.linalg.norm(second))
+            got = float(_consumer(consumer_python, "-I", "-c", code, cwd=folder))
+            assert abs(got - float(cosine)) <= 1e-4, (folder.name, code)
+            continue
         (want,) = _predict(folder, inputs, SNIPPET_NEW)
         expected = {
             "label": lambda r: r["label"],
