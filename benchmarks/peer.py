@@ -355,15 +355,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
     p.add_argument("--kinds", default="short,long", help="short, long or both")
     p.add_argument("--routes", default=",".join(ROUTES), help="a comma list of: %(default)s")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
-    p.add_argument(
-        "--max-busy",
-        type=float,
-        default=0.2,
-        help="wait before each run until others take at most this CPU share",
-    )
-    p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for that at most")
-    p.add_argument("--retries", type=int, default=3, help="extra rounds while one was not clean")
+    common.add_quiet_options(p)
     p.add_argument("--out", type=Path, default=common.REPO / "benchmarks" / "results" / "peer.json")
     p.add_argument("--worker", choices=[n for n, r in ROUTES.items() if r.trainer is not None],
                    help=argparse.SUPPRESS)  # a Trainer process  # fmt: skip

@@ -402,12 +402,8 @@ def print_table(bench: Bench, result: dict[str, Any]) -> None:
         )
 
 
-def main(bench: Bench, doc: str) -> None:
-    """The command line of a bench (``doc``: its module docstring)."""
-    p = argparse.ArgumentParser(description=doc.split("\n")[0])
-    p.add_argument("--pairs", type=int, default=5, help="rounds of the four runners")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
-    p.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
+def add_quiet_options(p: argparse.ArgumentParser) -> None:
+    """--timeout, --max-busy, --wait, --retries: how a bench runs on a shared machine."""
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
     p.add_argument(
         "--max-busy",
@@ -419,6 +415,15 @@ def main(bench: Bench, doc: str) -> None:
     p.add_argument(
         "--retries", type=int, default=3, help="extra rounds at most while a round was not clean"
     )
+
+
+def main(bench: Bench, doc: str) -> None:
+    """The command line of a bench (``doc``: its module docstring)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--pairs", type=int, default=5, help="rounds of the four runners")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
+    p.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
+    add_quiet_options(p)
     p.add_argument(
         "--out", type=Path, default=REPO / "benchmarks" / "results" / f"{bench.name}.json"
     )

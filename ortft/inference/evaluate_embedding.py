@@ -35,11 +35,6 @@ def _task(recipe_yaml: Path | None) -> Any:
     return tasks.get(sentence_embedding.SentenceEmbedding.name)
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 def in_batch_loss(
     anchors: np.ndarray,
     positives: np.ndarray,
@@ -49,8 +44,8 @@ def in_batch_loss(
 ) -> float:
     """Mean cross-entropy of each anchor's scaled cosine similarities to its batch's positives
     (and negatives) against its own positive, over consecutive batches of ``batch_size``."""
-    a, p = _unit(anchors), _unit(positives)
-    n = _unit(negatives) if negatives is not None else None
+    a, p = predict_embedding.unit(anchors), predict_embedding.unit(positives)
+    n = predict_embedding.unit(negatives) if negatives is not None else None
     total = 0.0
     for start in range(0, len(a), batch_size):
         end = min(start + batch_size, len(a))
@@ -64,8 +59,8 @@ def in_batch_loss(
 
 def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> dict[str, Any]:
     t0 = time.perf_counter()
-    folder, run_dir = predict_embedding._folder(Path(source))
-    recipe_yaml = predict_embedding._recipe(folder, run_dir)
+    folder, run_dir = predict_embedding.model_folder(Path(source))
+    recipe_yaml = predict_embedding.recipe_of(folder, run_dir)
     task = _task(recipe_yaml)
     # what evaluate.load_rows / training_recipe read of a saved model
     saved = types.SimpleNamespace(spec=task, path=folder, recipe_yaml=recipe_yaml, run_dir=run_dir)

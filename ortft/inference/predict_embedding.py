@@ -73,7 +73,7 @@ class Embedder:
         return np.concatenate(out)
 
 
-def _folder(source: Path) -> tuple[Path, Path | None]:
+def model_folder(source: Path) -> tuple[Path, Path | None]:
     """(the model folder, its run dir), as ``ortft.inference.evaluate.open_model`` resolves them."""
     if (source / "final" / "config.json").exists():
         return source / "final", source
@@ -90,7 +90,7 @@ def _export_json(folder: Path) -> dict[str, Any]:
     return report if isinstance(report, dict) else {}
 
 
-def _recipe(folder: Path, run: Path | None) -> Path | None:
+def recipe_of(folder: Path, run: Path | None) -> Path | None:
     candidates = [folder / "recipe.yaml"] + ([run / "final" / "recipe.yaml"] if run else [])
     return next((p for p in candidates if p.exists()), None)
 
@@ -106,12 +106,12 @@ def _config(folder: Path) -> Any:
 
 def embeds(source: Path) -> bool:
     """Whether ``source`` (a run dir, a model folder or an ONNX export) gives embeddings."""
-    folder, run = _folder(Path(source))
+    folder, run = model_folder(Path(source))
     if (folder / MODEL).exists():
         return EMBEDDING in (_export_json(folder).get("outputs") or [])
     if not (folder / "config.json").exists():
         return False
-    recipe = _recipe(folder, run)
+    recipe = recipe_of(folder, run)
     if recipe is not None:
         from ortft import tasks
         from ortft.recipe.task import read_task
@@ -191,7 +191,7 @@ def open_embedder(source: Path, max_length: int | None = None) -> Embedder:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stdout/stderr stay ortft's
-    folder, run = _folder(Path(source))
+    folder, run = model_folder(Path(source))
     onnx = (folder / MODEL).exists()
     pooling, vectors = _onnx(folder) if onnx else _pytorch(folder)
     config = _config(folder)
@@ -200,7 +200,7 @@ def open_embedder(source: Path, max_length: int | None = None) -> Embedder:
          if isinstance(getattr(config, k, None), int)),
         FALLBACK_LENGTH,
     )  # fmt: skip
-    length = max_length or pooling.max_seq_length or _trained_length(_recipe(folder, run))
+    length = max_length or pooling.max_seq_length or _trained_length(recipe_of(folder, run))
     return Embedder(
         runtime="onnxruntime" if onnx else "pytorch",
         path=folder,
@@ -216,7 +216,7 @@ def _floats(vector: np.ndarray) -> list[float]:
     return [float(str(v)) for v in vector.astype(np.float32)]
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
+def unit(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
@@ -225,7 +225,7 @@ def rank(
     model: Embedder, texts: list[str], query: str, top_k: int | None, batch_size: int
 ) -> Iterator[dict[str, Any]]:
     """The texts by cosine similarity to ``query``, best first (ties: input order)."""
-    scores = _unit(model.embed(texts, batch_size)) @ _unit(model.embed([query], 1))[0]
+    scores = unit(model.embed(texts, batch_size)) @ unit(model.embed([query], 1))[0]
     order = np.argsort(-scores, kind="stable")[:top_k]
     for n, i in enumerate(order, 1):
         yield {"rank": n, "score": float(scores[i]), "index": int(i), "text": texts[i]}
