@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU
 
-.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-peer bench-peer-image bench-peer-speech bench-peer-sentence check-sentence-embedding bench-data bench-image-rss soak-ddp gpu-check clean
+.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence check-sentence-embedding bench-data bench-image-rss soak-ddp gpu-check clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -24,6 +24,7 @@ help:
 	@echo "make quality    ruff lint + format check, mypy"
 	@echo "make style      apply ruff fixes and formatting"
 	@echo "make bench      ORT vs PyTorch on the CPU recipes in recipes/bench/; JSON in benchmarks/results/"
+	@echo "make bench-attention  sdpa vs eager attention on the torch route, bf16 and fp32 (CPU, ~8 min)"
 	@echo "make bench-peer ortft's routes (auto, ort, torch, bf16, compiled) vs Trainer fp32/bf16/torch_compile, same fine-tune (CPU, ~1 h)"
 	@echo "make bench-peer-image  the same for image classification: a ViT on the digits, Trainer fp32 and bf16 (CPU, ~5 min)"
 	@echo "make bench-peer-speech the same for speech recognition: a Whisper on spoken digits, Seq2SeqTrainer fp32 and bf16 (CPU, ~15 min)"
@@ -44,8 +45,9 @@ demo: setup
 doctor: setup
 	$(BIN)/ortft doctor
 
+# --durations: the 25 slowest tests go to the log, so that CI time can be found where it goes
 test: setup
-	$(BIN)/pytest -m "not slow and not gpu and not recipes and not consumer and not archs"
+	$(BIN)/pytest -m "not slow and not gpu and not recipes and not consumer and not archs" --durations=25
 
 # By hand, not in CI (.ci/run stays on 3.11): the same fast tests in a second venv on Python
 # 3.12, whose lock has the CPU build of ORT training (requirements/lock-py312.txt).
@@ -96,9 +98,17 @@ bench: setup
 			--plot benchmarks/results/$$r.png > benchmarks/results/$$r.json; \
 	done
 
+# sdpa against eager attention on the torch route (MiniLM, bf16 and fp32, lengths 64 and 128,
+# dropout 0.1 and none), alternating, 3 rounds: the figures behind eager attention for bf16 on a
+# CPU (ortft/backends/torch/eager.py). About 8 minutes on 2 cores. Not in CI.
+bench-attention: setup
+	@mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/attention_cpu.py --rounds 3 --out benchmarks/results/attention-cpu.json
+
 # ortft's routes (auto, ort, torch fp32/bf16, compiled) against transformers' Trainer (fp32,
 # bf16=True, torch_compile=True as shipped) on the same fine-tune (MiniLM, short and long texts),
-# alternating, 5 rounds: about an hour on 2 quiet cores (an estimate). Not in CI.
+# alternating, 5 rounds. 8 rounds of the 7 routes without the compiled two took 43 minutes on 2
+# quiet cores (2026-12-02); the compiled two add inductor's compile. Not in CI.
 PEER_ARGS ?= --rounds 5
 bench-peer: setup
 	@mkdir -p benchmarks/results

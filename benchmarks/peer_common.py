@@ -4,8 +4,8 @@ through ``Bench`` and ``main``; peer.py, with its routes and two kinds of data, 
 
 A bench is a ``Bench``: its recipe, batch, ortft overrides and a Trainer worker (a function
 that trains in its own process and writes its timing as JSON). ``main(bench)`` parses the
-shared flags and runs rounds of the four runners, alternating (trainer, trainer-bf16, torch,
-ort, trainer, ...), each measurement a fresh process, each after a wait for a quiet machine;
+shared flags and runs rounds of the five runners, alternating (trainer, trainer-bf16, torch,
+torch-bf16, ort, trainer, ...), each measurement a fresh process, each after a wait for a quiet machine;
 then the JSON and the table. ``StepRecorder`` gives a Trainer worker the step ends and losses
 it reports, timed as ortft's side is (``timing``).
 
@@ -33,8 +33,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-RUNNERS = ("trainer", "trainer-bf16", "torch", "ort")
+RUNNERS = ("trainer", "trainer-bf16", "torch", "torch-bf16", "ort")
 BASES = ("trainer", "trainer-bf16")  # the ratios' denominators
+# an ortft runner's overrides beyond the bench's own (torch-bf16: bf16 autocast, as Trainer's bf16)
+ORTFT_RUNNERS = {
+    "torch": {"backend.name": "torch"},
+    "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
+    "ort": {"backend.name": "ort"},
+}
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 # A shared machine is not measured: with other work at a load average of 6 on 2 cores, a
 # 2-thread torch step of peer_image's ViT took 4.0-7.7 s against 0.87 s on 1 thread (libgomp's
@@ -210,7 +216,7 @@ def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeo
         run_dir = tmp / tag
         overrides = {
             **bench.overrides,
-            "backend.name": runner,
+            **ORTFT_RUNNERS[runner],
             "training.max_steps": str(warmup + steps),
         }
         cmd = ortft_train(bench.recipe, overrides, run_dir)
@@ -277,7 +283,7 @@ def ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int, batch: int
 
 
 def run(bench: Bench, a: argparse.Namespace) -> dict:
-    """``a.pairs`` rounds of the four runners, then up to ``a.retries`` more while fewer than
+    """``a.pairs`` rounds of the five runners, then up to ``a.retries`` more while fewer than
     ``a.pairs`` rounds were clean (no run in them shared the CPU with others: ``clean``)."""
     rounds: list[dict[str, dict]] = []
     loads: list[float] = []
@@ -319,11 +325,30 @@ def run(bench: Bench, a: argparse.Namespace) -> dict:
         "runners": summarize({r: [one[r] for one in kept] for r in RUNNERS}, bench.extra_keys),
         "rounds": rounds,
         "machine": {
-            "cores": os.cpu_count(),
+            **cpu(),
             "load_avg_during": [min(loads), statistics.median(loads), max(loads)],
             "load_avg_after": list(os.getloadavg()),
         },
     }
+
+
+def cpu() -> dict[str, Any]:
+    """The machine's CPU: these benches rank routes differently on different CPUs (on 2 cores of
+    an AMD EPYC ortft's ort trained MiniLM 1.7x as fast as torch in fp32, ORT's GEMM being ~2x
+    MKL's there; on 2 cores of an Intel Xeon with AMX it was 0.9x, peer.py 2026-12-02)."""
+    flags: set[str] = set()
+    model = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model is None:
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    return {"cores": os.cpu_count(), "cpu": model, "bf16_flags": native}
 
 
 def clean(one: dict[str, dict]) -> bool:
@@ -420,7 +445,7 @@ def add_quiet_options(p: argparse.ArgumentParser) -> None:
 def main(bench: Bench, doc: str) -> None:
     """The command line of a bench (``doc``: its module docstring)."""
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
-    p.add_argument("--pairs", type=int, default=5, help="rounds of the four runners")
+    p.add_argument("--pairs", type=int, default=5, help="rounds of the five runners")
     p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
     add_quiet_options(p)

@@ -52,7 +52,7 @@ timed steps. The first step's loss of each run is kept (``loss_step1``): the ini
 A shared machine: before each measurement the bench waits (``--wait``, 600 s at most) for a
 second in which other work takes at most ``--max-busy`` (20%) of the CPU, and records the share
 others took while the measurement ran (``others_share``). A round is clean when others took at
-most 10% (``peer_common.OTHERS``) in each of its four runs; rounds that are not are rerun
+most 10% (``peer_common.OTHERS``) in each of its runs; rounds that are not are rerun
 (``--retries`` more at most, 3) and the table summarizes the clean rounds only (all, where none
 is clean; the JSON keeps every round). PyTorch's 2 OpenMP threads suffer most from a busy
 neighbour (see ``peer_common.OTHERS``); ORT's least.

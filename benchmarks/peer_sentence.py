@@ -16,8 +16,8 @@ and each batch padded to its longest text, lr 5e-5 with linear decay, no warm-up
 decay, gradient norm clipped at 1.0 (the trainer's defaults, set on ortft's side too), seed
 42, the model's own dropout (0.1), CPU.
 
-Runners, alternating (trainer, trainer-bf16, torch, ort, trainer, ...) for ``--pairs`` rounds;
-every measurement a fresh process (peer_common):
+Runners, alternating (trainer, trainer-bf16, torch, torch-bf16, ort, trainer, ...) for
+``--pairs`` rounds; every measurement a fresh process (peer_common):
 
 - ``trainer``: ``SentenceTransformerTrainer`` as its documentation trains a model:
   ``SentenceTransformer(model folder)`` with ``max_seq_length = 64``, a ``datasets.Dataset`` of
@@ -30,9 +30,10 @@ every measurement a fresh process (peer_common):
   ``attention``). It calls the encoder twice a step (anchors, then positives); ortft once, on
   both stacked.
 - ``trainer-bf16``: the same with ``bf16=True`` (CPU autocast to bfloat16).
-- ``torch`` / ``ort``: ``ortft train recipes/sentence-embedding.yaml --json`` with
-  ``ORTFT_OVERRIDES`` (fp32; no eval, export or checkpoints) and ``backend.name`` torch (sdpa) or
-  ort (eager attention in ORT's graph).
+- ``torch`` / ``torch-bf16`` / ``ort``: ``ortft train recipes/sentence-embedding.yaml --json``
+  with ``ORTFT_OVERRIDES`` (fp32; no eval, export or checkpoints) and ``backend.name`` torch
+  (sdpa), torch with ``precision.dtype=bf16`` (eager attention: ortft's choice for bf16 on a
+  CPU), or ort (eager attention in ORT's graph).
 
 Timing (peer_common): ``--warmup`` steps (default 4: ORT's export, allocator growth), then
 ``--steps`` timed steps (default 20); a step from the end of the one before to its own end

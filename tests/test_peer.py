@@ -91,6 +91,15 @@ def test_peer_summary_without_a_route_has_no_figure(monkeypatch: pytest.MonkeyPa
     assert all(c["figure"] is None for c in report.checks(kinds))
 
 
+def test_a_failed_route_does_not_make_a_round_unclean(monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainer-compile fails in every round: what the machine did meanwhile is no measure, so
+    a round is clean or not by the routes that ran (else every round was rerun, --retries)."""
+    peer = _load("peer", monkeypatch)
+    busy_failure = {**FAILED, "others_share": 0.6}
+    assert peer.clean({"short": {"trainer": _ok(10), "trainer-compile": busy_failure}})
+    assert not peer.clean({"short": {"trainer": _ok(10, share=0.2), "ort": _ok(20)}})
+
+
 def test_peer_route_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled routes run where ortft's recipe has backend.compile, and auto then adds
     backend.compile=auto; without the field they are listed as skipped."""

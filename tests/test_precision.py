@@ -22,7 +22,7 @@ from conftest import tiny_classifier, write_classification_csv, write_recipe
 from helpers import losses, run_cli
 from typer.testing import CliRunner
 
-from ortft.backends.torch import amp
+from ortft.backends.torch import amp, eager
 from ortft.cli.app import app
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
@@ -68,6 +68,23 @@ def test_precision_matrix_on_cpu(recipe: Path, tmp_path: Path) -> None:
     assert got["torch-bf16"] == pytest.approx(ref, abs=3e-2)
     summary = json.loads((tmp_path / "torch-bf16" / "summary.json").read_text())
     assert summary["precision"] == {"dtype": "bf16", "skipped_steps": 0}
+    # bf16 on CPU trains with eager attention (eager.attention), fp32 with transformers' sdpa
+    assert eager.EAGER_ON_CPU_BF16 in summary["backend"]["notes"]
+    fp32 = json.loads((tmp_path / "torch-fp32" / "summary.json").read_text())
+    assert not any("attention" in note for note in fp32["backend"]["notes"])
+
+
+def test_the_torch_route_picks_its_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("ORTFT_TORCH_ATTN", raising=False)
+    assert eager.attention(cpu, "bf16") == ("eager", eager.EAGER_ON_CPU_BF16)
+    assert eager.attention(cpu, "fp32") == ("sdpa", None)
+    assert eager.attention(cuda, "bf16") == ("sdpa", None)  # not measured: the default
+    monkeypatch.setenv("ORTFT_TORCH_ATTN", "sdpa")  # a bench variant fixes it either way
+    assert eager.attention(cpu, "bf16") == ("sdpa", "attention=sdpa (ORTFT_TORCH_ATTN)")
+    monkeypatch.setenv("ORTFT_TORCH_ATTN", "flash")
+    with pytest.raises(ValueError, match="ORTFT_TORCH_ATTN=flash"):
+        eager.attention(cpu, "fp32")
 
 
 @pytest.mark.parametrize(

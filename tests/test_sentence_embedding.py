@@ -120,7 +120,7 @@ def test_loss_is_in_batch_cross_entropy_with_hard_negatives_and_padded_rows_left
     assert torch.allclose(vectors[:, 1], table[[3, 4, 4]])  # not normalised (a plain encoder)
 
 
-def test_one_model_call_on_every_text_of_the_batch():
+def test_one_model_call_per_text_kind_each_at_its_own_length():
     calls = []
 
     class Counting(_Echo):
@@ -129,11 +129,39 @@ def test_one_model_call_on_every_text_of_the_batch():
             return super().forward(input_ids, attention_mask)
 
     task = tasks.get("sentence-embedding")
-    ids = torch.tensor([[1, 2], [3, 0]])
-    mask = torch.tensor([[1, 1], [1, 0]])
+    ids, mask = torch.tensor([[1], [3]]), torch.ones(2, 1, dtype=torch.long)
+    passages = torch.tensor([[1, 2, 3], [3, 4, 0]])
     task.forward(Counting(torch.randn(5, 4)), ids, mask, torch.zeros(2, dtype=torch.long),
-                 positive_input_ids=ids.flip(0), positive_attention_mask=mask.flip(0))  # fmt: skip
-    assert calls == [(4, 2)]  # anchors and positives stacked: ORTModule sees one graph
+                 positive_input_ids=passages, positive_attention_mask=(passages > 0).long())  # fmt: skip
+    assert calls == [(2, 1), (2, 3)]  # anchors, then positives: one forward, one ORT graph
+
+
+def test_cutting_each_text_kind_to_its_own_length_keeps_the_loss():
+    """A real (tiny) BERT without dropout: the per-kind cut changes the shapes, not the maths
+    (the loss and every vector as with every text at max_length)."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=37, max_position_embeddings=32)  # fmt: skip
+    model = BertModel(config, add_pooling_layer=False).eval()
+    task = tasks.get("sentence-embedding", {"negative_column": "neg"})
+    data = DataSection(train="x.jsonl", max_length=16, padding="longest", pad_to_multiple_of=1)
+    rows = [{"anchor": "a bb", "positive": "a bb ccc dddd e ff ggg", "neg": "x"},
+            {"anchor": "a", "positive": "bb ccc", "neg": "x yy zzz"},
+            {"anchor": "ccc a", "positive": "dddd", "neg": "q"}]  # fmt: skip
+    batch = task.encode(rows, _Tokenizer(), data, None).take(np.arange(3))
+    cut = task.cut(batch, batches.Padding.of(data))
+    assert [cut[f"{p}input_ids"].shape[1] for p in ("", "positive_", "negative_")] == [2, 7, 3]
+
+    def run(arrays):
+        inputs = {k: torch.from_numpy(v) for k, v in arrays.items() if not k.startswith("_")}
+        with torch.no_grad():
+            return task.forward(model, **inputs)
+
+    (loss, vectors), (full_loss, full_vectors) = run(cut), run(batch)
+    assert float(loss) == pytest.approx(float(full_loss), abs=1e-6)
+    assert torch.allclose(vectors, full_vectors, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["mean", "cls", "max"])
@@ -164,7 +192,7 @@ class _Tokenizer:
         return {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
 
 
-def test_encode_stores_each_text_and_a_batch_is_cut_to_its_longest_text():
+def test_encode_stores_each_text_and_each_kind_is_cut_to_its_longest_text():
     task = tasks.get("sentence-embedding", {"negative_column": "neg"})
     data = DataSection(train="x.jsonl", max_length=16, padding="longest", pad_to_multiple_of=4)
     rows = [{"anchor": "a b", "positive": "a b c d e f g", "neg": "x"},
@@ -173,11 +201,18 @@ def test_encode_stores_each_text_and_a_batch_is_cut_to_its_longest_text():
     assert enc.arrays["_length"].tolist() == [7, 3]  # the longest text, not the anchor
     assert set(task.aligned_keys) == {f"{p}{k}" for p in ("", "positive_", "negative_")
                                       for k in ("input_ids", "attention_mask")}  # fmt: skip
-    cut = batches.cut(enc.take(np.arange(2)), batches.Padding.of(data), task.aligned_keys)
-    assert {k: v.shape[1] for k, v in cut.items() if v.ndim == 2} == dict.fromkeys(
-        task.aligned_keys, 8
-    )  # 7 rounded up to 4s: every text cut alike, the positive's tokens kept
+    cut = task.cut(enc.take(np.arange(2)), batches.Padding.of(data))
+    lengths = {k: v.shape[1] for k, v in cut.items() if v.ndim == 2}
+    # each kind cut to its own longest, rounded up to 4s: anchors 2 -> 4, positives 7 -> 8,
+    # negatives 3 -> 4; every real token kept
+    assert lengths == {"input_ids": 4, "attention_mask": 4, "positive_input_ids": 8,
+                       "positive_attention_mask": 8, "negative_input_ids": 4,
+                       "negative_attention_mask": 4}  # fmt: skip
     assert cut["positive_attention_mask"][0].sum() == 7
+    assert cut["negative_attention_mask"][1].sum() == 3
+    full = task.cut(enc.take(np.arange(2)), batches.Padding.of(data.model_copy(
+        update={"padding": "max_length"})))  # fmt: skip
+    assert {v.shape[1] for v in full.values() if v.ndim == 2} == {16}  # fixed shapes kept
     # group_by_length sorts by that longest text
     order = batches.epoch_order(enc, 2, 0, 0, shuffle=False, group_by_length=True)
     assert order.tolist() == [0, 1]

@@ -117,7 +117,7 @@ def train(loop: Loop, state: TrainState) -> str | None:
         for _ in range(t.gradient_accumulation_steps):
             epoch, batch = next(loop.batches)
             batch = loop.task.collate(batch, epoch, t.seed)  # masked-lm: this epoch's masking
-            batch = batches.cut(batch, loop.padding, loop.task.aligned_keys)  # data.padding
+            batch = loop.task.cut(batch, loop.padding)  # data.padding
             mask = _mask(batch)
             tokens += int(mask.sum())  # of the global batch: real tokens
             _add_shape(shapes, mask)
@@ -250,7 +250,7 @@ def evaluate(
     try:
         for batch in batches.eval_batches(encoded, batch_size):
             batch = task.collate(batch, None, seed)  # None: the task's fixed eval variant
-            batch = batches.cut(batch, padding or batches.Padding(), task.aligned_keys)
+            batch = task.cut(batch, padding or batches.Padding())
             labels = batch["labels"]
             counted = labels[:, 1:] if task.shift_labels else labels
             n = int((counted != IGNORE_INDEX).sum())

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
+from ortft.data import batches
 from ortft.data.encoded import Encoded
 
 if TYPE_CHECKING:
@@ -188,6 +189,12 @@ class Task:
     ) -> dict[str, np.ndarray]:
         """Per-batch work after slicing (``epoch`` None: the fixed eval variant)."""
         return batch
+
+    def cut(self, batch: dict[str, np.ndarray], padding: Any) -> dict[str, np.ndarray]:
+        """The batch after ``collate``, its ``aligned_keys`` cut to the length ``padding``
+        (``ortft.data.batches.Padding``) gives its longest row (sentence-embedding cuts each
+        text's arrays to its own longest)."""
+        return batches.cut(batch, padding, self.aligned_keys)
 
     def eval_logits(self, logits: np.ndarray, batch: dict[str, np.ndarray]) -> np.ndarray:
         """A saved model's logits as training's ``forward`` returns them (``ortft eval`` on

@@ -170,14 +170,16 @@ def export_count() -> int:
 
 class OrtBackend:
     name = "ort"
-    # ORTModule cannot build gradients for sdpa attention (measured, torch 2.6 / ORT 1.19)
-    attn_implementation = "eager"
 
     def __init__(self, options: Any):
         self.options = options
         self._report = BackendReport(requested="ort", used="ort")
         self._start_exports = 0
         self._checked = False
+
+    def attn_implementation(self, device: Any, dtype: str) -> str:
+        # ORTModule cannot build gradients for sdpa attention (measured, torch 2.6 / ORT 1.19)
+        return "eager"
 
     def _configure_env(self, run_dir: Path) -> None:
         # ORTModule reads these when it is constructed; set them before importing it.

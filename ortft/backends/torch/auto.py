@@ -97,7 +97,7 @@ def _time_route(
     # the same model the PyTorch engine builds (keep the two in step)
     model = models.build_model(
         loaded, task.auto_class, models.vocabulary(task, tokenizer), labels,
-        attn=backend.attn_implementation,
+        attn=backend.attn_implementation(device, route.dtype),
     )  # fmt: skip
     task.prepare_model(model, tokenizer)
     if r.adapter is not None:
@@ -120,7 +120,7 @@ def _time_route(
     for _ in range(PROBE_STEPS):
         t0 = time.perf_counter()
         epoch, batch = next(rows)
-        batch = batches.cut(task.collate(batch, epoch, r.training.seed), padding, task.aligned_keys)
+        batch = task.cut(task.collate(batch, epoch, r.training.seed), padding)
         ids = batch.get("input_ids")  # an image or a clip is one "token", as the loop counts
         widths.append(int(ids.shape[1]) if ids is not None else 1)
         inputs = {

@@ -1,11 +1,13 @@
-"""PyTorch: the baseline, with transformers' default (sdpa) attention, eager or compiled.
+"""PyTorch: the baseline, eager or compiled, with the attention kernels that train fastest on
+the device and precision at hand (``attention``).
 
 ``backend.compile: true`` (or the ``auto`` probe's choice) runs the forward through
 ``torch.compile`` (``compiled.py``): the engine puts ``outer`` around its forward, outside DDP.
 
 A bench-only variant is switched on by an environment variable that ``ortft bench`` sets for
 its worker processes (not a recipe field: a recipe describes a training run, this describes a
-measurement): ``ORTFT_TORCH_ATTN=eager``, eager attention, the same model code ORTModule runs.
+measurement): ``ORTFT_TORCH_ATTN=eager`` (or ``sdpa``) fixes the attention, whatever
+``attention`` would choose; ``eager`` is the same model code ORTModule runs.
 """
 
 from __future__ import annotations
@@ -17,18 +19,46 @@ from typing import TYPE_CHECKING, Any
 from ortft.backends.report import BackendReport
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
+
+# Why bf16 on CPU trains with eager attention, not transformers' default sdpa (torch 2.6, 2 cores
+# of an Intel Xeon with AMX, MiniLM batch 16, bf16 autocast, fused AdamW, ms per step over 3
+# alternating runs with the model's attention dropout 0.1, 2 without):
+#   length 64:  sdpa 264-266, eager 239-248 with dropout (sdpa takes its math path);
+#               384-437 against 229-272 without (sdpa's CPU flash kernel: its backward takes
+#               twice eager's)
+#   length 128: sdpa 503-510, eager 416-432 with dropout; 698-731 against 392-396 without.
+# In fp32 they are within 7% (453 / 457 ms at 64, 910 / 852 at 128, one run each), so fp32 keeps
+# sdpa, as does CUDA (not measured). Not yet measured on an AMD CPU (AVX-512 BF16, no AMX).
+# Reproduce: make bench-attention (benchmarks/attention_cpu.py).
+EAGER_ON_CPU_BF16 = "eager attention: sdpa's CPU bf16 kernels train 1.1-1.8x slower (measured)"
+
+
+def attention(device: torch.device, dtype: str) -> tuple[str, str | None]:
+    """The attention a torch-route model is built with, and why when it is not the default."""
+    forced = os.environ.get("ORTFT_TORCH_ATTN")
+    if forced is not None:
+        if forced not in ("sdpa", "eager"):
+            raise ValueError(f"ORTFT_TORCH_ATTN={forced}: use sdpa or eager")
+        return forced, f"attention={forced} (ORTFT_TORCH_ATTN)"
+    if device.type == "cpu" and dtype == "bf16":
+        return "eager", EAGER_ON_CPU_BF16
+    return "sdpa", None
 
 
 class TorchBackend:
     name = "torch"
 
     def __init__(self, compile: bool = False) -> None:
-        self.attn_implementation = os.environ.get("ORTFT_TORCH_ATTN", "sdpa")
-        if self.attn_implementation not in ("sdpa", "eager"):
-            raise ValueError(f"ORTFT_TORCH_ATTN={self.attn_implementation}: use sdpa or eager")
+        self.attention_note: str | None = None  # why the model's attention is not sdpa
         self.compile = compile
         self.clock: Any = None  # compiled: the first step's time (compiled.CompileClock)
+
+    def attn_implementation(self, device: torch.device, dtype: str) -> str:
+        """The attention the model is built with (``attention``), noted for the report."""
+        implementation, self.attention_note = attention(device, dtype)
+        return implementation
 
     def wrap(self, module: nn.Module, run_dir: Path) -> nn.Module:
         return module  # evaluation, saving and export use the module itself
@@ -52,8 +82,8 @@ class TorchBackend:
 
     def report(self) -> BackendReport:
         notes, extra = [], {}
-        if self.attn_implementation != "sdpa":
-            notes.append(f"attention={self.attn_implementation} (ORTFT_TORCH_ATTN)")
+        if self.attention_note is not None:
+            notes.append(self.attention_note)
         if self.compile:
             extra["compile"] = self.clock.record() if self.clock is not None else {}
             notes.append(f"torch.compile ({extra['compile'].get('compiler')}, dynamic shapes)")

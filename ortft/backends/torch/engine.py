@@ -242,7 +242,7 @@ class PyTorchEngine:
 
     def _build_model(self, loaded, task, tokenizer, labels) -> torch.nn.Module:
         r = self.recipe
-        attn = self.wrapper.attn_implementation
+        attn = self.wrapper.attn_implementation(self.device, self.dtype)
         vocab = models.vocabulary(task, tokenizer)
         model = models.build_model(loaded, task.auto_class, vocab, labels, attn=attn)
         task.prepare_model(model, tokenizer)
