@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 # In fp32 they are within 7% (453 / 457 ms at 64, 910 / 852 at 128, one run each), so fp32 keeps
 # sdpa, as does CUDA (not measured). Not yet measured on an AMD CPU (AVX-512 BF16, no AMX).
 # Reproduce: make bench-attention (benchmarks/attention_cpu.py).
-EAGER_ON_CPU_BF16 = "eager attention: sdpa's CPU bf16 kernels train 1.1-1.8x slower (measured)"
+EAGER_ON_CPU_BF16 = "eager attention: sdpa's CPU bf16 kernels train 1.1-1.9x slower (measured)"
 
 
 def attention(device: torch.device, dtype: str) -> tuple[str, str | None]:
