@@ -333,22 +333,14 @@ def run(bench: Bench, a: argparse.Namespace) -> dict:
 
 
 def cpu() -> dict[str, Any]:
-    """The machine's CPU: these benches rank routes differently on different CPUs (on 2 cores of
-    an AMD EPYC ortft's ort trained MiniLM 1.7x as fast as torch in fp32, ORT's GEMM being ~2x
-    MKL's there; on 2 cores of an Intel Xeon with AMX it was 0.9x, peer.py 2026-12-02)."""
-    flags: set[str] = set()
-    model = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model is None:
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-    return {"cores": os.cpu_count(), "cpu": model, "bf16_flags": native}
+    """The machine's CPU (``ortft bench``'s record) and its native bf16 flags: these benches rank
+    routes differently on different CPUs (on 2 cores of an AMD EPYC ortft's ort trained MiniLM
+    1.7x as fast as torch in fp32, ORT's GEMM being ~2x MKL's there; on 2 cores of an Intel Xeon
+    with AMX it was 0.9x, peer.py 2026-12-02)."""
+    from ortft.env.hardware import cpu_bf16
+    from ortft.tools.bench import machine
+
+    return {**machine(), "bf16_flags": cpu_bf16()}
 
 
 def clean(one: dict[str, dict]) -> bool:

@@ -132,7 +132,8 @@ def _run_one(
     return res
 
 
-def _machine() -> dict[str, Any]:
+def machine() -> dict[str, Any]:
+    """The CPU model, cores, platform and Python a bench ran on (benchmarks/ records it too)."""
     cpu = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -209,7 +210,7 @@ def run(
         "baseline": BASELINE,
         "batch": _batch(r),
         "machine": {
-            **_machine(),
+            **machine(),
             "device": peak["device"],
             "threads": threads,
             "load_avg_before": load_before,
