@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU
 
-.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence check-sentence-embedding bench-data bench-image-rss soak-ddp gpu-check clean
+.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence check-sentence-embedding check-text-to-image bench-data bench-image-rss soak-ddp gpu-check clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -30,6 +30,7 @@ help:
 	@echo "make bench-peer-speech the same for speech recognition: a Whisper on spoken digits, Seq2SeqTrainer fp32 and bf16 (CPU, ~15 min)"
 	@echo "make bench-peer-sentence the same for sentence embeddings: MiniLM on title/ending pairs vs SentenceTransformerTrainer fp32 and bf16 (CPU)"
 	@echo "make check-sentence-embedding  train recipes/sentence-embedding.yaml, assert held-out MRR@10 beats the base model (minutes)"
+	@echo "make check-text-to-image  train recipes/text-to-image.yaml, assert its held-out eval loss falls >= 30% in <= 5 min"
 	@echo "make bench-data tokenization speed, cached start, peak RSS at 100k and 1M rows (CPU, ~30 min)"
 	@echo "make bench-image-rss  peak RSS and time to step 1 of an image folder of 10k and 100k files (CPU, ~3 min)"
 	@echo "make soak-ddp   2-process DDP N times (N=20): counts failed exits (SOAK_MODE=train)"
@@ -147,6 +148,18 @@ check-sentence-embedding: setup
 	$(BIN)/ortft train recipes/sentence-embedding.yaml training.max_steps=1 training.warmup_steps=1 export.enabled=false --output-dir $(SE_OUT)/base
 	$(BIN)/ortft train recipes/sentence-embedding.yaml --output-dir $(SE_OUT)/trained
 	$(BIN)/python -c "import json, sys; b, t = (json.load(open(f'$(SE_OUT)/{d}/summary.json'))['metrics']['eval_mrr_at_10'] for d in ('base', 'trained')); print(f'held-out MRR@10: base {b:.4f} -> trained {t:.4f} ({t - b:+.4f}; needs >= +$(SE_MARGIN))'); sys.exit(0 if t - b >= $(SE_MARGIN) else 3)"
+
+# By hand, not CI: the text-to-image recipe's deterministic eval loss (fixed noise and timesteps
+# on 64 held-out digits) before training (one step at learning rate 0) and after it; exit 3
+# unless it fell by T2I_DROP (30%) and the training run took at most T2I_SECONDS (5 min).
+T2I_DROP ?= 0.30
+T2I_SECONDS ?= 300
+T2I_OUT ?= /tmp/ortft-text-to-image
+check-text-to-image: setup
+	rm -rf $(T2I_OUT)
+	$(BIN)/ortft train recipes/text-to-image.yaml training.max_steps=1 training.warmup_steps=1 --output-dir $(T2I_OUT)/base
+	$(BIN)/ortft train recipes/text-to-image.yaml --output-dir $(T2I_OUT)/trained
+	$(BIN)/python -c "import json, sys; s = {d: json.load(open(f'$(T2I_OUT)/{d}/summary.json')) for d in ('base', 'trained')}; b, t = (s[d]['metrics']['eval_loss'] for d in s); w = s['trained']['wall_time_s']; drop = 1 - t / b; print(f'held-out eval loss: base {b:.4f} -> trained {t:.4f} ({drop:.1%} lower; needs >= {$(T2I_DROP):.0%}) in {w:.0f} s (needs <= $(T2I_SECONDS))'); sys.exit(0 if drop >= $(T2I_DROP) and w <= $(T2I_SECONDS) else 3)"
 
 # Data bigger than memory: tokenization rows/s (ortft vs a plain datasets.map), the cached second
 # run's time to its first step, peak RSS of a 20-step run, at each row count. Not in CI.

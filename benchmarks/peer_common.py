@@ -293,7 +293,7 @@ def run(bench: Bench, a: argparse.Namespace) -> dict:
             sum(map(clean, rounds)) < a.pairs and len(rounds) < a.pairs + a.retries
         ):
             one: dict[str, dict] = {}
-            for runner in RUNNERS:
+            for runner in a.runners:
                 waited, busy = wait_quiet(*quiet)
                 loads.append(os.getloadavg()[0])
                 res = measure(bench, runner, a.steps, a.warmup, Path(tmp), a.timeout)
@@ -322,7 +322,7 @@ def run(bench: Bench, a: argparse.Namespace) -> dict:
         **bench.extra,
         "ortft_overrides": bench.overrides,
         "quiet": {"max_busy": quiet[0], "wait_s": quiet[1], "others_max": OTHERS},
-        "runners": summarize({r: [one[r] for one in kept] for r in RUNNERS}, bench.extra_keys),
+        "runners": summarize({r: [one[r] for one in kept] for r in a.runners}, bench.extra_keys),
         "rounds": rounds,
         "machine": {
             **cpu(),
@@ -358,6 +358,9 @@ def summarize(by_runner: dict[str, list[dict]], extra_keys: tuple[str, ...] = ()
         shares = [r["others_share"] for r in runs if r["ok"]]
         row["others_share_max"] = max(shares) if shares else None
         for base in BASES:
+            if base not in by_runner:  # --runners left it out
+                row[f"vs_{base}"] = row[f"vs_{base}_range"] = None
+                continue
             ratios = [
                 r["samples_per_s"] / b["samples_per_s"]
                 for r, b in zip(runs, by_runner[base], strict=True)
@@ -444,6 +447,13 @@ def main(bench: Bench, doc: str) -> None:
     p.add_argument(
         "--out", type=Path, default=REPO / "benchmarks" / "results" / f"{bench.name}.json"
     )
+    p.add_argument(
+        "--runners",
+        type=lambda s: tuple(s.split(",")),
+        default=RUNNERS,
+        help="comma-separated, in the order each round runs them (default: all five); leave out "
+        "the bf16 two on a CPU without native bf16 (no avx512_bf16 / AMX: emulated, minutes a step)",
+    )
     p.add_argument("--worker", choices=BASES, help=argparse.SUPPRESS)  # a Trainer process
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -452,6 +462,9 @@ def main(bench: Bench, doc: str) -> None:
         return
     if a.pairs < 1 or a.steps < 1 or a.warmup < 1 or a.retries < 0:
         p.error("--pairs, --steps and --warmup must be >= 1, --retries >= 0")
+    unknown = [r for r in a.runners if r not in RUNNERS]
+    if unknown or "trainer" not in a.runners or len(set(a.runners)) < len(a.runners):
+        p.error(f"--runners: each of {', '.join(RUNNERS)} at most once, trainer among them")
     os.environ.update(OFFLINE)
     result = run(bench, a)
     print_table(bench, result)

@@ -100,6 +100,16 @@ def test_a_failed_route_does_not_make_a_round_unclean(monkeypatch: pytest.Monkey
     assert not peer.clean({"short": {"trainer": _ok(10, share=0.2), "ort": _ok(20)}})
 
 
+def test_shared_peers_summarize_without_the_bf16_base(monkeypatch: pytest.MonkeyPatch) -> None:
+    """peer_common --runners trainer,torch,ort (a CPU without native bf16): the ratios to the
+    fp32 Trainer as ever, none to the bf16 one that did not run."""
+    common = _load("peer_common", monkeypatch)
+    rows = common.summarize({"trainer": [_ok(10), _ok(10)], "ort": [_ok(12), _ok(14)]})
+    assert rows["ort"]["vs_trainer"] == pytest.approx(1.3)
+    assert rows["ort"]["vs_trainer_range"] == pytest.approx([1.2, 1.4])
+    assert rows["ort"]["vs_trainer-bf16"] is None and rows["trainer"]["vs_trainer-bf16"] is None
+
+
 def test_peer_route_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled routes run where ortft's recipe has backend.compile, and auto then adds
     backend.compile=auto; without the field they are listed as skipped."""

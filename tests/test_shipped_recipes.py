@@ -41,6 +41,8 @@ TRAINED = [
     "image-classification.yaml",
     "speech-recognition.yaml",
     "sentence-embedding.yaml",
+    "text-to-image.yaml",
+    "text-to-image-lora.yaml",
     "bench/bert-cls.yaml",
     "bench/gpt2-clm.yaml",
     "bench/minilm-news.yaml",
@@ -82,8 +84,31 @@ def train(recipe: Path, run: Path, *overrides: str, nproc: int = 1) -> dict[str,
     return summary
 
 
+def assert_diffusers_final(final: Path, lora: bool) -> None:
+    """A text-to-image run's final/: diffusers loads it; a LoRA run's weights load on top of it
+    and change what the UNet predicts."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    pipe = StableDiffusionPipeline.from_pretrained(str(final))
+    size, channels = pipe.unet.config.sample_size, pipe.unet.config.in_channels
+    x, t = torch.randn(1, channels, size, size), torch.tensor([500])
+    hidden = torch.randn(1, 8, pipe.text_encoder.config.hidden_size)
+    with torch.no_grad():
+        base = pipe.unet(x, t, hidden).sample
+        if lora:
+            pipe.load_lora_weights(str(final / "lora"))
+            assert not torch.allclose(pipe.unet(x, t, hidden).sample, base)
+    assert torch.isfinite(base).all()
+
+
 def assert_final_and_export(recipe: Any, run: Path, summary: dict[str, Any]) -> None:
     final = run / "final"
+    if recipe.task.name == "text-to-image":  # a diffusers folder, not a transformers model
+        assert (final / "model_index.json").is_file() and (final / "recipe.yaml").is_file()
+        assert summary["backend"]["used"] == "ort" and summary["export"] is None
+        assert_diffusers_final(final, lora=recipe.adapter is not None)
+        return
     assert (final / "config.json").is_file() and (final / "recipe.yaml").is_file()
     if recipe.backend.name == "ort-ondevice":
         # the on-device engine's trained model is an ONNX graph, and it is the export: parity

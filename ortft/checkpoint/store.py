@@ -139,9 +139,12 @@ def save(
     scaler: dict[str, Any] | None = None,
     kind: str = "ortft-checkpoint",
     folders: dict[str, Path] | None = None,
+    task_state: dict[str, Any] | None = None,
 ) -> Path:
     """A PyTorch engine's ``step-NNNNNN/`` (``write_step``). ``scaler``: the fp16 GradScaler's
-    state (``backends.amp.scaler_state``), kept as scaler.pt when set. ``folders``: complete
+    state (``backends.amp.scaler_state``), kept as scaler.pt when set. ``task_state``: what the
+    task keeps besides the model (text-to-image's EMA weights), kept as task_state.pt when set.
+    ``folders``: complete
     folders (name -> path) moved into the checkpoint before its manifest is written, as
     DeepSpeed's partitions, whose engine holds the optimizer and scheduler (both None)."""
     import torch
@@ -159,6 +162,8 @@ def save(
         torch.save(rng_state(), tmp / "rng.pt")
         if scaler:  # fp16: a resumed run starts at the loss scale this one reached
             torch.save(scaler, tmp / "scaler.pt")
+        if task_state:
+            torch.save(task_state, tmp / "task_state.pt")
 
     return write_step(run_dir, state, recipe_yaml, kind, keep_last, fill)
 
@@ -284,6 +289,7 @@ class Loaded:
     scheduler: dict[str, Any] | None
     rng: dict[str, Any]
     scaler: dict[str, Any] | None = None  # fp16 runs' GradScaler state
+    task_state: dict[str, Any] | None = None  # the task's own (text-to-image: EMA weights)
 
 
 def load(path: Path, model: torch.nn.Module) -> Loaded:
@@ -321,6 +327,7 @@ def load(path: Path, model: torch.nn.Module) -> Loaded:
         scheduler=_load_if_there(path / "scheduler.pt"),
         rng=torch.load(path / "rng.pt", weights_only=True),
         scaler=_load_if_there(path / "scaler.pt"),
+        task_state=_load_if_there(path / "task_state.pt"),
     )
 
 

@@ -10,6 +10,7 @@ import typer
 
 from ortft.cli.common import TrainedModel, guarded, json_option, state
 from ortft.cli.output import quiet_libraries
+from ortft.core.errors import InputError
 
 
 def eval_cmd(
@@ -43,6 +44,33 @@ def eval_cmd(
         typer.echo(json.dumps(result, indent=2) if as_json else evaluate.format_result(result))
 
     guarded(body)
+
+
+# text-to-image's drawing options (ortft.inference.draw)
+PromptOption = Annotated[
+    str | None, typer.Option("--prompt", help="text-to-image: draw this prompt (with -o out.png).")
+]
+NegativeOption = Annotated[
+    str | None, typer.Option("--negative-prompt", help="text-to-image: what to steer away from.")
+]
+GuidanceOption = Annotated[
+    float,
+    typer.Option("--guidance-scale", min=0.0, help="text-to-image: classifier-free guidance."),
+]
+HeightOption = Annotated[
+    int | None,
+    typer.Option("--height", min=8, help="text-to-image: pixels (default: the model's)."),
+]
+WidthOption = Annotated[
+    int | None, typer.Option("--width", min=8, help="text-to-image: pixels (default: the model's).")
+]
+StepsOption = Annotated[int, typer.Option("--steps", min=1, help="text-to-image: denoising steps.")]
+SeedOption = Annotated[
+    int, typer.Option("--seed", help="text-to-image: the starting noise's seed.")
+]
+OutputOption = Annotated[
+    Path | None, typer.Option("--output", "-o", help="text-to-image: the PNG to write.")
+]
 
 
 def predict(
@@ -86,14 +114,32 @@ def predict(
         typer.Option("--top-k", min=1, help="With --query: print the best N only."),
     ] = None,
     as_json: Annotated[bool, json_option("One JSON object per input on stdout.")] = False,
+    prompt: PromptOption = None,
+    negative_prompt: NegativeOption = None,
+    guidance_scale: GuidanceOption = 7.5,
+    height: HeightOption = None,
+    width: WidthOption = None,
+    steps: StepsOption = 20,
+    seed: SeedOption = 0,
+    output: OutputOption = None,
 ) -> None:
     """Run a trained model on inputs: a label, tags per word, an answer span, filled masks, text,
-    an image's label, an audio file's transcript, or a sentence embedding (--query: a ranking)."""
+    an image's label, an audio file's transcript, or a sentence embedding (--query: a ranking);
+    a text-to-image model draws --prompt into -o out.png."""
 
     def body() -> None:
         from ortft.inference import predict as predict_mod
 
         quiet_libraries(state["debug"])
+        if prompt is not None or output is not None:  # text-to-image: draw one image
+            from ortft.inference import draw
+
+            if prompt is None or output is None:
+                raise InputError("--prompt and -o/--output go together (text-to-image draws)")
+            opts = (prompt, negative_prompt, guidance_scale, height, width, steps, seed)
+            result = draw.draw(source, draw.DrawOptions(*opts), output)
+            typer.echo(json.dumps(result) if as_json else result["image"])
+            return
         for result in predict_mod.run(
             source,
             input_path,

@@ -122,6 +122,16 @@ def random_resized_crop(
     return img.crop((left, top, left + side, top + side))
 
 
+def resize_shorter(img: Any, size: int) -> Any:
+    """``img`` resized (bilinear) so that its shorter side is ``size``, the longer in proportion
+    (torchvision's ``Resize(size)``: the longer side is truncated, ``int(size * long / short)``)."""
+    width, height = img.size
+    short, long = min(width, height), max(width, height)
+    other = int(size * long / short)
+    new = (size, other) if width <= height else (other, size)
+    return img if new == img.size else img.resize(new, _pil().Resampling.BILINEAR)
+
+
 def hflip(img: Any) -> Any:
     """``img`` mirrored left to right."""
     return img.transpose(_pil().Transpose.FLIP_LEFT_RIGHT)

@@ -194,6 +194,11 @@ def open_model(source: Path) -> SavedModel:
         raise InputError(
             f"{source}: not a directory (give a run dir, a model dir or an ONNX folder)"
         )
+    if any((f / "model_index.json").is_file() for f in (source, source / "final")):
+        raise InputError(
+            f"{source}: a text-to-image (diffusers) model: it draws with "
+            "`ortft predict SOURCE --prompt TEXT -o out.png`; eval of it is not built yet"
+        )
     run_dir = None
     if (source / "final" / "config.json").exists():
         run_dir, source = source, source / "final"

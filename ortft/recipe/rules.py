@@ -34,6 +34,7 @@ def problems(r: Recipe) -> list[str]:
         *combination_problems(r),
         *modality(r),
         *task_architecture(r),
+        *diffusion_route(r),
         *streaming(r),
         *positions(r),
         *eval_user_problems(r),
@@ -91,7 +92,12 @@ def modality(r: Recipe) -> Iterator[str]:
     model one sized to its config and a tokenizer from model.tokenizer)."""
     task = tasks.get(r.task.name, r.task)
     tok = r.model.tokenizer
-    if task.modality in ("text", "audio"):
+    if task.modality == "text-image" and (tok.path or tok.train):
+        yield (
+            f"model.tokenizer: {r.task.name} uses the model folder's tokenizer/ (from_config: "
+            "a character-level CLIP tokenizer); remove model.tokenizer"
+        )
+    elif task.modality in ("text", "audio"):
         if r.model.from_config and not tok.path and not tok.train:
             yield "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
         if task.modality == "audio" and tok.train and tok.train.kind != "byte-bpe":
@@ -199,13 +205,38 @@ def streaming(r: Recipe) -> Iterator[str]:
         yield "data.num_proc applies to stored data; a stream tokenizes as it reads"
 
 
+DIFFUSION_ARCHITECTURE = "stable-diffusion"  # text-to-image's from_config (a tiny SD)
+
+
+def diffusion_route(r: Recipe) -> Iterator[str]:
+    """text-to-image trains its UNet on ort or torch; the probe of backend.name=auto and
+    compile=auto build transformers models only."""
+    if r.task.name != "text-to-image":
+        return
+    if r.adapter is not None and getattr(r.task, "ema_decay", None) is not None:
+        yield "task.ema_decay with adapter: the EMA follows a full fine-tune's UNet; remove one"
+    if r.backend.name == "auto" or r.backend.compile == "auto":
+        yield (
+            "backend.name=auto / backend.compile=auto: text-to-image has no probe yet; choose "
+            "backend.name ort or torch"
+        )
+
+
 def task_architecture(r: Recipe) -> Iterator[str]:
     """A model built from_config must be a transformers model type the task's Auto class builds
     (an encoder-decoder only for seq2seq: ``hf_names.fitting``)."""
     fc, name = r.model.from_config, r.task.name
     if fc is None:
         return
-    auto_class = tasks.get(name, r.task).auto_class
+    task = tasks.get(name, r.task)
+    if task.model_family == "diffusers":
+        if fc.architecture != DIFFUSION_ARCHITECTURE:
+            yield (
+                f"model.from_config.architecture={fc.architecture}: {name} builds a tiny Stable "
+                f"Diffusion from a config; set architecture: {DIFFUSION_ARCHITECTURE}"
+            )
+        return
+    auto_class = task.auto_class
     if not auto_class:  # a plugin task that builds its own model
         return
     fit = hf_names.fitting(auto_class)

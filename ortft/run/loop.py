@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ortft.checkpoint.store import TrainState
-from ortft.core.constants import IGNORE_INDEX
+from ortft.checkpoint.store import TrainState, checkpoint_name
 from ortft.core.errors import RunError
 from ortft.core.progress import Progress
 from ortft.data import batches
@@ -147,6 +146,11 @@ def train(loop: Loop, state: TrainState) -> str | None:
             (t.eval_every and state.step % t.eval_every == 0) or state.step == loop.steps
         ):
             _eval(loop, state)
+        every = loop.task.validation_every  # text-to-image: draw its validation prompts
+        if every and (state.step % every == 0 or state.step == loop.steps):
+            folder = loop.run_dir / "validation" / checkpoint_name(state.step)
+            drawn = loop.engine.validation(folder)
+            loop.progress.log(f"validation: {drawn} image(s) in {folder}")
         if loop.save_every and state.step % loop.save_every == 0:
             loop.save(state)
         if loop.selector.should_stop(state):  # early stopping: a normal, completed end
@@ -176,17 +180,22 @@ def _mask(batch: dict[str, np.ndarray]) -> np.ndarray:
     counts one "token" per image or clip (so tokens/s is images/s or clips/s there, and
     padding is 0)."""
     mask = batch.get("attention_mask")
-    return mask if mask is not None else np.ones((len(batch["labels"]), 1), dtype=np.int64)
+    return mask if mask is not None else np.ones((len(_model_input(batch)), 1), dtype=np.int64)
 
 
 # what the model is fed, by modality: tokens, an image batch's pixels, a speech batch's
-# log-mel frames (Whisper) or raw samples (CTC models such as wav2vec2)
-MODEL_INPUTS = ("input_ids", "pixel_values", "input_features", "input_values")
+# log-mel frames (Whisper) or raw samples (CTC models such as wav2vec2), a diffusion UNet's
+# noisy latents
+MODEL_INPUTS = ("input_ids", "pixel_values", "input_features", "input_values", "noisy_latents")
+
+
+def _model_input(batch: dict[str, np.ndarray]) -> np.ndarray:
+    return next(batch[k] for k in MODEL_INPUTS if k in batch)
 
 
 def _model_shape(batch: dict[str, np.ndarray]) -> tuple[int, ...]:
     """The shape of what the model is fed (``MODEL_INPUTS``)."""
-    return next(batch[k] for k in MODEL_INPUTS if k in batch).shape
+    return _model_input(batch).shape
 
 
 def _add_shape(shapes: dict[str, Any], mask: np.ndarray) -> None:
@@ -251,9 +260,7 @@ def evaluate(
         for batch in batches.eval_batches(encoded, batch_size):
             batch = task.collate(batch, None, seed)  # None: the task's fixed eval variant
             batch = task.cut(batch, padding or batches.Padding())
-            labels = batch["labels"]
-            counted = labels[:, 1:] if task.shift_labels else labels
-            n = int((counted != IGNORE_INDEX).sum())
+            n = task.counted(batch)  # real labels (a padded eval copy has none)
             loss, logits = engine.eval_batch(batch)
             total += loss * n
             weight += n

@@ -44,6 +44,7 @@ BUILTIN = {
     "image-classification": "ortft.tasks.image_classification",
     "speech-recognition": "ortft.tasks.speech_recognition",
     "sentence-embedding": "ortft.tasks.sentence_embedding",
+    "text-to-image": "ortft.tasks.text_to_image",
 }
 
 

@@ -37,7 +37,10 @@ __all__ = ["Encoded", "ExportKind", "Task", "TaskOptions", "skip_bad_file"]
 #   speech     encoder.onnx + decoder.onnx (KV cache) on log-mel features, plus features.onnx
 #   embedding  a bare encoder: last_hidden_state and the pooled sentence_embedding, each compared
 #              (ortft.export.embedding; `ortft export` of a folder without a head gets it too)
-ExportKind = Literal["encoder", "per-token", "decoder", "seq2seq", "image", "speech", "embedding"]
+#   text-to-image  a Stable Diffusion: unet, text_encoder and vae_decoder graphs (not built yet)
+ExportKind = Literal[
+    "encoder", "per-token", "decoder", "seq2seq", "image", "speech", "embedding", "text-to-image"
+]
 
 
 def skip_bad_file(data: DataSection, row: int, path: str, err: Exception) -> None:
@@ -72,6 +75,9 @@ class Task:
     # feature extractor + tokenizer, where text loads a tokenizer)
     modality: str = "text"
     auto_class: str = ""  # transformers auto class that builds the model
+    # what builds the model: "transformers" (auto_class), or "diffusers" (text-to-image: the
+    # engine builds a Stable Diffusion's parts, ortft.backends.torch.diffusion)
+    model_family: str = "transformers"
     needs_labels = False  # the data has one label per row (data.label_column) or per word
     needs_logits = False  # eval keeps logits only where a metric needs them
     is_decoder = False  # call the model with use_cache=False (causal / encoder-decoder models)
@@ -138,6 +144,23 @@ class Task:
     def prepare_model(self, model: Any, processor: Any) -> None:
         """The built model, before it is wrapped (default: nothing; speech recognition gives a
         Whisper built from a config Whisper's generation fields)."""
+
+    @property
+    def validation_every(self) -> int | None:
+        """Steps between the engine's ``validation`` draws (default: None, never;
+        text-to-image: with validation prompts, task.validation_every)."""
+        return None
+
+    def after_step(self) -> None:
+        """After each applied optimizer step (default: nothing; text-to-image updates its EMA)."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of the task besides the model (``task_state.pt``; default:
+        nothing; text-to-image's EMA weights)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None, path: Path) -> None:
+        """``state_dict()`` as checkpoint ``path`` kept it (None: it kept none)."""
 
     def write_extras(self, folder: Path, model: Any) -> None:
         """Files final/ adds beside the model's own (``folder``: final/ being written, ``model``:

@@ -21,7 +21,7 @@ import torch
 
 from ortft.backends import Started, StepResult
 from ortft.backends.report import BackendReport, Precision
-from ortft.backends.torch import amp, distributed, load_checks, models
+from ortft.backends.torch import amp, diffusion, distributed, load_checks, models
 from ortft.backends.torch import device as runtime
 from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
@@ -75,6 +75,7 @@ class PyTorchEngine:
         self.head: dict[str, Any] | None = None  # load_checks.settle_head's record
         self.dtype: str = self.recipe.precision.dtype  # precision.dtype=auto: resolved at start
         self.dtype_reason: str | None = None
+        self.parts: Any = None  # text-to-image: the Stable Diffusion's parts (diffusion.Parts)
 
     # ---- start: device, threads, seeds, the process group
     def start(self, recipe: Any) -> Started:
@@ -124,6 +125,8 @@ class PyTorchEngine:
     ) -> Any:
         """Loaded from the model, or trained on the texts; rank 0 saves it, the others load it.
         An image task's is its image processor (``processors``)."""
+        if task.modality == "text-image":  # a Stable Diffusion's CLIP tokenizer
+            return diffusion.run_tokenizer(loaded, run_dir)
         if task.modality != "text":
             return self._processor(loaded, run_dir, task, train_rows)
         r = loaded.recipe
@@ -215,6 +218,7 @@ class PyTorchEngine:
                 self.optimizer.load_state_dict(ck.optimizer)
                 self.scheduler.load_state_dict(ck.scheduler)
             checkpoint.set_rng_state(ck.rng)
+            task.load_state_dict(ck.task_state, resume_from)  # text-to-image: its EMA
             state = ck.state
         self.micro_step = state.micro_step  # ORT's random stream follows the data position
         self.wrapped = self.wrapper.wrap(self.module, run_dir)  # after loading: ORT shares tensors
@@ -242,6 +246,9 @@ class PyTorchEngine:
 
     def _build_model(self, loaded, task, tokenizer, labels) -> torch.nn.Module:
         r = self.recipe
+        if task.model_family == "diffusers":  # the UNet; the rest to the task
+            self.parts, unet = diffusion.build(loaded, task, tokenizer, self.device)
+            return unet
         attn = self.wrapper.attn_implementation(self.device, self.dtype)
         vocab = models.vocabulary(task, tokenizer)
         model = models.build_model(loaded, task.auto_class, vocab, labels, attn=attn)
@@ -304,6 +311,8 @@ class PyTorchEngine:
             )
         else:
             applied = self.deepspeed.was_step_applied()
+        if applied:
+            self.task.after_step()  # text-to-image: the EMA of the UNet's weights
         self.skipped_steps += not applied  # fp16 overflow: not an error
         # the one CPU-GPU sync per step; DDP: summed over ranks (= the global step's loss)
         loss = float(distributed.all_reduce_mean(loss_sum)) * world
@@ -322,6 +331,12 @@ class PyTorchEngine:
 
     def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
         return task.generate_metrics(self.model, tokenizer, encoded)
+
+    def validation(self, folder: Path) -> int:
+        if self.parts is None or not distributed.is_main():  # only text-to-image draws
+            return 0
+        seed = self.recipe.training.seed
+        return diffusion.draw_validation(self.parts, self.model, self.task, folder, seed)
 
     # ---- files
     def save(
@@ -342,6 +357,7 @@ class PyTorchEngine:
             run_dir, state, self.model, None if folders else self.optimizer,
             None if folders else self.scheduler, recipe_yaml, keep_last,
             scaler=amp.scaler_state(self.scaler), kind=self._checkpoint_kind(), folders=folders,
+            task_state=self.task.state_dict(),
         )  # fmt: skip
 
     def _checkpoint_kind(self) -> str:
@@ -369,6 +385,8 @@ class PyTorchEngine:
         trained head) and, in adapter/, the adapter in PEFT's format (`ortft export
         --merge-adapters` merges them); then the task's own files (``Task.write_extras``:
         a sentence-embedding run's sentence-transformers modules)."""
+        if self.task.model_family == "diffusers":  # a diffusers folder
+            return diffusion.save_final(folder, self.model, self.parts, ema=self.task.ema)
         if models.is_adapted(self.model):
             import copy
 
@@ -403,10 +421,8 @@ class PyTorchEngine:
         return models.count_parameters(m), models.count_parameters(m, trainable=True)
 
     def precision(self) -> Precision:
-        auto = self.recipe.precision.dtype == "auto"
-        return Precision(
-            self.dtype, self.skipped_steps, "auto" if auto else None, self.dtype_reason
-        )
+        auto = "auto" if self.recipe.precision.dtype == "auto" else None
+        return Precision(self.dtype, self.skipped_steps, auto, self.dtype_reason)
 
     def report(self) -> BackendReport:
         if self.wrapper is None:  # failed before the model was built

@@ -1,0 +1,318 @@
+"""text-to-image (Stable Diffusion): the task's collate (targets, min-SNR, caption dropout,
+crop and flip, seeded per row) on stand-in encoders, and end-to-end runs of a tiny SD from a
+config through the CLI on ORT: final/ loads in diffusers and draws, a run resumes exactly after
+kill -9, bad model folders are one line. Both shipped recipes (full and LoRA, whose weights
+diffusers loads) train in the recipes tier (tests/test_shipped_recipes.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import losses, run_cli
+
+from ortft import tasks
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS = ROOT / "recipes" / "data" / "digits"
+
+
+class Encoders:
+    """Stand-ins for the frozen VAE and text encoder: a latent mean from the pixels (2x2 average
+    pooling, one channel per colour + their sum), std 0 unless given; the caption ids as hidden
+    states (so a dropped caption shows)."""
+
+    def __init__(self, std: float = 0.0):
+        self.std = std
+
+    def latent_moments(self, pixels):
+        b, c, h, w = pixels.shape
+        pooled = pixels.reshape(b, c, h // 2, 2, w // 2, 2).mean(axis=(3, 5))
+        mean = np.concatenate([pooled, pooled.sum(axis=1, keepdims=True)], axis=1)
+        return mean, np.full_like(mean, self.std)
+
+    def hidden_states(self, ids):
+        return ids[..., None].astype(np.float32)
+
+
+def schedule():
+    from diffusers import DDPMScheduler
+
+    from ortft.backends.torch import diffusion
+
+    return DDPMScheduler(**diffusion.SD_SCHEDULE)
+
+
+def task(unet=None, **options):
+    from ortft.backends.torch import diffusion
+
+    t = tasks.get("text-to-image", {"resolution": 8, **options})
+    t.empty_ids = np.array([0, 1, 1, 1], dtype=np.int64)
+    sched = schedule()
+    t.bind_frozen(Encoders(), diffusion.alphas_cumprod(sched), "epsilon", unet)
+    return t
+
+
+def batch(n: int = 6, rows=None):
+    images = sorted((DIGITS / "images").glob("*.png"))[:n]
+    return {
+        "_image": np.array([str(p).encode() for p in images], dtype="S"),
+        "_row": np.array(rows if rows is not None else range(n), dtype=np.int64),
+        "_ids": np.tile(np.array([0, 5, 6, 1], dtype=np.int64), (n, 1)),
+        "labels": np.ones(n, dtype=np.int64),
+    }
+
+
+@pytest.mark.parametrize("prediction", ["epsilon", "v_prediction"])
+def test_noisy_latents_and_target_follow_the_scheduler(prediction):
+    """DDPM's forward process and target, as diffusers' scheduler computes them."""
+    import torch
+
+    t = task(prediction_type=prediction)
+    out = t.collate(batch(), epoch=0, seed=1)
+    latents = Encoders().latent_moments(_pixels(t, out))[0]
+    steps = torch.from_numpy(out["timesteps"])
+    a = np.sqrt(t.alphas[out["timesteps"]]).reshape(-1, 1, 1, 1)
+    b = np.sqrt(1 - t.alphas[out["timesteps"]]).reshape(-1, 1, 1, 1)
+    noise = (out["noisy_latents"] - a * latents) / b
+    sched = schedule()
+    lat, eps = torch.from_numpy(latents).float(), torch.from_numpy(noise).float()
+    want_noisy = sched.add_noise(lat, eps, steps).numpy()
+    np.testing.assert_allclose(out["noisy_latents"], want_noisy, atol=1e-5)
+    want = eps.numpy() if prediction == "epsilon" else sched.get_velocity(lat, eps, steps).numpy()
+    np.testing.assert_allclose(out["target"], want, atol=1e-5)
+    assert 0.5 < float(noise.std()) < 1.5  # real noise, not zeros
+
+
+def _pixels(t, out):
+    """The pixels collate saw for its train batch (seed 1, epoch 0): each row's crop is the first
+    draw of its own generator, so a fresh generator per row repeats it."""
+    rngs = [np.random.default_rng([1, 0, int(r)]) for r in out["_row"]]
+    pairs = zip(out["_image"], rngs, strict=True)
+    return np.stack([t._pixels(p.decode(), g, True) for p, g in pairs])
+
+
+@pytest.mark.parametrize("prediction", ["epsilon", "v_prediction"])
+def test_min_snr_weights_match_diffusers(prediction):
+    import torch
+    from diffusers.training_utils import compute_snr
+
+    t = task(snr_gamma=5.0, prediction_type=prediction)
+    steps = np.array([1, 10, 100, 500, 999])
+    snr = compute_snr(schedule(), torch.from_numpy(steps))
+    weight = torch.stack([snr, 5.0 * torch.ones_like(snr)], dim=1).min(dim=1)[0]
+    weight = weight / snr if prediction == "epsilon" else weight / (snr + 1)
+    np.testing.assert_allclose(t.snr_weights(steps), weight.numpy(), rtol=1e-5)
+    assert not np.allclose(t.snr_weights(steps), 1.0)
+    np.testing.assert_array_equal(task().snr_weights(steps), np.ones(5, dtype=np.float32))
+
+
+def test_caption_dropout_drops_train_captions_only():
+    kept = task(caption_dropout=0.0).collate(batch(), epoch=0, seed=1)["encoder_hidden_states"]
+    assert (kept[..., 0] == [0, 5, 6, 1]).all()
+    drop = task(caption_dropout=0.99)
+    dropped = drop.collate(batch(), epoch=0, seed=1)["encoder_hidden_states"]
+    assert (dropped[..., 0] == [0, 1, 1, 1]).all()
+    evals = drop.collate(batch(), epoch=None, seed=1)["encoder_hidden_states"]
+    assert (evals[..., 0] == [0, 5, 6, 1]).all()  # eval always sees its caption
+
+
+def test_each_row_draws_the_same_wherever_it_falls_in_a_batch():
+    t = task(random_flip=True, caption_dropout=0.5)
+    whole = t.collate(batch(6), epoch=3, seed=7)
+    part = {k: v[[4, 1]] for k, v in batch(6).items()}
+    swapped = t.collate(part, epoch=3, seed=7)
+    for key in ("noisy_latents", "timesteps", "target", "encoder_hidden_states"):
+        np.testing.assert_array_equal(swapped[key], whole[key][[4, 1]])
+    other = t.collate(batch(6), epoch=4, seed=7)
+    assert not np.array_equal(other["timesteps"], whole["timesteps"])  # a new epoch, new draws
+
+
+def test_crop_and_flip(tmp_path):
+    """An image twice as wide as high: resized to the resolution on its shorter side, cropped
+    in the centre (eval, center_crop) or at a seeded random place; mirrored for some train rows."""
+    from PIL import Image
+
+    arr = np.zeros((8, 16, 3), dtype=np.uint8)
+    arr[:, :4] = 255  # a white band on the left
+    path = tmp_path / "wide.png"
+    Image.fromarray(arr).save(path)
+    t = task(random_flip=True)
+    centre = t._pixels(str(path), np.random.default_rng(0), train=False)
+    assert centre.shape == (3, 8, 8)
+    assert centre.max() < 0  # the centre of the image: no white band
+    crops = [t._pixels(str(path), np.random.default_rng(i), train=True) for i in range(60)]
+    white_left = sum(bool((c[:, :, 0] > 0.9).all()) for c in crops)
+    white_right = sum(bool((c[:, :, -1] > 0.9).all()) for c in crops)
+    assert white_left and white_right  # a random crop at the left edge, sometimes mirrored
+    no_flip = task(center_crop=True)
+    assert all(
+        np.array_equal(no_flip._pixels(str(path), np.random.default_rng(i), True), centre)
+        for i in range(5)
+    )
+
+
+def test_ema_follows_the_trained_weights_and_its_state_round_trips(tmp_path):
+    """diffusers' EMAModel: the first update copies the weights, then decay min(d, (1 + s) / (10
+    + s)); the checkpointed state restores it exactly; a checkpoint without it is one line."""
+    import torch
+
+    from ortft.core.errors import InputError
+
+    unet = torch.nn.Linear(3, 2)
+    t = task(unet=unet, ema_decay=0.5)
+    with torch.no_grad():
+        unet.weight.fill_(1.0)
+    t.after_step()
+    shadow = t.ema.shadow_params[0]
+    assert torch.allclose(shadow, unet.weight)  # decay 0 on the first step
+    with torch.no_grad():
+        unet.weight.fill_(3.0)
+    t.after_step()
+    decay = (1 + 1) / (10 + 1)
+    assert torch.allclose(t.ema.shadow_params[0], torch.full_like(shadow, decay + (1 - decay) * 3))
+    again = task(unet=torch.nn.Linear(3, 2), ema_decay=0.5)
+    again.load_state_dict(t.state_dict(), tmp_path)
+    assert torch.equal(again.ema.shadow_params[0], t.ema.shadow_params[0])
+    assert again.ema.optimization_step == 2
+    with pytest.raises(InputError, match="no EMA weights"):
+        again.load_state_dict(None, tmp_path)
+    assert task().state_dict() is None  # no EMA asked: nothing kept
+
+
+def test_options_are_checked():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="multiple of 8"):
+        tasks.options("text-to-image", resolution=20)
+    with pytest.raises(ValidationError, match="label"):
+        tasks.options("text-to-image", caption_template="a photo")
+
+
+# --------------------------------------------------------------------------- end to end
+
+TINY = [
+    "model.from_config.hidden_size=16", "model.from_config.num_layers=1",
+    "model.from_config.options.unet_channels=16", "model.from_config.options.vae_channels=8",
+    "task.resolution=8", "training.batch_size=4", "data.max_train_samples=16",
+    "data.eval=null", "data.eval_fraction=0", "training.eval_every=null", "training.log_every=1",
+]  # fmt: skip
+
+
+def train(recipe: str, out: Path, *overrides: str):
+    res = run_cli("train", ROOT / "recipes" / recipe, *TINY, *overrides, "--output-dir", out,
+                  env={"NO_COLOR": "1"})  # fmt: skip
+    return res
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """4 steps on ort, a checkpoint every 2 (the uninterrupted run of the resume test)."""
+    out = tmp_path_factory.mktemp("t2i") / "full"
+    prompts = 'task.validation_prompts=["a handwritten digit 1", "a handwritten digit 7"]'
+    res = train("text-to-image.yaml", out, *RESUME, prompts, "task.validation_every=3")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+RESUME = (
+    "training.max_steps=4",
+    "checkpoint.save_every=2",
+    "training.seed=3",
+    "task.ema_decay=0.9",
+)
+
+
+def test_full_run_trains_the_unet_on_ort_and_final_draws(full_run, tmp_path):
+    import torch
+    from diffusers import StableDiffusionPipeline
+    from PIL import Image
+    from safetensors.torch import load_file
+
+    summary = json.loads((full_run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 4
+    assert summary["backend"]["used"] == "ort" and summary["backend"]["fallback"] is False
+    assert summary["trainable_parameters"] == summary["parameters"]  # full fine-tuning
+    assert all(np.isfinite(v) for v in losses(full_run))
+    # the validation prompts, drawn at step 3 (task.validation_every) and at the last step
+    for step in ("step-000003", "step-000004"):
+        drawn = sorted(p.name for p in (full_run / "validation" / step).iterdir())
+        assert drawn == ["00.png", "01.png"]
+        assert Image.open(full_run / "validation" / step / "00.png").size == (8, 8)
+    final = full_run / "final"
+    saved = load_file(final / "unet" / "diffusion_pytorch_model.safetensors")
+    step = load_file(full_run / "step-000004" / "model.safetensors")
+    ema = torch.load(full_run / "step-000004" / "task_state.pt", weights_only=True)["ema"]
+    assert sorted(saved) == sorted(step) and ema["optimization_step"] == 4
+    # final/ holds the EMA of the trained weights (task.ema_decay), not the last step's
+    from diffusers import UNet2DConditionModel
+
+    names = [n for n, _ in UNet2DConditionModel.from_pretrained(final / "unet").named_parameters()]
+    shadow = dict(zip(names, ema["shadow_params"], strict=True))  # in the UNet's parameter order
+    assert all(torch.equal(saved[k], shadow[k]) for k in step)
+    assert not all(torch.equal(saved[k], step[k]) for k in step)
+    # `ortft predict --prompt` draws what diffusers' own pipeline draws from final/ (same seed)
+    png = tmp_path / "three.png"
+    res = run_cli("predict", full_run, "--prompt", "a handwritten digit 3", "--steps", "3",
+                  "--seed", "5", "-o", png, "--json")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout)["image"] == str(png)
+    drawn = np.asarray(Image.open(png))
+    pipe = StableDiffusionPipeline.from_pretrained(str(final))
+    want = pipe("a handwritten digit 3", num_inference_steps=3, height=8, width=8,
+                generator=torch.Generator().manual_seed(5), output_type="pil").images[0]  # fmt: skip
+    assert drawn.shape == (8, 8, 3)
+    np.testing.assert_array_equal(drawn, np.asarray(want))
+
+
+def test_full_run_resumes_exactly_after_kill_9(full_run, tmp_path):
+    """Killed with kill -9 right after step 2's checkpoint and resumed: steps 3-4 give the
+    uninterrupted run's losses (each row's noise, timestep and crop come from its own seeded
+    stream, and ORT's graph has no random op of its own)."""
+    import signal
+    import subprocess
+    import time
+
+    from helpers import start_cli
+
+    cut = tmp_path / "cut"
+    args = ["train", ROOT / "recipes" / "text-to-image.yaml", *TINY, *RESUME, "--output-dir", cut]
+    with open(tmp_path / "cut.err", "w") as err:
+        proc = start_cli(*args, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 600
+    while not (cut / "step-000002" / "manifest.json").exists():
+        assert proc.poll() is None, (tmp_path / "cut.err").read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-000002") and summary["backend"]["used"] == "ort"
+    want, got = losses(full_run, by_step=True), losses(cut, by_step=True)
+    assert [got[s] for s in (3, 4)] == pytest.approx([want[s] for s in (3, 4)], abs=1e-6)
+    from safetensors.torch import load_file
+
+    unet = "final/unet/diffusion_pytorch_model.safetensors"
+    a, b = load_file(full_run / unet), load_file(cut / unet)
+    assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)  # the EMA resumed too
+
+
+def test_a_folder_that_is_not_a_diffusers_model_is_one_line(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    res = run_cli("train", ROOT / "recipes" / "text-to-image.yaml", "model.from_config=null",
+                  f"model.name_or_path={folder}", "--output-dir", tmp_path / "run")  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "model_index.json" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_from_config_architecture_must_be_stable_diffusion():
+    res = run_cli("validate", ROOT / "recipes" / "text-to-image.yaml",
+                  "--set", "model.from_config.architecture=bert")  # fmt: skip
+    assert res.returncode == 2
+    assert "architecture: stable-diffusion" in res.stderr, res.stderr
