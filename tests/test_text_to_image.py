@@ -301,6 +301,40 @@ def test_full_run_resumes_exactly_after_kill_9(full_run, tmp_path):
     assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)  # the EMA resumed too
 
 
+def test_a_diffusers_folder_trains_and_final_draws_what_was_asked(full_run, tmp_path):
+    """model.name_or_path: the full run's final/ (a diffusers folder) trained on, with
+    task.prediction_type=v_prediction over its epsilon scheduler: the new final/'s scheduler
+    says v_prediction (diffusers' pipeline then draws with what the UNet learned)."""
+    out = tmp_path / "again"
+    res = run_cli("train", ROOT / "recipes" / "text-to-image.yaml", *TINY, "model.from_config=null",
+                  f"model.name_or_path={full_run / 'final'}", "task.prediction_type=v_prediction",
+                  "training.max_steps=1", "backend.name=torch", "--output-dir", out)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    before = json.loads((full_run / "final" / "scheduler" / "scheduler_config.json").read_text())
+    after = json.loads((out / "final" / "scheduler" / "scheduler_config.json").read_text())
+    assert before["prediction_type"] == "epsilon" and after["prediction_type"] == "v_prediction"
+    assert after["_class_name"] == before["_class_name"] == "DDIMScheduler"
+    assert np.isfinite(losses(out)).all()
+
+
+def test_tiny_sizes_are_checked_and_any_width_builds(tmp_path):
+    from ortft.backends.torch import diffusion
+    from ortft.core.errors import InputError
+    from ortft.recipe.model import FromConfig
+
+    tok = diffusion.char_tokenizer(tmp_path / "tok", 16)
+    spec = FromConfig(architecture="stable-diffusion", hidden_size=8, num_layers=1, num_heads=2,
+                      options={"unet_channels": 12, "vae_channels": 10})  # fmt: skip
+    parts = diffusion.tiny(spec, tok, 8, 0, "epsilon")  # groups gcd(8, 12, 10) = 2
+    assert parts.unet.config.block_out_channels == (12, 24)
+    with pytest.raises(InputError, match="unet_channels must be whole numbers"):
+        diffusion.tiny(
+            spec.model_copy(update={"options": {"unet_channels": 0}}), tok, 8, 0, "epsilon"
+        )
+    with pytest.raises(InputError, match="not a tiny Stable Diffusion size"):
+        diffusion.tiny(spec.model_copy(update={"options": {"width": 4}}), tok, 8, 0, "epsilon")
+
+
 def test_a_folder_that_is_not_a_diffusers_model_is_one_line(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.data import images
 from ortft.tasks.base import Encoded, Task, TaskOptions, skip_bad_file
@@ -280,7 +281,7 @@ class TextToImage(Task):
         weight, averaged over the real rows (labels 1; eval's padded copies -100)."""
         pred = model(noisy_latents, timesteps, encoder_hidden_states, return_dict=False)[0]
         per_row = ((pred.float() - target.float()) ** 2).mean(dim=(1, 2, 3))
-        real = (labels != -100).float()
+        real = (labels != IGNORE_INDEX).float()
         loss = (per_row * weight * real).sum() / real.sum().clamp(min=1.0)
         return loss, per_row.detach()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,11 @@ def build(loaded: LoadedRecipe, task: Any, tok: Any, device: torch.device) -> tu
         parts = tiny(r.model.from_config, tok, o.resolution, r.training.seed, prediction)
     else:
         parts = load(Path(models.model_source(loaded, r.model.name_or_path or "")), tok)
+    asked = o.prediction_type  # final/'s scheduler must draw what the UNet learned to predict
+    if asked and parts.scheduler.config.get("prediction_type") != asked:
+        parts.scheduler = type(parts.scheduler).from_config(
+            parts.scheduler.config, prediction_type=asked
+        )
     unet = prepare_unet(parts.unet, r.adapter)
     if r.hardware.gradient_checkpointing:
         unet.enable_gradient_checkpointing()
@@ -209,8 +215,12 @@ def tiny(spec: FromConfig, tok: Any, resolution: int, seed: int, prediction: str
             f"model.from_config.options: {', '.join(unknown)} is not a tiny Stable Diffusion "
             f"size (those are: {', '.join(TINY)})"
         )
+    bad = [k for k, n in o.items() if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    if bad:
+        raise InputError(f"model.from_config.options: {', '.join(bad)} must be whole numbers >= 1")
     c, v, lat = int(o["unet_channels"]), int(o["vae_channels"]), int(o["latent_channels"])
-    groups = min(8, c, v)  # GroupNorm's groups must divide every block's channels
+    groups = math.gcd(8, c, v)  # GroupNorm's groups divide every block's channels (c, 2c, v, 2v)
+    heads = math.gcd(max(c // 8, 1), 2 * c)  # diffusers' attention_head_dim: heads per block
     torch.manual_seed(seed)
     text = CLIPTextModel(
         CLIPTextConfig(
@@ -231,7 +241,7 @@ def tiny(spec: FromConfig, tok: Any, resolution: int, seed: int, prediction: str
         layers_per_block=int(o["layers_per_block"]), block_out_channels=(c, 2 * c),
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=spec.hidden_size, attention_head_dim=max(c // 8, 1),
+        cross_attention_dim=spec.hidden_size, attention_head_dim=heads,
         norm_num_groups=groups,
     )  # fmt: skip
     scheduler = DDIMScheduler(
