@@ -317,6 +317,20 @@ def test_a_diffusers_folder_trains_and_final_draws_what_was_asked(full_run, tmp_
     assert np.isfinite(losses(out)).all()
 
 
+def test_a_cut_weights_file_is_one_line(full_run, tmp_path):
+    import shutil
+
+    folder = tmp_path / "cut"
+    shutil.copytree(full_run / "final", folder)
+    weights = folder / "unet" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    res = run_cli("train", ROOT / "recipes" / "text-to-image.yaml", *TINY, "model.from_config=null",
+                  f"model.name_or_path={folder}", "training.max_steps=1", "backend.name=torch",
+                  "--output-dir", tmp_path / "run")  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "cannot load the model" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_tiny_sizes_are_checked_and_any_width_builds(tmp_path):
     from ortft.backends.torch import diffusion
     from ortft.core.errors import InputError

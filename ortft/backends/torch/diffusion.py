@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft.backends.torch import distributed, models
+from ortft.backends.torch import distributed, load_checks, models
 from ortft.core.errors import InputError
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.model import FromConfig
@@ -261,7 +261,14 @@ def load(folder: Path, tok: Any, field: str = "model.name_or_path") -> Parts:
         vae = AutoencoderKL.from_pretrained(str(folder), subfolder="vae")
         text = CLIPTextModel.from_pretrained(str(folder), subfolder="text_encoder")
         scheduler = _scheduler(folder / "scheduler")
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        RuntimeError,
+        *load_checks.load_errors(),
+    ) as err:
         raise InputError(f"{field}: {folder}: cannot load the model ({_first_line(err)})") from None
     return Parts(unet.float(), vae.float(), text.float(), tok, scheduler)
 
