@@ -139,8 +139,7 @@ def test_builtin_tasks_declare_export_kind_and_on_device_support() -> None:
         "sequence-classification",
         "causal-lm",
     ]
-    # every built-in exports but text-to-image, whose three-graph export is not built yet
-    assert [n for n in tasks.names() if tasks.get(n).export_skip] == ["text-to-image"]
+    assert not any(tasks.get(n).export_skip for n in tasks.names())  # every built-in exports
 
 
 def test_architecture_guess_is_only_a_fallback() -> None:

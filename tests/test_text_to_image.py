@@ -267,6 +267,37 @@ def test_full_run_trains_the_unet_on_ort_and_final_draws(full_run, tmp_path):
     np.testing.assert_array_equal(drawn, np.asarray(want))
 
 
+def test_the_onnx_export_draws_what_diffusers_draws(full_run, tmp_path):
+    """onnx/ (written at the end of training): three graphs with parity against PyTorch; the
+    numpy DDIM loop on them, from the same starting latents, draws diffusers' image from final/
+    (the issue's bound: pixel MAE <= 2/255 over 20 steps; measured 0); `ortft predict` draws
+    from it with onnxruntime."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    from ortft.export.diffusion_runner import OnnxStableDiffusion
+
+    report = json.loads((full_run / "onnx" / "export.json").read_text())
+    assert report["passed"] and sorted(report["parity"]["graphs"]) == ["text_encoder", "unet",
+                                                                       "vae_decoder"]  # fmt: skip
+    pipe = StableDiffusionPipeline.from_pretrained(str(full_run / "final"))
+    pipe.set_progress_bar_config(disable=True)
+    runner = OnnxStableDiffusion(full_run / "onnx")
+    latents = np.random.default_rng(1).standard_normal((1, 4, 4, 4)).astype(np.float32)
+    for guidance in (7.5, 1.0):
+        want = pipe("a handwritten digit 3", num_inference_steps=20, guidance_scale=guidance,
+                    latents=torch.from_numpy(latents), output_type="np").images[0]  # fmt: skip
+        want = (want * 255).round()
+        got = runner.draw("a handwritten digit 3", latents, steps=20, guidance_scale=guidance)
+        assert got.shape == (8, 8, 3) and got.dtype == np.uint8
+        assert np.abs(got - want).mean() <= 2.0, guidance
+    png = tmp_path / "onnx.png"
+    res = run_cli("predict", full_run / "onnx", "--prompt", "a handwritten digit 3",
+                  "--steps", "4", "-o", png, "--json")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout)["runtime"] == "onnxruntime" and png.is_file()
+
+
 def test_full_run_resumes_exactly_after_kill_9(full_run, tmp_path):
     """Killed with kill -9 right after step 2's checkpoint and resumed: steps 3-4 give the
     uninterrupted run's losses (each row's noise, timestep and crop come from its own seeded

@@ -4,21 +4,19 @@ The run's ``final/`` is a diffusers Stable Diffusion folder; a LoRA run's holds 
 its LoRA weights in ``final/lora/``, loaded on top (``pipe.load_lora_weights``). Drawing is
 diffusers' own ``StableDiffusionPipeline`` in PyTorch, with the scheduler saved in the folder,
 seeded by ``--seed`` (a ``torch.Generator`` on the CPU: the same seed draws the same image).
+The run's ONNX export (``<run>/onnx``: text_encoder, unet, vae_decoder) draws with onnxruntime
+and numpy alone (``ortft.export.diffusion_runner``), from latents numpy's generator draws.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ortft.core import fsutil
 from ortft.core.errors import InputError
-
-log = logging.getLogger("ortft")
-
-LORA_DIR, LORA_FILE = "lora", "pytorch_lora_weights.safetensors"
+from ortft.export import diffusion
 
 
 @dataclass(frozen=True)
@@ -32,66 +30,85 @@ class DrawOptions:
     seed: int = 0
 
 
-def model_folder(source: Path) -> Path | None:
-    """The diffusers folder of ``source`` (a run dir or a model folder), or None."""
+def model_folder(source: Path) -> tuple[Path, str] | None:
+    """The folder ``source`` draws with and its runtime: an ONNX export (``unet/model.onnx``:
+    onnxruntime), else a diffusers folder (a run's final/ or a model folder: pytorch)."""
+    if (source / "unet" / "model.onnx").is_file():
+        return source, "onnxruntime"
     for folder in (source / "final", source):
         if (folder / "model_index.json").is_file():
-            return folder
+            return folder, "pytorch"
     return None
 
 
-def load_pipeline(folder: Path) -> Any:
-    """diffusers' pipeline of ``folder`` (fp32, CPU), LoRA weights applied where it has them."""
-    from diffusers import DiffusionPipeline
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    diffusers_logging.disable_progress_bar()
-    try:
-        pipe = DiffusionPipeline.from_pretrained(str(folder))
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"{folder}: cannot load the diffusers model ({first})") from None
-    if (folder / LORA_DIR / LORA_FILE).is_file():
-        pipe.load_lora_weights(str(folder / LORA_DIR))
-        log.info("LoRA weights: %s", folder / LORA_DIR / LORA_FILE)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+def _size(options: DrawOptions, sample_size: int, scale: int) -> tuple[int, int]:
+    side = sample_size * scale
+    height, width = options.height or side, options.width or side
+    for name, value in (("--height", height), ("--width", width)):
+        if value % scale:
+            raise InputError(f"{name} {value}: must be a multiple of {scale} (the VAE's scale)")
+    return height, width
 
 
 def draw(source: Path, options: DrawOptions, output: Path) -> dict[str, Any]:
     """One image for ``options.prompt`` written to ``output`` (PNG); what was drawn, as a dict."""
-    import torch
-
-    folder = model_folder(Path(source))
-    if folder is None:
+    found = model_folder(Path(source))
+    if found is None:
         raise InputError(
-            f"{source}: no model_index.json here (--prompt draws with a text-to-image run or a "
-            "diffusers model folder)"
+            f"{source}: no model_index.json or unet/model.onnx here (--prompt draws with a "
+            "text-to-image run, its ONNX export or a diffusers model folder)"
         )
     if output.suffix.lower() != ".png":
         raise InputError(f"-o {output}: the image is written as PNG; name a .png file")
     if not output.parent.is_dir():
         raise InputError(f"-o {output}: {output.parent} is not a folder")
-    pipe = load_pipeline(folder)
-    scale = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
-    side = int(pipe.unet.config.sample_size) * scale
-    height, width = options.height or side, options.width or side
-    for name, value in (("--height", height), ("--width", width)):
-        if value % scale:
-            raise InputError(f"{name} {value}: must be a multiple of {scale} (the VAE's scale)")
-    generator = torch.Generator("cpu").manual_seed(options.seed)
-    image = pipe(
-        options.prompt, negative_prompt=options.negative_prompt, height=height, width=width,
-        num_inference_steps=options.steps, guidance_scale=options.guidance_scale,
-        generator=generator,
-    ).images[0]  # fmt: skip
+    folder, runtime = found
+    draw_with = _draw_onnx if runtime == "onnxruntime" else _draw_torch
+    image, height, width, scheduler = draw_with(folder, options)
     with fsutil.atomic_file(output, "wb") as fh:  # a reader never sees half a PNG
         image.save(fh, format="PNG")
     return {
         "image": str(output), "prompt": options.prompt, "negative_prompt": options.negative_prompt,
         "height": height, "width": width, "steps": options.steps,
         "guidance_scale": options.guidance_scale, "seed": options.seed,
-        "scheduler": type(pipe.scheduler).__name__, "runtime": "pytorch",
+        "scheduler": scheduler, "runtime": runtime,
     }  # fmt: skip
+
+
+def _draw_torch(folder: Path, options: DrawOptions) -> tuple[Any, int, int, str]:
+    import torch
+
+    pipe = diffusion.load_pipeline(folder)
+    scale = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
+    height, width = _size(options, int(pipe.unet.config.sample_size), scale)
+    generator = torch.Generator("cpu").manual_seed(options.seed)
+    image = pipe(
+        options.prompt, negative_prompt=options.negative_prompt, height=height, width=width,
+        num_inference_steps=options.steps, guidance_scale=options.guidance_scale,
+        generator=generator,
+    ).images[0]  # fmt: skip
+    return image, height, width, type(pipe.scheduler).__name__
+
+
+def _draw_onnx(folder: Path, options: DrawOptions) -> tuple[Any, int, int, str]:
+    """The export's graphs and the numpy DDIM loop; the starting latents from numpy's
+    generator seeded by --seed (not torch's randn: the same seed draws another image than
+    PyTorch does)."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from ortft.export import diffusion_runner
+
+    runner = diffusion_runner.OnnxStableDiffusion(folder)
+    unet = json.loads((folder / "unet" / "config.json").read_text())
+    vae = json.loads((folder / "vae_decoder" / "config.json").read_text())
+    scale = 2 ** (len(vae["block_out_channels"]) - 1)
+    height, width = _size(options, int(unet["sample_size"]), scale)
+    shape = (1, int(unet["in_channels"]), height // scale, width // scale)
+    latents = np.random.default_rng(options.seed).standard_normal(shape).astype(np.float32)
+    pixels = runner.draw(
+        options.prompt, latents, options.steps, options.guidance_scale, options.negative_prompt
+    )
+    return Image.fromarray(pixels), height, width, "DDIMScheduler"

@@ -109,7 +109,6 @@ class TextToImage(Task):
     row_local = False  # each row's random stream is keyed by its position in the split
     export_kind = "text-to-image"
     aligned_keys = ()  # caption ids are fixed length; nothing is cut
-    export_skip = "the text-to-image ONNX export (unet, text_encoder, vae_decoder) is not built yet"
     eval_metrics = ("eval_loss",)
 
     def __init__(self, options: Options) -> None:

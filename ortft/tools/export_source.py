@@ -175,6 +175,11 @@ def _model_dirs(source: Path) -> tuple[Path, Path]:
             raise InputError(
                 f"{source}: exporting a checkpoint needs its run's final/ for the config"
             )
+    if (model_dir / "model_index.json").exists():  # a diffusers folder (text-to-image)
+        raise InputError(
+            f"{model_dir}: a text-to-image model: its run exports at the end of training "
+            "(export.enabled) into <run>/onnx; `ortft export` of it is not built yet"
+        )
     if not (model_dir / "config.json").exists():
         raise InputError(
             f"{model_dir}: no config.json (not a run, checkpoint or saved Hugging Face model)"

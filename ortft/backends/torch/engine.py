@@ -400,6 +400,11 @@ class PyTorchEngine:
         spec, task = self.recipe.export, self.task
         if not spec.enabled:
             return None
+        if self.parts is not None:  # text-to-image: three graphs from final/ (LoRA fused)
+            from ortft.export import diffusion as sd_export
+
+            pipe = sd_export.load_pipeline(final_dir, fuse=True)
+            return sd_export.export(pipe, run_dir / "onnx", spec.opset, spec.tolerance)
         if task.export_skip:  # a task the exporter cannot write: say so, do not fail
             log.info("ONNX export skipped for %s: %s", task.name, task.export_skip)
             return {"skipped": task.export_skip}
