@@ -349,17 +349,19 @@ def test_a_diffusers_folder_trains_and_final_draws_what_was_asked(full_run, tmp_
 
 
 def test_a_cut_weights_file_is_one_line(full_run, tmp_path):
+    """In process (the CLI turns an InputError into its one line and exit 2)."""
     import shutil
+
+    from ortft.backends.torch import diffusion
+    from ortft.core.errors import InputError
 
     folder = tmp_path / "cut"
     shutil.copytree(full_run / "final", folder)
     weights = folder / "unet" / "diffusion_pytorch_model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    res = run_cli("train", ROOT / "recipes" / "text-to-image.yaml", *TINY, "model.from_config=null",
-                  f"model.name_or_path={folder}", "training.max_steps=1", "backend.name=torch",
-                  "--output-dir", tmp_path / "run")  # fmt: skip
-    assert res.returncode == 2, res.stderr[-2000:]
-    assert "cannot load the model" in res.stderr and "Traceback" not in res.stderr
+    tok = diffusion.load_tokenizer(folder / "tokenizer")
+    with pytest.raises(InputError, match="cannot load the model"):
+        diffusion.load(folder, tok)
 
 
 def test_tiny_sizes_are_checked_and_any_width_builds(tmp_path):
@@ -381,13 +383,16 @@ def test_tiny_sizes_are_checked_and_any_width_builds(tmp_path):
 
 
 def test_a_folder_that_is_not_a_diffusers_model_is_one_line(tmp_path):
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
     res = run_cli("train", ROOT / "recipes" / "text-to-image.yaml", "model.from_config=null",
-                  f"model.name_or_path={folder}", "--output-dir", tmp_path / "run")  # fmt: skip
+                  f"model.name_or_path={tmp_path}", "--output-dir", tmp_path / "run")  # fmt: skip
     assert res.returncode == 2, res.stderr[-2000:]
     assert "model_index.json" in res.stderr and "Traceback" not in res.stderr
+    from ortft.backends.torch import diffusion
+    from ortft.core.errors import InputError
+
+    (tmp_path / "model_index.json").write_text("{}")
+    with pytest.raises(InputError, match="has no unet/, vae/"):
+        diffusion.check_folder(tmp_path)
 
 
 def test_from_config_architecture_must_be_stable_diffusion():
