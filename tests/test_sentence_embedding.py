@@ -160,7 +160,9 @@ def test_cutting_each_text_kind_to_its_own_length_keeps_the_loss():
             return task.forward(model, **inputs)
 
     (loss, vectors), (full_loss, full_vectors) = run(cut), run(batch)
-    assert float(loss) == pytest.approx(float(full_loss), abs=1e-6)
+    # relative: fp32 sums over other lengths round differently by CPU (an AMD EPYC, Zen 3:
+    # 6.8596191 against 6.8596177, 2e-7 apart; the Intel Xeon this was written on: within 1e-6)
+    assert float(loss) == pytest.approx(float(full_loss), rel=1e-6)
     assert torch.allclose(vectors, full_vectors, atol=1e-5)
 
 
