@@ -188,6 +188,7 @@ def write_pipeline_files(pipe: Any, folder: Path) -> None:
     (folder / "model_index.json").write_text(json.dumps(index, indent=2))
 
 
+# final/lora/: a LoRA run's UNet weights in diffusers' format (what pipe.load_lora_weights reads)
 LORA_DIR, LORA_FILE = "lora", "pytorch_lora_weights.safetensors"
 
 

@@ -35,6 +35,7 @@ import torch
 
 from ortft.backends.torch import distributed, load_checks, models
 from ortft.core.errors import InputError
+from ortft.export import diffusion as sd_export  # final/lora/: where its LoRA weights go
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.model import FromConfig
 
@@ -42,8 +43,6 @@ log = logging.getLogger("ortft")
 
 PARTS = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
 BOS, EOS = "<|startoftext|>", "<|endoftext|>"
-LORA_FILE = "pytorch_lora_weights.safetensors"  # what pipe.load_lora_weights(folder) reads
-LORA_DIR = "lora"  # final/lora/: the UNet's LoRA weights in diffusers' format
 # the attention projections LoRA adapts in diffusers' own train_text_to_image_lora.py
 LORA_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 # tiny from_config defaults (the sizes of diffusers' own test models, widened to train on 2 cores)
@@ -127,7 +126,9 @@ def load_tokenizer(folder: Path) -> Any:
     try:
         tok = CLIPTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise InputError(f"{folder}: cannot load the tokenizer ({_first_line(err)})") from None
+        raise InputError(
+            f"{folder}: cannot load the tokenizer ({models.first_line(err)})"
+        ) from None
     if len(tok) <= 5:
         raise InputError(f"{folder}: the tokenizer has only {len(tok)} tokens")
     return tok
@@ -198,11 +199,6 @@ def build(loaded: LoadedRecipe, task: Any, tok: Any, device: torch.device) -> tu
     return parts, unet
 
 
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def tiny(spec: FromConfig, tok: Any, resolution: int, seed: int, prediction: str) -> Parts:
     """A Stable Diffusion built from ``spec`` (see the module docstring), seeded."""
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
@@ -269,7 +265,9 @@ def load(folder: Path, tok: Any, field: str = "model.name_or_path") -> Parts:
         RuntimeError,
         *load_checks.load_errors(),
     ) as err:
-        raise InputError(f"{field}: {folder}: cannot load the model ({_first_line(err)})") from None
+        raise InputError(
+            f"{field}: {folder}: cannot load the model ({models.first_line(err)})"
+        ) from None
     return Parts(unet.float(), vae.float(), text.float(), tok, scheduler)
 
 
@@ -326,7 +324,6 @@ class Frozen:
         self.text_encoder = parts.text_encoder.to(device).eval().requires_grad_(False)
         self.device = device
         self.scaling_factor = float(parts.vae.config.scaling_factor)
-        self.latent_channels = int(parts.vae.config.latent_channels)
 
     @torch.no_grad()
     def latent_moments(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -391,7 +388,7 @@ def save_final(folder: Path, unet: Any, parts: Parts, ema: Any = None) -> None:
 
         layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(unet))
         StableDiffusionPipeline.save_lora_weights(
-            str(folder / LORA_DIR), unet_lora_layers=layers, safe_serialization=True
+            str(folder / sd_export.LORA_DIR), unet_lora_layers=layers, safe_serialization=True
         )
 
 

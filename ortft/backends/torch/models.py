@@ -139,7 +139,7 @@ def load_tokenizer(
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
-        raise InputError(f"{value}: cannot load tokenizer ({_first_line(err)})") from None
+        raise InputError(f"{value}: cannot load tokenizer ({first_line(err)})") from None
     if tok.pad_token is None:  # GPT-2-style tokenizers have none; pad with EOS
         tok.pad_token = tok.eos_token
     if not saved_dir:
@@ -165,7 +165,8 @@ def _check_model_dir(source: str) -> None:
         raise InputError(f"model.name_or_path: {path} is not a model directory (no config.json)")
 
 
-def _first_line(err: Exception) -> str:
+def first_line(err: Exception) -> str:
+    """An error's first line (its type's name when it says nothing): what a one-line error quotes."""
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
@@ -314,10 +315,10 @@ def build_model(
             ignore_mismatched_sizes=head is not None and head.resize, output_loading_info=True,
         )  # fmt: skip
     except (OSError, ValueError, KeyError) as err:
-        raise InputError(f"{spec.name_or_path}: cannot load model ({_first_line(err)})") from None
+        raise InputError(f"{spec.name_or_path}: cannot load model ({first_line(err)})") from None
     except load_checks.load_errors() as err:  # cut or corrupt weights (safetensors, torch.load)
         raise InputError(
-            f"{source}: cannot read the model's weights ({_first_line(err)}); "
+            f"{source}: cannot read the model's weights ({first_line(err)}); "
             "download or save the model again"
         ) from None
     if head is not None:
