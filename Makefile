@@ -46,9 +46,17 @@ demo: setup
 doctor: setup
 	$(BIN)/ortft doctor
 
-# --durations: the 25 slowest tests go to the log, so that CI time can be found where it goes
+# TEST_JOBS pytest workers (pytest-xdist; 0: one process). 2, as CI's machines have 2 cores:
+# most of a test's time is one process importing torch, transformers and ORT (~6 s of a tiny
+# 10 s run), which uses one core; measured on 2 cores (AMD EPYC), tests/test_train.py,
+# test_batching.py and test_images.py took 264 s in one process and 160 s on 2 workers.
+TEST_JOBS ?= 2
+
+# --durations: the 25 slowest tests go to the log, so that CI time can be found where it goes;
+# --dist loadfile: a module's tests stay on one worker, so its module-scoped runs happen once
 test: setup
-	$(BIN)/pytest -m "not slow and not gpu and not recipes and not consumer and not archs" --durations=25
+	$(BIN)/pytest -m "not slow and not gpu and not recipes and not consumer and not archs" \
+	  -n $(TEST_JOBS) --dist loadfile --durations=25
 
 # By hand, not in CI (.ci/run stays on 3.11): the same fast tests in a second venv on Python
 # 3.12, whose lock has the CPU build of ORT training (requirements/lock-py312.txt).
@@ -56,8 +64,9 @@ PYTHON312 ?= python3.12
 test-py312:
 	$(MAKE) test PYTHON=$(PYTHON312) VENV=.venv312
 
+# every recipe is its own run (no shared fixtures): the workers take them one by one
 test-recipes: setup
-	$(BIN)/pytest -m "recipes and not gpu"
+	$(BIN)/pytest -m "recipes and not gpu" -n $(TEST_JOBS) --dist load
 
 # Model families built from a tiny from_config (tests/test_archs.py): ORT's per-step losses vs
 # torch's, the export's parity; the generation check and the consumer load (the clean venv of
@@ -72,7 +81,7 @@ test-archs-full: setup
 # The clean runtime (requirements/consumer.txt) is built by scripts/consumer-env.sh and kept
 # in ~/.cache/ortft, keyed on that file: a second run downloads and installs nothing.
 test-consumer: setup
-	$(BIN)/pytest -m "consumer and not gpu"
+	$(BIN)/pytest -m "consumer and not gpu" -n $(TEST_JOBS) --dist loadfile
 
 test-slow: setup
 	$(BIN)/pytest -m "slow and not gpu"

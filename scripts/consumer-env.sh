@@ -13,6 +13,11 @@ hash=$(sha256sum "$reqs" | cut -c1-16)
 wheels="$cache/consumer-wheels"
 venv="$cache/consumer-venv-$hash"
 
+# one builder at a time: make test-consumer's two pytest workers may both ask for it first
+mkdir -p "$cache"
+exec 9>"$cache/consumer-env.lock"
+flock 9
+
 if [ ! -f "$venv/.complete" ]; then
   if [ ! -f "$wheels/.complete-$hash" ]; then
     echo "==> downloading the consumer wheels into $wheels (first time: ~40 MB)" >&2
