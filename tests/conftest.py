@@ -267,3 +267,21 @@ def save_pretrained_classifier(
     BertForSequenceClassification(config).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def consumer_python() -> str:
+    """The clean runtime's python (scripts/consumer-env.sh builds it once, under a lock, and
+    caches it in ~/.cache/ortft): the consumer tier's modules run exports there."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run(
+        [str(root / "scripts" / "consumer-env.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout.strip()

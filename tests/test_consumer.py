@@ -53,19 +53,6 @@ IMAGE_SCORE_TOLERANCE = 5e-3
 
 
 @pytest.fixture(scope="module")
-def consumer_python() -> str:
-    res = subprocess.run(
-        [str(ROOT / "scripts" / "consumer-env.sh")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    return res.stdout.strip()
-
-
-@pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
     return Matrix(tmp_path_factory.mktemp("consumer"))
 

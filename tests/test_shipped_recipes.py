@@ -108,7 +108,7 @@ def assert_final_and_export(recipe: Any, run: Path, summary: dict[str, Any]) -> 
         assert (final / "model_index.json").is_file() and (final / "recipe.yaml").is_file()
         assert summary["backend"]["used"] == "ort" and summary["export"]["passed"] is True
         report = json.loads((run / "onnx" / "export.json").read_text())
-        assert sorted(report["files"]) == ["text_encoder", "unet", "vae_decoder"]
+        assert sorted(report["files"]) == ["text_encoder", "unet", "vae_decoder", "vae_encoder"]
         assert all((run / "onnx" / f).is_file() for f in report["files"].values())
         assert_diffusers_final(final, lora=recipe.adapter is not None)
         return

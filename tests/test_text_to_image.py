@@ -1,7 +1,8 @@
 """text-to-image (Stable Diffusion): the task's collate (targets, min-SNR, caption dropout,
 crop and flip, seeded per row) on stand-in encoders, and end-to-end runs of a tiny SD from a
-config through the CLI on ORT: final/ loads in diffusers and draws, a run resumes exactly after
-kill -9, bad model folders are one line. Both shipped recipes (full and LoRA, whose weights
+config through the CLI on ORT: final/ loads in diffusers and draws, `ortft eval` repeats a run's
+eval loss, a run resumes exactly after kill -9, bad model folders are one line, final/lora/
+keeps its alpha. Both shipped recipes (full and LoRA, whose weights
 diffusers loads) train in the recipes tier (tests/test_shipped_recipes.py)."""
 
 from __future__ import annotations
@@ -268,34 +269,62 @@ def test_full_run_trains_the_unet_on_ort_and_final_draws(full_run, tmp_path):
 
 
 def test_the_onnx_export_draws_what_diffusers_draws(full_run, tmp_path):
-    """onnx/ (written at the end of training): three graphs with parity against PyTorch; the
-    numpy DDIM loop on them, from the same starting latents, draws diffusers' image from final/
-    (the issue's bound: pixel MAE <= 2/255 over 20 steps; measured 0); `ortft predict` draws
-    from it with onnxruntime."""
+    """onnx/ (written at the end of training): four graphs with parity against PyTorch; the
+    numpy loop on them (DDIM, the folder's; Euler and PNDM swapped in from its config), from the
+    same starting latents, draws diffusers' image from final/ with the same scheduler (the
+    issue's bound: pixel MAE <= 2/255 over 20 steps; measured 0 for all three); `ortft predict`
+    draws from it with onnxruntime, and with PyTorch on the scheduler asked for."""
+    import diffusers
     import torch
     from diffusers import StableDiffusionPipeline
 
-    from ortft.export.diffusion_runner import OnnxStableDiffusion
+    from ortft.export import diffusion_runner as runner
 
     report = json.loads((full_run / "onnx" / "export.json").read_text())
-    assert report["passed"] and sorted(report["parity"]["graphs"]) == ["text_encoder", "unet",
-                                                                       "vae_decoder"]  # fmt: skip
+    assert report["passed"] and sorted(report["parity"]["graphs"]) == [
+        "text_encoder", "unet", "vae_decoder", "vae_encoder"]  # fmt: skip
     pipe = StableDiffusionPipeline.from_pretrained(str(full_run / "final"))
     pipe.set_progress_bar_config(disable=True)
-    runner = OnnxStableDiffusion(full_run / "onnx")
+    config = pipe.scheduler.config
     latents = np.random.default_rng(1).standard_normal((1, 4, 4, 4)).astype(np.float32)
-    for guidance in (7.5, 1.0):
-        want = pipe("a handwritten digit 3", num_inference_steps=20, guidance_scale=guidance,
-                    latents=torch.from_numpy(latents), output_type="np").images[0]  # fmt: skip
-        want = (want * 255).round()
-        got = runner.draw("a handwritten digit 3", latents, steps=20, guidance_scale=guidance)
-        assert got.shape == (8, 8, 3) and got.dtype == np.uint8
-        assert np.abs(got - want).mean() <= 2.0, guidance
+    for name, cls in runner.NAMES.items():
+        pipe.scheduler = getattr(diffusers, cls).from_config(config, **runner.SWAP_OVERRIDES.get(
+            name, {}))  # fmt: skip
+        onnx = runner.OnnxStableDiffusion(full_run / "onnx", name)
+        for guidance in (7.5, 1.0):
+            want = pipe("a handwritten digit 3", num_inference_steps=20, guidance_scale=guidance,
+                        latents=torch.from_numpy(latents), output_type="np").images[0]  # fmt: skip
+            want = (want * 255).round()
+            got = onnx.draw("a handwritten digit 3", latents, steps=20, guidance_scale=guidance)
+            assert got.shape == (8, 8, 3) and got.dtype == np.uint8
+            assert np.abs(got - want).mean() <= 2.0, (name, guidance)
     png = tmp_path / "onnx.png"
     res = run_cli("predict", full_run / "onnx", "--prompt", "a handwritten digit 3",
-                  "--steps", "4", "-o", png, "--json")  # fmt: skip
+                  "--steps", "4", "--scheduler", "euler", "-o", png, "--json")  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
-    assert json.loads(res.stdout)["runtime"] == "onnxruntime" and png.is_file()
+    drawn = json.loads(res.stdout)
+    assert drawn["runtime"] == "onnxruntime" and drawn["scheduler"] == "EulerDiscreteScheduler"
+    assert png.is_file()
+    res = run_cli("predict", full_run, "--prompt", "a", "--steps", "2", "--scheduler", "pndm",
+                  "-o", tmp_path / "torch.png", "--json")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout)["scheduler"] == "PNDMScheduler"
+
+
+def test_a_scheduler_the_numpy_loop_does_not_reproduce_is_one_line(full_run, tmp_path):
+    import shutil
+
+    folder = shutil.copytree(full_run / "onnx", tmp_path / "onnx")
+    config_file = folder / "scheduler" / "scheduler_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "_class_name": "LMSDiscreteScheduler"}))
+    res = run_cli("predict", folder, "--prompt", "a", "-o", tmp_path / "x.png")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "LMSDiscreteScheduler: not reproduced in numpy" in res.stderr
+    assert "--scheduler ddim, euler or pndm" in res.stderr
+    res = run_cli("predict", folder, "--prompt", "a", "--steps", "2", "--scheduler", "ddim",
+                  "-o", tmp_path / "x.png")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 def test_full_run_resumes_exactly_after_kill_9(full_run, tmp_path):
@@ -332,20 +361,72 @@ def test_full_run_resumes_exactly_after_kill_9(full_run, tmp_path):
     assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)  # the EMA resumed too
 
 
-def test_a_diffusers_folder_trains_and_final_draws_what_was_asked(full_run, tmp_path):
+EVAL_ROWS = 4  # the v-prediction run's eval: the first 4 digits of eval.csv, at its one step
+
+
+@pytest.fixture(scope="module")
+def vpred_run(full_run, tmp_path_factory):
+    """The full run's final/ (a diffusers folder) trained on for 1 step on torch, predicting
+    the velocity, min-SNR weighted, with an eval (on torch it costs 0.1 s; on ort its eval graph
+    is a second ORTModule export: measured +8 s for the full run)."""
+    out = tmp_path_factory.mktemp("t2i") / "vpred"
+    res = run_cli("train", ROOT / "recipes" / "text-to-image.yaml", *TINY, "model.from_config=null",
+                  f"model.name_or_path={full_run / 'final'}", "task.prediction_type=v_prediction",
+                  "task.snr_gamma=5.0", "data.eval=data/digits/eval.csv",
+                  f"data.max_eval_samples={EVAL_ROWS}", "training.max_steps=1",
+                  "backend.name=torch", "--output-dir", out)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def test_a_diffusers_folder_trains_and_final_draws_what_was_asked(full_run, vpred_run):
     """model.name_or_path: the full run's final/ (a diffusers folder) trained on, with
     task.prediction_type=v_prediction over its epsilon scheduler: the new final/'s scheduler
     says v_prediction (diffusers' pipeline then draws with what the UNet learned)."""
-    out = tmp_path / "again"
-    res = run_cli("train", ROOT / "recipes" / "text-to-image.yaml", *TINY, "model.from_config=null",
-                  f"model.name_or_path={full_run / 'final'}", "task.prediction_type=v_prediction",
-                  "training.max_steps=1", "backend.name=torch", "--output-dir", out)  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = vpred_run
     before = json.loads((full_run / "final" / "scheduler" / "scheduler_config.json").read_text())
     after = json.loads((out / "final" / "scheduler" / "scheduler_config.json").read_text())
     assert before["prediction_type"] == "epsilon" and after["prediction_type"] == "v_prediction"
     assert after["_class_name"] == before["_class_name"] == "DDIMScheduler"
     assert np.isfinite(losses(out)).all()
+
+
+def test_eval_repeats_the_runs_eval_loss(full_run, vpred_run, tmp_path):
+    """`ortft eval RUN` is the loop's eval by its own code (v prediction, min-SNR): on the run's
+    eval split, or the same rows given with --data, summary.json's eval_loss (measured: equal;
+    an ort run's to 2e-8, ORT's graph against PyTorch's UNet). final/ of an EMA run holds the
+    EMA's weights (the loop evaluates the live ones); a recipe without eval data, and an ONNX
+    export, are one line and exit 2."""
+    import csv
+
+    from typer.testing import CliRunner
+
+    from ortft.cli.app import app
+
+    def score(*args, code=0):
+        res = CliRunner().invoke(app, ["eval", *map(str, args)])
+        assert res.exit_code == code and "Traceback" not in res.stderr, res.stderr[-2000:]
+        return res
+
+    want = json.loads((vpred_run / "summary.json").read_text())["metrics"]["eval_loss"]
+    got = json.loads(score(vpred_run, "--json").stdout)
+    assert (got["task"], got["examples"], got["ema_weights"]) == ("text-to-image", EVAL_ROWS, False)
+    assert got["metrics"]["loss"] == pytest.approx(want, abs=1e-5)
+    with open(DIGITS / "eval.csv") as fh:
+        rows = list(csv.DictReader(fh))[:EVAL_ROWS]
+    given = tmp_path / "given.csv"
+    given.write_text("image,label\n" + "".join(f"{DIGITS / r['image']},{r['label']}\n"
+                                               for r in rows))  # fmt: skip
+    text = score(vpred_run, "--data", given).stdout  # printed as every task's eval is
+    assert f"data      {given} ({EVAL_ROWS} examples)" in text
+    assert float(text.split("loss")[1].split()[0]) == pytest.approx(want, abs=1e-4)
+    ema = json.loads(score(full_run, "--data", given, "--json").stdout)
+    assert ema["ema_weights"] is True and np.isfinite(ema["metrics"]["loss"])
+    res = score(full_run, code=2)  # its recipe has data.eval=null
+    assert "no eval data; pass --data FILE" in res.stderr
+    res = score(full_run / "onnx", code=2)
+    assert len(res.stderr.strip().splitlines()) == 1 and "latent mean and std" in res.stderr
+    assert f"`ortft eval {full_run}`" in res.stderr
 
 
 def test_a_cut_weights_file_is_one_line(full_run, tmp_path):
@@ -382,6 +463,39 @@ def test_tiny_sizes_are_checked_and_any_width_builds(tmp_path):
         diffusion.tiny(spec.model_copy(update={"options": {"width": 4}}), tok, 8, 0, "epsilon")
 
 
+def test_final_lora_keeps_its_alpha(tmp_path):
+    """A LoRA of alpha 16 and rank 4 saved in final/lora/ loads at the scale it trained with
+    (the adapter's config in the file's metadata; without it diffusers takes alpha = rank and
+    the UNet's output moved by 0.66 here): on top, as eval and predict load it, and fused, as
+    the export does."""
+    import types
+
+    import torch
+
+    from ortft.backends.torch import diffusion
+    from ortft.export import diffusion as sd_export
+    from ortft.recipe.model import FromConfig
+
+    tok = diffusion.char_tokenizer(tmp_path / "tok", 16)
+    spec = FromConfig(architecture="stable-diffusion", hidden_size=8, num_layers=1, num_heads=2,
+                      options={"unet_channels": 8, "vae_channels": 8})  # fmt: skip
+    parts = diffusion.tiny(spec, tok, 8, 0, "epsilon")
+    adapter = types.SimpleNamespace(rank=4, alpha=16, dropout=0.0, target_modules=None)
+    unet = diffusion.prepare_unet(parts.unet, adapter)
+    torch.manual_seed(0)
+    with torch.no_grad():  # LoRA's B starts at 0: give it weights, as training would
+        for name, p in unet.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    diffusion.save_final(tmp_path / "final", unet, parts)
+    x, t, h = torch.randn(2, 4, 4, 4), torch.tensor([10, 500]), torch.randn(2, 16, 8)
+    with torch.no_grad():
+        want = unet(x, t, h).sample
+        for fuse in (False, True):
+            pipe = sd_export.load_pipeline(tmp_path / "final", fuse=fuse)
+            assert (pipe.unet(x, t, h).sample - want).abs().max() < 1e-4, fuse
+
+
 def test_a_folder_that_is_not_a_diffusers_model_is_one_line(tmp_path):
     res = run_cli("train", ROOT / "recipes" / "text-to-image.yaml", "model.from_config=null",
                   f"model.name_or_path={tmp_path}", "--output-dir", tmp_path / "run")  # fmt: skip
@@ -400,3 +514,10 @@ def test_from_config_architecture_must_be_stable_diffusion():
                   "--set", "model.from_config.architecture=bert")  # fmt: skip
     assert res.returncode == 2
     assert "architecture: stable-diffusion" in res.stderr, res.stderr
+
+
+def test_export_options_a_diffusers_model_has_no_graph_for_are_one_line(full_run, tmp_path):
+    res = run_cli("export", full_run, "-o", tmp_path / "x", "--fp16")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "--fp16: not for a text-to-image model" in res.stderr
+    assert not (tmp_path / "x").exists()

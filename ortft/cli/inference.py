@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +21,8 @@ def eval_cmd(
         typer.Option(
             "--data",
             help="Data to score (any format training reads; images: a folder of class "
-            "sub-folders or a csv/jsonl of paths; audio: a csv/jsonl of paths and transcripts); "
+            "sub-folders or a csv/jsonl of paths; audio: a csv/jsonl of paths and transcripts; "
+            "text-to-image: a csv/jsonl of image paths and captions or labels); "
             "default: the run's eval split.",
         ),
     ] = None,
@@ -32,10 +34,12 @@ def eval_cmd(
     """Evaluate a saved model (PyTorch or its ONNX export) with the metrics training reports."""
 
     def body() -> None:
-        from ortft.inference import evaluate, predict_embedding
+        from ortft.inference import evaluate, evaluate_diffusion, predict_embedding
 
         quiet_libraries(state["debug"])
-        if predict_embedding.embeds(source):  # retrieval, not logits (evaluate_embedding.py)
+        if evaluate_diffusion.applies(source):  # text-to-image: the diffusion eval loss
+            result = evaluate_diffusion.run(source, data_file, batch_size)
+        elif predict_embedding.embeds(source):  # retrieval, not logits (evaluate_embedding.py)
             from ortft.inference import evaluate_embedding
 
             result = evaluate_embedding.run(source, data_file, batch_size)
@@ -67,6 +71,20 @@ WidthOption = Annotated[
 StepsOption = Annotated[int, typer.Option("--steps", min=1, help="text-to-image: denoising steps.")]
 SeedOption = Annotated[
     int, typer.Option("--seed", help="text-to-image: the starting noise's seed.")
+]
+
+
+class Scheduler(StrEnum):  # ortft.export.diffusion_runner.NAMES
+    ddim = "ddim"
+    euler = "euler"
+    pndm = "pndm"
+
+
+SchedulerOption = Annotated[
+    Scheduler | None,
+    typer.Option(
+        "--scheduler", help="text-to-image: step with this scheduler (default: the model's)."
+    ),
 ]
 OutputOption = Annotated[
     Path | None, typer.Option("--output", "-o", help="text-to-image: the PNG to write.")
@@ -121,6 +139,7 @@ def predict(
     width: WidthOption = None,
     steps: StepsOption = 20,
     seed: SeedOption = 0,
+    scheduler: SchedulerOption = None,
     output: OutputOption = None,
 ) -> None:
     """Run a trained model on inputs: a label, tags per word, an answer span, filled masks, text,
@@ -136,7 +155,8 @@ def predict(
 
             if prompt is None or output is None:
                 raise InputError("--prompt and -o/--output go together (text-to-image draws)")
-            opts = (prompt, negative_prompt, guidance_scale, height, width, steps, seed)
+            name = scheduler.value if scheduler else None
+            opts = (prompt, negative_prompt, guidance_scale, height, width, steps, seed, name)
             result = draw.draw(source, draw.DrawOptions(*opts), output)
             typer.echo(json.dumps(result) if as_json else result["image"])
             return

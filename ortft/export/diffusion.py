@@ -9,7 +9,14 @@
                                 -> out_sample
       vae_decoder/model.onnx    latent_sample (float32 [batch, C, h, w]) -> sample (pixels in
                                 [-1, 1]); latents are divided by the VAE's scaling factor first
+      vae_encoder/model.onnx    sample (pixels in [-1, 1], float32 [batch, 3, H, W]) ->
+                                latent_sample: the mean of the VAE's latent distribution
+                                (deterministic; multiply by the scaling factor, as diffusers'
+                                ONNX img2img pipeline does)
       tokenizer/, scheduler/, model_index.json, export.json
+      draw.py                   ortft.export.diffusion_runner: draws with this folder on
+                                onnxruntime, numpy and tokenizers alone
+      README.md                 the card: what is here, and a snippet that draws
 
 The folder layout and the input names are those ONNX Stable Diffusion pipelines read (diffusers'
 ``OnnxStableDiffusionPipeline`` reads the timestep's dtype from the session, casts caption ids to
@@ -28,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from ortft.export import onnx_tools, parity
+from ortft.export import diffusion_runner, onnx_tools, parity
 
 log = logging.getLogger("ortft")
 
-GRAPHS = ("text_encoder", "unet", "vae_decoder")
+GRAPHS = ("text_encoder", "unet", "vae_decoder", "vae_encoder")
 PARITY_PROMPTS = ("a photo", "")  # a caption and the empty one (what guidance runs)
 PARITY_TIMESTEP = 500.0
 
@@ -67,7 +74,16 @@ def _wrappers() -> dict[str, Any]:
         def forward(self, latent_sample: torch.Tensor) -> torch.Tensor:
             return self.model.decode(latent_sample, return_dict=False)[0]
 
-    return {"text_encoder": TextEncoder, "unet": Unet, "vae_decoder": VaeDecoder}
+    class VaeEncoder(torch.nn.Module):
+        def __init__(self, model: Any):
+            super().__init__()
+            self.model = model
+
+        def forward(self, sample: torch.Tensor) -> torch.Tensor:
+            return self.model.encode(sample, return_dict=False)[0].mean
+
+    return {"text_encoder": TextEncoder, "unet": Unet, "vae_decoder": VaeDecoder,
+            "vae_encoder": VaeEncoder}  # fmt: skip
 
 
 def sample_feeds(unet: Any, vae: Any, text_encoder: Any, tokenizer: Any) -> dict[str, dict]:
@@ -83,6 +99,8 @@ def sample_feeds(unet: Any, vae: Any, text_encoder: Any, tokenizer: Any) -> dict
     size, channels = int(unet.config.sample_size), int(unet.config.in_channels)
     rng = np.random.default_rng(0)
     latents = rng.standard_normal((len(ids), channels, size, size)).astype(np.float32)
+    pixels = size * 2 ** (len(vae.config.block_out_channels) - 1)
+    images = rng.uniform(-1, 1, (len(ids), 3, pixels, pixels)).astype(np.float32)
     return {
         "text_encoder": {"input_ids": ids},
         "unet": {
@@ -91,6 +109,7 @@ def sample_feeds(unet: Any, vae: Any, text_encoder: Any, tokenizer: Any) -> dict
             "encoder_hidden_states": hidden,
         },
         "vae_decoder": {"latent_sample": latents},
+        "vae_encoder": {"sample": images},
     }
 
 
@@ -102,11 +121,14 @@ AXES = {
              "out_sample": {0: "batch", 2: "height", 3: "width"}},
     "vae_decoder": {"latent_sample": {0: "batch", 2: "height", 3: "width"},
                     "sample": {0: "batch", 2: "pixel_height", 3: "pixel_width"}},
+    "vae_encoder": {"sample": {0: "batch", 2: "pixel_height", 3: "pixel_width"},
+                    "latent_sample": {0: "batch", 2: "height", 3: "width"}},
 }  # fmt: skip
 OUTPUTS = {
     "text_encoder": ("last_hidden_state", "pooler_output"),
     "unet": ("out_sample",),
     "vae_decoder": ("sample",),
+    "vae_encoder": ("latent_sample",),
 }
 
 
@@ -137,7 +159,8 @@ def build(pipe: Any, folder: Path, opset: int, tolerance: float) -> dict[str, An
     from diffusers.models.attention_processor import AttnProcessor
 
     pipe.unet.set_attn_processor(AttnProcessor())  # plain matmul + softmax: any opset runs it
-    modules = {"text_encoder": pipe.text_encoder, "unet": pipe.unet, "vae_decoder": pipe.vae}
+    modules = {"text_encoder": pipe.text_encoder, "unet": pipe.unet, "vae_decoder": pipe.vae,
+               "vae_encoder": pipe.vae}  # fmt: skip
     wrap = _wrappers()
     feeds = sample_feeds(pipe.unet, pipe.vae, pipe.text_encoder, pipe.tokenizer)
     graphs, seconds = {}, 0.0
@@ -167,11 +190,11 @@ def build(pipe: Any, folder: Path, opset: int, tolerance: float) -> dict[str, An
 
 def write_pipeline_files(pipe: Any, folder: Path) -> None:
     """tokenizer/ (tokenizer.json: what a client loads with ``tokenizers``), scheduler/, each
-    graph's config.json, and model_index.json naming the parts."""
+    graph's config.json, model_index.json naming the parts, draw.py and the card."""
     pipe.tokenizer.save_pretrained(folder / "tokenizer")
     pipe.scheduler.save_pretrained(folder / "scheduler")
     for name, model in (("text_encoder", pipe.text_encoder), ("unet", pipe.unet),
-                        ("vae_decoder", pipe.vae)):  # fmt: skip
+                        ("vae_decoder", pipe.vae), ("vae_encoder", pipe.vae)):  # fmt: skip
         config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
         (folder / name / "config.json").write_text(json.dumps(config, indent=2, default=str))
     index = {
@@ -179,6 +202,7 @@ def write_pipeline_files(pipe: Any, folder: Path) -> None:
         "text_encoder": ["diffusers", "OnnxRuntimeModel"],
         "unet": ["diffusers", "OnnxRuntimeModel"],
         "vae_decoder": ["diffusers", "OnnxRuntimeModel"],
+        "vae_encoder": ["diffusers", "OnnxRuntimeModel"],
         "tokenizer": ["transformers", type(pipe.tokenizer).__name__],
         "scheduler": ["diffusers", type(pipe.scheduler).__name__],
         "safety_checker": [None, None],
@@ -186,6 +210,45 @@ def write_pipeline_files(pipe: Any, folder: Path) -> None:
         "requires_safety_checker": False,
     }
     (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+    shutil.copyfile(diffusion_runner.__file__, folder / DRAW_SCRIPT)
+    (folder / "README.md").write_text(card(pipe))
+
+
+DRAW_SCRIPT = "draw.py"  # ortft.export.diffusion_runner, beside the graphs it draws with
+CARD_PROMPT = "a photo"
+
+
+def card(pipe: Any) -> str:
+    """The export's README.md: its parts and a snippet that draws (onnxruntime, numpy,
+    tokenizers and Pillow; tests/test_consumer_diffusion.py runs it verbatim)."""
+    from ortft.export.deploy import CARD_FENCE
+
+    scheduler = type(pipe.scheduler).__name__
+    return f"""# A Stable Diffusion, exported by ortft
+
+The ONNX graphs of a text-to-image run in the layout of ONNX Stable Diffusion pipelines:
+`text_encoder/`, `unet/`, `vae_decoder/` and `vae_encoder/` (`model.onnx` and `config.json`
+each), `tokenizer/`, `scheduler/` ({scheduler}), `model_index.json`, and `export.json` (each
+graph's parity against PyTorch).
+
+`draw.py` draws with them on onnxruntime, numpy and tokenizers alone (Pillow writes the PNG):
+the prompt's guidance pair through the text encoder, the scheduler's steps in numpy (DDIM,
+Euler discrete or PNDM: `--scheduler`), then the VAE decoder:
+
+    python draw.py --prompt "{CARD_PROMPT}" --steps 20 --seed 0 -o out.png
+
+From Python, with your own starting latents (numpy's generator; unit variance):
+
+{CARD_FENCE}
+from PIL import Image
+from draw import OnnxStableDiffusion, seeded_latents
+
+pipe = OnnxStableDiffusion(".")
+latents = seeded_latents(pipe.latent_shape(), seed=0)
+Image.fromarray(pipe.draw("{CARD_PROMPT}", latents, steps=20)).save("out.png")
+print("out.png")
+```
+"""
 
 
 # final/lora/: a LoRA run's UNet weights in diffusers' format (what pipe.load_lora_weights reads)

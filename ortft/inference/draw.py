@@ -5,7 +5,9 @@ its LoRA weights in ``final/lora/``, loaded on top (``pipe.load_lora_weights``).
 diffusers' own ``StableDiffusionPipeline`` in PyTorch, with the scheduler saved in the folder,
 seeded by ``--seed`` (a ``torch.Generator`` on the CPU: the same seed draws the same image).
 The run's ONNX export (``<run>/onnx``: text_encoder, unet, vae_decoder) draws with onnxruntime
-and numpy alone (``ortft.export.diffusion_runner``), from latents numpy's generator draws.
+and numpy alone (``ortft.export.diffusion_runner``, the export's draw.py), from latents numpy's
+generator draws. ``--scheduler ddim|euler|pndm`` swaps the folder's scheduler for another read
+from the same config, in either runtime (diffusers' ``from_config``; the numpy one's twin).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class DrawOptions:
     width: int | None = None
     steps: int = 20
     seed: int = 0
+    scheduler: str | None = None  # ddim, euler, pndm (diffusion_runner.NAMES); None: the folder's
 
 
 def model_folder(source: Path) -> tuple[Path, str] | None:
@@ -79,6 +82,14 @@ def _draw_torch(folder: Path, options: DrawOptions) -> tuple[Any, int, int, str]
     import torch
 
     pipe = diffusion.load_pipeline(folder)
+    if options.scheduler is not None:
+        import diffusers
+
+        from ortft.export.diffusion_runner import NAMES, SWAP_OVERRIDES
+
+        cls = getattr(diffusers, NAMES[options.scheduler])
+        extra = SWAP_OVERRIDES.get(options.scheduler, {})
+        pipe.scheduler = cls.from_config(pipe.scheduler.config, **extra)
     scale = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
     height, width = _size(options, int(pipe.unet.config.sample_size), scale)
     generator = torch.Generator("cpu").manual_seed(options.seed)
@@ -91,24 +102,21 @@ def _draw_torch(folder: Path, options: DrawOptions) -> tuple[Any, int, int, str]
 
 
 def _draw_onnx(folder: Path, options: DrawOptions) -> tuple[Any, int, int, str]:
-    """The export's graphs and the numpy DDIM loop; the starting latents from numpy's
-    generator seeded by --seed (not torch's randn: the same seed draws another image than
-    PyTorch does)."""
-    import json
-
-    import numpy as np
+    """The export's graphs and the numpy loop; the starting latents from numpy's generator
+    seeded by --seed (not torch's randn: the same seed draws another image than PyTorch
+    does)."""
     from PIL import Image
 
-    from ortft.export import diffusion_runner
+    from ortft.export import diffusion_runner as runner
 
-    runner = diffusion_runner.OnnxStableDiffusion(folder)
-    unet = json.loads((folder / "unet" / "config.json").read_text())
-    vae = json.loads((folder / "vae_decoder" / "config.json").read_text())
-    scale = 2 ** (len(vae["block_out_channels"]) - 1)
-    height, width = _size(options, int(unet["sample_size"]), scale)
-    shape = (1, int(unet["in_channels"]), height // scale, width // scale)
-    latents = np.random.default_rng(options.seed).standard_normal(shape).astype(np.float32)
-    pixels = runner.draw(
+    try:
+        pipe = runner.OnnxStableDiffusion(folder, options.scheduler)
+    except runner.Unsupported as err:
+        raise InputError(f"{folder}: {err} (--scheduler ddim, euler or pndm draws)") from None
+    scale = pipe.vae_scale
+    height, width = _size(options, int(pipe.unet_config["sample_size"]), scale)
+    latents = runner.seeded_latents(pipe.latent_shape(height, width), options.seed)
+    pixels = pipe.draw(
         options.prompt, latents, options.steps, options.guidance_scale, options.negative_prompt
     )
-    return Image.fromarray(pixels), height, width, "DDIMScheduler"
+    return Image.fromarray(pixels), height, width, pipe.scheduler.name

@@ -197,7 +197,7 @@ def open_model(source: Path) -> SavedModel:
     if any((f / "model_index.json").is_file() for f in (source, source / "final")):
         raise InputError(
             f"{source}: a text-to-image (diffusers) model: it draws with "
-            "`ortft predict SOURCE --prompt TEXT -o out.png`; eval of it is not built yet"
+            "`ortft predict SOURCE --prompt TEXT -o out.png`; `ortft eval SOURCE` scores it"
         )
     run_dir = None
     if (source / "final" / "config.json").exists():

@@ -37,8 +37,9 @@ __all__ = ["Encoded", "ExportKind", "Task", "TaskOptions", "skip_bad_file"]
 #   speech     encoder.onnx + decoder.onnx (KV cache) on log-mel features, plus features.onnx
 #   embedding  a bare encoder: last_hidden_state and the pooled sentence_embedding, each compared
 #              (ortft.export.embedding; `ortft export` of a folder without a head gets it too)
-#   text-to-image  a Stable Diffusion: text_encoder, unet and vae_decoder graphs in the layout of
-#              ONNX Stable Diffusion pipelines (ortft.export.diffusion; drawn by diffusion_runner)
+#   text-to-image  a Stable Diffusion: text_encoder, unet, vae_decoder and vae_encoder graphs in
+#              the layout of ONNX Stable Diffusion pipelines (ortft.export.diffusion), and draw.py
+#              (diffusion_runner) that draws with them
 ExportKind = Literal[
     "encoder", "per-token", "decoder", "seq2seq", "image", "speech", "embedding", "text-to-image"
 ]

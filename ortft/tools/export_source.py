@@ -133,7 +133,10 @@ def export_source(
     out = output or (source / "onnx")
     check_output(out)
     model_dir, weights_dir = _model_dirs(source)
-    if (model_dir / "model.onnx").exists() and not any(model_dir.glob("*.safetensors")):
+    if (model_dir / "model_index.json").exists():  # a diffusers folder (text-to-image)
+        result = _export_diffusers(model_dir, out, opset, tolerance, merge_adapters,
+                                   training_artifacts, options)  # fmt: skip
+    elif (model_dir / "model.onnx").exists() and not any(model_dir.glob("*.safetensors")):
         result = _export_onnx_source(  # ort-ondevice
             model_dir, out, tolerance, training_artifacts, ExportOptions(**options)
         )
@@ -159,6 +162,22 @@ def export_source(
     return result
 
 
+def _export_diffusers(
+    model_dir: Path, out: Path, opset: int, tolerance: float, merge_adapters: bool,
+    training_artifacts: bool, options: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """A text-to-image run's final/ (or a diffusers folder): its graphs, the LoRA fused."""
+    from ortft.export import diffusion
+
+    asked = [f"--{k.replace('_', '-')}" for k in ("optimize", "fp16", "quantize")
+             if options.get(k)]  # fmt: skip
+    asked += ["--training-artifacts"] * training_artifacts + ["--merge-adapters"] * merge_adapters
+    asked += ["--check-runtime"] * bool(options.get("check_runtimes"))
+    if asked:  # the LoRA is always fused: a diffusers folder has no unmerged graph to write
+        raise InputError(f"{asked[0]}: not for a text-to-image model (its export is fp32 graphs)")
+    return diffusion.export(diffusion.load_pipeline(model_dir, fuse=True), out, opset, tolerance)
+
+
 def _model_dirs(source: Path) -> tuple[Path, Path]:
     """(the folder with config.json and the tokenizer, the folder with the weights): final/ for
     a run, the run's final/ and the checkpoint for a checkpoint, SOURCE for a saved model."""
@@ -176,10 +195,12 @@ def _model_dirs(source: Path) -> tuple[Path, Path]:
                 f"{source}: exporting a checkpoint needs its run's final/ for the config"
             )
     if (model_dir / "model_index.json").exists():  # a diffusers folder (text-to-image)
-        raise InputError(
-            f"{model_dir}: a text-to-image model: its run exports at the end of training "
-            "(export.enabled) into <run>/onnx; `ortft export` of it is not built yet"
-        )
+        if weights_dir != model_dir:
+            raise InputError(
+                f"{weights_dir}: a text-to-image checkpoint holds the UNet's weights alone; "
+                "export the run (its final/) or resume it to the end"
+            )
+        return model_dir, weights_dir
     if not (model_dir / "config.json").exists():
         raise InputError(
             f"{model_dir}: no config.json (not a run, checkpoint or saved Hugging Face model)"
