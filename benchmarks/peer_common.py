@@ -1,13 +1,16 @@
-"""What the benchmarks against transformers' Trainer share (peer_image.py, peer_speech.py run
-through ``Bench`` and ``main``; peer.py, with its routes and two kinds of data, takes the pieces:
+"""What the benchmarks against transformers' Trainer (and diffusers' training loop) share
+(peer_image.py, peer_speech.py, peer_sentence.py and peer_diffusion.py run through ``Bench``
+and ``main``; peer.py, with its routes and two kinds of data, takes the pieces:
 ``trainer_overrides``, ``StepRecorder``, ``run_process``, ``ortft_result``, ``wait_quiet``).
 
 A bench is a ``Bench``: its recipe, batch, ortft overrides and a Trainer worker (a function
-that trains in its own process and writes its timing as JSON). ``main(bench)`` parses the
-shared flags and runs rounds of the five runners, alternating (trainer, trainer-bf16, torch,
-torch-bf16, ort, trainer, ...), each measurement a fresh process, each after a wait for a quiet machine;
-then the JSON and the table. ``StepRecorder`` gives a Trainer worker the step ends and losses
-it reports, timed as ortft's side is (``timing``).
+that trains in its own process and writes its timing as JSON; a peer other than the Trainer
+names its own two runners, ``bases``: peer_diffusion.py's diffusers and diffusers-bf16).
+``main(bench)`` parses the shared flags and runs rounds of the five runners, alternating
+(trainer, trainer-bf16, torch, torch-bf16, ort, trainer, ...), each measurement a fresh process,
+each after a wait for a quiet machine; then the JSON, the table and the bench's ``report``.
+``StepRecorder`` gives a Trainer worker the step ends and losses it reports, timed as ortft's
+side is (``timing``).
 
 A step's time is from the end of the step before to the end of this one, alike on both sides:
 Trainer's ``on_step_end`` callback; ortft's metrics.jsonl ``time_s``. ms/step is the median
@@ -33,14 +36,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-RUNNERS = ("trainer", "trainer-bf16", "torch", "torch-bf16", "ort")
-BASES = ("trainer", "trainer-bf16")  # the ratios' denominators
+BASES = ("trainer", "trainer-bf16")  # the peer's fp32 and bf16 runners: the ratios' denominators
 # an ortft runner's overrides beyond the bench's own (torch-bf16: bf16 autocast, as Trainer's bf16)
 ORTFT_RUNNERS = {
     "torch": {"backend.name": "torch"},
     "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
     "ort": {"backend.name": "ort"},
 }
+RUNNERS = (*BASES, *ORTFT_RUNNERS)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 # A shared machine is not measured: with other work at a load average of 6 on 2 cores, a
 # 2-thread torch step of peer_image's ViT took 4.0-7.7 s against 0.87 s on 1 thread (libgomp's
@@ -106,6 +109,8 @@ class Bench:
     worker: Callable[[bool, int, int, Path], None]  # one Trainer run: bf16, steps, warmup, out
     extra: dict[str, Any] = field(default_factory=dict)  # JSON fields after "batch"
     extra_keys: tuple[str, ...] = ()  # more per-run fields to take the median of
+    bases: tuple[str, str] = BASES  # the peer's fp32 and bf16 runners (``--worker`` runs them)
+    report: Callable[[dict[str, Any]], None] | None = None  # adds its fields, prints them
 
 
 # --------------------------------------------------------------------------- a Trainer's side
@@ -208,7 +213,7 @@ def wait_quiet(max_busy: float, wait: float) -> tuple[float, float]:
 def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict:
     """One measurement in a fresh process: its timing and losses, or its error."""
     tag = f"{runner}-{len(list(tmp.iterdir()))}"
-    if runner in BASES:
+    if runner in bench.bases:
         out = tmp / f"{tag}.json"
         cmd = [sys.executable, bench.script, "--worker", runner, "--steps", str(steps),
                "--warmup", str(warmup), "--result", str(out)]  # fmt: skip
@@ -223,7 +228,7 @@ def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeo
     proc, shared = run_process(cmd, timeout)
     if proc is None or proc.returncode != 0:
         return {"ok": False, "error": failure(proc, timeout)}
-    if runner in BASES:
+    if runner in bench.bases:
         return {"ok": True, **shared, **json.loads(out.read_text())}
     return {"ok": True, **shared, **ortft_result(run_dir, proc.stdout, steps, warmup, bench.batch)}
 
@@ -306,7 +311,7 @@ def run(bench: Bench, a: argparse.Namespace) -> dict:
                     if res["ok"]
                     else res["error"]
                 )
-                print(f"{bench.name}: round {len(rounds) + 1} {runner:12s} {what}",
+                print(f"{bench.name}: round {len(rounds) + 1} {runner:14s} {what}",
                       file=sys.stderr, flush=True)  # fmt: skip
             rounds.append(one)
     kept = [r for r in rounds if clean(r)] or rounds  # all of them where none was clean
@@ -322,7 +327,9 @@ def run(bench: Bench, a: argparse.Namespace) -> dict:
         **bench.extra,
         "ortft_overrides": bench.overrides,
         "quiet": {"max_busy": quiet[0], "wait_s": quiet[1], "others_max": OTHERS},
-        "runners": summarize({r: [one[r] for one in kept] for r in a.runners}, bench.extra_keys),
+        "runners": summarize(
+            {r: [one[r] for one in kept] for r in a.runners}, bench.extra_keys, bench.bases
+        ),
         "rounds": rounds,
         "machine": {
             **cpu(),
@@ -348,7 +355,9 @@ def clean(one: dict[str, dict]) -> bool:
     return all(r["ok"] and r["others_share"] <= OTHERS for r in one.values())
 
 
-def summarize(by_runner: dict[str, list[dict]], extra_keys: tuple[str, ...] = ()) -> dict:
+def summarize(
+    by_runner: dict[str, list[dict]], extra_keys: tuple[str, ...] = (), bases: tuple = BASES
+) -> dict:
     """Per runner: the medians, and the ratio of samples/s to each base pair by pair (its median
     and min-max over the rounds where both ran)."""
     out: dict[str, Any] = {}
@@ -357,7 +366,7 @@ def summarize(by_runner: dict[str, list[dict]], extra_keys: tuple[str, ...] = ()
         row.update({k: v for k in extra_keys if (v := _median_of(runs, k)) is not None})
         shares = [r["others_share"] for r in runs if r["ok"]]
         row["others_share_max"] = max(shares) if shares else None
-        for base in BASES:
+        for base in bases:
             if base not in by_runner:  # --runners left it out
                 row[f"vs_{base}"] = row[f"vs_{base}_range"] = None
                 continue
@@ -394,16 +403,17 @@ def print_table(bench: Bench, result: dict[str, Any]) -> None:
         f"{result['batch']}, {bench.model}; load average {m[0]:.1f}–"
         f"{m[2]:.1f} (median {m[1]:.1f}); the table: {result['rounds_summarized']} rounds"
     )
-    print(f"{'runner':12s} {'ms/step':>8s} {'samples/s':>10s} {'vs trainer':>18s} "
-          f"{'vs trainer-bf16':>18s} {'step-1 loss':>11s} {'others max':>10s}")  # fmt: skip
+    fp32, bf16 = bench.bases
+    print(f"{'runner':14s} {'ms/step':>8s} {'samples/s':>10s} {'vs ' + fp32:>18s} "
+          f"{'vs ' + bf16:>18s} {'step-1 loss':>11s} {'others max':>10s}")  # fmt: skip
     for runner, r in result["runners"].items():
         ms, sps, loss = r["ms_per_step"], r["samples_per_s"], r["loss_step1"]
         print(
-            f"{runner:12s} "
+            f"{runner:14s} "
             + (f"{ms:8.0f} {sps:10.1f} " if sps is not None else f"{'failed':>19s} ")
-            + _ratio(r["vs_trainer"], r["vs_trainer_range"])
+            + _ratio(r[f"vs_{fp32}"], r[f"vs_{fp32}_range"])
             + " "
-            + _ratio(r["vs_trainer-bf16"], r["vs_trainer-bf16_range"])
+            + _ratio(r[f"vs_{bf16}"], r[f"vs_{bf16}_range"])
             + (f" {loss:11.4f}" if loss is not None else f" {'':11s}")
             + (f" {r['others_share_max']:10.0%}" if r["others_share_max"] is not None else "")
         )
@@ -439,6 +449,7 @@ def add_quiet_options(p: argparse.ArgumentParser) -> None:
 
 def main(bench: Bench, doc: str) -> None:
     """The command line of a bench (``doc``: its module docstring)."""
+    names, base = (*bench.bases, *ORTFT_RUNNERS), bench.bases[0]
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--pairs", type=int, default=5, help="rounds of the five runners")
     p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
@@ -450,24 +461,25 @@ def main(bench: Bench, doc: str) -> None:
     p.add_argument(
         "--runners",
         type=lambda s: tuple(s.split(",")),
-        default=RUNNERS,
+        default=names,
         help="comma-separated, in the order each round runs them (default: all five); leave out "
         "the bf16 two on a CPU without native bf16 (no avx512_bf16 / AMX: emulated, minutes a step)",
     )
-    p.add_argument("--worker", choices=BASES, help=argparse.SUPPRESS)  # a Trainer process
+    p.add_argument("--worker", choices=bench.bases, help=argparse.SUPPRESS)  # a peer's process
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
-        bench.worker(a.worker == "trainer-bf16", a.steps, a.warmup, a.result)
+        bench.worker(a.worker == bench.bases[1], a.steps, a.warmup, a.result)
         return
     if a.pairs < 1 or a.steps < 1 or a.warmup < 1 or a.retries < 0:
         p.error("--pairs, --steps and --warmup must be >= 1, --retries >= 0")
-    unknown = [r for r in a.runners if r not in RUNNERS]
-    if unknown or "trainer" not in a.runners or len(set(a.runners)) < len(a.runners):
-        p.error(f"--runners: each of {', '.join(RUNNERS)} at most once, trainer among them")
+    if set(a.runners) - set(names) or base not in a.runners or len(set(a.runners)) < len(a.runners):
+        p.error(f"--runners: each of {', '.join(names)} at most once, {base} among them")
     os.environ.update(OFFLINE)
     result = run(bench, a)
     print_table(bench, result)
+    if bench.report is not None:
+        bench.report(result)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(a.out, result)
     print(f"{bench.name}: wrote {a.out}", file=sys.stderr)

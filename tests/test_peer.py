@@ -1,11 +1,14 @@
 """benchmarks/peer.py: the summary (best Trainer, ratios, issue 29's checks, the table) on made-up
-rounds, the route plan, and (slow) one tiny end-to-end run. Speed itself is the benchmark's to
-report: no test here asserts a speed."""
+rounds, the route plan, and (slow) one tiny end-to-end run; peer_diffusion.py: its ratios and
+issue 33's check on made-up rounds, its diffusers side against its recipe, its bad arguments;
+diffusion_frozen.py: its verdict. Speed itself is the benchmark's to report: no test here
+asserts a speed."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -184,3 +187,129 @@ def test_peer_ran_as(monkeypatch: pytest.MonkeyPatch) -> None:
     assert peer.ran_as({**base, "probe": {"compile": True}}, r["auto"]) == "torch bf16 compiled"
     assert peer.ran_as(base, r["torch-bf16-compile"]) == "torch bf16 compiled"
     assert peer.ran_as({"backend_used": "ort", "precision": None}, r["ort"]) == "ort fp32"
+
+
+# --------------------------------------------------------------------------- peer_diffusion.py
+
+
+DIFFUSION_ROUNDS = [  # samples/s: ort 1.3x and 1.25x diffusers fp32; torch-bf16 7/6 diffusers-bf16
+    {"diffusers": _ok(10), "diffusers-bf16": _ok(6), "torch": _ok(11), "torch-bf16": _ok(7),
+     "ort": _ok(13)},
+    {"diffusers": _ok(10), "diffusers-bf16": _ok(6), "torch": _ok(11), "torch-bf16": _ok(7),
+     "ort": _ok(12.5)},
+]  # fmt: skip
+
+
+def _diffusion_result(diffusion: ModuleType, rounds: list[dict]) -> dict:
+    """peer_common.run's result for made-up rounds, summarized against diffusers' two runners."""
+    common = sys.modules["peer_common"]
+    by_runner = {r: [one[r] for one in rounds] for r in rounds[0]}
+    return {"rounds_clean": len(rounds), "rounds_run": len(rounds), "rounds_summarized": "clean",
+            "steps": 20, "warmup": 4, "batch": 32, "rounds": rounds,
+            "machine": {"load_avg_during": [0.1, 0.2, 0.3]},
+            "runners": common.summarize(by_runner, (), diffusion.BASES)}  # fmt: skip
+
+
+def test_diffusion_peer_reports_the_issue_check(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ort / diffusers fp32 (issue 33: >= 1.2x) and torch-bf16 / diffusers-bf16, pair by pair,
+    into the JSON's ratios and check, and to stdout; the table's columns name diffusers."""
+    diffusion = _load("peer_diffusion", monkeypatch)
+    result = _diffusion_result(diffusion, DIFFUSION_ROUNDS)
+    diffusion.headline(result)
+    ratios = result["ratios"]
+    assert ratios["ort_vs_diffusers"]["median"] == pytest.approx(1.275)
+    assert ratios["ort_vs_diffusers"]["range"] == pytest.approx([1.25, 1.3])
+    assert ratios["torch-bf16_vs_diffusers-bf16"]["median"] == pytest.approx(7 / 6)
+    assert result["check"]["passed"] is True
+    assert result["check"]["figure"] == pytest.approx(1.275)
+    sys.modules["peer_common"].print_table(diffusion.BENCH, result)
+    out = capsys.readouterr().out
+    assert "peer-diffusion: ort / diffusers: 1.27x (1.25-1.30)" in out
+    assert "peer-diffusion: torch-bf16 / diffusers-bf16: 1.17x (1.17-1.17)" in out
+    assert "check: ort >= 1.2x diffusers fp32: PASS 1.27x (2 clean of 2 rounds)" in out
+    assert "vs diffusers" in out and "vs diffusers-bf16" in out and "trainer" not in out
+
+
+def test_diffusion_peer_check_fails_below_the_bar_and_needs_ort_and_a_clean_round(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    diffusion = _load("peer_diffusion", monkeypatch)
+    slow = [{**one, "ort": _ok(11.9)} for one in DIFFUSION_ROUNDS]  # 1.19x
+    result = _diffusion_result(diffusion, slow)
+    diffusion.headline(result)
+    assert result["check"]["passed"] is False
+    assert "check: ort >= 1.2x diffusers fp32: FAIL 1.19x" in capsys.readouterr().out
+    failed = _diffusion_result(diffusion, [{**one, "ort": FAILED} for one in DIFFUSION_ROUNDS])
+    diffusion.headline(failed)
+    assert failed["check"] == {"check": "ort >= 1.2x diffusers fp32", "figure": None,
+                               "passed": False, "rounds": "clean"}  # fmt: skip
+    assert "peer-diffusion: ort / diffusers: no figure" in capsys.readouterr().out
+    busy = {**_diffusion_result(diffusion, DIFFUSION_ROUNDS), "rounds_clean": 0}
+    busy["rounds_summarized"] = "all (none was clean)"
+    diffusion.headline(busy)  # a busy machine slows PyTorch's threads far more than ORT's
+    assert busy["check"]["passed"] is None and busy["check"]["figure"] == pytest.approx(1.275)
+    out = capsys.readouterr().out
+    assert "check: ort >= 1.2x diffusers fp32: NO VERDICT (no clean round) 1.27x" in out
+
+
+def test_diffusion_peer_trains_what_its_recipe_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The diffusers side's sizes and settings are ortft's: the recipe with the peer's
+    overrides, the model as ortft.backends.torch.diffusion.tiny sizes it (without torch)."""
+    from ortft.recipe import io as recipe_io
+
+    d = _load("peer_diffusion", monkeypatch)
+    overrides = [f"{k}={v}" for k, v in d.ORTFT_OVERRIDES.items()]
+    r = recipe_io.load(d.RECIPE, overrides, check_files=False).recipe
+    spec, o, t = r.model.from_config, r.model.from_config.options, r.training
+    c, v = o["unet_channels"], o["vae_channels"]
+    assert d.UNET["block_out_channels"] == (c, 2 * c) and d.VAE["block_out_channels"] == (v, 2 * v)
+    assert d.UNET["in_channels"] == d.VAE["latent_channels"] == o["latent_channels"]
+    assert d.UNET["attention_head_dim"] == math.gcd(max(c // 8, 1), 2 * c)  # as tiny()
+    assert d.UNET["norm_num_groups"] == d.VAE["norm_num_groups"] == math.gcd(8, c, v)
+    assert d.UNET["cross_attention_dim"] == d.TEXT["hidden_size"] == spec.hidden_size
+    assert (d.TEXT["num_hidden_layers"], d.TEXT["num_attention_heads"]) == (
+        spec.num_layers, spec.num_heads)  # fmt: skip
+    assert d.TEXT["intermediate_size"] == (spec.intermediate_size or 4 * spec.hidden_size)
+    assert d.TEXT["max_position_embeddings"] == min(spec.max_position_embeddings, 77)
+    assert d.RESOLUTION == r.task.resolution == d.VAE["sample_size"] == 2 * d.UNET["sample_size"]
+    assert r.task.center_crop and not r.task.random_flip and r.task.caption_dropout == 0
+    assert r.task.snr_gamma is None and r.task.prediction_type is None  # epsilon, plain MSE
+    assert r.task.caption_template == d.CAPTION
+    assert (t.batch_size, t.lr, t.weight_decay, t.seed) == (d.BATCH, d.LR, d.WEIGHT_DECAY, d.SEED)
+    assert (t.scheduler, t.warmup_steps, t.warmup_ratio, t.max_grad_norm) == (
+        "constant", 0, 0, 1.0)  # fmt: skip
+    assert r.optimizer.betas == (0.9, 0.999) and r.optimizer.eps == 1e-8
+
+
+def test_diffusion_benches_refuse_bad_arguments_in_one_line() -> None:
+    for script, args, error in [
+        ("peer_diffusion.py", ["--runners", "ort,trainer"],
+         "--runners: each of diffusers, diffusers-bf16, torch, torch-bf16, ort at most once, "
+         "diffusers among them"),
+        ("diffusion_frozen.py", ["--rounds", "0"], "--rounds and --calls must be >= 1"),
+    ]:  # fmt: skip
+        res = subprocess.run([sys.executable, str(BENCHMARKS / script), *args],
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.splitlines()[-1].endswith(f"error: {error}"), res.stderr
+
+
+def test_frozen_placement_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per part: the fastest route, the per-round speed against PyTorch fp32, and a move to ORT
+    only past the 15% bar."""
+    frozen = _load("diffusion_frozen", monkeypatch)
+    rounds = [
+        {"vae_encoder": {"torch": 20.0, "torch-bf16": 16.0, "ort": 12.5},
+         "text_encoder": {"torch": 2.0, "torch-bf16": 2.5, "ort": 1.8}},
+        {"vae_encoder": {"torch": 22.0, "torch-bf16": 18.0, "ort": 11.0},
+         "text_encoder": {"torch": 2.2, "torch-bf16": 2.6, "ort": 2.0}},
+    ]  # fmt: skip
+    parts = frozen.summarize(rounds)
+    vae, text = parts["vae_encoder"], parts["text_encoder"]
+    assert vae["fastest"] == "ort" and vae["ms"]["ort"] == pytest.approx(11.75)
+    assert vae["vs_torch"]["ort"] == pytest.approx(1.8) and vae["move_to_ort"] is True
+    assert vae["vs_torch_range"]["ort"] == pytest.approx([1.6, 2.0])
+    assert text["fastest"] == "ort" and text["vs_torch"]["torch-bf16"] < 1
+    assert text["ort_gain"] == pytest.approx(0.1055, abs=1e-3) and text["move_to_ort"] is False
