@@ -34,7 +34,9 @@ def _grads(fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]
 
 
 def test_resolve() -> None:
-    assert ort_kernels.resolve("auto", "cpu") == ("gelu", "layer_norm", "cross_entropy", "dropout")
+    assert ort_kernels.resolve("auto", "cpu") == (
+        "gelu", "layer_norm", "cross_entropy", "dropout", "conv"
+    )  # fmt: skip
     assert ort_kernels.resolve("auto", "cuda") == ()
     assert ort_kernels.resolve([], "cpu") == ()
     assert ort_kernels.resolve(["cross_entropy", "gelu"], "cuda") == ("gelu", "cross_entropy")
@@ -77,6 +79,63 @@ def test_cross_entropy_matches_autograd(ops, ignored: int) -> None:
     grad = ops.cross_entropy_backward(torch.tensor(0.5), log_probs, target, -100)
     torch.testing.assert_close(grad, ref.grad, rtol=1e-5, atol=1e-7)
     assert grad[:ignored].abs().sum() == 0
+
+
+@pytest.mark.parametrize(("stride", "padding", "groups"), [(1, 1, 1), (2, 1, 1), (1, 0, 2)])
+def test_conv2d_matches_autograd(ops, stride: int, padding: int, groups: int) -> None:
+    """The UNet's 3x3 convolutions (stride 1, and 2 in its downsamplers), a 1x1 shortcut, and
+    a grouped one: the output and all three gradients are PyTorch's own."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 4, 9, 9), torch.randn(6, 4 // groups, 3, 3), torch.randn(6)
+    args = ([stride] * 2, [padding] * 2, [1, 1], groups)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    ref = torch.nn.functional.conv2d(*leaves, stride, padding, 1, groups)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    torch.testing.assert_close(ops.conv2d(x, w, b, *args), ref.detach(), rtol=0, atol=0)
+    for mine, leaf in zip(ops.conv2d_backward(g, x, w, *args), leaves, strict=True):
+        torch.testing.assert_close(mine, leaf.grad, rtol=1e-6, atol=1e-6)
+
+
+class _ConvNet(torch.nn.Module):
+    """conv_in on the model's input (ORT's Conv: no input gradient to give), a strided conv
+    and a 1x1 conv with SiLU between (routed), as in a UNet's ResNet block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv_in = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.down = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.out = torch.nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.nn.functional.silu(self.down(self.conv_in(x))))
+
+
+@pytest.mark.parametrize("kernels", [["conv"], []])
+def test_routed_conv_trains_as_pytorch_does(tmp_path: Path, monkeypatch, kernels) -> None:
+    """ORTModule with convolutions routed to PyTorch's kernels ([conv]) and with ORT's ([]):
+    the outputs and gradients are eager PyTorch's; the graph holds 2 routed convolutions."""
+    import copy
+
+    from ortft.backends.ortmodule.wrapper import OrtBackend
+    from ortft.recipe.schema import BackendSection
+
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    torch.manual_seed(0)
+    eager = _ConvNet()
+    backend = OrtBackend(BackendSection(name="ort", pytorch_kernels=kernels))
+    ort = backend.wrap(copy.deepcopy(eager), tmp_path)
+    x = torch.randn(3, 4, 9, 9)
+    outs = [m(x) for m in (eager, ort)]
+    for out in outs:
+        out.square().sum().backward()
+    backend.after_step(ort)
+    assert backend.report().pytorch_kernels == ({"conv": 2} if kernels else {})
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+    for (name, p_eager), (_, p_ort) in zip(
+        eager.named_parameters(), ort.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(p_ort.grad, p_eager.grad, rtol=1e-5, atol=1e-5, msg=name)
 
 
 def test_dropout_masks_follow_the_seed_and_the_micro_step(ops) -> None:

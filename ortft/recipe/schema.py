@@ -229,12 +229,13 @@ class BackendSection(Section):
         True, description="ORTModule compute optimizer (label/embedding sparsity)."
     )
     pytorch_kernels: (
-        Literal["auto"] | list[Literal["gelu", "layer_norm", "cross_entropy", "dropout"]]
+        Literal["auto"] | list[Literal["gelu", "layer_norm", "cross_entropy", "dropout", "conv"]]
     ) = Field(
         "auto",
         description="Ops the ort backend runs as PyTorch kernels inside the ONNX Runtime graph "
         "(ATen nodes), where ORT's own CPU kernels are slow: gelu, layer_norm, cross_entropy, "
-        "dropout. auto: all four on CPU, none on CUDA; [] keeps ORT's kernels everywhere.",
+        "dropout, conv (2-D convolutions). auto: all five on CPU, none on CUDA; [] keeps ORT's "
+        "kernels everywhere.",
     )
     gpu_allocator: Literal["torch", "ort"] = Field(
         "torch",
