@@ -29,7 +29,7 @@ help:
 	@echo "make bench-peer-image  the same for image classification: a ViT on the digits, Trainer fp32 and bf16 (CPU, ~5 min)"
 	@echo "make bench-peer-speech the same for speech recognition: a Whisper on spoken digits, Seq2SeqTrainer fp32 and bf16 (CPU, ~15 min)"
 	@echo "make bench-peer-sentence the same for sentence embeddings: MiniLM on title/ending pairs vs SentenceTransformerTrainer fp32 and bf16 (CPU)"
-	@echo "make bench-peer-diffusion the same for text-to-image: an SD UNet on the digits vs diffusers' own training step fp32 and bf16 (CPU, ~25 min)"
+	@echo "make bench-peer-diffusion the same for text-to-image: an SD UNet on the digits vs diffusers' own training step fp32 and bf16 (CPU, ~15 min)"
 	@echo "make check-sentence-embedding  train recipes/sentence-embedding.yaml, assert held-out MRR@10 beats the base model (minutes)"
 	@echo "make check-text-to-image  train recipes/text-to-image.yaml, assert its held-out eval loss falls >= 30% in <= 5 min"
 	@echo "make bench-t2i-digits  train recipes/text-to-image.yaml, draw 5 of each digit, report how often a digits classifier reads the prompted one (~1.5 min)"
@@ -152,8 +152,8 @@ bench-peer-sentence: setup
 # Text-to-image: ortft torch and ort against diffusers' own train_text_to_image.py step (plain
 # PyTorch, fp32 and bf16 as its --mixed_precision runs it) on a tiny SD UNet (64/128 channels,
 # 16x16 latents) over the digits, alternating, 5 pairs; then where the frozen VAE and text
-# encoder run fastest (PyTorch fp32/bf16 or onnxruntime). The bf16 runners take ~4x the fp32
-# ones on 2 AMD EPYC cores (bf16 convolutions: 2.3 s a UNet step against 0.6 s). Not in CI.
+# encoder run fastest (PyTorch fp32/bf16 or onnxruntime). Measured on 2 AMD EPYC cores: ort
+# 1.01x diffusers fp32 (the issue's 1.2x fails), torch-bf16 1.50x diffusers-bf16. Not in CI.
 PEER_DIFFUSION_ARGS ?= --pairs 5
 bench-peer-diffusion: setup
 	@mkdir -p benchmarks/results

@@ -2,8 +2,8 @@
 
 Each measurement runs in its own process.
 
-Run (``make bench-peer-diffusion``; not in CI; an estimated 25 minutes on 2 quiet CPU cores,
-most of it the two bf16 runners, longer while it waits for quiet):
+Run (``make bench-peer-diffusion``; not in CI; about 15 minutes on 2 quiet CPU cores at the
+default steps, longer while it waits for quiet):
 
     python benchmarks/peer_diffusion.py --pairs 5 --out benchmarks/results/peer-diffusion.json
 
@@ -53,11 +53,10 @@ Runners, alternating (diffusers, diffusers-bf16, torch, torch-bf16, ort, diffuse
 - ``diffusers-bf16``: the same as the script runs with ``--mixed_precision bf16``: the VAE and
   text encoder cast to bfloat16 (its ``weight_dtype``), the UNet's forward under
   ``torch.autocast("cpu", torch.bfloat16)`` (what accelerate's ``prepare`` wraps it in), the
-  UNet's weights and AdamW in fp32: the mixed precision a CPU has. It is not the faster one
-  on these 2 AMD EPYC cores (AVX-512 BF16): in one process a UNet step (sdpa, AdamW) took
-  2.29 s under bf16 autocast against 0.61 s in fp32, oneDNN's bf16 convolutions 16.7 ms a
-  call forward and 14.5 backward against 3.1 and 6.6 in fp32 (torch's profiler); it runs
-  because it is how the script trains in bf16, and ortft's ``torch-bf16`` is timed against it.
+  UNet's weights and AdamW in fp32: the mixed precision a CPU has. On 2 quiet AMD EPYC
+  (Zen 4, AVX-512 BF16) cores it is about as fast as fp32 (530 against 547 ms a step, 3
+  rounds); under a busy neighbour bf16 runs slow down far more than fp32 ones (7.6-9.9 s a step
+  in the smoke run below, and 2.3 s against 0.6 s in one process while a test suite ran).
 - ``torch`` / ``torch-bf16`` / ``ort``: ``ortft train recipes/text-to-image.yaml --json`` with
   ``ORTFT_OVERRIDES`` and ``backend.name`` torch (fp32), torch with ``precision.dtype=bf16``
   (autocast) or ort (the UNet in ORTModule). On ortft's side the UNet has diffusers' plain
@@ -80,15 +79,14 @@ is no verdict (``passed``: null): a busy neighbour slows PyTorch's threads far m
 (a second smoke run, ``--runners diffusers,ort --steps 1 --warmup 1`` with others at 48-50% of
 the CPU, read diffusers at 10980 ms/step and ort at 1085: "10.1x").
 
-A smoke run, not a measurement (2026-12-03, the shared 2-core machine, ``--pairs 1 --steps 3
---warmup 2 --wait 60 --retries 0``, 4 min 53 s; no round clean: others took 29-49% of the CPU
-during the torch and both bf16 runs, 1-2% during diffusers and ort): ms/step diffusers 574,
-diffusers-bf16 7619, torch 590, torch-bf16 9917, ort 689, so ort / diffusers 0.81x and
-torch-bf16 / diffusers-bf16 0.83x; step-1 losses 1.0958, 1.0951, 1.0912, 1.0915, 1.0912 (the
-same weights on both sides; ortft's torch and ort the same batch). On 1 thread, before this
-bench existed (``hardware.threads=1``, a busy machine, median of 6-7 steps), ortft's ort and
-torch steps were as close at this size (942 against 972 ms) and at the recipe's own size ort
-led (156 against 206 ms): ORT's lead there is per-op overhead, which this size keeps out.
+Measured (2026-12-03, 2 quiet cores of an AMD EPYC, Zen 4; results/peer-diffusion.json and
+peer-diffusion-bf16.json): ``--pairs 5 --runners diffusers,torch,ort --steps 12 --warmup 3``, 5
+clean rounds: diffusers 637 ms/step, torch 593 (1.12x), ort 650 (1.01x, 0.84-1.02: the check
+fails); ``--pairs 3 --runners diffusers,diffusers-bf16,torch-bf16 --steps 6 --warmup 2``, 3 clean
+rounds: diffusers 547, diffusers-bf16 530, torch-bf16 352 (1.50x diffusers-bf16, 1.20-1.53).
+Before trained convolutions ran PyTorch's kernels in ORT's graph (``backend.pytorch_kernels``
+conv), one round read ort at 0.66x. On 1 thread at the recipe's own size ort led torch (156
+against 206 ms a step): ORT's lead there is per-op overhead, which this size keeps out.
 
 Offline: HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE / HF_DATASETS_OFFLINE are set for every process.
 """

@@ -305,26 +305,28 @@ def test_the_onnx_export_draws_what_diffusers_draws(full_run, tmp_path):
     drawn = json.loads(res.stdout)
     assert drawn["runtime"] == "onnxruntime" and drawn["scheduler"] == "EulerDiscreteScheduler"
     assert png.is_file()
-    res = run_cli("predict", full_run, "--prompt", "a", "--steps", "2", "--scheduler", "pndm",
-                  "-o", tmp_path / "torch.png", "--json")  # fmt: skip
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert json.loads(res.stdout)["scheduler"] == "PNDMScheduler"
+    from ortft.inference import draw  # PyTorch's pipeline, in process (the CLI's is above)
+
+    opts = draw.DrawOptions("a", steps=2, scheduler="pndm")
+    assert draw.draw(full_run, opts, tmp_path / "torch.png")["scheduler"] == "PNDMScheduler"
 
 
 def test_a_scheduler_the_numpy_loop_does_not_reproduce_is_one_line(full_run, tmp_path):
+    """In process (the CLI turns an InputError into its one line and exit 2)."""
     import shutil
+
+    from ortft.core.errors import InputError
+    from ortft.inference import draw
 
     folder = shutil.copytree(full_run / "onnx", tmp_path / "onnx")
     config_file = folder / "scheduler" / "scheduler_config.json"
     config = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**config, "_class_name": "LMSDiscreteScheduler"}))
-    res = run_cli("predict", folder, "--prompt", "a", "-o", tmp_path / "x.png")
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert "LMSDiscreteScheduler: not reproduced in numpy" in res.stderr
-    assert "--scheduler ddim, euler or pndm" in res.stderr
-    res = run_cli("predict", folder, "--prompt", "a", "--steps", "2", "--scheduler", "ddim",
-                  "-o", tmp_path / "x.png")  # fmt: skip
-    assert res.returncode == 0, res.stderr[-2000:]
+    with pytest.raises(InputError, match="LMSDiscreteScheduler: not reproduced in numpy.*"
+                       "--scheduler ddim, euler or pndm"):  # fmt: skip
+        draw.draw(folder, draw.DrawOptions("a"), tmp_path / "x.png")
+    drawn = draw.draw(folder, draw.DrawOptions("a", steps=2, scheduler="ddim"), tmp_path / "x.png")
+    assert drawn["scheduler"] == "DDIMScheduler" and (tmp_path / "x.png").is_file()
 
 
 def test_full_run_resumes_exactly_after_kill_9(full_run, tmp_path):
