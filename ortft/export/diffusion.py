@@ -1,4 +1,4 @@
-"""text-to-image's ONNX export: a Stable Diffusion as three graphs, each checked against PyTorch.
+"""text-to-image's ONNX export: a Stable Diffusion as four graphs, each checked against PyTorch.
 
     onnx/
       text_encoder/model.onnx   input_ids (int32 [batch, sequence]) -> last_hidden_state,
@@ -45,7 +45,7 @@ PARITY_TIMESTEP = 500.0
 
 
 def _wrappers() -> dict[str, Any]:
-    """The three graphs' modules (torch is imported here, when an export runs)."""
+    """The four graphs' modules (torch is imported here, when an export runs)."""
     import torch
 
     class TextEncoder(torch.nn.Module):
@@ -153,7 +153,7 @@ def _reference(name: str, module: Any, feeds: dict) -> list[np.ndarray]:
 
 
 def build(pipe: Any, folder: Path, opset: int, tolerance: float) -> dict[str, Any]:
-    """The three graphs of ``pipe`` (a diffusers ``StableDiffusionPipeline`` on the CPU, in
+    """The four graphs of ``pipe`` (a diffusers ``StableDiffusionPipeline`` on the CPU, in
     fp32, LoRA merged), with the tokenizer, scheduler and model_index.json, into ``folder``;
     the report (``parity.finish`` gives the verdict)."""
     from diffusers.models.attention_processor import AttnProcessor
