@@ -244,13 +244,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--rounds", type=int, default=5, help="rounds of every part and route")
     p.add_argument("--calls", type=int, default=10, help="timed calls per measurement")
-    p.add_argument(
-        "--max-busy",
-        type=float,
-        default=0.2,
-        help="wait before each round until others take at most this share of the CPU",
-    )
-    p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for that at most")
+    common.add_wait_options(p)  # before each round
     p.add_argument(
         "--out", type=Path, default=common.REPO / "benchmarks" / "results" / "diffusion-frozen.json"
     )

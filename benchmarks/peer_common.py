@@ -435,6 +435,14 @@ def print_table(bench: Bench, result: dict[str, Any]) -> None:
 def add_quiet_options(p: argparse.ArgumentParser) -> None:
     """--timeout, --max-busy, --wait, --retries: how a bench runs on a shared machine."""
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
+    add_wait_options(p)
+    p.add_argument(
+        "--retries", type=int, default=3, help="extra rounds at most while a round was not clean"
+    )
+
+
+def add_wait_options(p: argparse.ArgumentParser) -> None:
+    """--max-busy, --wait: the wait for a quiet machine before each measurement."""
     p.add_argument(
         "--max-busy",
         type=float,
@@ -442,9 +450,6 @@ def add_quiet_options(p: argparse.ArgumentParser) -> None:
         help="wait before each measurement until other work takes at most this share of the CPU",
     )
     p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for that at most")
-    p.add_argument(
-        "--retries", type=int, default=3, help="extra rounds at most while a round was not clean"
-    )
 
 
 def main(bench: Bench, doc: str) -> None:

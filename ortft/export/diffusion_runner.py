@@ -248,7 +248,7 @@ class OnnxStableDiffusion:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        self.folder = folder = Path(folder)
+        folder = Path(folder)
 
         def session(name: str) -> Any:
             return ort.InferenceSession(
@@ -301,10 +301,10 @@ class OnnxStableDiffusion:
             hidden = hidden[1:]
         sched = self.scheduler
         timesteps = sched.timesteps(steps)
-        x = (latents.astype(np.float32) * np.float32(sched.init_noise_sigma)).astype(np.float32)
+        x = latents.astype(np.float32) * np.float32(sched.init_noise_sigma)
         for i, t in enumerate(timesteps):
             sample = sched.scale(np.concatenate([x, x]) if guided else x, i)
-            feeds = {"sample": sample.astype(np.float32),
+            feeds = {"sample": sample,
                      "timestep": np.array([t], dtype=self.timestep_dtype),
                      "encoder_hidden_states": hidden}  # fmt: skip
             out = self.unet.run(None, feeds)[0]
