@@ -99,22 +99,28 @@ def test_conv2d_matches_autograd(ops, stride: int, padding: int, groups: int) ->
 
 class _ConvNet(torch.nn.Module):
     """conv_in on the model's input (ORT's Conv: no input gradient to give), a strided conv
-    and a 1x1 conv with SiLU between (routed), as in a UNet's ResNet block."""
+    and a 1x1 conv with SiLU between (routed), as in a UNet's ResNet block, and between them a
+    squeeze-excitation whose two 1x1 convs (routed) see a 1x1 map that is multiplied back onto
+    the 5x5 one (RegNet's: its gradient must be summed over the 5x5)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv_in = torch.nn.Conv2d(4, 8, 3, padding=1)
         self.down = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.squeeze = torch.nn.Conv2d(8, 2, 1)
+        self.excite = torch.nn.Conv2d(2, 8, 1)
         self.out = torch.nn.Conv2d(8, 4, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.nn.functional.silu(self.down(self.conv_in(x))))
+        h = torch.nn.functional.silu(self.down(self.conv_in(x)))
+        se = self.excite(torch.relu(self.squeeze(h.mean((2, 3), keepdim=True))))
+        return self.out(h * torch.sigmoid(se))
 
 
 @pytest.mark.parametrize("kernels", [["conv"], []])
 def test_routed_conv_trains_as_pytorch_does(tmp_path: Path, monkeypatch, kernels) -> None:
     """ORTModule with convolutions routed to PyTorch's kernels ([conv]) and with ORT's ([]):
-    the outputs and gradients are eager PyTorch's; the graph holds 2 routed convolutions."""
+    the outputs and gradients are eager PyTorch's; the graph holds 4 routed convolutions."""
     import copy
 
     from ortft.backends.ortmodule.wrapper import OrtBackend
@@ -130,7 +136,7 @@ def test_routed_conv_trains_as_pytorch_does(tmp_path: Path, monkeypatch, kernels
     for out in outs:
         out.square().sum().backward()
     backend.after_step(ort)
-    assert backend.report().pytorch_kernels == ({"conv": 2} if kernels else {})
+    assert backend.report().pytorch_kernels == ({"conv": 4} if kernels else {})
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
     for (name, p_eager), (_, p_ort) in zip(
         eager.named_parameters(), ort.named_parameters(), strict=True

@@ -15,6 +15,14 @@ two-output gradient, tried for it, left ORT 1.19.2's gradient builder without th
 gradient). Whether the input needs one is found by walking the graph back to its inputs: the
 export keeps the ``requires_grad`` of the graph's inputs and parameters, not of the activations
 between them.
+
+ORTModule runs ONNX Runtime's symbolic shape inference (``auto_merge``) over the exported graph,
+and that gives an ATen operator it does not know an output of fresh symbolic dims, whatever the
+export said. A 1x1 output multiplied back onto a feature map (RegNet's squeeze-excitation) then
+had its 1s merged with the map's height and width, Mul's gradient skipped the reduction over
+them, and oneDNN got a [4, 32, 2, 2] gradient for a [4, 32, 1, 1] output ("could not create a
+primitive descriptor for a convolution"). ``register_shape_inference`` gives the inference the
+convolution's own output shape.
 """
 
 from __future__ import annotations
@@ -49,6 +57,44 @@ def define(lib: Any, key: str) -> None:
     lib.define(f"conv2d_backward(Tensor grad, Tensor x, Tensor weight, {_ARGS}) -> "
                "(Tensor, Tensor, Tensor)")  # fmt: skip
     lib.impl("conv2d_backward", _backward, key)
+
+
+def _infer_shape(inference: Any, node: Any) -> None:
+    """ONNX Runtime's symbolic shape inference of an ``ortft::conv2d`` node: [N, C_out, H', W'],
+    each H' as ONNX Conv's (its constant inputs: ``symbolic``)."""
+    from onnx import helper
+    from onnxruntime.tools.symbolic_shape_infer import get_shape_from_sympy_shape
+
+    stride, padding, dilation = (inference._try_get_value(node, i) for i in (3, 4, 5))
+    n, _, *spatial = inference._get_sympy_shape(node, 0)
+    kernel = inference._get_sympy_shape(node, 1)
+    shape = [n, kernel[0]]
+    for i, size in enumerate(spatial):
+        span = dilation[i] * (kernel[2 + i] - 1) + 1
+        shape.append((size + 2 * padding[i] - span) // stride[i] + 1)
+    inference._update_computed_dims(shape)
+    dtype = inference.known_vi_[node.input[0]].type.tensor_type.elem_type
+    vi = inference.known_vi_[node.output[0]]
+    vi.CopyFrom(helper.make_tensor_value_info(node.output[0], dtype,
+                                              get_shape_from_sympy_shape(shape)))  # fmt: skip
+
+
+def register_shape_inference() -> None:
+    """Teach ONNX Runtime's ``SymbolicShapeInference`` (which ORTModule runs on every export) the
+    output shape of ``ortft::conv2d`` (the module docstring says why). Idempotent."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    init = SymbolicShapeInference.__init__
+    if getattr(init, "_ortft_conv", False):
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        for op in OPERATORS:
+            self.aten_op_dispatcher_[op] = lambda node: _infer_shape(self, node)
+
+    __init__._ortft_conv = True  # type: ignore[attr-defined]
+    SymbolicShapeInference.__init__ = __init__
 
 
 def needs_grad(value: Any) -> bool:
