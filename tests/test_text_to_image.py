@@ -523,3 +523,22 @@ def test_export_options_a_diffusers_model_has_no_graph_for_are_one_line(full_run
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert "--fp16: not for a text-to-image model" in res.stderr
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["adapter.rank=4", "task.ema_decay=0.9"], "task.ema_decay with adapter"),
+        (["task.ema_decay=0.9", "checkpoint.final=best"], "checkpoint.final=best with task.ema"),
+        (["backend.name=auto"], "text-to-image has no probe yet"),
+    ],
+)
+def test_combinations_text_to_image_cannot_honour_are_recipe_errors(overrides, message):
+    from ortft.core.errors import EXIT_USAGE, RecipeError
+    from ortft.recipe import io as recipe_io
+
+    path = ROOT / "recipes" / "text-to-image.yaml"
+    recipe_io.load(path, overrides[:-1])  # each is refused for its last override
+    with pytest.raises(RecipeError, match=message) as info:
+        recipe_io.load(path, overrides)
+    assert info.value.exit_code == EXIT_USAGE

@@ -213,8 +213,15 @@ def diffusion_route(r: Recipe) -> Iterator[str]:
     compile=auto build transformers models only."""
     if r.task.name != "text-to-image":
         return
-    if r.adapter is not None and getattr(r.task, "ema_decay", None) is not None:
+    ema = getattr(r.task, "ema_decay", None) is not None
+    if r.adapter is not None and ema:
         yield "task.ema_decay with adapter: the EMA follows a full fine-tune's UNet; remove one"
+    if ema and r.checkpoint.final == "best":
+        # final/ is the EMA (diffusers' script saves it), the best step is the live weights'
+        yield (
+            "checkpoint.final=best with task.ema_decay: final/ holds the EMA weights, but the "
+            "best step is picked on the live weights' eval loss; use checkpoint.final=last"
+        )
     if r.backend.name == "auto" or r.backend.compile == "auto":
         yield (
             "backend.name=auto / backend.compile=auto: text-to-image has no probe yet; choose "
