@@ -108,6 +108,35 @@ def test_a_tracker_failing_mid_run_is_a_warning_and_the_run_goes_on(
     assert tensorboard_steps(tmp_path / "run") == [1, 2, 3, 4, 5, 6]  # the others go on
 
 
+def test_an_export_that_raises_ends_the_tracker_run_and_the_summary_as_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not left RUNNING in MLflow, nor "running" in summary.json."""
+    from ortft.backends.torch.engine import PyTorchEngine
+    from ortft.run.summary import RunSummary
+
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    write_classification_csv(tmp_path / "train.csv")
+    recipe = tiny_classifier("train.csv", backend="torch", max_steps=2)
+    recipe["logging"] = {"trackers": ["mlflow"]}
+
+    def export(*_args: object) -> None:
+        raise MemoryError("the export ran out of memory")
+
+    monkeypatch.setattr(PyTorchEngine, "export", export)
+    loaded = recipe_io.load(write_recipe(tmp_path / "r.yaml", recipe), [])
+    with pytest.raises(MemoryError):
+        lifecycle.run(loaded, output_dir=tmp_path / "run")
+    s = RunSummary.read(tmp_path / "run" / "summary.json")
+    assert s.status == "failed" and s.steps == 2
+    assert s.error == "after training: MemoryError: the export ran out of memory"
+    client = mlflow_client(tmp_path / "run")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FAILED"
+
+
 def test_hpo_logs_each_trial_as_a_child_run(tmp_path: Path) -> None:
     pytest.importorskip("optuna")  # installed by make setup
     from ortft.tools import hpo

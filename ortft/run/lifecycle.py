@@ -183,7 +183,16 @@ class _Run:
         self.engine.close(ok=True)
         if not main:
             return self.summary
-        return self._finish_run(task, tokenizer, evals or train)
+        try:
+            return self._finish_run(task, tokenizer, evals or train)
+        except BaseException as err:
+            # final/ or the export raised: the summary and the tracker runs say so (an MLflow
+            # run was left RUNNING); a gate's failure comes after the run completed
+            if self.summary.status == "running":
+                interrupted = isinstance(err, KeyboardInterrupt | Interrupted)
+                status = "interrupted" if interrupted else getattr(err, "run_status", "failed")
+                self.finish(status, f"after training: {type(err).__name__}: {err}"[:500])
+            raise
 
     def _save(self, state: checkpoint.TrainState) -> Path | None:
         path = self.engine.save(
