@@ -11,7 +11,7 @@ import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 from tracker_readers import OFFLINE, mlflow_client, tensorboard_steps
 
-from ortft.core.errors import InputError
+from ortft.core.errors import InputError, RunError
 from ortft.recipe import io as recipe_io
 from ortft.recipe.schema import LoggingSection
 from ortft.run import lifecycle
@@ -127,7 +127,7 @@ def test_an_export_that_raises_ends_the_tracker_run_and_the_summary_as_failed(
 
     monkeypatch.setattr(PyTorchEngine, "export", export)
     loaded = recipe_io.load(write_recipe(tmp_path / "r.yaml", recipe), [])
-    with pytest.raises(MemoryError):
+    with pytest.raises(RunError, match="^after training: MemoryError: the export ran out of"):
         lifecycle.run(loaded, output_dir=tmp_path / "run")
     s = RunSummary.read(tmp_path / "run" / "summary.json")
     assert s.status == "failed" and s.steps == 2

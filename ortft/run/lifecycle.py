@@ -183,16 +183,24 @@ class _Run:
         self.engine.close(ok=True)
         if not main:
             return self.summary
+        return self._finish_or_fail(task, tokenizer, evals or train)
+
+    def _finish_or_fail(self, task: Any, tokenizer: Any, samples: Any) -> RunSummary:
+        """``_finish_run``; when final/ or the export raises, summary.json and the tracker runs
+        say so (an MLflow run was left RUNNING) and the error is one line. A gate fails after
+        the run completed, so it passes through as it is."""
         try:
-            return self._finish_run(task, tokenizer, evals or train)
-        except BaseException as err:
-            # final/ or the export raised: the summary and the tracker runs say so (an MLflow
-            # run was left RUNNING); a gate's failure comes after the run completed
-            if self.summary.status == "running":
-                interrupted = isinstance(err, KeyboardInterrupt | Interrupted)
-                status = "interrupted" if interrupted else getattr(err, "run_status", "failed")
-                self.finish(status, f"after training: {type(err).__name__}: {err}"[:500])
-            raise
+            return self._finish_run(task, tokenizer, samples)
+        except (Exception, KeyboardInterrupt) as err:
+            if self.summary.status != "running":
+                raise
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            message = f"after training: {type(err).__name__}: {first}"
+            interrupted = isinstance(err, KeyboardInterrupt | Interrupted)
+            self.finish("interrupted" if interrupted else "failed", message)
+            if interrupted or isinstance(err, OrtftError):
+                raise
+            raise RunError(f"{message} (the checkpoints are kept)") from err
 
     def _save(self, state: checkpoint.TrainState) -> Path | None:
         path = self.engine.save(
