@@ -200,7 +200,8 @@ class _Run:
             self.finish("interrupted" if interrupted else "failed", message)
             if interrupted or isinstance(err, OrtftError):
                 raise
-            raise RunError(f"{message} (the checkpoints are kept)") from err
+            last = self.loop.last_checkpoint if self.loop else None
+            raise RunError(message + (f"; last checkpoint: {last}" if last else "")) from err
 
     def _save(self, state: checkpoint.TrainState) -> Path | None:
         path = self.engine.save(
