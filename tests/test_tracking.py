@@ -73,12 +73,17 @@ def test_a_malformed_tracking_uri_is_an_input_error(
         check(LoggingSection(trackers=["mlflow"]), tmp_path)
 
 
-def test_a_tracker_failing_mid_run_is_a_warning_and_the_run_goes_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def _offline_mlflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Hub, no network tracker: MLflow writes to the run's own mlruns/."""
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def test_a_tracker_failing_mid_run_is_a_warning_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _offline_mlflow(monkeypatch)
     write_classification_csv(tmp_path / "train.csv")
     recipe = tiny_classifier("train.csv", backend="torch", max_steps=6)
     recipe["checkpoint"] = {"save_every": 2}
@@ -115,9 +120,7 @@ def test_an_export_that_raises_ends_the_tracker_run_and_the_summary_as_failed(
     from ortft.backends.torch.engine import PyTorchEngine
     from ortft.run.summary import RunSummary
 
-    for key, value in OFFLINE.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    _offline_mlflow(monkeypatch)
     write_classification_csv(tmp_path / "train.csv")
     recipe = tiny_classifier("train.csv", backend="torch", max_steps=2)
     recipe["logging"] = {"trackers": ["mlflow"]}

@@ -194,8 +194,7 @@ class _Run:
         except (Exception, KeyboardInterrupt) as err:
             if self.summary.status != "running":
                 raise
-            first = (str(err).strip().splitlines() or [""])[0][:300]
-            message = f"after training: {type(err).__name__}: {first}"
+            message = f"after training: {type(err).__name__}: {_first_line(err)}"
             interrupted = isinstance(err, KeyboardInterrupt | Interrupted)
             self.finish("interrupted" if interrupted else "failed", message)
             if interrupted or isinstance(err, OrtftError):
@@ -242,7 +241,6 @@ class _Run:
             raise Interrupted(f"stopped at once at step {state.step}{where}", signum) from None
         except Exception as err:
             self.finish("failed", f"{type(err).__name__}: {err}")
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             hint = ""
             if self.engine.report().used == "ort" and type(err).__module__.startswith(
                 "onnxruntime"
@@ -252,7 +250,8 @@ class _Run:
                     "backend.allow_fallback=true to fall back to PyTorch (recorded in the summary)"
                 )
             raise RunError(
-                f"training failed at step {state.step}: {type(err).__name__}: {first[:300]}{hint}"
+                f"training failed at step {state.step}: {type(err).__name__}: "
+                f"{_first_line(err)}{hint}"
             ) from err
 
     def _finish_run(self, task: Any, tokenizer: Any, samples: Any) -> RunSummary:
@@ -422,3 +421,8 @@ def _raise_failed_gates(results: list[gates.GateResult], summary: RunSummary) ->
             + ", ".join(res.gate for res in failed),
             summary=summary,
         )
+
+
+def _first_line(err: BaseException) -> str:
+    """An error's message cut to its first line and 300 characters (a one-line error)."""
+    return (str(err).strip().splitlines() or [""])[0][:300]

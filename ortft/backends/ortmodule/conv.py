@@ -68,10 +68,10 @@ def _infer_shape(inference: Any, node: Any) -> None:
     stride, padding, dilation = (inference._try_get_value(node, i) for i in (3, 4, 5))
     n, _, *spatial = inference._get_sympy_shape(node, 0)
     kernel = inference._get_sympy_shape(node, 1)
-    shape = [n, kernel[0]]
-    for i, size in enumerate(spatial):
-        span = dilation[i] * (kernel[2 + i] - 1) + 1
-        shape.append((size + 2 * padding[i] - span) // stride[i] + 1)
+    shape = [n, kernel[0]] + [
+        _out_size(size, kernel[2 + i], stride[i], padding[i], dilation[i])
+        for i, size in enumerate(spatial)
+    ]
     inference._update_computed_dims(shape)
     dtype = inference.known_vi_[node.input[0]].type.tensor_type.elem_type
     vi = inference.known_vi_[node.output[0]]
@@ -146,8 +146,13 @@ def _sizes(input: Any, weight: Any, stride: list, padding: list, dilation: list)
 
     n, _, *spatial = sh._get_tensor_sizes(input) or [None] * 4
     kernel = sh._get_tensor_sizes(weight)
-    sizes = [n, kernel[0]]
-    for i, size in enumerate(spatial):
-        span = dilation[i] * (kernel[2 + i] - 1) + 1
-        sizes.append(None if size is None else (size + 2 * padding[i] - span) // stride[i] + 1)
-    return sizes
+    return [n, kernel[0]] + [
+        None if size is None else _out_size(size, kernel[2 + i], stride[i], padding[i], dilation[i])
+        for i, size in enumerate(spatial)
+    ]
+
+
+def _out_size(size: Any, kernel: Any, stride: int, padding: int, dilation: int) -> Any:
+    """One spatial size of a convolution's output, as ONNX Conv's (an int, or a sympy dim for
+    ONNX Runtime's shape inference)."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
