@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU
 
-.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-diffusion check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check clean
+.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-diffusion check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -37,6 +37,7 @@ help:
 	@echo "make bench-image-rss  peak RSS and time to step 1 of an image folder of 10k and 100k files (CPU, ~3 min)"
 	@echo "make soak-ddp   2-process DDP N times (N=20): counts failed exits (SOAK_MODE=train)"
 	@echo "make gpu-check  on a GPU machine: doctor, GPU benches, fused Adam, DDP; JSON in benchmarks/results/"
+	@echo "make gpu-check-torch  on a GPU machine with any CUDA torch (no set-up, no ORT): the torch backend's CUDA paths, its speed vs the Trainer (~6 min)"
 	@echo "make clean      remove $(VENV) and build/test caches (keeps ~/.cache/ortft)"
 
 setup:
@@ -219,6 +220,16 @@ soak-ddp: setup
 # (scripts/gpu-check.sh says what it runs). Refuses with exit 2 where no GPU is visible.
 gpu-check:
 	@scripts/gpu-check.sh
+
+# On a machine with an NVIDIA GPU and any CUDA torch, transformers 5, pydantic and datasets (no
+# set-up, no ONNX Runtime): the torch backend's CUDA paths (fp32/bf16/fp16, precision auto,
+# torch.compile, resume) and its speed against the Trainer; benchmarks/gpu_torch_check.py says
+# what it runs. CHECK_PYTHON: the Python to run it with (default: .venv's where it exists).
+CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_TORCH_ARGS ?=
+gpu-check-torch:
+	@mkdir -p benchmarks/results
+	PYTHONPATH=$(CURDIR) $(CHECK_PYTHON) benchmarks/gpu_torch_check.py $(GPU_TORCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .mypy_cache

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 from pathlib import Path
 
@@ -235,3 +236,35 @@ def test_auto_probes_the_compiled_route_when_its_compile_is_known_cheap(
     # the probe measured the compile and remembered it for the next run
     assert json.loads((cache / "compile-times.json").read_text())[key] == route["one_off_s"]
     assert f"auto chose {probe['route']}" in got["stderr"]
+
+
+@pytest.mark.parametrize(("compile_", "user_dir"), [("true", None), ("auto", None),
+                                                    ("false", None), ("true", "mine")])  # fmt: skip
+def test_a_run_that_may_compile_sets_the_inductor_cache_as_it_starts(
+    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compile_: str, user_dir
+) -> None:
+    """From some torch after 2.6 on, the first ``import torch._dynamo`` (transformers' model
+    code makes it) writes torch's default cache folder into TORCHINDUCTOR_CACHE_DIR (seen with
+    torch 2.13 on CPU; docs/gpu.md, section 9): ortft's default must be set when the run starts,
+    before the model is built, and never over a folder the user named."""
+    import torch
+
+    from ortft.backends.torch import engine as torch_engine
+    from ortft.recipe import io as recipe_io
+
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "OMP_NUM_THREADS", "DS_ACCELERATOR"):
+        monkeypatch.setenv(name, "x")  # recorded, so the test's end restores the original
+        monkeypatch.delenv(name)
+    if user_dir:
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", user_dir)
+    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path))
+    threads = torch.get_num_threads()
+    try:
+        engine = torch_engine.create(
+            recipe_io.load(work / "r.yaml", [f"backend.compile={compile_}"])
+        )
+        engine.start(engine.recipe)
+    finally:
+        torch.set_num_threads(threads)
+    expected = user_dir or (None if compile_ == "false" else str(tmp_path / "inductor"))
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == expected

@@ -38,10 +38,19 @@ def cache_root() -> Path:
     return Path(os.environ.get("ORTFT_CACHE") or Path.home() / ".cache" / "ortft")
 
 
+def use_ortft_cache() -> None:
+    """Inductor's cache under ``ORTFT_CACHE`` unless the user named one. Called when a run that
+    may compile starts, before its model is built: from some torch release after 2.6 on (seen
+    with 2.13), the first ``import torch._dynamo``, which transformers' model code makes,
+    resolves the cache folder and writes torch's default (``/tmp/torchinductor_<user>``) into
+    ``TORCHINDUCTOR_CACHE_DIR``, so a default set at the first compile came too late."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+
+
 def prepare() -> None:
     """Before the first compile: the cache directory, and torch 2.6's missing
     ``torch.compiler.is_exporting``."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+    use_ortft_cache()
     if not hasattr(torch.compiler, "is_exporting"):
         # torch 2.6 lacks it; transformers 5.24's masking_utils calls it inside a try/except
         # that returns False in eager mode, but dynamo fails on the missing attribute instead

@@ -21,7 +21,7 @@ import torch
 
 from ortft.backends import Started, StepResult
 from ortft.backends.report import BackendReport, Precision
-from ortft.backends.torch import amp, diffusion, distributed, load_checks, models
+from ortft.backends.torch import amp, compiled, diffusion, distributed, load_checks, models
 from ortft.backends.torch import device as runtime
 from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
@@ -82,6 +82,8 @@ class PyTorchEngine:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # ortft reports its own progress on stderr
+        if recipe.backend.compile is not False:  # before the model's imports (compiled.py)
+            compiled.use_ortft_cache()
         rt = runtime.resolve(recipe.hardware)
         if self.name != "auto":  # else once the probe has chosen the backend (prepare)
             self._resolve_precision(self.name, rt.device)
@@ -343,9 +345,7 @@ class PyTorchEngine:
         self, run_dir: Path, state: TrainState, recipe_yaml: str, keep_last: int
     ) -> Path | None:
         folders = None
-        if (
-            self.deepspeed is not None
-        ):  # every rank writes its ZeRO partition, in DeepSpeed's format
+        if self.deepspeed is not None:  # every rank writes its ZeRO partition (DeepSpeed's)
             from ortft.backends.torch import deepspeed
 
             folders = {
