@@ -77,7 +77,8 @@ def rng_state() -> dict[str, Any]:
     import torch  # lazily: the ort-ondevice loop uses this module's helpers without PyTorch
 
     py_version, py_state, py_gauss = random.getstate()
-    _, np_key, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    np_state: Any = np.random.get_state()  # numpy's typing does not know the legacy tuple
+    _, np_key, np_pos, np_has_gauss, np_gauss = np_state
     return {
         "python": [py_version, torch.tensor(py_state, dtype=torch.int64), py_gauss],
         "numpy": [torch.from_numpy(np_key.astype(np.int64)), np_pos, np_has_gauss, np_gauss],

@@ -6,6 +6,8 @@ anything else is a bug and keeps its traceback (shown with ``--debug``).
 
 from __future__ import annotations
 
+from typing import Any
+
 # Exit codes shared by every command.
 EXIT_OK = 0
 EXIT_FAILED = 1  # failed while running
@@ -68,9 +70,9 @@ class GateError(OrtftError):
 
     exit_code = EXIT_GATE
 
-    def __init__(self, message: str, summary: dict | None = None):
+    def __init__(self, message: str, summary: Any = None):
         super().__init__(message)
-        self.summary = summary  # the run's summary, for --json and --report
+        self.summary = summary  # the run's RunSummary, for --json and --report
 
 
 class Interrupted(OrtftError):

@@ -225,7 +225,7 @@ def _generate(spec: str) -> Iterator[dict[str, Any]]:
     check = RowCheck(**fields)
     files = check.file_column
     meta = metadata_file(path) if files and s["format"] == "folder" else None
-    if meta is not None:  # a folder of clips (or images) named by its metadata file
+    if meta is not None and files:  # a folder of clips (or images) named by its metadata file
         rows = _resolved(_iter_file(meta, meta.suffix.lstrip("."), data), files, path)
     elif s["format"] == "folder":
         rows = _iter_file_folder(path, data, files) if files else _iter_folder(path, data)

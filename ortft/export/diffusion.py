@@ -163,7 +163,8 @@ def build(pipe: Any, folder: Path, opset: int, tolerance: float) -> dict[str, An
                "vae_encoder": pipe.vae}  # fmt: skip
     wrap = _wrappers()
     feeds = sample_feeds(pipe.unet, pipe.vae, pipe.text_encoder, pipe.tokenizer)
-    graphs, seconds = {}, 0.0
+    graphs: dict[str, dict[str, Any]] = {}
+    seconds = 0.0
     for name in GRAPHS:
         module = wrap[name](modules[name].eval()).eval()
         seconds += _export_one(name, module, feeds[name], folder, opset)

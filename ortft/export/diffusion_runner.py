@@ -175,7 +175,9 @@ class PNDM:
         self.config, self.prediction = config, _prediction(config)
         self.alphas = alphas_cumprod(config)
         self.final = np.float32(1.0) if config.get("set_alpha_to_one", False) else self.alphas[0]
-        self.ratio, self.steps, self.ets, self.counter, self.cur = 1, np.zeros(0), [], 0, None
+        self.ets: list[np.ndarray] = []
+        self.cur: np.ndarray | None = None
+        self.ratio, self.steps, self.counter = 1, np.zeros(0), 0
 
     def timesteps(self, steps: int) -> np.ndarray:
         self.ratio = int(self.config.get("num_train_timesteps", 1000)) // steps
@@ -198,7 +200,7 @@ class PNDM:
         if len(e) == 1 and self.counter == 0:
             self.cur = x
         elif len(e) == 1 and self.counter == 1:
-            out, x, self.cur = (out + e[-1]) / 2, self.cur, None
+            out, x, self.cur = (out + e[-1]) / 2, self.cur, None  # type: ignore[assignment]
         elif len(e) == 2:
             out = (3 * e[-1] - e[-2]) / 2
         elif len(e) == 3:

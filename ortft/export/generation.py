@@ -156,7 +156,7 @@ def _processors(gc: Any, eos: torch.Tensor | None, prompt_len: int, encoder_deco
         out.append(lp.InfNanRemoveLogitsProcessor())
     if gc.exponential_decay_length_penalty is not None:
         out.append(
-            lp.ExponentialDecayLengthPenalty(gc.exponential_decay_length_penalty, eos, prompt_len)
+            lp.ExponentialDecayLengthPenalty(gc.exponential_decay_length_penalty, eos, prompt_len)  # type: ignore[arg-type]
         )
     if gc.suppress_tokens is not None:
         out.append(lp.SuppressTokensLogitsProcessor(gc.suppress_tokens))

@@ -106,7 +106,7 @@ def _is_tunable(key: str, root: type[BaseModel]) -> bool:
     if parts[0] in ("hpo", "deepspeed"):
         return False
     for i, part in enumerate(parts):
-        field = model.model_fields.get(part) if isinstance(model, type) else None
+        field = getattr(model, "model_fields", {}).get(part) if isinstance(model, type) else None
         if field is None:
             return False
         ann = field.annotation

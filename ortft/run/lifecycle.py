@@ -202,22 +202,28 @@ class _Run:
             last = self.loop.last_checkpoint if self.loop else None
             raise RunError(message + (f"; last checkpoint: {last}" if last else "")) from err
 
+    @property
+    def _loop(self) -> loop.Loop:
+        """The loop, once built: what runs from the first step on needs it."""
+        assert self.loop is not None, "the loop is built before training starts"
+        return self.loop
+
     def _save(self, state: checkpoint.TrainState) -> Path | None:
         path = self.engine.save(
             self.run_dir, state, self.recipe_yaml, self.recipe.checkpoint.keep_last
         )
         if path is not None:
             self.tracker.commit(state.step)  # MLflow and W&B get the rows the checkpoint holds
-            self.loop.last_checkpoint = path
+            self._loop.last_checkpoint = path
             self.summary.paths.last_checkpoint = str(path)
         return path
 
     def _train(self) -> None:
         """The loop, with every way out of it turned into a status, a summary and an error."""
-        state, signals = self.state, self.loop.signals
+        state, signals = self.state, self._loop.signals
         try:
-            with signals, self.loop.progress:
-                self.stop_reason = loop.train(self.loop, state)
+            with signals, self._loop.progress:
+                self.stop_reason = loop.train(self._loop, state)
                 if self.stop_reason == "signal":
                     self.stop_reason = None
                     sig = signals.received or signal.SIGTERM  # another rank got it
@@ -236,7 +242,7 @@ class _Run:
             # a second signal (or Ctrl-C outside our handler): no checkpoint, exit code by signal
             signum = signals.received if signals.received is not None else signal.SIGINT
             self.finish("interrupted", f"stopped at once by a second signal at step {state.step}")
-            last = self.loop.last_checkpoint
+            last = self._loop.last_checkpoint
             where = f"; last checkpoint: {last}" if last else ""
             raise Interrupted(f"stopped at once at step {state.step}{where}", signum) from None
         except Exception as err:
@@ -280,6 +286,7 @@ class _Run:
         final.describe(final_dir, s, r)
         self._close_tracker(final_dir)
         b = s.backend
+        assert b is not None, "finish() records the backend"
         log.info(
             "done: %d steps, backend %s%s, %d ORT export(s), %.1f samples/s", state.step, b.used,
             " (FALLBACK)" if b.fallback else "", b.ort_exports, s.throughput["samples_per_s"],

@@ -20,6 +20,7 @@ from ortft.checkpoint.store import TrainState, checkpoint_name
 from ortft.core.errors import RunError
 from ortft.core.progress import Progress
 from ortft.data import batches
+from ortft.data.batches import Padding  # the Loop's own `batches` field hides the module
 
 
 class Signals:
@@ -100,7 +101,7 @@ class Loop:
     started: float  # wall clock at the run's start
     on_eval: Callable[[int, dict[str, float]], None] | None = None
     save_every: int | None = None  # checkpoint.save_every
-    padding: batches.Padding = field(default_factory=batches.Padding)  # data.padding
+    padding: Padding = field(default_factory=Padding)  # data.padding
     shapes: set[tuple[int, ...]] = field(default_factory=set)  # distinct batch shapes trained
     meter: Meter = field(default_factory=Meter)
     last_checkpoint: Path | None = None

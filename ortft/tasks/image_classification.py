@@ -132,7 +132,9 @@ class ImageClassification(Task):
             decoded.append(img)
         return {**batch, "pixel_values": images.pixel_values(decoded, self.processor)}
 
-    def forward(self, model, labels, pixel_values, **extra) -> tuple[Any, Any]:
+    def forward(  # type: ignore[override]  # a modality's forward takes its own inputs
+        self, model, labels, pixel_values, **extra
+    ) -> tuple[Any, Any]:
         out = model(pixel_values=pixel_values, labels=labels, return_dict=True)
         return out.loss, out.logits
 

@@ -115,7 +115,7 @@ class TextToImage(Task):
         self.options = options
         self.frozen: Any = None  # the frozen VAE + text encoder (``bind_frozen``)
         self.alphas: np.ndarray | None = None  # the training schedule's cumulative alphas
-        self.prediction = options.prediction_type or "epsilon"
+        self.prediction: str = options.prediction_type or "epsilon"
         self.empty_ids: np.ndarray | None = None  # the empty caption's ids (caption dropout)
         self.ema: Any = None  # diffusers' EMAModel of the UNet's weights (task.ema_decay)
         self._trained: list[Any] = []  # the parameters the EMA follows
@@ -248,6 +248,7 @@ class TextToImage(Task):
         gamma = self.options.snr_gamma
         if gamma is None:
             return np.ones(len(t), dtype=np.float32)
+        assert self.alphas is not None, "bind_frozen sets the schedule before training"
         alpha = self.alphas[t]
         snr = alpha / (1.0 - alpha)
         clipped = np.minimum(snr, gamma)
@@ -274,8 +275,10 @@ class TextToImage(Task):
         arr = np.asarray(img, dtype=np.float32).transpose(2, 0, 1)
         return arr / 127.5 - 1.0
 
-    def forward(self, model, noisy_latents, timesteps, encoder_hidden_states, target, weight,
-                labels, **extra) -> tuple[Any, Any]:  # fmt: skip
+    def forward(  # type: ignore[override]  # a modality's forward takes its own inputs
+        self, model, noisy_latents, timesteps, encoder_hidden_states, target, weight, labels,
+        **extra,
+    ) -> tuple[Any, Any]:  # fmt: skip
         """The UNet's prediction against the target: each row's mean squared error times its
         weight, averaged over the real rows (labels 1; eval's padded copies -100)."""
         pred = model(noisy_latents, timesteps, encoder_hidden_states, return_dict=False)[0]

@@ -167,7 +167,7 @@ def _study(
         study = optuna.create_study(
             storage=storage,
             study_name=name,
-            direction=direction,
+            direction=direction,  # type: ignore[arg-type]  # "minimize" or "maximize" (the schema)
             load_if_exists=True,
             pruner=pruner,
             sampler=optuna.samplers.TPESampler(seed=spec.seed),

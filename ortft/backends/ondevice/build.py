@@ -91,15 +91,16 @@ def build(
     """Write ``art_dir`` (see the module docstring); return artifacts.json's content."""
     r = loaded.recipe
     tokenizer = models.load_tokenizer(loaded, saved_dir=saved_tokenizer)
-    if tokenizer is None:
+    if tokenizer is None:  # the recipe's rules: no tokenizer to load means train: is set
+        spec: Any = r.model.tokenizer.train
         texts = (
             task.texts(train_rows, r.data)
             if hasattr(task, "texts")
             else [str(row[r.data.text_column]) for row in train_rows]
         )
-        tokenizer = models.train_tokenizer(texts, r.model.tokenizer.train)
-        log.info("trained a %s tokenizer: %d tokens", r.model.tokenizer.train.kind, len(tokenizer))
-    model = models.build_model(loaded, task.auto_class, tokenizer, labels, attn="eager")
+        tokenizer = models.train_tokenizer(texts, spec)
+        log.info("trained a %s tokenizer: %d tokens", spec.kind, len(tokenizer))
+    model: Any = models.build_model(loaded, task.auto_class, tokenizer, labels, attn="eager")
     if r.backend.trainable:
         models.freeze(model, r.backend.trainable)  # validates the patterns with a recipe message
     log.info("%s", models.model_log_line(model, "eager"))

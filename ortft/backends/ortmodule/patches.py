@@ -132,7 +132,8 @@ def _drop_bias(module: nn.Module, state_dict: dict, prefix: str, _meta: Any) -> 
 
 
 def _fill_bias(module: nn.Module, state_dict: dict, prefix: str, *_args: Any) -> None:
-    state_dict.setdefault(prefix + "bias", module.bias.detach().clone())
+    bias: Any = module.bias  # torch types a module attribute as Tensor | Module
+    state_dict.setdefault(prefix + "bias", bias.detach().clone())
 
 
 def add_layernorm_bias(module: nn.Module) -> int:
@@ -258,7 +259,7 @@ def _beit_bias(
 
 
 # class name -> (method, its replacement on the instance)
-STATIC_POSITIONS = {
+STATIC_POSITIONS: dict[str, tuple[str, Any]] = {
     "Dinov2Embeddings": ("interpolate_pos_encoding", _dinov2_positions),
     "BeitRelativePositionBias": ("forward", _beit_bias),
 }
@@ -271,7 +272,7 @@ def static_position_embeddings(module: nn.Module) -> int:
     n = 0
     for m in module.modules():
         method, replacement = STATIC_POSITIONS.get(type(m).__name__, (None, None))
-        if method is not None and method not in m.__dict__:
+        if method is not None and replacement is not None and method not in m.__dict__:
             setattr(m, method, types.MethodType(replacement, m))
             n += 1
     return n

@@ -281,7 +281,7 @@ class OrtBackend:
         if self._checked and not self._report.fallback:
             return
         self._checked = True
-        torch_module = wrapped._torch_module
+        torch_module: Any = wrapped._torch_module
         if type(torch_module).__name__ == "TorchModulePytorch":
             self._fell_back("ORTModule initialisation failed")
             return

@@ -184,7 +184,7 @@ def _probe_one(route: Route, args: tuple, result: dict[str, Any], steps: int, ke
             return
     widths: list[int] = []
     try:
-        times = _time_route(route, *args, widths=widths)
+        times = _time_route(route, *args, widths=widths)  # type: ignore[misc]  # args: 8 items
     except BackendError as err:  # ORT cannot run this model: torch it is
         result["backends"][route.label] = {**entry, "error": str(err)}
         log.info("auto: %s cannot run this model (%s)", route.label, err)

@@ -252,19 +252,15 @@ def load(folder: Path, tok: Any, field: str = "model.name_or_path") -> Parts:
     from transformers import CLIPTextModel
 
     check_folder(folder, field)
+    errors: tuple[type[BaseException], ...] = (
+        OSError, ValueError, KeyError, TypeError, RuntimeError, *load_checks.load_errors()
+    )  # fmt: skip
     try:
         unet = UNet2DConditionModel.from_pretrained(str(folder), subfolder="unet")
         vae = AutoencoderKL.from_pretrained(str(folder), subfolder="vae")
         text = CLIPTextModel.from_pretrained(str(folder), subfolder="text_encoder")
         scheduler = _scheduler(folder / "scheduler")
-    except (
-        OSError,
-        ValueError,
-        KeyError,
-        TypeError,
-        RuntimeError,
-        *load_checks.load_errors(),
-    ) as err:
+    except errors as err:
         raise InputError(
             f"{field}: {folder}: cannot load the model ({models.first_line(err)})"
         ) from None
@@ -376,7 +372,7 @@ def save_final(folder: Path, unet: Any, parts: Parts, ema: Any = None) -> None:
     if ema is not None:  # the same parameters in the same order: a full run's UNet copy
         ema.copy_to([p for p in plain.parameters() if p.requires_grad])
     plain.set_attn_processor(AttnProcessor2_0())  # drawing: diffusers' default (sdpa)
-    pipe = StableDiffusionPipeline(
+    pipe: Any = StableDiffusionPipeline(
         vae=parts.vae, text_encoder=parts.text_encoder, tokenizer=parts.tokenizer,
         unet=plain.to("cpu"), scheduler=parts.scheduler, safety_checker=None,
         feature_extractor=None, requires_safety_checker=False,
@@ -415,7 +411,7 @@ def draw_validation(parts: Parts, unet: Any, task: Any, folder: Path, seed: int)
         ema.store(trained)
         ema.copy_to(trained)
     was_training = unet.training
-    pipe = StableDiffusionPipeline(
+    pipe: Any = StableDiffusionPipeline(
         vae=parts.vae, text_encoder=parts.text_encoder, tokenizer=parts.tokenizer, unet=unet.eval(),
         scheduler=copy.deepcopy(parts.scheduler), safety_checker=None, feature_extractor=None,
         requires_safety_checker=False,

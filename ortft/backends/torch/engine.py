@@ -138,12 +138,10 @@ class PyTorchEngine:
         saved = tok_dir if tok_dir.exists() else None
         sample = task.texts(load_checks.sample_rows(train_rows), r.data) if not saved else []
         tokenizer = models.load_tokenizer(loaded, saved_dir=saved, sample_texts=sample)
-        if tokenizer is None:
-            texts = task.texts(train_rows, r.data)
-            tokenizer = models.train_tokenizer(texts, r.model.tokenizer.train)
-            log.info(
-                "trained a %s tokenizer: %d tokens", r.model.tokenizer.train.kind, len(tokenizer)
-            )
+        if tokenizer is None:  # the recipe's rules: no tokenizer to load means train: is set
+            spec: Any = r.model.tokenizer.train
+            tokenizer = models.train_tokenizer(task.texts(train_rows, r.data), spec)
+            log.info("trained a %s tokenizer: %d tokens", spec.kind, len(tokenizer))
         if not tok_dir.exists():
             tokenizer.save_pretrained(tok_dir)
         if distributed.is_main():
@@ -164,10 +162,10 @@ class PyTorchEngine:
         processor = (speech if audio else processors).load(loaded, source, saved)
         if processor is None and audio:
             tokenizer = self._transcript_tokenizer(loaded, task, rows)
-            config = hf_config.generic_config(spec.from_config, tokenizer, spec.dropout)
+            config = hf_config.generic_config(spec.from_config, tokenizer, spec.dropout)  # type: ignore[arg-type]
             processor = speech.for_config(config, tokenizer)
         elif processor is None:
-            config = hf_config.generic_config(spec.from_config, None, spec.dropout)
+            config = hf_config.generic_config(spec.from_config, None, spec.dropout)  # type: ignore[arg-type]
             processor = processors.for_config(config)
         if not proc_dir.exists():
             processor.save_pretrained(proc_dir)
@@ -184,7 +182,7 @@ class PyTorchEngine:
         tokenizer = models.load_tokenizer(loaded)
         if tokenizer is None:
             texts = task.texts(rows, r.data)
-            tokenizer = speech.train_tokenizer(texts, r.model.tokenizer.train, task.language)
+            tokenizer = speech.train_tokenizer(texts, r.model.tokenizer.train, task.language)  # type: ignore[arg-type]
             log.info("trained a Whisper byte-bpe tokenizer: %d tokens", len(tokenizer))
         return tokenizer
 
@@ -446,5 +444,6 @@ class PyTorchEngine:
             from ortft.backends.torch import deepspeed
 
             deepspeed.own_storage(self.model)  # for final/ and the export
-        self.forward = self.deepspeed = None  # DDP's reducer holds the process group
+        # DDP's reducer holds the process group
+        self.forward = self.deepspeed = None  # type: ignore[assignment]
         distributed.teardown()

@@ -221,7 +221,7 @@ def settle_head(model: nn.Module, plan: HeadPlan, info: dict[str, Any]) -> dict[
                  plan.new_labels)  # fmt: skip
     elif plan.action == "new":
         log.info("classification head: new (the checkpoint has none), labels %s", plan.new_labels)
-    model.ortft_head = record  # read back by head_record (the engine's report)
+    model.ortft_head = record  # type: ignore[assignment]  # read back by head_record
     return record
 
 

@@ -165,7 +165,7 @@ def _check_model_dir(source: str) -> None:
         raise InputError(f"model.name_or_path: {path} is not a model directory (no config.json)")
 
 
-def first_line(err: Exception) -> str:
+def first_line(err: BaseException) -> str:
     """An error's first line (its type's name when it says nothing): what a one-line error quotes."""
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
@@ -195,7 +195,7 @@ def _classic_config(spec: FromConfig, tokenizer: Any, dropout: float | None) -> 
         eos = (
             tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
         )
-        return T5Config(
+        return T5Config(  # type: ignore[call-arg]  # T5Config's typed fields omit the decoder's
             vocab_size=len(tokenizer),
             d_model=spec.hidden_size,
             d_kv=spec.hidden_size // spec.num_heads,
@@ -401,7 +401,8 @@ def merged_copy(model: nn.Module) -> nn.Module:
     """A plain transformers model with the adapter folded into its weights (``model`` unchanged)."""
     import copy
 
-    return copy.deepcopy(model).merge_and_unload() if is_adapted(model) else model
+    peft_model: Any = copy.deepcopy(model) if is_adapted(model) else None  # a PeftModel
+    return peft_model.merge_and_unload() if peft_model is not None else model
 
 
 def freeze(model: nn.Module, patterns: list[str]) -> None:
