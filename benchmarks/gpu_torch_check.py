@@ -222,7 +222,9 @@ def checks(res: dict[str, dict], device: str) -> list[dict[str, Any]]:
     check("compiled bf16 vs eager bf16, max absolute loss difference", ("compile-bf16", "bf16"),
           lambda a, b: (v := max_abs(a["losses"], b["losses"], every), v <= AMP_ATOL),
           f"<= {AMP_ATOL}")  # fmt: skip
-    cache = str(Path(os.environ.get("ORTFT_CACHE") or Path.home() / ".cache" / "ortft"))
+    from ortft.backends.torch.compiled import cache_root
+
+    cache = str(cache_root())
     check("compiled run: inductor, its kernels cached under ORTFT_CACHE", ("compile-fp32",),
           lambda a: (c := a["compile"] or {}, c.get("compiler") == "inductor"
                      and c.get("cache_dir") == f"{cache}/inductor"),
@@ -254,7 +256,7 @@ def snippets(data: str, n: int) -> tuple[list[str], list[str]]:
 
 def trainer_worker(a: argparse.Namespace) -> None:
     """One Trainer run on the GPU: ortft's model (config and tokenizer from an ortft speed run's
-    final/, fresh weights) and batches, the Trainer's loop; its timing as JSON in ``out``."""
+    final/, fresh weights) and batches, the Trainer's loop; its timing as JSON in ``a.result``."""
     import torch
     from datasets import Dataset
     from transformers import (
