@@ -65,7 +65,10 @@ SPEED = {  # route: ortft overrides, or the Trainer's arguments under "trainer";
     # the probe between eager and compiled torch at the device's native precision
     # (backend.name=auto would probe ort too: it needs ONNX Runtime training installed)
     "torch-auto": {"backend.name": "torch", "backend.compile": "auto", "precision.dtype": "auto"},
-    # batches as long as their longest row (the default padding): what a new length costs compiled
+    # batches as long as their longest row (the default padding), eager, with backend.unpad
+    # (the padding skipped) or without (auto: off on a GPU); then what a new length costs compiled
+    "torch-bf16-longest-unpad": {**BF16, "data.padding": "longest", "backend.unpad": "true"},
+    "torch-bf16-longest": {**BF16, "data.padding": "longest"},
     "torch-bf16-compile-longest": {**BF16, "backend.compile": "true", "data.padding": "longest"},
 }
 
@@ -131,6 +134,7 @@ def tiny_runs(device: str) -> dict[str, list[str]]:
     return {
         "cpu-fp32": ["hardware.device=cpu"],
         "fp32": [],
+        "fp32-unpad": ["backend.unpad=true"],  # auto leaves it off on a GPU
         "bf16": ["precision.dtype=bf16"],
         "fp16": ["precision.dtype=fp16"] if device == "cuda" else None,
         "auto": ["precision.dtype=auto"],
@@ -155,6 +159,7 @@ def train(recipe: Path, overrides: list[str], run_dir: Path, timeout: float) -> 
         "device": summary["provenance"]["device"],
         "precision": summary.get("precision"),
         "compile": summary["backend"].get("compile"),
+        "unpad": summary["backend"].get("unpad"),
         "orig_mod_keys": orig_mod_keys(run_dir),
     }
 
@@ -208,6 +213,11 @@ def checks(res: dict[str, dict], device: str) -> list[dict[str, Any]]:
     check("fp32 on the device vs CPU, max relative loss difference", ("fp32", "cpu-fp32"),
           lambda a, b: (v := max_rel(a["losses"], b["losses"], every), v <= DEVICE_RTOL),
           f"<= {DEVICE_RTOL}")  # fmt: skip
+    check("backend.unpad=true vs the default (off on a GPU), fp32, max relative loss difference",
+          ("fp32-unpad", "fp32"),
+          lambda a, b: (v := max_rel(a["losses"], b["losses"], every),
+                        v <= COMPILE_RTOL and (a.get("unpad") or {}).get("gathered_forwards", 0) > 0),
+          f"<= {COMPILE_RTOL}, the unpadded path ran")  # fmt: skip
     check("runs on the device", ("fp32",), lambda a: (a["device"], a["device"].startswith(device)),
           device)  # fmt: skip
     for amp in ("bf16", "fp16") if device == "cuda" else ("bf16",):

@@ -32,8 +32,8 @@ round (drift cancels), the two kinds in turn; every measurement is a fresh proce
 - ortft, ``ortft train recipes/bench/minilm-news.yaml --json`` with ``ORTFT_OVERRIDES`` and the
   route's own: ``auto`` (backend.name=auto precision.dtype=auto, and backend.compile=auto where
   this ortft's recipe has that field), and the fixed routes ``ort`` and ``torch`` (fp32),
-  ``torch-bf16``, ``torch-bf16-compile`` and ``torch-compile`` (the last two need
-  backend.compile: listed as skipped without it).
+  ``torch-bf16`` (``torch-bf16-padded``: with backend.unpad=false), ``torch-bf16-compile`` and
+  ``torch-compile`` (the last two need backend.compile: listed as skipped without it).
 
 Timing: ``--warmup`` steps (default 4: ORT's export, a compile, allocator growth) then ``--steps``
 timed steps (default 20); a step lasts from the end of the step before to the end of this one
@@ -108,6 +108,10 @@ ROUTES = {
     "ort": Route(ortft={"backend.name": "ort", "precision.dtype": "fp32"}),
     "torch": Route(ortft={**TORCH, "precision.dtype": "fp32"}),
     "torch-bf16": Route(ortft={**TORCH, "precision.dtype": "bf16"}),
+    # the same with backend.unpad off: what skipping the padding is worth
+    "torch-bf16-padded": Route(
+        ortft={**TORCH, "precision.dtype": "bf16", "backend.unpad": "false"}
+    ),
     "torch-bf16-compile": Route(
         ortft={**TORCH, "precision.dtype": "bf16", "backend.compile": "true"}, compiles=True
     ),

@@ -82,7 +82,8 @@ def test_parse_variants() -> None:
     assert v[0].label == "ort+ORTFT_ORT_SPINNING=0+backend.compute_optimizer=false"
     assert v[0].env == {"ORTFT_ORT_SPINNING": "0"}
     assert v[0].overrides == {"backend.name": "ort", "backend.compute_optimizer": "false"}
-    assert v[1].overrides == {"backend.name": "torch"} and v[1].env == {"ORTFT_TORCH_ATTN": "eager"}
+    assert v[1].overrides == {"backend.name": "torch", "backend.unpad": "false"}  # plain PyTorch
+    assert v[1].env == {"ORTFT_TORCH_ATTN": "eager"}
     for bad in ("tensorflow", "ort+PATH=/x", "ort+nokey", "ort,ort"):
         with pytest.raises(UsageError):
             bench.parse_variants(bad)

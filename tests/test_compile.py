@@ -268,3 +268,21 @@ def test_a_run_that_may_compile_sets_the_inductor_cache_as_it_starts(
         torch.set_num_threads(threads)
     expected = user_dir or (None if compile_ == "false" else str(tmp_path / "inductor"))
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == expected
+
+
+def test_a_classifier_s_config_is_not_changed_by_its_first_forward() -> None:
+    """transformers' sequence classifier writes config.problem_type in its first forward when
+    it is unset, and a compiled forward guards on it: a full recompile at step 2 (seen on an
+    H200). The task sets it before the model is wrapped, to the value that forward would set."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from ortft import tasks
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, num_labels=3)  # fmt: skip
+    model = BertForSequenceClassification(config)
+    tasks.get("sequence-classification").prepare_model(model, None)
+    before = model.config.problem_type
+    model(input_ids=torch.randint(1, 50, (2, 5)), labels=torch.tensor([0, 2]))
+    assert before == model.config.problem_type == "single_label_classification"

@@ -24,7 +24,8 @@ def _run(loss: float = 1.0, **fields) -> dict:
     losses = {s: loss - 0.01 * s for s in range(1, check.STEPS + 1)}
     compile_ = {"compiler": "inductor", "cache_dir": f"{Path.home()}/.cache/ortft/inductor"}
     return {"ok": True, "losses": losses, "device": "cuda:0", "orig_mod_keys": 0,
-            "precision": {"dtype": "fp32"}, "compile": compile_, **fields}  # fmt: skip
+            "precision": {"dtype": "fp32"}, "compile": compile_,
+            "unpad": {"on": True, "gathered_forwards": 60}, **fields}  # fmt: skip
 
 
 def _runs() -> dict[str, dict]:
@@ -42,7 +43,7 @@ def _verdicts(runs: dict[str, dict]) -> dict[str, bool]:
 def test_every_check_passes_on_runs_that_agree(monkeypatch):
     monkeypatch.delenv("ORTFT_CACHE", raising=False)
     verdicts = _verdicts(_runs())
-    assert len(verdicts) == 10 and all(verdicts.values()), verdicts
+    assert len(verdicts) == 11 and all(verdicts.values()), verdicts
 
 
 @pytest.mark.parametrize(
@@ -53,6 +54,9 @@ def test_every_check_passes_on_runs_that_agree(monkeypatch):
         ("auto", {"precision": {"dtype": "fp32"}}, "precision.dtype=auto"),
         ("fp32", {"device": "cpu"}, "runs on the device"),
         ("compile-bf16", {"orig_mod_keys": 3}, "_orig_mod."),
+        # backend.unpad=true equals the default (off on a GPU), and its gathered path ran
+        ("fp32-unpad", {"losses": {s: 1.001 - 0.01 * s for s in range(1, 11)}}, "backend.unpad"),
+        ("fp32-unpad", {"unpad": {"on": False, "gathered_forwards": 0}}, "backend.unpad"),
         (
             "compile-fp32",
             {"compile": {"compiler": "inductor", "cache_dir": "/tmp/x"}},

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from ortft.backends.torch import amp, eager
 from ortft.cli.app import app
+from ortft.core.errors import InputError
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 
@@ -83,7 +84,7 @@ def test_the_torch_route_picks_its_attention(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("ORTFT_TORCH_ATTN", "sdpa")  # a bench variant fixes it either way
     assert eager.attention(cpu, "bf16") == ("sdpa", "attention=sdpa (ORTFT_TORCH_ATTN)")
     monkeypatch.setenv("ORTFT_TORCH_ATTN", "flash")
-    with pytest.raises(ValueError, match="ORTFT_TORCH_ATTN=flash"):
+    with pytest.raises(InputError, match="ORTFT_TORCH_ATTN=flash"):  # one line, exit 2
         eager.attention(cpu, "fp32")
 
 

@@ -55,6 +55,38 @@ def compile_problems(recipe: Any) -> list[str]:
     return []
 
 
+# backend.unpad: the field lives in schema.BackendSection; its type and text are here
+Unpad = Literal[False, True, "auto"]
+UNPAD_DESCRIPTION = (
+    "The torch backend runs the encoder's per-position layers (Linear, and BERT-style "
+    "feed-forward and output blocks) on the real tokens only, skipping the padding, in training "
+    "forwards: the same values at every real token. auto: on a CPU, where it applies (backend "
+    "torch, not compiled, an encoder of a listed type, a task that reads no padded position: "
+    "classification, token classification, masked-lm, sentence embeddings; on a GPU no gain "
+    "was measured); true: on, also on a GPU (an error where it cannot apply); false: off "
+    "(docs/backends.md)."
+)
+
+
+def unpad_field() -> Any:
+    return Field("auto", description=UNPAD_DESCRIPTION)
+
+
+def unpad_problems(recipe: Any) -> list[str]:
+    """backend.unpad=true where it cannot apply, as far as the recipe tells (torch-free; the
+    model's type is checked when it loads)."""
+    if recipe.backend.unpad is not True:
+        return []
+    why = []
+    if recipe.backend.name != "torch":
+        why.append("it is the torch backend's (set backend.name=torch, or unpad=auto)")
+    if recipe.backend.compile is not False:
+        why.append("a compiled forward would recompile for every batch (backend.compile=false)")
+    if not tasks.get(recipe.task.name).pads_unread:  # a class attribute: default options do
+        why.append(f"task {recipe.task.name} reads padded positions")
+    return [f"backend.unpad=true: {w}" for w in why]
+
+
 def ortmodule_fields_set(recipe: Any) -> list[str]:
     """The ORTModule-only backend fields this recipe sets to other than their defaults."""
     section = recipe.backend
@@ -152,4 +184,5 @@ def names() -> list[str]:
 def problems(recipe: Any) -> list[str]:
     """What the recipe's backend cannot do (none for a registered engine)."""
     check = RULES.get(recipe.backend.name)
-    return compile_problems(recipe) + (check(recipe) if check is not None else [])
+    own = check(recipe) if check is not None else []
+    return compile_problems(recipe) + unpad_problems(recipe) + own

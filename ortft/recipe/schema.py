@@ -202,6 +202,7 @@ class BackendSection(Section):
         return value
 
     compile: backend_rules.Compile = backend_rules.compile_field()
+    unpad: backend_rules.Unpad = backend_rules.unpad_field()
     trainable: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = (
         Field(
             None,

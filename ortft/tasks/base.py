@@ -84,6 +84,9 @@ class Task:
     needs_logits = False  # eval keeps logits only where a metric needs them
     is_decoder = False  # call the model with use_cache=False (causal / encoder-decoder models)
     shift_labels = False  # the model predicts labels[:, 1:] (eval counts those positions)
+    # the loss reads no padded position of the encoder's output (the first token, labels -100
+    # at padding, or a masked pooling), so backend.unpad may skip them (backends/torch/unpad.py)
+    pads_unread = False
     own_columns = False  # rows are read through the task's task.*_column options, not data.*
     export_kind: ExportKind = "encoder"
     # arrays with one value per input position: cut with input_ids when a batch is shortened

@@ -16,6 +16,7 @@ class Options(TaskOptions):
 
 class SequenceClassification(Task):
     name = "sequence-classification"
+    pads_unread = True  # backend.unpad applies
     auto_class = "AutoModelForSequenceClassification"
     row_local = True  # each row tokenized on its own
     needs_logits = True  # eval keeps logits only where a metric needs them
@@ -24,6 +25,16 @@ class SequenceClassification(Task):
     predicts = "label"
     eval_metrics = ("eval_loss", "eval_accuracy", "eval_f1_macro")
     hf_architectures = ("SequenceClassification",)
+
+    def prepare_model(self, model: Any, processor: Any) -> None:
+        """Set the config's problem_type to what transformers' first forward would set it to
+        (class ids: single-label; one output: regression). That forward writes it into the
+        config, and a compiled forward guards on it: on an H200 (torch 2.11) the write cost a
+        full recompile at step 2 (gpu-torch-h200-2026-12-04-unpad.json's recompile reasons)."""
+        config = model.config
+        if getattr(config, "problem_type", None) is None:
+            one = config.num_labels == 1
+            config.problem_type = "regression" if one else "single_label_classification"
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         texts = [str(r[data.text_column]) for r in rows]

@@ -36,6 +36,7 @@ class Options(TaskOptions):
 class MaskedLM(Task):
     probability: float = 0.15
     name = "masked-lm"
+    pads_unread = True  # backend.unpad applies
     auto_class = "AutoModelForMaskedLM"
     needs_labels = False
     needs_logits = False

@@ -113,6 +113,7 @@ class SentenceEmbedding(Task):
     # what the run uses, once the model is known (prepare_model); until then the options' own
     pooling: Pooling = field(default_factory=Pooling)
     name = "sentence-embedding"
+    pads_unread = True  # backend.unpad applies
     auto_class = "AutoModel"  # the bare encoder: last_hidden_state, no head
     row_local = True  # each row tokenized on its own
     needs_labels = False

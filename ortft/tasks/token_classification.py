@@ -44,6 +44,7 @@ class TokenClassification(Task):
     tags_column: str = "tags"
     id2label: list[str] = field(default_factory=list)  # set by label_names(), read by metrics()
     name = "token-classification"
+    pads_unread = True  # backend.unpad applies
     auto_class = "AutoModelForTokenClassification"
     row_local = True  # each row tokenized on its own
     needs_labels = True

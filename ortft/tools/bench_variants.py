@@ -11,15 +11,17 @@ from dataclasses import dataclass
 from ortft.core.errors import UsageError
 
 # bench-only variants: (recipe overrides, environment for the worker process)
+# "torch", the baseline, is plain PyTorch: what a PyTorch user would run, so backend.unpad is
+# off (``torch+backend.unpad=auto`` measures ortft's torch route as a recipe runs it)
+PLAIN_TORCH = {"backend.name": "torch", "backend.unpad": "false"}
 VARIANTS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
     "ort": ({"backend.name": "ort"}, {}),
-    "torch": ({"backend.name": "torch"}, {}),
+    "torch": (PLAIN_TORCH, {}),
     # trains in onnxruntime.training.api; its process imports PyTorch only to build the artifacts
     "ort-ondevice": ({"backend.name": "ort-ondevice"}, {}),
-    "torch-eager-attn": ({"backend.name": "torch"}, {"ORTFT_TORCH_ATTN": "eager"}),
-    # backend.compile=true (inductor, dynamic shapes): its first step compiles, and a graph
-    # or two more compile in the next (a recompile once config.problem_type is set): give it
-    # --warmup 4 or more
+    "torch-eager-attn": (PLAIN_TORCH, {"ORTFT_TORCH_ATTN": "eager"}),
+    # backend.compile=true (inductor, dynamic shapes): its first step compiles, and the next
+    # may compile again (a new length): give it --warmup 4 or more
     "torch-compile": ({"backend.name": "torch", "backend.compile": "true"}, {}),
 }
 # A variant that may fail or time out without failing the bench (recorded as skipped).

@@ -3,6 +3,8 @@ the device and precision at hand (``attention``).
 
 ``backend.compile: true`` (or the ``auto`` probe's choice) runs the forward through
 ``torch.compile`` (``compiled.py``): the engine puts ``outer`` around its forward, outside DDP.
+Eager, ``backend.unpad`` runs the encoder's per-position layers on the real tokens only
+(``unpad.py``).
 
 A bench-only variant is switched on by an environment variable that ``ortft bench`` sets for
 its worker processes (not a recipe field: a recipe describes a training run, this describes a
@@ -37,10 +39,12 @@ EAGER_ON_CPU_BF16 = "eager attention: sdpa's CPU bf16 kernels train 1.1-1.9x slo
 
 def attention(device: torch.device, dtype: str) -> tuple[str, str | None]:
     """The attention a torch-route model is built with, and why when it is not the default."""
-    forced = os.environ.get("ORTFT_TORCH_ATTN")
+    forced = os.environ.get("ORTFT_TORCH_ATTN") or None  # set but empty: unset
     if forced is not None:
         if forced not in ("sdpa", "eager"):
-            raise ValueError(f"ORTFT_TORCH_ATTN={forced}: use sdpa or eager")
+            from ortft.core.errors import InputError
+
+            raise InputError(f"ORTFT_TORCH_ATTN={forced}: use sdpa or eager")
         return forced, f"attention={forced} (ORTFT_TORCH_ATTN)"
     if device.type == "cpu" and dtype == "bf16":
         return "eager", EAGER_ON_CPU_BF16
@@ -50,10 +54,13 @@ def attention(device: torch.device, dtype: str) -> tuple[str, str | None]:
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, compile: bool = False) -> None:
+    def __init__(self, compile: bool = False, unpad: Any = False) -> None:
         self.attention_note: str | None = None  # why the model's attention is not sdpa
         self.compile = compile
         self.clock: Any = None  # compiled: the first step's time (compiled.CompileClock)
+        self.unpad_setting = unpad  # backend.unpad: true, false or auto
+        self.unpadder: Any = None  # unpad.Unpadder, where the run unpads
+        self.unpad_reason: str | None = None
 
     def attn_implementation(self, device: torch.device, dtype: str) -> str:
         """The attention the model is built with (``attention``), noted for the report."""
@@ -61,7 +68,18 @@ class TorchBackend:
         return implementation
 
     def wrap(self, module: nn.Module, run_dir: Path) -> nn.Module:
-        return module  # evaluation, saving and export use the module itself
+        """The module itself (evaluation, saving and export use it), its encoder unpadded where
+        ``unpad.plan`` says so."""
+        from ortft.backends.torch import unpad
+
+        model, task = getattr(module, "model", None), getattr(module, "task", None)
+        if model is None or task is None:  # not a TaskModule: nothing to plan
+            return module
+        device = next(module.parameters()).device.type
+        on, self.unpad_reason = unpad.plan(model, task, self.unpad_setting, self.compile, device)
+        if on:
+            self.unpadder = unpad.install(unpad.encoder_of(model))
+        return module
 
     def outer(self, forward: nn.Module) -> Any:
         """The training forward: compiled around DDP (or the module) when compile is on."""
@@ -84,6 +102,13 @@ class TorchBackend:
         notes, extra = [], {}
         if self.attention_note is not None:
             notes.append(self.attention_note)
+        if self.unpadder is not None:
+            notes.append(f"unpad: {self.unpad_reason}")
+        extra["unpad"] = {
+            "on": self.unpadder is not None,
+            "why": self.unpad_reason,
+            "gathered_forwards": self.unpadder.calls if self.unpadder is not None else 0,
+        }
         if self.compile:
             extra["compile"] = self.clock.record() if self.clock is not None else {}
             notes.append(f"torch.compile ({extra['compile'].get('compiler')}, dynamic shapes)")

@@ -335,6 +335,7 @@ class TaskModule(nn.Module):
     def __init__(self, model: nn.Module, task: Any):
         super().__init__()
         self.model = model
+        self.task = task  # what the torch route's unpad plan reads (unpad.plan)
         self._task_forward = task.forward
 
     def forward(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

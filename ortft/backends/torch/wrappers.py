@@ -14,7 +14,8 @@ def wrapper(name: str, options: Any, compile: bool | None = None) -> Any:
     if name == "torch":
         from ortft.backends.torch.eager import TorchBackend
 
-        return TorchBackend(compile=options.compile is True if compile is None else compile)
+        on = options.compile is True if compile is None else compile
+        return TorchBackend(compile=on, unpad=options.unpad)
     if name == "ort":
         from ortft.backends.ortmodule.wrapper import OrtBackend
 
