@@ -14,8 +14,8 @@ def wrapper(name: str, options: Any, compile: bool | None = None) -> Any:
     if name == "torch":
         from ortft.backends.torch.eager import TorchBackend
 
-        on = options.compile is True if compile is None else compile
-        return TorchBackend(compile=on, unpad=options.unpad)
+        compiled = options.compile is True if compile is None else compile
+        return TorchBackend(compile=compiled, unpad=options.unpad)
     if name == "ort":
         from ortft.backends.ortmodule.wrapper import OrtBackend
 
