@@ -7,9 +7,10 @@ ortft importable).
 PREDICTS is the task's ``Task.predicts`` (label, tags, answer, fill-mask, generate,
 image-label). One JSON line per input on stdout, with the fields ``ortft predict`` gives that a
 client can compute. Each text is tokenized alone with the folder's tokenizer.json and run with
-an all-ones mask. For image-label, INPUTS lists image files (one path a line, relative to it):
-each is decoded with Pillow, made 8-bit RGB (alpha over white), run through preprocess.onnx,
-then model.onnx alone. For transcript, INPUTS lists 16 kHz audio files: each is decoded with
+an all-ones mask; a sentence-pair input (``text`` and ``text_pair``) is tokenized as one pair,
+its type ids fed as ``token_type_ids`` when the graph takes them. For image-label, INPUTS lists
+image files (one path a line, relative to it): each is decoded with Pillow, made 8-bit RGB
+(alpha over white), run through preprocess.onnx, then model.onnx alone. For transcript, INPUTS lists 16 kHz audio files: each is decoded with
 soundfile, down-mixed to mono, run through features.onnx, encoder.onnx, then decoder.onnx
 greedily with generation_config.json's prompt and suppressed tokens. For embedding (a bare
 encoder's export), INPUTS lists texts (one a line), run as one batch padded to its longest text
@@ -31,9 +32,11 @@ def session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def run(sess: ort.InferenceSession, ids: list[int]) -> np.ndarray:
+def run(sess: ort.InferenceSession, ids: list[int], types: list[int] | None = None) -> np.ndarray:
     x = np.array([ids], dtype=np.int64)
     feeds = {"input_ids": x, "attention_mask": np.ones_like(x)}
+    if "token_type_ids" in {i.name for i in sess.get_inputs()}:  # which text each token is from
+        feeds["token_type_ids"] = np.array([types or [0] * len(ids)], dtype=np.int64)
     feeds.update(empty_past(sess))  # a decoder with a KV cache: the first step's past is empty
     return sess.run(None, feeds)[0]
 
@@ -108,7 +111,8 @@ def predict(folder: Path, obj: dict, kind: str, max_new: int) -> dict:
         return {"generated": tok.decode(new), "new_tokens": len(new)}
     sess = session(folder / "model.onnx")
     if kind == "label":
-        p = softmax(run(sess, tok.encode(obj["text"]).ids)[0].astype(np.float64))
+        enc = tok.encode(obj["text"], obj.get("text_pair"))  # a pair: one sequence
+        p = softmax(run(sess, enc.ids, enc.type_ids)[0].astype(np.float64))
         return {
             "label": labels[str(p.argmax())],
             "scores": dict(zip(labels.values(), p.tolist(), strict=True)),

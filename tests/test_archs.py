@@ -1,5 +1,5 @@
 """The architecture tier (`make test-archs`, marker ``archs``): model families built from a tiny
-``model.from_config`` (hidden 32, 2 layers, 2 heads) train on ORTModule like on PyTorch and export.
+config (hidden 32, 2 layers, 2 heads) train on ORTModule like on PyTorch and export.
 
 Each family trains with its natural task (encoders: sequence-classification, decoders:
 causal-lm, encoder-decoders: seq2seq) for 3 steps of batch 4 with ``data.padding: longest``
@@ -11,7 +11,10 @@ parity check (summary.json's export section).
 
 Image families (kind ``image``) train image-classification the same way on a folder of tiny
 PNGs resized to 16x16 (``options.image_size``), the generic sizes mapped onto each config by
-``hf_config.VISION``; those ORTModule trains only with a fix (backends/ortmodule/patches.py)
+``hf_config.VISION``, from a pretrained folder as a user has one (``save_pretrained_image``:
+that config's model and the family's own image processor, written by ``save_pretrained``; its
+head kept, reordered, new or started afresh, ``HEADS``); ``ortft predict`` on final/ and on the
+export agree. Those ORTModule trains only with a fix (backends/ortmodule/patches.py)
 must name it in backend.notes (``IMAGE_PATCHES``). BatchNorm's running statistics are not
 compared: ORT's kernel updates running_var with the biased batch variance
 (tests/test_vision_patches.py); the losses do not read them. Left out: mobilenet_v2 (its 3-step
@@ -107,6 +110,16 @@ IMAGE_PATCHES = {
     "regnet": "GlobalAveragePool",
     "levit": "Hardswish",
 }
+# LeViT's BatchNorm over a batch of 4 (one token an image in its last stage) makes its third
+# loss move with float32 rounding (torch float32 against float64: 7e-4; ORT against torch, by
+# the folder's seed: 1e-6 to 2e-3); over 8 images ORT and torch agree to 1e-5 on every seed tried
+IMAGE_BATCH = {"levit": 8}
+# Each image family loads from a pretrained folder (save_pretrained_image) whose head has the
+# data's labels (kept), the same in another order (reordered), none (a base model: new), or
+# another set's, as an ImageNet checkpoint's (the rest: reinitialised); load_checks.plan_head
+LABELS = ("cat", "dog", "fox")  # write_image_folder's classes, in label order
+OTHER_LABELS = ("tench", "goldfish", "shark", "hen", "ostrich")
+HEADS = {"vit": "kept", "deit": "reordered", "resnet": "new"}
 ENCODERS = ["bert", "roberta", "xlm-roberta", "deberta-v2", "distilbert", "electra", "albert"]
 ENCODERS += ["mpnet", "modernbert"]
 GQA = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3", "starcoder2"]
@@ -132,10 +145,6 @@ BY_NAME = {f.name: f for f in FAMILIES}
 # (an image export's consumer load is tests/test_consumer.py's)
 CHECKED = {"encoder": "roberta", "decoder": "llama", "seq2seq": "bart"}
 DEEP = [f.name for f in FAMILIES if f.kind != "image" and (FULL or CHECKED[f.kind] == f.name)]
-# Families that cannot train on ORT and take a documented route instead: family -> the failing
-# op that backend.name=auto must name in summary.json and backend.name=ort in its one-line error.
-# At most two; each one is reported, never hidden.
-FALLBACK: dict[str, str] = {}
 
 TASK = {
     "image": {"name": "image-classification"},
@@ -173,22 +182,80 @@ def _write_data(root: Path) -> dict[str, str]:
     return {"encoder": "cls.csv", "decoder": "lm.jsonl", "seq2seq": "s2s.jsonl", "image": "imgs"}
 
 
-def image_recipe(family: Family, train: str, backend: str) -> dict[str, Any]:
+def image_spec(family: Family) -> dict[str, Any]:
+    """The family's tiny ``model.from_config`` section."""
     spec = {"architecture": family.name, **(family.sizes or {})}
     spec["options"] = {"image_size": IMAGE, **family.options}
+    return spec
+
+
+def save_pretrained_image(family: Family, folder: Path) -> Path:
+    """A pretrained folder of ``family`` as ``save_pretrained`` writes one: the model of the
+    tier's tiny config with its type's default dropouts (swin and beit: drop_path_rate 0.1,
+    which model.dropout must reach), a head as ``HEADS`` says, and the family's own image
+    processor (PIL backend), sized to the config's images."""
+    import torch
+    import transformers
+    from transformers import AutoModel, AutoModelForImageClassification
+    from transformers.models.auto.image_processing_auto import (
+        IMAGE_PROCESSOR_MAPPING_NAMES as PROCESSORS,
+    )
+
+    from ortft.backends.torch import hf_config
+    from ortft.recipe.schema import FromConfig
+
+    config = hf_config.generic_config(FromConfig(**image_spec(family)), None, None)
+    head = HEADS.get(family.name, "reinitialised")
+    names = {"kept": LABELS, "reordered": LABELS[::-1]}.get(head, OTHER_LABELS)
+    config.id2label = dict(enumerate(names))
+    config.label2id = {n: i for i, n in enumerate(names)}
+    config.architectures = []  # deit, levit: from_config iterates it (models.build_model)
+    torch.manual_seed(0)
+    auto = AutoModel if head == "new" else AutoModelForImageClassification
+    auto.from_config(config).save_pretrained(folder)
+    processor = getattr(transformers, PROCESSORS[family.name]["pil"])
+    pixels = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
+    image_processor(processor, pixels).save_pretrained(folder)
+    return folder
+
+
+def image_processor(cls: Any, pixels: int) -> Any:
+    """``cls`` making ``pixels`` x ``pixels`` inputs its own way: a fixed resize, or a shortest
+    edge resize (ConvNeXt's crop_pct, LeViT's 256/224), then its centre crop where it has one."""
+    default = cls()
+    if "shortest_edge" in default.size:
+        size = {"shortest_edge": pixels}
+    elif default.do_center_crop:  # resized a little larger, then cut (DeiT: 256, then 224)
+        size = {"height": pixels + 2, "width": pixels + 2}
+    else:
+        size = {"height": pixels, "width": pixels}
+    if default.do_center_crop:
+        return cls(size=size, crop_size={"height": pixels, "width": pixels})
+    return cls(size=size)
+
+
+def image_recipe(family: Family, train: str, backend: str, pretrained: Path) -> dict[str, Any]:
     return {
-        "model": {"from_config": spec, "dropout": 0.0},
+        "model": {"name_or_path": str(pretrained), "dropout": 0.0},
         "task": TASK["image"],
         "data": {"train": train, "eval_fraction": 0.2, "max_eval_samples": 8},
-        "training": {"max_steps": STEPS, "batch_size": 4, "lr": 1e-3, "log_every": 1},
+        "training": {
+            "max_steps": STEPS,
+            "batch_size": IMAGE_BATCH.get(family.name, 4),
+            "lr": 1e-3,
+            "log_every": 1,
+        },
         "backend": {"name": backend},
         "export": {"enabled": backend == "ort"},
     }
 
 
-def recipe(family: Family, train: str, backend: str) -> dict[str, Any]:
+def recipe(
+    family: Family, train: str, backend: str, pretrained: Path | None = None
+) -> dict[str, Any]:
     if family.kind == "image":
-        return image_recipe(family, train, backend)
+        assert pretrained is not None
+        return image_recipe(family, train, backend, pretrained)
     spec: dict[str, Any] = {
         "architecture": family.name,
         "hidden_size": 32,
@@ -237,11 +304,12 @@ class Tier:
             pytest.fail(self.errors[key])
         if key not in self.runs:
             family = BY_NAME[name]
-            path = write_recipe(
-                self.root / f"{name}-{backend}.yaml",
-                recipe(family, self.data[family.kind], backend),
-            )
             try:
+                folder = self.pretrained(family) if family.kind == "image" else None
+                path = write_recipe(
+                    self.root / f"{name}-{backend}.yaml",
+                    recipe(family, self.data[family.kind], backend, folder),
+                )
                 lifecycle.run(recipe_io.load(path), output_dir=self.root / f"{name}-{backend}")
             except GateError:
                 pass  # the export's parity gate (exit 3): trained; test_export_passes_parity says
@@ -252,6 +320,13 @@ class Tier:
                 pytest.fail(self.errors[key])
             self.runs[key] = self.root / f"{name}-{backend}"
         return self.runs[key]
+
+    def pretrained(self, family: Family) -> Path:
+        """An image family's pretrained folder, built once for both backends."""
+        folder = self.root / f"{family.name}-pretrained"
+        if not (folder / "preprocessor_config.json").exists():
+            save_pretrained_image(family, folder)
+        return folder
 
     def row(self, name: str) -> dict[str, Any]:
         blank = dict.fromkeys(("trains_on_ort", "max_loss_diff", "export_parity"))
@@ -321,7 +396,7 @@ def _ids(name: str) -> str:
     return name
 
 
-TRAINED = [f.name for f in FAMILIES if f.name not in FALLBACK]
+TRAINED = [f.name for f in FAMILIES]
 
 
 @pytest.mark.parametrize("name", TRAINED, ids=_ids)
@@ -342,6 +417,31 @@ def test_trains_on_ort_like_torch(name: str, tier: Tier) -> None:
     diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ort, torch, strict=True))
     tier.row(name)["max_loss_diff"] = diff
     assert ort == pytest.approx(torch, rel=REL), (ort, torch)
+
+
+@pytest.mark.parametrize("name", list(IMAGE_FAMILIES), ids=_ids)
+def test_pretrained_image_folder_predicts(name: str, tier: Tier) -> None:
+    """The folder's head was kept, reordered or started afresh as ``HEADS`` says, on both
+    backends; ``ortft predict`` on the ORT run's final/ (PyTorch) and on its export
+    (preprocess.onnx, then model.onnx) gives the same label for every image."""
+    from ortft.inference import predict
+
+    run = tier.run(name, "ort")
+    for backend in ("ort", "torch"):
+        head = summary(tier.run(name, backend))["backend"]["head"]
+        assert head["action"] == HEADS.get(name, "reinitialised"), head
+        assert head["new_labels"] == list(LABELS), head
+    images = str(tier.root / tier.data["image"])
+    final = list(predict.run(run / "final", images))
+    export = list(predict.run(run / "onnx", images))
+    assert len(final) == 18 and [r["label"] for r in export] == [r["label"] for r in final]
+    for got, want in zip(export, final, strict=True):
+        assert got["scores"] == pytest.approx(want["scores"], abs=1e-4), (got, want)
+    preprocess = json.loads((run / "onnx" / "export.json").read_text())["preprocess"]
+    if name == "levit":  # its processor resizes its own way: predict runs the processor
+        assert "LevitImageProcessorPil" in preprocess["reason"], preprocess
+    else:
+        assert preprocess["exported"] and preprocess["passed"], preprocess
 
 
 def _batch_lengths(run: Path) -> list[list[int]]:
@@ -374,7 +474,7 @@ def test_generation_check(name: str, tier: Tier) -> None:
     assert generation["passed"] and generation["steps_compared"] > 0, generation
 
 
-@pytest.mark.parametrize("name", [n for n in DEEP if n not in FALLBACK], ids=_ids)
+@pytest.mark.parametrize("name", DEEP, ids=_ids)
 def test_consumer_loads_the_export(name: str, tier: Tier, consumer_python: str) -> None:
     """tests/consumer_client.py in the clean venv gives what ``ortft predict`` gives."""
     folder = tier.run(name, "ort") / "onnx"
@@ -389,29 +489,3 @@ def test_consumer_loads_the_export(name: str, tier: Tier, consumer_python: str) 
     for g, w in zip(got, want, strict=True):
         assert _close(g, {k: w[k] for k in g}), (g, w)
     tier.row(name)["consumer"] = "passed"
-
-
-FALLING_BACK = [pytest.param(n, id=n) for n in FALLBACK] or [
-    pytest.param(None, id="none", marks=pytest.mark.skip(reason="no family falls back"))
-]
-
-
-@pytest.mark.parametrize("name", FALLING_BACK)
-def test_fallback_is_documented(name: str, tier: Tier) -> None:
-    """auto picks torch and says why, naming the op; an explicit ort is a one-line error."""
-    from ortft.core.errors import OrtftError
-
-    op = FALLBACK[name]
-    family = BY_NAME[name]
-    path = write_recipe(
-        tier.root / f"{name}-auto.yaml", recipe(family, tier.data[family.kind], "auto")
-    )
-    got = lifecycle.run(recipe_io.load(path), output_dir=tier.root / f"{name}-auto").backend
-    tier.row(name)["trains_on_ort"] = f"no: auto -> {got.used} ({got.fallback_reason})"
-    assert got.used == "torch" and op in (got.fallback_reason or ""), got
-    path = write_recipe(
-        tier.root / f"{name}-ort.yaml", recipe(family, tier.data[family.kind], "ort")
-    )
-    with pytest.raises(OrtftError) as err:
-        lifecycle.run(recipe_io.load(path), output_dir=tier.root / f"{name}-ort")
-    assert op in str(err.value) and "\n" not in str(err.value).strip()

@@ -111,6 +111,21 @@ def test_bench_usage_errors_exit_2(cls_recipe: Path) -> None:
         assert res.exit_code == EXIT_USAGE, res.output
 
 
+def test_bench_timeout_kills_a_run_that_takes_longer(cls_recipe: Path, monkeypatch) -> None:
+    """--timeout 0.5: the run (a fresh Python that imports torch) is killed and reported as
+    timed out, exit 1; under the default 900 s it would finish. The machine's peak (seconds
+    of matmuls, twice) is not what this checks: a fixed one stands in."""
+    peak = {"flops": 1e9, "by_library": {"torch": 1e9}, "device": "cpu", "how": "fixed"}
+    monkeypatch.setattr(flops, "measure_peak_flops", lambda device, threads: dict(peak))
+    args = ["--backends", "torch", "--steps", "2", "--warmup", "1", "--repeats", "1"]
+    res = CliRunner().invoke(app, ["bench", str(cls_recipe), *args, "--timeout", "0.5", "--json"])
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.stdout)
+    assert out["failed"] == ["torch"]
+    assert out["backends"]["torch"]["status"] == "failed"
+    assert out["backends"]["torch"]["error"].startswith("timed out")
+
+
 def test_auto_picks_a_backend_and_trains_as_it_would(cls_recipe: Path, tmp_path: Path) -> None:
     res = cli(
         "train",

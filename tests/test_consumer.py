@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from helpers import run_cli
 from test_export_image import write_image_modes
+from test_sentence_pairs import HELD_OUT, as_text_pair, train_pair_run, write_jsonl
 from test_task_matrix import (
     MAX_NEW,
     TASKS,
@@ -196,6 +197,36 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
         }.get(spec.predicts, format_line)(want)
         got = _consumer(consumer_python, "-I", "-c", code, cwd=folder)
         assert got.rstrip("\n") == expected, (folder.name, code)
+
+
+def test_pair_client_matches_predict(
+    tmp_path_factory: pytest.TempPathFactory, consumer_python: str
+) -> None:
+    """A sentence-pair classifier (tests/test_sentence_pairs.py's run) exported by ``ortft
+    export --check-runtime``: the client encodes text + text_pair as one pair, feeds its type
+    ids as token_type_ids and gives ``ortft predict``'s labels and scores; the card's snippet,
+    which encodes a pair too, runs verbatim."""
+    run = train_pair_run(tmp_path_factory.mktemp("pairs"))
+    folder = run.parent / "onnx-checked"
+    report = _export(run, folder, "--check-runtime", consumer_python)
+    assert report["inputs"][-1] == "token_type_ids" and report["runtimes"][1]["passed"]
+    inputs = write_jsonl(run.parent / "pairs.jsonl", as_text_pair(HELD_OUT[:8]))
+    want = _predict(folder, inputs, MAX_NEW)
+    out = _consumer(consumer_python, "-I", CLIENT, folder, inputs, "label", MAX_NEW)
+    got = [json.loads(x) for x in out.splitlines()]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert _close(g, {k: w[k] for k in g}), (g, w)
+    spec = tasks.get("sequence-classification")
+    card = write_jsonl(run.parent / "card.jsonl", [deploy.example_input(spec, None, pair=True)])
+    (expected,) = _predict(folder, card, SNIPPET_NEW)
+    code = deploy.card_snippet((folder / "README.md").read_text())
+    # verbatim, then its logits too: a label alone matches one text's half the time
+    shown = code + "print(json.dumps(logits[0].tolist()))\n"
+    label, logits = _consumer(consumer_python, "-I", "-c", shown, cwd=folder).splitlines()
+    assert label == expected["label"], code
+    p = np.exp(json.loads(logits)) / np.exp(json.loads(logits)).sum()
+    assert np.allclose(p, list(expected["scores"].values()), atol=1e-4), (p, expected)
 
 
 @pytest.mark.parametrize(

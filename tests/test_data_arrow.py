@@ -184,6 +184,47 @@ def test_cache_command_lists_and_prunes(tmp_path: Path, tokenizer, monkeypatch) 
     assert json.loads(_cli("list", "--json", env_cache=cache).stdout) == []
 
 
+def test_cache_prune_older_than_and_dry_run_on_old_entries(
+    tmp_path: Path, tokenizer, monkeypatch
+) -> None:
+    """Entries made 3 days old (a tokenized entry's age is its metadata's `created`, a rows
+    entry's its folder's mtime): --dry-run lists them and removes nothing; --older-than 2d
+    then removes them and nothing younger."""
+    import os
+    import time
+
+    from typer.testing import CliRunner
+
+    from ortft.cli.app import app
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ORTFT_CACHE", str(cache))
+    _write(tmp_path, "csv")
+    _encode(tmp_path, tokenizer)
+    (tmp_path / "e.csv").write_text((tmp_path / "d.csv").read_text().replace("row", "line"))
+    _encode(tmp_path, tokenizer, "e.csv")
+    entries = json.loads(CliRunner().invoke(app, ["cache", "list", "--json"]).stdout)
+    old_at = time.time() - 3 * 86400
+    tok = next(e for e in entries if e["kind"] == "tokenized" and e["source"] == "e.csv")
+    meta_file = Path(tok["path"]) / tokenized.META
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "created": old_at}))
+    rows = next(e for e in entries if e["kind"] == "rows")
+    os.utime(rows["path"], (old_at, old_at))
+    old = {tok["path"], rows["path"]}
+    young = {e["path"] for e in entries} - old
+    assert len(young) >= 2  # the other tokenized entry and rows
+
+    def prune(*args: str) -> set[str]:
+        res = CliRunner().invoke(app, ["cache", "prune", "--older-than", "2d", *args, "--json"])
+        assert res.exit_code == 0, res.output
+        return {e["path"] for e in json.loads(res.stdout)}
+
+    assert prune("--dry-run") == old
+    assert all(Path(p).exists() for p in old | young)
+    assert prune() == old
+    assert not any(Path(p).exists() for p in old) and all(Path(p).exists() for p in young)
+
+
 def _stream_and_stored(tmp_path: Path, tokenizer, **fields: object):
     from ortft.data import streaming
 

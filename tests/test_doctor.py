@@ -188,3 +188,27 @@ def test_broken_onnxruntime_fix_names_the_installed_ort_build(monkeypatch):
     (check,) = doctor._probe_ort()
     assert check.name == "onnxruntime import" and check.verdict == doctor.FAIL
     assert check.fix == "pip install --force-reinstall onnxruntime-training-cpu==1.19.2"
+
+
+def test_fix_builds_the_missing_extensions_and_plain_doctor_does_not(monkeypatch):
+    """--fix reaches the build (ensure_built, patched here: a real one takes minutes) when
+    the extensions are missing; without it doctor only reports them missing."""
+    from ortft.env import extensions
+
+    built: list[bool] = []
+    missing = extensions.Status("/ext", False, "k", ["fused_adam"], [], ["fused_adam"])
+    done = extensions.Status("/ext", True, "k", ["fused_adam"], ["fused_adam"])
+    monkeypatch.setattr(extensions, "status", lambda: done if built else missing)
+    monkeypatch.setattr(extensions, "ensure_built", lambda: built.append(True) or done)
+    monkeypatch.setattr(extensions, "check_loads", lambda: None)
+
+    def extension_check(*args: str) -> dict:
+        report = json.loads(runner.invoke(app, ["doctor", "--json", *args]).stdout)
+        return next(c for c in report["checks"] if c["name"] == "ORTModule extensions")
+
+    plain = extension_check()
+    assert plain["verdict"] == doctor.FAIL and "not built: fused_adam" in plain["value"]
+    assert built == []
+    fixed = extension_check("--fix")
+    assert built == [True] and fixed["verdict"] == doctor.OK
+    assert fixed["value"] == "fused_adam in /ext"

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import optuna  # noqa: F401  (make setup installs it: missing, these tests fail at import)
 import pytest
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 from helpers import run_cli
 
-pytest.importorskip("optuna")
-
-from ortft.core.errors import RecipeError  # noqa: E402
+from ortft.core.errors import RecipeError
 from ortft.recipe import io as recipe_io
-from ortft.tools import hpo  # noqa: E402
+from ortft.tools import hpo
 
 SPACE = {
     "training.lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2},
@@ -95,3 +94,31 @@ def test_three_trials_then_resume(tmp_path: Path) -> None:
     assert Path(loaded.recipe.data.train).is_absolute()
     # asking again for 3 runs nothing
     assert run_hpo(recipe, out, trials=3)["trials"] == trials
+
+
+def test_direction_study_and_storage(tmp_path: Path) -> None:
+    """hpo.direction: maximize, on eval_loss (auto would minimize it), in the study and storage
+    given by --study and --storage: the study is there under that name and to maximize, the
+    best trial is the largest eval_loss, and the default study.db is never written. In
+    process, as the trials themselves run (a fresh Python would spend most of the time on
+    imports)."""
+    from typer.testing import CliRunner
+
+    from ortft.cli.app import app
+
+    recipe, out = hpo_recipe(tmp_path, **{"training.lr": SPACE["training.lr"]}), tmp_path / "o"
+    storage = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    overrides = ["hpo.direction=maximize", "hpo.pruning.enabled=false", "training.max_steps=2"]
+    options = ["--study", "mine", "--storage", storage, "--output-dir", str(out)]
+    args = ["hpo", str(recipe), *overrides, "--trials", "2", *options, "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output[-3000:]
+    result = json.loads(res.stdout)
+    assert result["study"] == "mine" and result["storage"] == storage
+    assert result["direction"] == "maximize"
+    assert optuna.get_all_study_names(storage) == ["mine"]
+    assert optuna.load_study(study_name="mine", storage=storage).direction.name == "MAXIMIZE"
+    assert not (out / "study.db").exists()
+    values = [t["value"] for t in result["trials"] if t["state"] == "complete"]
+    assert len(values) == 2 and values[0] != values[1]
+    assert result["best"]["value"] == max(values)

@@ -83,6 +83,23 @@ def test_collate_augments_train_batches_by_seed_epoch_and_file(tmp_path: Path) -
     assert not np.array_equal(a, b)
 
 
+def test_random_resized_crop_draws_boxes_of_crop_ratio(tmp_path: Path, monkeypatch) -> None:
+    """task.crop_ratio [2, 2.5]: every train crop is about twice as wide as it is high (the
+    default [3/4, 4/3] never is); the crops are what the processor is given."""
+    write_image_folder(tmp_path / "imgs", per_class=4, size=(40, 40))
+    paths = sorted(str(p).encode() for p in (tmp_path / "imgs").rglob("*.png"))
+    batch = {"_image": np.array(paths, dtype="S"), "labels": np.zeros(len(paths), np.int64)}
+    options = {"random_resized_crop": True, "crop_scale": [0.2, 0.4], "crop_ratio": [2.0, 2.5]}
+    task = tasks.get("image-classification", options)
+    task.bind(object())
+    seen: list[tuple[int, int]] = []
+    monkeypatch.setattr(images, "pixel_values", lambda imgs, _: seen.extend(i.size for i in imgs))
+    for epoch in range(3):
+        task.collate(batch, epoch, 0)
+    assert len(seen) == 3 * len(paths)
+    assert all(1.8 <= w / h <= 2.8 for w, h in seen), seen
+
+
 def test_jsonl_paths_resolve_against_the_jsonl_folder(tmp_path: Path) -> None:
     from ortft.data.rows import read_rows
     from ortft.data.spec import DataSection

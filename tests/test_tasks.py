@@ -247,6 +247,36 @@ def test_instruction_masks_prompts_and_packs_whole_examples() -> None:
         )  # each started example ends in the block
 
 
+def test_instruction_reads_the_columns_its_options_name(tmp_path: Path) -> None:
+    """task.prompt_column / response_column / messages_column, from a recipe through the jsonl
+    reader (which stores only the columns the task names) to the learned tokens."""
+    from ortft.data.rows import read_rows
+
+    chat = [{"role": "user", "content": "Is 3 odd?"}, {"role": "assistant", "content": "Yes."}]
+    lines = [{"question": "Add 1 and 2.", "answer": "1 plus 2 is 3."}, {"chat": chat}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    recipe = Recipe.model_validate(
+        {
+            "model": {"name_or_path": "x"},
+            "task": {
+                "name": "instruction",
+                "prompt_column": "question",
+                "response_column": "answer",
+                "messages_column": "chat",
+            },
+            "data": {"train": "d.jsonl", "max_length": 64, "packing": False},
+        }
+    )
+    task = tasks.get(recipe.task.name, recipe.task)
+    rows = list(read_rows(recipe.data, tmp_path, "d.jsonl", "train", task))
+    tok = _tokenizer("byte-bpe", task.texts(rows, recipe.data))
+    enc = task.encode(rows, tok, recipe.data, None)
+    text = tok.decode(enc.arrays["input_ids"][0][enc.arrays["attention_mask"][0] == 1])
+    assert text.startswith("### Instruction:\nAdd 1 and 2.\n\n### Response:\n")
+    learned = [tok.decode([t for t in row if t != -100]) for row in enc.arrays["labels"]]
+    assert learned == [r + tok.eos_token for r in ("1 plus 2 is 3.", "Yes.")]
+
+
 def test_token_f1() -> None:
     from ortft.tasks.seq2seq import token_f1
 

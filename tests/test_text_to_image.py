@@ -311,6 +311,48 @@ def test_the_onnx_export_draws_what_diffusers_draws(full_run, tmp_path):
     assert draw.draw(full_run, opts, tmp_path / "torch.png")["scheduler"] == "PNDMScheduler"
 
 
+def test_predict_draws_at_height_and_width_away_from_the_negative_prompt(full_run, tmp_path):
+    """`ortft predict --height 16 --width 8 --negative-prompt ...` (in process): the PNG is 8
+    wide and 16 high, and it is what diffusers' pipeline draws from final/ with that negative
+    prompt, not without it; the ONNX export draws that size, and the negative prompt changes
+    its image too."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from ortft.cli.app import app
+
+    prompt, negative = "a handwritten digit 3", "a handwritten digit 7"
+
+    def predict(source: Path, name: str, *extra: str) -> np.ndarray:
+        png = tmp_path / name
+        args = ["--prompt", prompt, "--steps", "2", "--seed", "5", "--height", "16"]
+        res = CliRunner().invoke(
+            app, ["predict", str(source), *args, "--width", "8", "-o", str(png), *extra]
+        )
+        assert res.exit_code == 0, res.output
+        return np.asarray(Image.open(png))
+
+    pipe = StableDiffusionPipeline.from_pretrained(str(full_run / "final"))
+    pipe.set_progress_bar_config(disable=True)
+
+    def want(negative_prompt: str | None) -> np.ndarray:
+        generator = torch.Generator().manual_seed(5)
+        steps = {"num_inference_steps": 2, "height": 16, "width": 8}
+        image = pipe(prompt, negative_prompt=negative_prompt, generator=generator, **steps)
+        return np.asarray(image.images[0])
+
+    drawn = predict(full_run, "torch.png", "--negative-prompt", negative)
+    assert drawn.shape == (16, 8, 3)
+    np.testing.assert_array_equal(drawn, want(negative))
+    assert not np.array_equal(drawn, want(None))
+    onnx_plain = predict(full_run / "onnx", "onnx.png")
+    onnx_negative = predict(full_run / "onnx", "onnx-neg.png", "--negative-prompt", negative)
+    assert onnx_plain.shape == onnx_negative.shape == (16, 8, 3)
+    assert not np.array_equal(onnx_plain, onnx_negative)
+
+
 def test_a_scheduler_the_numpy_loop_does_not_reproduce_is_one_line(full_run, tmp_path):
     """In process (the CLI turns an InputError into its one line and exit 2)."""
     import shutil

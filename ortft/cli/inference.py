@@ -22,7 +22,8 @@ def eval_cmd(
             "--data",
             help="Data to score (any format training reads; images: a folder of class "
             "sub-folders or a csv/jsonl of paths; audio: a csv/jsonl of paths and transcripts; "
-            "text-to-image: a csv/jsonl of image paths and captions or labels); "
+            "text-to-image: a csv/jsonl of image paths and captions or labels; a sentence-pair "
+            "model: its training text columns, or 'text' and 'text_pair'); "
             "default: the run's eval split.",
         ),
     ] = None,
@@ -98,9 +99,9 @@ def predict(
         typer.Option(
             "--input",
             "-i",
-            help="Texts, one per line, or JSONL ('text'; token-cls: or 'tokens'; QA: 'question' "
-            "and 'context'); image-cls and speech: image / audio paths, one per line "
-            "(relative to the file), or a folder of them; - for stdin.",
+            help="Texts, one per line, or JSONL ('text', a pair: + 'text_pair'; token-cls: or "
+            "'tokens'; QA: 'question' and 'context'); image-cls and speech: image / audio paths, "
+            "one per line (relative to the file), or a folder of them; - for stdin.",
         ),
     ] = "-",
     max_new_tokens: Annotated[

@@ -303,7 +303,11 @@ def _one_line(err: BaseException) -> str:
     return f"{type(inner).__name__}: {str(inner).splitlines()[0] if str(inner) else ''}"
 
 
-def _from_datasets(source: str, fmt: str, split: str, path: Path | None) -> Any:
+def _from_datasets(
+    source: str, fmt: str, split: str, path: Path | None, of_splits: bool = False
+) -> Any:
+    """The ``split`` of a parquet file, a saved ``datasets`` folder or a Hub dataset (a saved
+    Dataset or a parquet file is one split, whatever ``split`` says, unless ``of_splits``)."""
     datasets = quiet_datasets()
     cache_dir = str(cache_root() / "datasets")
     try:
@@ -319,19 +323,36 @@ def _from_datasets(source: str, fmt: str, split: str, path: Path | None) -> Any:
         if split not in ds:
             raise InputError(f"{source}: no split '{split}' (has {', '.join(ds)})")
         ds = ds[split]
+    elif of_splits and fmt != "hub":  # the Hub gave the split asked for
+        raise _no_splits(source, split, "a saved Dataset" if fmt == "disk" else f"a {fmt} file")
     return ds
 
 
-def read_rows(spec: DataSection, base_dir: Path, value: str, split: str, task: RowColumns) -> Rows:
+def _no_splits(source: str, split: str, what: str) -> InputError:
+    return InputError(
+        f"{source}: data.eval_split '{split}' names a split, but {what} has none (a saved "
+        "DatasetDict or a Hub dataset has); give data.eval or data.eval_fraction instead"
+    )
+
+
+def read_rows(
+    spec: DataSection,
+    base_dir: Path,
+    value: str,
+    split: str,
+    task: RowColumns,
+    of_splits: bool = False,
+) -> Rows:
     """One source's rows, checked, as a memory-mapped Arrow dataset (``value``: a path, relative
-    to ``base_dir``, or a Hub name)."""
+    to ``base_dir``, or a Hub name). ``of_splits``: ``split`` must be one of the source's own
+    splits (``data.eval_split``), never the whole of a source that has none."""
     fmt: str = spec.format
     if fmt == "hub" or (
         fmt == "auto"
         and not looks_local(value)
         and not resolve_input_path(value, base_dir).exists()
     ):
-        ds = _from_datasets(value, "hub", split, None)
+        ds = _from_datasets(value, "hub", split, None, of_splits)
         check_table(ds, RowCheck.of(value, spec, task))
         return Rows(ds)
     path = resolve_input_path(value, base_dir)
@@ -340,9 +361,11 @@ def read_rows(spec: DataSection, base_dir: Path, value: str, split: str, task: R
     fmt = _infer_format(path) if fmt == "auto" else fmt
     check = RowCheck.of(value, spec, task)
     if fmt in {"parquet", "disk"}:
-        ds = _from_datasets(value, fmt, split, path)
+        ds = _from_datasets(value, fmt, split, path, of_splits)
         check_table(ds, check)
         return Rows(ds)
+    if of_splits:
+        raise _no_splits(value, split, "a folder" if fmt == "folder" else f"a {fmt} file")
     return Rows(_from_text(path, fmt, spec, check))
 
 

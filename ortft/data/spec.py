@@ -23,14 +23,20 @@ class DataSection(Section):
     eval: str | None = Field(None, description="Evaluation data (same forms as train).")
     eval_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = Field(
         0.1,
-        description="Held-out share of train used for eval when `eval` is not given (0: no eval).",
+        description="Held-out share of train used for eval when neither `eval` nor `eval_split` is "
+        "given (0: no eval).",
     )
     format: DataFormat = Field("auto", description="Input format; auto infers it from the path.")
     split: str = Field(
-        "train", description="Split to read from a Hub dataset or saved DatasetDict."
+        "train",
+        description="Split to read from a Hub dataset or a saved DatasetDict (a saved Dataset is "
+        "one split: read whole).",
     )
     eval_split: str | None = Field(
-        None, description="Split for eval from a Hub dataset / DatasetDict."
+        None,
+        description="Eval rows: this split of train's Hub dataset or saved DatasetDict (used "
+        "instead of eval_fraction; a source without splits is an error); with `eval`, the split "
+        "read from it (default validation).",
     )
     decode_errors: Literal["strict", "replace"] = Field(
         "strict",

@@ -59,8 +59,8 @@ def load_splits(spec: DataSection, base_dir: Path, task: RowColumns, *, seed: in
     evals: Rows | None = None
     if spec.eval:
         evals = read_rows(spec, base_dir, spec.eval, spec.eval_split or "validation", task)
-    elif spec.format == "hub" and spec.eval_split:
-        evals = read_rows(spec, base_dir, spec.train, spec.eval_split, task)
+    elif spec.eval_split:  # another split of train's source: a saved DatasetDict, the Hub
+        evals = read_rows(spec, base_dir, spec.train, spec.eval_split, task, of_splits=True)
     elif spec.eval_fraction > 0:
         # a seeded shuffle, then the tail is held out: the same split on every run
         order = np.random.default_rng(seed).permutation(len(train))
@@ -81,8 +81,8 @@ def _stream_splits(spec: DataSection, base_dir: Path, task: RowColumns) -> RawSp
     evals = None
     if spec.eval:
         evals = read_rows(spec, base_dir, spec.eval, spec.eval_split or "validation", task)
-    elif spec.format == "hub" and spec.eval_split:
-        evals = read_rows(spec, base_dir, spec.train, spec.eval_split, task)
+    elif spec.eval_split:
+        evals = read_rows(spec, base_dir, spec.train, spec.eval_split, task, of_splits=True)
     if evals is not None and spec.max_eval_samples and spec.max_eval_samples < len(evals):
         evals = evals.select(range(spec.max_eval_samples))
     return RawSplits(train=train, eval=evals, fingerprint=_fingerprint(base_dir, [spec.eval]))

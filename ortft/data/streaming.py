@@ -63,8 +63,8 @@ def read(spec: DataSection, base_dir: Path, value: str, split: str, task: RowCol
     fmt = data._infer_format(path) if spec.format == "auto" else spec.format
     if fmt == "parquet":
         ds = datasets.load_dataset("parquet", data_files=str(path), split="train", streaming=True)
-    elif fmt == "disk":
-        ds = datasets.load_from_disk(str(path)).to_iterable_dataset()
+    elif fmt == "disk":  # a saved DatasetDict streams its data.split
+        ds = data._from_datasets(value, fmt, split, path).to_iterable_dataset()
     else:
         payload = {"path": str(path), "format": fmt, "data": spec.model_dump(mode="json"),
                    "check": {k: getattr(check, k) for k in check.__dataclass_fields__}}  # fmt: skip

@@ -128,6 +128,7 @@ def key(
         if hasattr(tokenizer, "backend_tokenizer")
         else repr(tokenizer)
     )
+    tok_state += repr(getattr(tokenizer, "model_input_names", None))  # which arrays it gives
     h = hashlib.sha256()
     for part in [
         str(CACHE_VERSION),

@@ -36,6 +36,7 @@ EXAMPLE = {
     "generate": "the cat sat",
 }
 QA_EXAMPLE = ("Where does Anna live?", "Anna lives in Paris and works in Lyon.")
+PAIR_EXAMPLE = ("The plot was boring.", "A great fun movie.")  # a pair classifier's
 
 
 def model_limit(config: Any) -> int | None:
@@ -139,8 +140,18 @@ _RUN = """ids = np.array([enc.ids], dtype=np.int64)
 logits = session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
 """
 
+# a sentence-pair model's graph with segment embeddings: which text each token is from
+_RUN_TYPES = """ids = np.array([enc.ids], dtype=np.int64)
+types = np.array([enc.type_ids], dtype=np.int64)
+feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
+logits = session.run(["logits"], feeds)[0]
+"""
+
 _BODY = {
     "label": """enc = tok.encode({text})
+{run}print(config["id2label"][str(logits[0].argmax())])
+""",
+    "label-pair": """enc = tok.encode({text}, {text_pair})  # the pair as one sequence
 {run}print(config["id2label"][str(logits[0].argmax())])
 """,
     "tags": """words = {text}.split()
@@ -217,9 +228,16 @@ _SEQ2SEQ_SESSIONS = (
 )
 
 
-def snippet(task: Any, tokenizer: Any, cache: bool | None, prompt: str | None = None) -> str:
+def snippet(
+    task: Any,
+    tokenizer: Any,
+    cache: bool | None,
+    prompt: str | None = None,
+    inputs: tuple[str, ...] | None = None,
+) -> str:
     """The usage snippet for ``task`` (a ``tasks.Task``); ``cache``: a decoder's KV cache;
-    ``prompt``: the formatted example text for a decoder (an instruction model's template)."""
+    ``prompt``: the formatted example text for a decoder (an instruction model's template);
+    ``inputs``: a sentence-pair classifier's graph inputs (None: not a pair model)."""
     kind = task.predicts
     if task.export_kind == "seq2seq":
         body, sessions = "seq2seq", _SEQ2SEQ_SESSIONS
@@ -228,13 +246,16 @@ def snippet(task: Any, tokenizer: Any, cache: bool | None, prompt: str | None = 
         if kind == "generate":
             body = "generate-cache" if cache else "generate-nocache"
     text = prompt if prompt is not None else EXAMPLE.get(kind or "label", "")
+    if inputs is not None:
+        body, text = "label-pair", PAIR_EXAMPLE[0]
     question, context = QA_EXAMPLE
     code = _BODY[body].format(
-        run=_RUN,
+        run=_RUN_TYPES if "token_type_ids" in (inputs or ()) else _RUN,
         **{  # as JSON strings: valid Python literals, in double quotes
             k: json.dumps(v, ensure_ascii=False)
             for k, v in {
                 "text": text,
+                "text_pair": PAIR_EXAMPLE[1],
                 "question": question,
                 "context": context,
                 "mask": getattr(tokenizer, "mask_token", None) or "[MASK]",
@@ -244,8 +265,11 @@ def snippet(task: Any, tokenizer: Any, cache: bool | None, prompt: str | None = 
     return _HEAD.format(sessions=sessions) + code
 
 
-def example_input(task: Any, tokenizer: Any) -> dict[str, str]:
-    """The snippet's input as an ``ortft predict`` JSON line (what the consumer test feeds)."""
+def example_input(task: Any, tokenizer: Any, pair: bool = False) -> dict[str, str]:
+    """The snippet's input as an ``ortft predict`` JSON line (what the consumer test feeds);
+    ``pair``: a sentence-pair classifier's."""
+    if pair:
+        return dict(zip(("text", "text_pair"), PAIR_EXAMPLE, strict=True))
     if task.predicts == "answer":
         question, context = QA_EXAMPLE
         return {task.question_column: question, task.context_column: context}
@@ -301,7 +325,8 @@ def _text_card(task: Any, tokenizer: Any, report: dict[str, Any]) -> tuple[str, 
     prompt = None
     if task.predicts == "generate" and task.export_kind != "seq2seq":
         prompt = task.prompt(EXAMPLE["generate"], tokenizer)
-    code = snippet(task, tokenizer, report.get("kv_cache"), prompt)
+    pair = tuple(report["inputs"]) if report.get("text_pair") else None
+    code = snippet(task, tokenizer, report.get("kv_cache"), prompt, pair)
     length = report["tokenizer"]["training_max_length"]
     trained = f" (trained with {length})" if length else ""
     line = (
@@ -309,6 +334,11 @@ def _text_card(task: Any, tokenizer: Any, report: dict[str, Any]) -> tuple[str, 
         f"{report['tokenizer']['truncation'] or 'no limit'} tokens{trained}.\n"
         "  Build the attention mask for the ids you get (all ones for one text)."
     )
+    if pair:
+        line += (
+            "\n- **Text pairs:** encode both texts as one sequence, `tok.encode(text, text_pair)`"
+            + ("; its `type_ids` are `token_type_ids`." if "token_type_ids" in pair else ".")
+        )
     return code, "the tokenizer (`tokenizer.json`)", line, "`onnxruntime` and `tokenizers`"
 
 

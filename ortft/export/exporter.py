@@ -1,7 +1,8 @@
 """ONNX export with an always-on parity check against PyTorch, and its optional extras.
 
 The folder it writes is self-contained: ``model.onnx`` (inputs ``input_ids`` and
-``attention_mask`` with dynamic batch and sequence axes, output ``logits``), the tokenizer,
+``attention_mask``, and a sentence-pair model's ``token_type_ids`` where it has segment
+embeddings, with dynamic batch and sequence axes, output ``logits``), the tokenizer,
 the model config and ``export.json`` (the reports). On request it also holds
 ``model.opt.onnx`` (ORT graph optimization), ``model.fp16.onnx``, ``model.int8.onnx`` and
 ``training/`` (on-device training artifacts, built by the caller's ``TrainingStep``); see
@@ -39,6 +40,7 @@ from ortft.export import onnx_tools as tools
 from ortft.export.parity import publish  # the folder: staged, then swapped in
 from ortft.export.rows import parity_feeds, samples_source
 from ortft.export.rows import tracing_example as _tracing_example
+from ortft.tasks import classification
 
 log = logging.getLogger("ortft")
 
@@ -67,8 +69,15 @@ class _LogitsOnly(torch.nn.Module):
         super().__init__()
         self.model, self.is_decoder = model, is_decoder
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        kw = {"use_cache": False} if self.is_decoder else {}
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        kw: dict[str, Any] = {"use_cache": False} if self.is_decoder else {}
+        if token_type_ids is not None:  # a sentence-pair model's segments
+            kw["token_type_ids"] = token_type_ids
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kw)
         if getattr(out, "logits", None) is None:  # question answering: [batch, 2 (start, end), seq]
             return torch.stack([out.start_logits, out.end_logits], dim=1)
@@ -83,15 +92,19 @@ def deployable(
     result: dict[str, Any],
     max_length: int | None,
     task_options: Any = None,
+    text_pair: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The export folder made ready for clients (``ortft.export.deploy``): a text model's
     tokenizer without training's padding, the IR version and the runtime checked, the model card
-    (``task_options``: the run's ``task:``, e.g. an instruction model's prompt template)."""
+    (``task_options``: the run's ``task:``, e.g. an instruction model's prompt template;
+    ``text_pair``: a sentence-pair model's training columns, recorded in export.json)."""
     from ortft import tasks
     from ortft.export import deploy
 
     if _kind(task) == "decoder":
         result.setdefault("kv_cache", False)  # an ONNX final/ (ort-ondevice) has no cache
+    if text_pair is not None:  # ortft predict / eval of this folder alone read pairs
+        result["text_pair"] = {"text_column": text_pair[0], "text_pair_column": text_pair[1]}
     result["ir_version"] = deploy.ir_version(folder / next(iter(result["files"].values())))
     own = task_options is not None and getattr(task_options, "name", None) == task
     spec = tasks.get(task, task_options if own else None)
@@ -163,6 +176,9 @@ class ExportOptions:
     ``task_options``: the run's ``task:`` (the model card's example follows it).
     ``check_runtimes``: Pythons with another onnxruntime to load the export in and compare
     (``deploy.check_runtime``); each one checked is added to export.json's ``runtimes``.
+    ``text_pair``: a sentence-pair model's training columns (data.text_column,
+    data.text_pair_column): export.json records them, parity runs on pairs, and the graph takes
+    ``token_type_ids`` where the model uses them (``classification.token_types``).
     """
 
     optimize: bool = False
@@ -174,6 +190,7 @@ class ExportOptions:
     task_options: Any = None
     check_runtimes: Sequence[str] = ()
     pooling: Any = None  # an embedding's ``ortft.data.pooling.Pooling`` (None: mean, no L2)
+    text_pair: tuple[str, str] | None = None
 
 
 def export_model(
@@ -259,19 +276,21 @@ class _SingleGraph:
         self.kinds, self.options = kinds, options
         self.cache = options.kv_cache and _kind(task) == "decoder"
         self.wrapper = _LogitsOnly(model, _kind(task) == "decoder").eval()  # the reference logits
-        self.feeds = parity_feeds(samples, tokenizer, PARITY_SAMPLES)
-        self.example = _tracing_example(self.feeds, tokenizer)
+        # a sentence-pair model with segment embeddings takes its token_type_ids too
+        segments = options.text_pair is not None and classification.token_types(model, tokenizer)
+        self.names = ("input_ids", "attention_mask", *(("token_type_ids",) if segments else ()))
+        self.feeds = parity_feeds(samples, tokenizer, PARITY_SAMPLES, segments)
+        self.example = _tracing_example(self.feeds, tokenizer, self.names)
 
     def build(self, tmp: Path) -> dict[str, Any]:
         model, task, feeds, o = self.model, self.task, self.feeds, self.options
-        graph = _graph(model, task, self.example, self.cache)
+        graph = _graph(model, task, self.example, self.cache, self.names)
         export_s = _torch_export(graph, tmp / "model.onnx", self.opset)
         with torch.no_grad():
-            want = self.wrapper(
-                torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
-            ).numpy()
+            want = self.wrapper(*(torch.from_numpy(feeds[k]) for k in self.names)).numpy()
+        source = samples_source(self.samples)
         ref = parity.Reference(
-            feeds, want, prediction_positions(task), self.tolerance, samples_source(self.samples)
+            feeds, want, prediction_positions(task), self.tolerance, source, self.names
         )
         self.tokenizer.save_pretrained(tmp)
         generation.save(model, tmp)  # config.json, generation_config.json
@@ -290,9 +309,8 @@ class _SingleGraph:
             result["training"] = o.training(model, task, tmp / "training", feeds, self.example)
             result["files"]["training"] = "training/"
         result = other_runtimes(tmp, result, feeds, self.tolerance, o.check_runtimes)
-        return deployable(
-            tmp, task, self.tokenizer, model.config, result, o.max_length, o.task_options
-        )
+        recorded = (o.max_length, o.task_options, o.text_pair)  # the card, export.json
+        return deployable(tmp, task, self.tokenizer, model.config, result, *recorded)
 
 
 @dataclass
@@ -306,22 +324,22 @@ class Graph:
     axes: dict[str, dict[int, str]]
 
 
-def _graph(model: Any, task: str, example: tuple[torch.Tensor, ...], cache: bool) -> Graph:
-    """The graph of ``model.onnx``: logits only, or a decoder with its KV cache (``decoder``)."""
+def _graph(
+    model: Any, task: str, example: tuple[torch.Tensor, ...], cache: bool, names: tuple[str, ...]
+) -> Graph:
+    """The graph of ``model.onnx``: logits only (of the inputs ``names``, in ``example``'s
+    order), or a decoder with its KV cache (``decoder``)."""
     if cache:
         shape = decoder.cache_shape(model)
         inputs, outputs, axes = decoder.signature(shape[0])
         past = decoder.WithPast(model, shape[0]).eval()
         return Graph(past, decoder.tracing_example(example, shape), inputs, outputs, axes)
-    axes = {
-        "input_ids": {0: "batch", 1: "sequence"},
-        "attention_mask": {0: "batch", 1: "sequence"},
-        "logits": {0: "batch", 1: "sequence"} if _kind(task) != "encoder" else {0: "batch"},
-    }
+    axes = {k: {0: "batch", 1: "sequence"} for k in names}
+    axes["logits"] = {0: "batch", 1: "sequence"} if _kind(task) != "encoder" else {0: "batch"}
     # eval() on the wrapper itself: torch.onnx.export restores the wrapper's own mode after
     # exporting, and a wrapper left in training mode would switch dropout back on.
     module = _LogitsOnly(model, _kind(task) == "decoder").eval()
-    return Graph(module, example, ["input_ids", "attention_mask"], ["logits"], axes)
+    return Graph(module, example, list(names), ["logits"], axes)
 
 
 def _export_seq2seq(

@@ -43,6 +43,7 @@ from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError, RecipeError
 from ortft.data import rows as data_mod
 from ortft.data import splits
+from ortft.inference import pairs
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe, TrainingSection
 from ortft.recipe.task import read_task
@@ -64,24 +65,34 @@ class SavedModel:
     run_dir: Path | None
     _model: Any = None
     spec: Any = None  # the task itself (tasks.Task), built with the run's task options
+    # a sentence-pair model's training text columns (``ortft.inference.pairs``); None: one text
+    text_pair: tuple[str, str] | None = None
 
     def logits(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, labels: np.ndarray | None = None
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        labels: np.ndarray | None = None,
+        token_type_ids: np.ndarray | None = None,
     ) -> np.ndarray:
-        """The model's logits; ``labels`` only for an encoder-decoder (its decoder's input)."""
+        """The model's logits; ``labels`` only for an encoder-decoder (its decoder's input);
+        ``token_type_ids``: a text pair's, fed where the model takes them, as in training."""
         if self.runtime == "onnxruntime" and self.spec.export_kind == "seq2seq":
             return self._model.logits(input_ids, attention_mask, labels)
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         if self.runtime == "onnxruntime":
             from ortft.export.parity import session_feeds
 
-            feeds = {
-                "input_ids": input_ids.astype(np.int64),
-                "attention_mask": attention_mask.astype(np.int64),
-            }
+            feeds = {"input_ids": input_ids, "attention_mask": attention_mask, **types}
+            feeds = {k: v.astype(np.int64) for k, v in feeds.items()}
             return self._model.run(["logits"], session_feeds(self._model, feeds))[0]
         import torch
 
+        from ortft.tasks.classification import token_types
+
         kw: dict[str, Any] = {"use_cache": False} if self.spec.is_decoder else {}
+        if types and token_types(self._model, self.tokenizer):
+            kw["token_type_ids"] = torch.from_numpy(types["token_type_ids"].astype(np.int64))
         if self.spec.export_kind == "seq2seq":  # T5/BART shift the labels right themselves
             kw["labels"] = torch.from_numpy(labels)
         with torch.no_grad():
@@ -129,7 +140,8 @@ class SavedModel:
             return self.image_logits(batch["pixel_values"])
         if self.spec.modality == "audio":
             return self.speech_logits(batch)
-        return self.logits(batch["input_ids"], batch["attention_mask"], batch["labels"])
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        return self.logits(ids, mask, batch["labels"], batch.get("token_type_ids"))
 
     def labels(self) -> list[str] | None:
         if not self.spec.needs_labels:
@@ -229,6 +241,7 @@ def open_model(source: Path) -> SavedModel:
     )
     task = _task(source, recipe_yaml, config)
     tokenizer = _preprocessor(source, task)
+    text_pair = pairs.columns(source, recipe_yaml, task)
     if task.needs_labels:  # the model's label names, in id order (token-cls metrics read them)
         task.bind_labels([str(config.id2label[i]) for i in range(len(config.id2label))])
     common = dict(
@@ -239,6 +252,7 @@ def open_model(source: Path) -> SavedModel:
         recipe_yaml=recipe_yaml,
         run_dir=run_dir,
         spec=task,
+        text_pair=text_pair,
     )
     if onnx_file.name == "encoder.onnx" and task.export_kind == "speech":
         from ortft.export.speech import OnnxWhisper
@@ -310,7 +324,11 @@ def load_rows(
         loaded = LoadedRecipe(recipe=recipe, path=None, base_dir=Path.cwd(), raw={})
     spec = loaded.recipe.data.model_copy(update={"format": "auto", "max_eval_samples": None})
     split_name = spec.eval_split or spec.split
-    rows = list(data_mod.read_rows(spec, Path.cwd(), str(data_file), split_name, task))
+
+    def read(section: Any) -> list[dict[str, Any]]:
+        return list(data_mod.read_rows(section, Path.cwd(), str(data_file), split_name, task))
+
+    rows, spec = pairs.eval_rows(read, spec, m.text_pair)  # a pair model: both texts
     return rows, spec, str(data_file)
 
 

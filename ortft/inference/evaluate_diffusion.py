@@ -131,8 +131,10 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> di
     folder, run_dir = model_folder(Path(source))
     recipe_yaml = folder / "recipe.yaml" if (folder / "recipe.yaml").is_file() else None
     task, ema = _task(recipe_yaml)
-    # what evaluate.load_rows / training_recipe read of a saved model
-    saved = types.SimpleNamespace(spec=task, path=folder, recipe_yaml=recipe_yaml, run_dir=run_dir)
+    # what evaluate.load_rows / training_recipe read of a saved model (one text per row)
+    saved = types.SimpleNamespace(
+        spec=task, path=folder, recipe_yaml=recipe_yaml, run_dir=run_dir, text_pair=None
+    )
     loaded = evaluate.training_recipe(saved)  # type: ignore[arg-type]
     rows, spec, where = evaluate.load_rows(saved, data_file, loaded)  # type: ignore[arg-type]
     tok, unet = _bind(folder, task)

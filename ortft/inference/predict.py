@@ -3,7 +3,8 @@
 Input: one text per line, or JSONL objects (a line that starts with ``{``); blank lines are
 skipped. A JSON line gives its ``text`` field, token classification also takes a ``tokens``
 list (the task's tokens column), question answering needs ``question`` and ``context`` fields
-(the task's columns). Output, one line per input, in order; what a task gives is its
+(the task's columns), a sentence-pair classifier ``text`` and ``text_pair`` (or its training
+columns; ``ortft.inference.pairs``). Output, one line per input, in order; what a task gives is its
 ``Task.predicts``:
 
 - label (sequence classification): the label, with softmax scores over all labels;
@@ -43,7 +44,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ortft.core.errors import InputError
-from ortft.inference import predict_embedding
+from ortft.inference import pairs, predict_embedding
 from ortft.inference.evaluate import SavedModel, open_model, training_recipe
 
 TOP_K = 5  # fill-mask candidates per mask, as the transformers fill-mask pipeline's default
@@ -85,14 +86,23 @@ def _chunks(items: list[Any], size: int) -> Iterator[tuple[int, list[Any]]]:
 
 
 def classify(
-    m: SavedModel, texts: list[str], max_length: int, batch_size: int
+    m: SavedModel,
+    texts: list[str],
+    max_length: int,
+    batch_size: int,
+    second: list[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
+    """Each text's label and scores; ``second``: a pair model's second texts, encoded with the
+    first as in training, their token_type_ids fed where the model takes them."""
     labels = m.labels() or []
     for start, chunk in _chunks(texts, batch_size):
+        pair = second[start : start + batch_size] if second is not None else None
         enc = m.tokenizer(
-            chunk, max_length=max_length, truncation=True, padding=True, return_tensors="np"
+            chunk, pair, max_length=max_length, truncation=True, padding=True, return_tensors="np"
         )
-        probs = _softmax(m.logits(enc["input_ids"], enc["attention_mask"]).astype(np.float64))
+        types = enc.get("token_type_ids") if pair is not None else None
+        logits = m.logits(enc["input_ids"], enc["attention_mask"], token_type_ids=types)
+        probs = _softmax(logits.astype(np.float64))
         for i, p in enumerate(probs):
             best = int(p.argmax())
             yield {
@@ -330,18 +340,20 @@ def run(
         for where, o in inputs:
             if q not in o and c not in o:  # a plain line
                 raise InputError(f'{where}: give JSON lines {{"{q}": ..., "{c}": ...}}')
-        pairs = [(_field(o, q, w), _field(o, c, w)) for w, o in inputs]
-        return answer(m, pairs, max_length, batch_size)
-    texts = [_field(o, "text", w) for w, o in inputs]
+        asked = [(_field(o, q, w), _field(o, c, w)) for w, o in inputs]
+        return answer(m, asked, max_length, batch_size)
     if kind == "fill-mask":
+        texts = [_field(o, "text", w) for w, o in inputs]
         mask = m.tokenizer.mask_token
         for (where, _), text in zip(inputs, texts, strict=True):
             if mask not in text:
                 raise InputError(f"{where}: no {mask} in the text (masked-lm predict fills them)")
         return fill_mask(m, texts, max_length, batch_size)
     if kind == "generate":  # an encoder-decoder
+        texts = [_field(o, "text", w) for w, o in inputs]
         return generate_seq2seq(m, texts, max_new_tokens, max_length, batch_size)
-    return classify(m, texts, max_length, batch_size)
+    texts, second = pairs.texts(inputs, m.text_pair)  # a pair model's inputs give both texts
+    return classify(m, texts, max_length, batch_size, second)
 
 
 def format_line(result: dict[str, Any]) -> str:

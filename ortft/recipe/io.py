@@ -235,11 +235,12 @@ def check_paths(loaded: LoadedRecipe) -> list[str]:
 def _position_problems(loaded: LoadedRecipe) -> list[str]:
     """data.max_length fits a local model folder's learned position table (its config.json,
     read without transformers; rules.LEARNED_POSITIONS says which models have one)."""
+    from ortft import tasks
     from ortft.recipe.rules import position_limit
 
     value = loaded.recipe.model.name_or_path
-    if not value:
-        return []
+    if not value or tasks.get(loaded.recipe.task.name, loaded.recipe.task).modality != "text":
+        return []  # data.max_length cuts texts only: a folder of another kind is named later
     try:
         config_file = loaded.resolve_path(value) / "config.json"
         config = json.loads(config_file.read_text(encoding="utf-8"))

@@ -21,11 +21,7 @@ Recipe = Any  # ortft.recipe.schema.Recipe, validated up to its model validators
 
 
 def has_eval_data(data: DataSection) -> bool:
-    return (
-        bool(data.eval)
-        or data.eval_fraction > 0
-        or (data.format == "hub" and bool(data.eval_split))
-    )
+    return bool(data.eval) or data.eval_fraction > 0 or bool(data.eval_split)
 
 
 def problems(r: Recipe) -> list[str]:
@@ -187,7 +183,7 @@ def streaming(r: Recipe) -> Iterator[str]:
     task = tasks.get(r.task.name, r.task)
     if not r.training.max_steps:
         yield "data.streaming needs training.max_steps (a stream has no length)"
-    if not d.eval and d.eval_fraction > 0:
+    if not d.eval and not d.eval_split and d.eval_fraction > 0:
         yield (
             "data.streaming cannot hold out data.eval_fraction of a stream; "
             "give data.eval (read in full) or set data.eval_fraction: 0"
@@ -287,6 +283,6 @@ def eval_user_problems(r: Recipe) -> Iterator[str]:
                 f"{who}: {metric} is not a metric of {r.task.name} (one of {', '.join(metrics)})"
             )
         if not has_eval_data(r.data):
-            yield f"{who} needs eval data: set data.eval or data.eval_fraction > 0"
+            yield f"{who} needs eval data: set data.eval, data.eval_split or data.eval_fraction > 0"
         if needs_every and not t.eval_every:
             yield f"{who} needs training.eval_every (evaluations during training)"

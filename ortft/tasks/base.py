@@ -134,6 +134,11 @@ class Task:
             needed.append(data.label_column)
         return needed
 
+    def pair_columns(self, data: DataSection) -> tuple[str, str] | None:
+        """(first, second) text column when encode reads a text pair per row: the export
+        records them, and predict and eval then need both texts (default: None, no pairs)."""
+        return None
+
     def read_columns(self, data: DataSection) -> list[str]:
         """The columns encode() reads (what is kept of each row; default: ``columns``)."""
         return self.columns(data)

@@ -86,6 +86,16 @@ def _recipe_samples(model_dir: Path, tokenizer: Any, task: str, config: Any) -> 
         return None
 
 
+def _text_pair(model_dir: Path, task: str) -> tuple[str, str] | None:
+    """A sentence-pair run's text columns, from the recipe saved in final/ (None: one text)."""
+    from ortft import tasks
+    from ortft.inference import pairs
+
+    if task not in tasks.names():  # an encoder exported without a task
+        return None
+    return pairs.columns(model_dir, model_dir / "recipe.yaml", tasks.get(task))
+
+
 def _merge_adapter(
     model: torch.nn.Module, adapter_dir: Path, checkpoint_dir: Path | None
 ) -> torch.nn.Module:
@@ -148,6 +158,7 @@ def export_source(
             max_length=deploy.training_max_length(model_dir),
             task_options=read_task(model_dir / "recipe.yaml"),
             pooling=pooling.read(model_dir) if task == embedding.TASK else None,
+            text_pair=_text_pair(model_dir, task),
             **options,
         )
         result = export_model(
@@ -321,7 +332,8 @@ def _export_onnx_source(
         max_length = deploy.training_max_length(model_dir)
         task_options = read_task(model_dir / "recipe.yaml")
         result = other_runtimes(tmp, result, feeds, tolerance, options.check_runtimes)
-        return deployable(tmp, task, tokenizer, config, result, max_length, task_options)
+        pair = _text_pair(model_dir, task)
+        return deployable(tmp, task, tokenizer, config, result, max_length, task_options, pair)
 
     result = publish(out, build)
     log.info(

@@ -21,6 +21,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -164,6 +165,21 @@ def _install_label_hook_fix() -> None:
     cls._add_check_label_sparsity_hook = staticmethod(fixed)
 
 
+def _show_ortmodule_log() -> None:
+    """ORTModule's own log on stderr, filtered by the level ORTModule is given
+    (``backend.log_level``). Importing ORTModule runs a ``logging.basicConfig`` whose root
+    handler writes to the ``sys.stderr`` of that moment, the StringIO the import is quieted
+    with: through the root, the log would reach nobody whatever the level."""
+    logger = logging.getLogger("orttraining")  # a process's rank-N logger is its child
+    handler = next((h for h in logger.handlers if h.name == "ortft"), None)
+    if not isinstance(handler, logging.StreamHandler):
+        handler = logging.StreamHandler()
+        handler.set_name("ortft")
+        logger.addHandler(handler)
+    handler.setStream(sys.stderr)  # this wrap's stderr (a test may have swapped it)
+    logger.propagate = False
+
+
 def export_count() -> int:
     return _EXPORTS["count"]
 
@@ -209,6 +225,7 @@ class OrtBackend:
             raise BackendError(
                 f"cannot import ORTModule ({type(err).__name__}: {err}); run `ortft doctor`"
             ) from None
+        _show_ortmodule_log()
         _install_export_counter()
         _install_batchnorm_restore()
         _install_session_tweaks()

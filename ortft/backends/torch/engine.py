@@ -125,10 +125,10 @@ class PyTorchEngine:
     def tokenizer(
         self, loaded: LoadedRecipe, run_dir: Path, task: Any, train_rows: list, labels: Any
     ) -> Any:
-        """Loaded from the model, or trained on the texts; rank 0 saves it, the others load it.
-        An image task's is its image processor (``processors``)."""
+        """The model's tokenizer or processor, else one trained here; rank 0 saves it."""
         if task.modality == "text-image":  # a Stable Diffusion's CLIP tokenizer
             return diffusion.run_tokenizer(loaded, run_dir)
+        models.check_fits(loaded, task)  # a folder of another kind: why, before its files load
         if task.modality != "text":
             return self._processor(loaded, run_dir, task, train_rows)
         r = loaded.recipe
@@ -415,6 +415,7 @@ class PyTorchEngine:
             options=exporter.ExportOptions(
                 max_length=self.recipe.data.max_length, kv_cache=spec.kv_cache,
                 task_options=self.recipe.task, pooling=getattr(task, "pooling", None),
+                text_pair=task.pair_columns(self.recipe.data),
             ),
         )  # fmt: skip
 

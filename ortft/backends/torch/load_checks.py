@@ -1,4 +1,4 @@
-"""Checks that a pretrained model folder loads right: its weights, its tokenizer, its task head.
+"""Checks that a pretrained model folder loads right: its kind, weights, tokenizer and task head.
 
 A model that loads wrong must fail at once, in one line naming the file or field (exit 2), or
 say what ortft did about it. Three ways it used to go wrong (transformers 5.24):
@@ -8,6 +8,8 @@ say what ortft did about it. Three ways it used to go wrong (transformers 5.24):
 - a checkpoint fine-tuned on 2 labels, trained on data with 5, raised transformers'
   ``ignore_mismatched_sizes`` error; one whose labels were the data's in another order loaded
   and silently swapped the classes.
+A folder of another kind (a BERT given to image-classification, a ViT to speech-recognition)
+is named as such before its tokenizer or processor is read (``check_fits``).
 """
 
 from __future__ import annotations
@@ -110,6 +112,63 @@ def load_errors() -> tuple[type[BaseException], ...]:
     from safetensors import SafetensorError
 
     return (SafetensorError, EOFError, pickle.UnpicklingError)
+
+
+# --------------------------------------------------------------------------- model kind
+
+# what a model reads first (its class's main_input_name), as the modality a task feeds
+READS = {
+    "input_ids": "text",
+    "pixel_values": "image",
+    "input_features": "audio",
+    "input_values": "audio",
+}
+
+
+def check_fits(folder: str, task: Any, trust_remote_code: bool) -> None:
+    """The folder's model is one ``task.auto_class`` builds, reading what the task feeds
+    (``task.modality``); else one line naming the folder and why, before its tokenizer or
+    processor is read (which would fail on something beside the point: a BERT has no image
+    processor)."""
+    import transformers
+    from transformers import AutoConfig, AutoModel
+
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError):
+        return  # build_model reports a config it cannot read
+    if getattr(config, "auto_map", None):
+        return  # remote code (trust_remote_code) registers its own classes
+    auto = getattr(transformers, task.auto_class)
+    built = _mapped(auto, config)
+    cls = built or _mapped(AutoModel, config)
+    reads = READS.get(getattr(cls, "main_input_name", ""))
+    kind = getattr(config, "model_type", None) or type(config).__name__
+    archs = getattr(config, "architectures", None) or []
+    named = f" ({archs[0]})" if archs else ""
+    what = f"model.name_or_path: {folder} holds a {kind} model{named}"
+    if reads is not None and reads != task.modality:
+        raise InputError(
+            f"{what}, {_a(reads)} model ({cls.main_input_name}); {task.name} needs "
+            f"{_a(task.modality)} model"
+        )
+    if built is None:
+        raise InputError(
+            f"{what}; {task.name} builds an {auto.__name__}, and transformers has none for {kind}"
+        )
+
+
+def _a(word: str) -> str:
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
+
+
+def _mapped(auto: Any, config: Any) -> Any:
+    """The class ``auto`` builds for ``config`` (the first of deit's and levit's two), or None."""
+    try:
+        cls = auto._model_mapping[type(config)]
+    except (KeyError, AttributeError):
+        return None
+    return cls[0] if isinstance(cls, tuple | list) else cls
 
 
 # --------------------------------------------------------------------------- tokenizer

@@ -80,6 +80,7 @@ def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
             cls_token="[CLS]",
             sep_token="[SEP]",
             mask_token="[MASK]",
+            model_input_names=["input_ids", "token_type_ids", "attention_mask"],  # as BERT's
         )
     return PreTrainedTokenizerFast(
         tokenizer_object=train_byte_bpe(texts, spec),
@@ -162,7 +163,22 @@ def _check_model_dir(source: str) -> None:
     """A local model folder must hold config.json: say so, not a transformers error about it."""
     path = Path(source)
     if path.is_dir() and not (path / "config.json").exists():
-        raise InputError(f"model.name_or_path: {path} is not a model directory (no config.json)")
+        pipeline = (path / "model_index.json").exists()
+        hint = " but model_index.json: a diffusers pipeline, for text-to-image" if pipeline else ""
+        raise InputError(
+            f"model.name_or_path: {path} is not a model directory (no config.json{hint})"
+        )
+
+
+def check_fits(loaded: LoadedRecipe, task: Any) -> None:
+    """The recipe's pretrained folder holds a model the task builds and feeds: one line naming
+    the folder and why otherwise (``load_checks.check_fits``), before anything else reads it."""
+    spec = loaded.recipe.model
+    if spec.name_or_path is None or not task.auto_class:
+        return
+    source = model_source(loaded, spec.name_or_path)
+    _check_model_dir(source)
+    load_checks.check_fits(source, task, spec.trust_remote_code)
 
 
 def first_line(err: BaseException) -> str:
@@ -238,19 +254,10 @@ def _classic_config(spec: FromConfig, tokenizer: Any, dropout: float | None) -> 
 
 
 def _set_dropout(config: Any, p: float) -> None:
-    for name in (
-        "hidden_dropout_prob",
-        "attention_probs_dropout_prob",
-        "resid_pdrop",
-        "embd_pdrop",
-        "attn_pdrop",
-        "summary_first_dropout",
-        "classifier_dropout",
-        "dropout",
-        "attention_dropout",
-    ):
-        if hasattr(config, name):
-            setattr(config, name, p)
+    """model.dropout on a loaded config: every dropout probability and stochastic depth it has,
+    as ``from_config`` sets them (a pretrained Swin or BEiT keeps drop_path_rate 0.1 otherwise)."""
+    for name, value in hf_config.dropout_kwargs(type(config), config, p).items():
+        setattr(config, name, value)
 
 
 def vocabulary(task: Any, processor: Any) -> Any:
@@ -307,8 +314,10 @@ def build_model(
             head = load_checks.plan_head(own, labels)
         if spec.dropout is not None:
             _set_dropout(config, spec.dropout)
-        if config.pad_token_id is None and tokenizer is not None:
+        # vision and audio configs have no pad_token_id at all (transformers 5), only text ones
+        if tokenizer is not None and getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = tokenizer.pad_token_id
+        attn = hf_config.attention_for(auto, config, attn)  # ResNet, ConvNeXt: no sdpa path
         torch.manual_seed(loaded.recipe.training.seed)  # a fresh head is seeded too
         model, info = auto.from_pretrained(
             source, config=config, attn_implementation=attn, trust_remote_code=remote,
