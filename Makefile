@@ -7,16 +7,16 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU
 
-.PHONY: help setup demo doctor test test-py312 test-recipes test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-diffusion check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
+.PHONY: help setup demo doctor test test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-diffusion check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
 	@echo "make setup GPU=1  also the GPU profile: CUDA 11.8 libraries for ORT's CUDA provider"
 	@echo "make demo       setup if needed, then train recipes/quickstart.yaml"
-	@echo "make test       setup if needed, then the fast tests (not slow, not gpu, not recipes)"
+	@echo "make test       setup if needed, then the fast tests (not slow, not gpu, not learn, not consumer, not archs)"
 	@echo "make test-py312 the fast tests on Python 3.12 (CPU), in .venv312 (not CI)"
-	@echo "make test-recipes  every shipped CPU recipe, 2 steps end to end (minutes)"
-	@echo "make test-archs  36 model families (26 text, 10 vision; tiny from_config) train on ORT = torch, export (minutes)"
+	@echo "make test-learn every shipped CPU recipe learns to its quality gate, end to end (minutes)"
+	@echo "make test-archs  36 model families (26 text from a tiny from_config, 10 vision from save_pretrained folders) train on ORT = torch, export (minutes)"
 	@echo "make test-archs-full  the same, plus the generation check and consumer load for every family"
 	@echo "make test-consumer  each task's ONNX export in a clean onnxruntime + tokenizers venv (minutes)"
 	@echo "make test-slow  the slow tests (minutes)"
@@ -58,7 +58,7 @@ TEST_JOBS ?= 2
 # --durations: the 25 slowest tests go to the log, so that CI time can be found where it goes;
 # --dist loadfile: a module's tests stay on one worker, so its module-scoped runs happen once
 test: setup
-	$(BIN)/pytest -m "not slow and not gpu and not recipes and not consumer and not archs" \
+	$(BIN)/pytest -m "not slow and not gpu and not learn and not consumer and not archs" \
 	  -n $(TEST_JOBS) --dist loadfile --durations=25
 
 # By hand, not in CI (.ci/run stays on 3.11): the same fast tests in a second venv on Python
@@ -67,13 +67,15 @@ PYTHON312 ?= python3.12
 test-py312:
 	$(MAKE) test PYTHON=$(PYTHON312) VENV=.venv312
 
-# every recipe is its own run (no shared fixtures): the workers take them one by one
-test-recipes: setup
-	$(BIN)/pytest -m "recipes and not gpu" -n $(TEST_JOBS) --dist load
+# every recipe is its own run (no shared fixtures): the workers take them one by one.
+# LEARN_OVERRIDES='training.lr=1e-12' appends to every run: each gate must then fail.
+test-learn: setup
+	$(BIN)/pytest -m "learn and not gpu" -n $(TEST_JOBS) --dist load --durations=0
 
-# Model families built from a tiny from_config (tests/test_archs.py): ORT's per-step losses vs
-# torch's, the export's parity; the generation check and the consumer load (the clean venv of
-# test-consumer) for one family per kind, or for every family in test-archs-full (by hand).
+# Tiny model families (text: from_config; vision: a save_pretrained folder; tests/test_archs.py):
+# ORT's per-step losses vs torch's, the export's parity; the generation check and the consumer
+# load (the clean venv of test-consumer) for one family per kind, or for every family in
+# test-archs-full (by hand).
 # ORTFT_ARCHS_TABLE=path.md|path.json also writes the closing table there.
 test-archs: setup
 	$(BIN)/pytest -m "archs and not gpu"

@@ -1,14 +1,70 @@
-"""Shared fixtures: tiny offline data and recipes (2 layers, hidden 32, tokenizers trained here)."""
+"""Shared fixtures: tiny offline data and recipes (2 layers, hidden 32, tokenizers trained here).
+
+Also the suite's own rules, for every tier: the Hub is offline (each test process and every
+process it starts), property tests draw the same examples every run, and a skip fails the
+session unless its reason is one of ``ALLOWED_SKIPS`` (a GPU, a developer's opt-out).
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import settings
+
+# Set before any test imports transformers, datasets or huggingface_hub (they read these once)
+# and inherited by every CLI process a test starts: nothing in the suite may reach the Hub.
+HUB_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+os.environ.update(HUB_OFFLINE)
+
+# The same examples every run: a property test that fails, fails again (and its example is
+# printed); hypothesis's example database stays out of it.
+settings.register_profile("ortft", derandomize=True, database=None, print_blob=True)
+settings.load_profile("ortft")
+
+# The only reasons a test may skip. Any other skip is a broken install or a test that stopped
+# running, and fails the session (pytest_sessionfinish below).
+ALLOWED_SKIPS = (
+    "needs a CUDA GPU",  # the CUDA paths, on a machine without one
+    "checks the CPU-only behaviour",  # the CPU-only paths, on a machine with a GPU
+    "ORTFT_NO_NODE=1",  # a developer's opt-out of the transformers.js check (no Node.js)
+)
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+_unexpected_skips: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # under xdist every report also reaches the controller, which alone decides the exit code
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = _skip_reason(report)
+        if not reason.startswith(ALLOWED_SKIPS):
+            _unexpected_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    is_worker = hasattr(session.config, "workerinput")
+    if _unexpected_skips and exitstatus == pytest.ExitCode.OK and not is_worker:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _unexpected_skips:
+        terminalreporter.section("skips that are not allowed (tests/conftest.py ALLOWED_SKIPS)")
+        for line in _unexpected_skips:
+            terminalreporter.line(line)
+
 
 POS = [
     "great fun movie",
@@ -91,6 +147,33 @@ def tiny_classifier(data: str, backend: str = "ort", **training: object) -> dict
         "training": {"max_steps": 5, "batch_size": 8, "lr": 1e-3, "log_every": 1, **training},
         "backend": {"name": backend},
     }
+
+
+# Overfitting one batch: tiny_classifier on 8 rows, one full batch a step, constant lr 1e-2.
+# Its loss leaves ln 2 at step 5 and is ~0.29 by step 10 in fp32 (torch 2.6, CPU): a trajectory
+# that moves, so a precision or route that does not really update the weights shows.
+OVERFIT_STEPS = 10
+OVERFIT_MIN_FALL = 0.3  # what fp32 must fall over OVERFIT_STEPS for a comparison to mean much
+
+
+def overfit_classifier(folder: Path, backend: str = "torch") -> dict:
+    write_classification_csv(folder / "overfit.csv", n=8)
+    recipe = tiny_classifier("overfit.csv", backend=backend, max_steps=OVERFIT_STEPS, lr=1e-2)
+    recipe["training"].update({"scheduler": "constant", "warmup_ratio": 0.0})
+    recipe["data"]["eval_fraction"] = 0.0
+    recipe["export"] = {"enabled": False}
+    return recipe
+
+
+def assert_falls_like(reference: list[float], other: list[float], share: float) -> None:
+    """``other``'s loss falls over the run by at least ``share`` of ``reference``'s fall (and
+    not past the reference by more than that share), and ``reference`` falls for real."""
+    want = reference[0] - reference[-1]
+    got = other[0] - other[-1]
+    assert want >= OVERFIT_MIN_FALL, f"the reference fell {want:.3f}: {reference}"
+    assert share * want <= got <= (2 - share) * want, (
+        f"fell {got:.3f} against {want:.3f}: {other} vs {reference}"
+    )
 
 
 def tiny_encoder(texts: list[str]):

@@ -107,7 +107,6 @@ def test_silence_is_flat(small) -> None:
     assert np.all(af.run(path, np.zeros(0, np.float32)) == np.float32(-1.5))
 
 
-@pytest.mark.skipif(not CLIPS.is_dir(), reason="recipes/data/speech/clips not made yet")
 def test_matches_on_speech_clips(small) -> None:
     fe, path = small
     clips = _speech_clips(4)

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 TEXTS = [
     "the cat sat on the mat and looked at the dog",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,9 +34,23 @@ ENV = {
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range, for the host agent's c10d store.
+
+    A port from ``bind(port 0)`` comes from the ephemeral range, where the kernel also takes the
+    local port of every outgoing connection: between this check and the agent's own bind, one of
+    gloo's or the other agent's connections could take it. Below that range only an explicit
+    bind takes a port."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.randrange(low // 2, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # a service listens there: try another
+                continue
+            return port
+    raise AssertionError(f"no free port in {low // 2}-{low - 1}")
 
 
 def node_agents(recipe: Path, run_dir: Path, *overrides: str, restarts: int = 0) -> list:

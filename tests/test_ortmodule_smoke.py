@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import copy
 
-import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 TOL = 1e-5
 

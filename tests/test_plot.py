@@ -16,8 +16,6 @@ from ortft.recipe.schema import LoggingSection
 from ortft.run import curves
 from ortft.run.tracking import PLOT_NAME, Tracker
 
-pytest.importorskip("matplotlib")
-
 
 def make_run(folder: Path, backend: str | None, evals: bool) -> Path:
     """A run folder as a run leaves it: metrics.jsonl (4 train rows, evals at steps 2 and 4)

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_classifier, write_classification_csv, write_recipe
+from conftest import (
+    OVERFIT_STEPS,
+    assert_falls_like,
+    overfit_classifier,
+    tiny_classifier,
+    write_classification_csv,
+    write_recipe,
+)
 from helpers import losses, run_cli
 from typer.testing import CliRunner
 
@@ -47,9 +54,11 @@ def validate(recipe: Path, *overrides: str) -> tuple[int, str]:
     return res.exit_code, res.output
 
 
-def test_precision_matrix_on_cpu(recipe: Path, tmp_path: Path) -> None:
-    """fp32 and bf16 on the torch backend, fp32 on the ort backend (+ gradient checkpointing):
-    3 steps each, finite losses, close to the fp32 run."""
+def test_precision_matrix_on_cpu(tmp_path: Path) -> None:
+    """fp32 and bf16 on the torch backend, fp32 on the ort backend (+ gradient checkpointing),
+    on one batch overfit for 10 steps: finite losses; fp32 routes equal to the fp32 run, and
+    bf16's loss falls like fp32's (a bf16 step that left the weights alone would stay at ln 2)."""
+    recipe = write_recipe(tmp_path / "r.yaml", overfit_classifier(tmp_path))
     runs = {
         "torch-fp32": ["backend.name=torch", "hardware.device=cpu"],
         "torch-bf16": ["backend.name=torch", "hardware.device=cpu", "precision.dtype=bf16"],
@@ -61,12 +70,13 @@ def test_precision_matrix_on_cpu(recipe: Path, tmp_path: Path) -> None:
         res = train(str(recipe), *overrides, "--output-dir", str(tmp_path / name))
         assert res.returncode == 0, f"{name}: {res.stderr[-3000:]}"
         got[name] = losses(tmp_path / name)
-        assert len(got[name]) == 3 and all(math.isfinite(v) for v in got[name]), name
+        assert len(got[name]) == OVERFIT_STEPS, name
+        assert all(math.isfinite(v) for v in got[name]), name
     ref = got["torch-fp32"]
     assert got["ort-fp32"] == pytest.approx(ref, rel=1e-4)  # measured ~1e-7
     assert got["torch-fp32-ckpt"] == pytest.approx(ref, abs=1e-6)  # recompute: the same maths
-    # bf16 keeps 8 bits of mantissa: measured within ~1e-2 of fp32 on this model
-    assert got["torch-bf16"] == pytest.approx(ref, abs=3e-2)
+    # bf16 keeps 8 bits of mantissa: measured 0.425 against fp32's 0.401 (0.693 -> 0.292)
+    assert_falls_like(ref, got["torch-bf16"], share=0.8)
     summary = json.loads((tmp_path / "torch-bf16" / "summary.json").read_text())
     assert summary["precision"] == {"dtype": "bf16", "skipped_steps": 0}
     # bf16 on CPU trains with eager attention (eager.attention), fp32 with transformers' sdpa

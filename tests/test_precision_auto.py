@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_classifier, write_classification_csv, write_recipe
+from conftest import assert_falls_like, overfit_classifier, write_recipe
 from helpers import losses, run_cli
 from typer.testing import CliRunner
 
@@ -69,10 +69,7 @@ def test_doctor_says_where_bf16_is_native():
 
 @pytest.fixture
 def recipe(tmp_path: Path) -> Path:
-    write_classification_csv(tmp_path / "train.csv")
-    r = tiny_classifier("train.csv", max_steps=2)
-    r["data"]["eval_fraction"] = 0.0
-    r["export"] = {"enabled": False}
+    r = overfit_classifier(tmp_path)
     r["precision"] = {"dtype": "auto"}
     r["hardware"] = {"device": "cpu"}
     return write_recipe(tmp_path / "r.yaml", r)
@@ -94,7 +91,7 @@ def test_a_torch_run_records_the_choice_and_trains_in_it(recipe, tmp_path, monke
         got[dtype] = losses(out)
     assert all(math.isfinite(v) for v in got["bf16"] + got["fp32"])
     assert got["bf16"] != got["fp32"]  # 8 bits of mantissa: not the fp32 numbers
-    assert got["bf16"] == pytest.approx(got["fp32"], abs=3e-2)  # test_precision's bound
+    assert_falls_like(got["fp32"], got["bf16"], share=0.8)  # test_precision's bound
 
 
 def test_an_ort_run_on_cpu_stays_fp32_and_says_why(recipe, tmp_path):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 from conftest import tiny_classifier, write_classification_csv, write_recipe
 from helpers import run_cli, start_cli, summary
-from test_interrupt import wait_for
 from tracker_readers import OFFLINE, mlflow_client, tensorboard_steps, wandb_history
 
 from ortft.checkpoint import store as checkpoint
@@ -36,6 +36,33 @@ def train_rows(run_dir: Path) -> list[dict]:
     return rows
 
 
+STOP_AT = 10
+# `ortft train` that stops its own process once metrics.jsonl holds step STOP_AT's train row
+STOP_AFTER_ROW = f"""
+import os, signal, sys
+sys.argv = ["ortft", *sys.argv[1:]]
+from ortft.run import tracking
+write = tracking.Tracker.write
+def stopping_write(self, row):
+    write(self, row)
+    if row.get("kind") == "train" and row["step"] == {STOP_AT}:
+        os.kill(os.getpid(), signal.SIGSTOP)
+tracking.Tracker.write = stopping_write
+from ortft.cli.app import main
+main()
+"""
+
+
+def wait_stopped(proc: subprocess.Popen, err: Path, timeout: float = 300) -> None:
+    """Until ``proc`` is stopped (state T in /proc/PID/stat); fails if it ends first."""
+    deadline = time.monotonic() + timeout
+    stat = Path(f"/proc/{proc.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}):\n{err.read_text()}"
+        assert time.monotonic() < deadline, f"the run did not stop within {timeout}s"
+        time.sleep(0.02)
+
+
 def test_kill9_then_resume_continues_the_same_tracker_runs(tmp_path: Path) -> None:
     write_classification_csv(tmp_path / "train.csv")
     recipe = tiny_classifier("train.csv", backend="torch", max_steps=STEPS, eval_every=4)
@@ -48,21 +75,15 @@ def test_kill9_then_resume_continues_the_same_tracker_runs(tmp_path: Path) -> No
     path = write_recipe(tmp_path / "r.yaml", recipe)
     run_dir, err = tmp_path / "run", tmp_path / "stderr.txt"
     with open(err, "w") as fh:
-        proc = start_cli("train", path, "--output-dir", run_dir, base_env=ENV, stderr=fh)
-    wait_for(run_dir / "step-000008" / checkpoint.MANIFEST, proc, err)
-    # Stopped (SIGSTOP) at the first rows past the checkpoint, the rows a live tracker would
-    # show twice after the resume, then killed. Not killed while running: on an idle machine
-    # the run once finished its 24 steps while the test waited for W&B's flush, and the
-    # "resume" found a finished run (the cold CI of 2026-12-01).
+        proc = start_cli(
+            "train", path, "--output-dir", run_dir, base_env=ENV, stderr=fh, code=STOP_AFTER_ROW
+        )
+    # The run stops itself (SIGSTOP) right after logging step STOP_AT, past step 8's checkpoint:
+    # the rows a live tracker would show twice after the resume. A test that stopped it from
+    # outside raced the run: on an idle machine it once finished all 24 steps first.
     try:
-        deadline = time.monotonic() + 120
-        while len(train_rows(run_dir)) <= 8 and proc.poll() is None:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.002)
-        proc.send_signal(signal.SIGSTOP)
-        assert proc.poll() is None, "the run ended before it could be stopped"
-        assert 8 < len(train_rows(run_dir)) < STEPS
+        wait_stopped(proc, err)
+        assert len(train_rows(run_dir)) == STOP_AT
         # W&B's service is a process of its own: it writes what it was sent (each second,
         # wandb_sink.py) while the run stands still
         deadline = time.monotonic() + 30

@@ -141,7 +141,6 @@ def test_an_export_that_raises_ends_the_tracker_run_and_the_summary_as_failed(
 
 
 def test_hpo_logs_each_trial_as_a_child_run(tmp_path: Path) -> None:
-    pytest.importorskip("optuna")  # installed by make setup
     from ortft.tools import hpo
 
     write_classification_csv(tmp_path / "train.csv")
