@@ -32,7 +32,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("ortft.cli", "ortft.__main__", "ortft.cudalibs"),
 ]
 MAX_MODULE_LINES = 450
+# a cohesive module may run to this many lines when its docstring says why, in a line that
+# starts with OVERSIZE (what splitting it would cut apart)
+MAX_EXPLAINED_LINES = 600
+OVERSIZE = "Over 450 lines:"
 MAX_FUNCTION_LINES = 80
+# `# fmt: skip` keeps aligned tables; it is not a way to pack statements under the sizes
+MAX_FMT_SKIPS = 10
 # Directly under ortft/: the package files and the documented shim (docs/architecture.md).
 TOP_LEVEL = {"__init__.py", "__main__.py", "cudalibs.py"}
 
@@ -170,20 +176,55 @@ def test_every_subpackage_names_its_role():
         assert doc and len(doc.split()) >= 5, f"{init}: no docstring naming the package's role"
 
 
-def test_sizes():
-    too_big = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+def size_problems(root: Path = PACKAGE) -> list[str]:
+    """Modules over MAX_MODULE_LINES (or MAX_EXPLAINED_LINES with an OVERSIZE line in their
+    docstring), functions over MAX_FUNCTION_LINES, and more `# fmt: skip` than MAX_FMT_SKIPS."""
+    problems, skips = [], 0
+    for path in sorted(root.rglob("*.py")):
         text = path.read_text()
-        rel = path.relative_to(PACKAGE.parent)
-        if len(text.splitlines()) > MAX_MODULE_LINES:
-            too_big.append(f"{rel}: {len(text.splitlines())} lines")
-        too_big += [
+        rel = path.relative_to(root.parent)
+        tree = ast.parse(text)
+        doc = ast.get_docstring(tree) or ""
+        explained = any(line.startswith(OVERSIZE) for line in doc.splitlines())
+        limit = MAX_EXPLAINED_LINES if explained else MAX_MODULE_LINES
+        if len(text.splitlines()) > limit:
+            problems.append(f"{rel}: {len(text.splitlines())} lines (at most {limit})")
+        problems += [
             f"{rel}: {node.name}() {node.end_lineno - node.lineno + 1} lines"
-            for node in ast.walk(ast.parse(text))
+            for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
         ]
-    assert too_big == [], f"modules <= {MAX_MODULE_LINES} lines, functions <= {MAX_FUNCTION_LINES}"
+        skips += sum(line.rstrip().endswith("# fmt: skip") for line in text.splitlines())
+    if skips > MAX_FMT_SKIPS:
+        problems.append(f"{skips} `# fmt: skip` lines (at most {MAX_FMT_SKIPS})")
+    return problems
+
+
+def test_sizes():
+    assert size_problems() == [], (
+        f"modules <= {MAX_MODULE_LINES} lines ({MAX_EXPLAINED_LINES} with a reason), functions "
+        f"<= {MAX_FUNCTION_LINES}, `# fmt: skip` <= {MAX_FMT_SKIPS}"
+    )
+
+
+def test_the_size_check_bites(tmp_path):
+    """A long module passes with a reason, not without one nor past the explained limit; a long
+    function and packed `# fmt: skip` lines fail."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    body = "x = 1\n" * 470
+    (pkg / "long.py").write_text(f'"""A module.\n\n{OVERSIZE} one table."""\n{body}')
+    assert size_problems(pkg) == []
+    (pkg / "long.py").write_text(f'"""A module."""\n{body}')
+    assert size_problems(pkg) == ["pkg/long.py: 471 lines (at most 450)"]
+    (pkg / "long.py").write_text(f'"""{OVERSIZE} one table."""\n' + "x = 1\n" * 600)
+    assert size_problems(pkg) == ["pkg/long.py: 601 lines (at most 600)"]
+    lines = "".join(f"    y = {i}\n" for i in range(80))
+    (pkg / "long.py").write_text(f"def f():\n{lines}")
+    assert size_problems(pkg) == ["pkg/long.py: f() 81 lines"]
+    (pkg / "long.py").write_text("z = (1,)  # fmt: skip\n" * 11)
+    assert size_problems(pkg) == ["11 `# fmt: skip` lines (at most 10)"]
 
 
 def test_the_cudalibs_shim_forwards():

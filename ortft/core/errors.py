@@ -87,3 +87,10 @@ class Stopped(OrtftError):
     """A caller's hook ended the run on purpose (``ortft hpo`` pruning a trial)."""
 
     run_status = "pruned"  # what summary.json records as the run's status
+
+
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """What a one-line error quotes of ``err``: its message's first line, cut to ``limit``
+    characters, or its type's name when it says nothing."""
+    text = str(err).strip()
+    return text.splitlines()[0][:limit] if text else type(err).__name__

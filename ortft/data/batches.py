@@ -96,8 +96,9 @@ def batches_per_epoch(n: int, batch_size: int) -> int:
     return n // batch_size  # drop the last partial batch: every step has batch_size rows
 
 
-def epoch_order(encoded: Encoded, batch_size: int, seed: int, epoch: int, shuffle: bool,
-                group_by_length: bool) -> np.ndarray:  # fmt: skip
+def epoch_order(
+    encoded: Encoded, batch_size: int, seed: int, epoch: int, shuffle: bool, group_by_length: bool
+) -> np.ndarray:
     """The row order of ``epoch``: seeded; with ``group_by_length``, each group of
     ``GROUP_BATCHES`` batches sorted by length (longest first), the groups in seeded order."""
     n = len(encoded)

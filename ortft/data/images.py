@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ortft.core.errors import first_line
+
 WIDE = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # 16/32-bit integer samples
 ALPHA = ("RGBA", "LA", "PA", "RGBa", "La")
 
@@ -49,7 +51,7 @@ def check(path: str) -> str:
     # Pillow's "cannot identify image file" is an OSError, a truncated file's too; a damaged
     # header can raise SyntaxError, ValueError or struct.error: any failure is a bad file
     except Exception as err:  # noqa: BLE001
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         if "cannot identify image file" in first:
             first = "not an image Pillow can read"
         raise BadImage(first) from None
@@ -84,7 +86,7 @@ def load(path: str) -> Any:
             img.load()
             return to_rgb(img)
     except Exception as err:  # noqa: BLE001 - as in check()
-        raise BadImage(str(err).strip().splitlines()[0] if str(err).strip() else "") from None
+        raise BadImage(first_line(err)) from None
 
 
 def pixels(path: str) -> np.ndarray:

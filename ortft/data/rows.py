@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ortft.core.errors import InputError
+from ortft.core.errors import InputError, first_line
 from ortft.data.checks import RowCheck, RowColumns, check_table
 from ortft.data.paths import looks_local, resolve_input_path
 from ortft.data.spec import DataSection
@@ -300,7 +300,7 @@ def _from_text(path: Path, fmt: str, data: DataSection, check: RowCheck) -> Any:
 
 def _one_line(err: BaseException) -> str:
     inner = err.__cause__ or err
-    return f"{type(inner).__name__}: {str(inner).splitlines()[0] if str(inner) else ''}"
+    return f"{type(inner).__name__}: {first_line(inner)}"
 
 
 def _from_datasets(

@@ -97,8 +97,9 @@ def encode_splits(
         train: Any = streaming.StreamEncoded(raw.train, task, tokenizer, spec, label2id)
         hit = False
     else:
-        train, hit = tokenized.encode(task, raw.train, tokenizer, spec, label2id,
-                                      [raw.fingerprint, "train"], spec.train)  # fmt: skip
+        train, hit = tokenized.encode(
+            task, raw.train, tokenizer, spec, label2id, [raw.fingerprint, "train"], spec.train
+        )
     evals = (
         tokenized.encode(
             task,
@@ -108,7 +109,7 @@ def encode_splits(
             label2id,
             [raw.fingerprint, "eval"],
             spec.eval or f"{spec.train} (held out)",
-        )[0]  # fmt: skip
+        )[0]
         if raw.eval is not None
         else None
     )
@@ -116,10 +117,12 @@ def encode_splits(
     text = modality == "text"  # images and audio: files checked, not tokenized
     done = "tokenized" if text else "files checked"
     how = (
-        "streamed: tokenized as read" if spec.streaming
-        else f"{done} earlier: cache hit" if hit
+        "streamed: tokenized as read"
+        if spec.streaming
+        else f"{done} earlier: cache hit"
+        if hit
         else f"{done} in {time.perf_counter() - t0:.1f}s"
-    )  # fmt: skip
+    )
     log.info(
         "data: %s train / %d eval examples %s (%s)",
         "a stream of" if spec.streaming else len(train),

@@ -66,8 +66,12 @@ def read(spec: DataSection, base_dir: Path, value: str, split: str, task: RowCol
     elif fmt == "disk":  # a saved DatasetDict streams its data.split
         ds = data._from_datasets(value, fmt, split, path).to_iterable_dataset()
     else:
-        payload = {"path": str(path), "format": fmt, "data": spec.model_dump(mode="json"),
-                   "check": {k: getattr(check, k) for k in check.__dataclass_fields__}}  # fmt: skip
+        payload = {
+            "path": str(path),
+            "format": fmt,
+            "data": spec.model_dump(mode="json"),
+            "check": {k: getattr(check, k) for k in check.__dataclass_fields__},
+        }
         ds = datasets.IterableDataset.from_generator(
             data._generate, gen_kwargs={"spec": json.dumps(payload)}
         )
@@ -77,8 +81,9 @@ def read(spec: DataSection, base_dir: Path, value: str, split: str, task: RowCol
 class StreamEncoded(Encoded):
     """Tokenized train rows of a stream: no length; batches through ``train_batches``."""
 
-    def __init__(self, rows: StreamRows, task: Encoder, tokenizer: Any, spec: DataSection,
-                 label2id: Any) -> None:  # fmt: skip
+    def __init__(
+        self, rows: StreamRows, task: Encoder, tokenizer: Any, spec: DataSection, label2id: Any
+    ) -> None:
         self.rows, self.task, self.tokenizer, self.spec = rows, task, tokenizer, spec
         self.label2id = label2id
         self.arrays = {}
@@ -93,8 +98,9 @@ class StreamEncoded(Encoded):
             self.rows.check(n, row)
         indices = list(range(self.seen, self.seen + len(rows)))
         self.seen += len(rows)
-        out = tokenized._encode_batch(chunk, indices, self.task, self.tokenizer, self.spec,
-                                      self.label2id)  # fmt: skip
+        out = tokenized._encode_batch(
+            chunk, indices, self.task, self.tokenizer, self.spec, self.label2id
+        )
         return {
             k: v.astype(np.int64) if k in tokenized.MODEL_COLUMNS else v for k, v in out.items()
         }
@@ -105,8 +111,14 @@ class StreamEncoded(Encoded):
         chunk = next(iter(self.rows.dataset.iter(batch_size=need)))
         return {k: v[np.asarray(index)] for k, v in self.encode(chunk).items()}
 
-    def train_batches(self, batch_size: int, seed: int, shuffle: bool, start_micro: int = 0,
-                      group_by_length: bool = False) -> Iterator[tuple[int, dict[str, np.ndarray]]]:  # fmt: skip
+    def train_batches(
+        self,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        start_micro: int = 0,
+        group_by_length: bool = False,
+    ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """(epoch, batch) forever, as ``batches.train_batches`` does for stored rows."""
         # a chunk is tokenized in one call: whole batches, 50 of them when grouped by length
         per_chunk = (

@@ -33,9 +33,15 @@ CACHE_VERSION = 2  # 1: .npz of int64 arrays; 2: Arrow files, int32 model column
 META = "ortft-cache.json"  # written last: an entry without it is incomplete
 # data fields that change how batches are cut or how tokenizing runs, not the tokens
 NOT_IN_KEY = {
-    "padding", "pad_to_multiple_of", "buckets", "group_by_length", "shuffle", "num_proc",
-    "streaming", "shuffle_buffer",
-}  # fmt: skip
+    "padding",
+    "pad_to_multiple_of",
+    "buckets",
+    "group_by_length",
+    "shuffle",
+    "num_proc",
+    "streaming",
+    "shuffle_buffer",
+}
 MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 INT32 = np.iinfo(np.int32)
 # rows per datasets.map batch, and so per Arrow record batch of an entry: opening an entry and
@@ -143,8 +149,15 @@ def key(
     return h.hexdigest()[:24]
 
 
-def _build(entry: Path, task: Encoder, rows: data.Rows, tokenizer: Any, spec: DataSection,
-           label2id: Any, source: str) -> None:  # fmt: skip
+def _build(
+    entry: Path,
+    task: Encoder,
+    rows: data.Rows,
+    tokenizer: Any,
+    spec: DataSection,
+    label2id: Any,
+    source: str,
+) -> None:
     t0 = time.perf_counter()
     with fsutil.atomic_dir(entry, fsync=False) as tmp:
         num_proc = spec.num_proc if spec.num_proc > 1 else None
@@ -202,5 +215,7 @@ def encode(
     try:
         return _load(entry), hit
     except (OSError, ValueError, KeyError) as err:
-        raise InputError(f"{entry}: a damaged tokenized cache entry ({err}); remove it with "
-                         f"`ortft cache prune --all` or delete the folder") from None  # fmt: skip
+        raise InputError(
+            f"{entry}: a damaged tokenized cache entry ({err}); remove it with "
+            f"`ortft cache prune --all` or delete the folder"
+        ) from None

@@ -54,9 +54,14 @@ OPSET, IR_VERSION = 17, 8  # STFT needs opset 17; IR 8 is the lowest that carrie
 _LOG10 = 1.0 / math.log(10.0)
 # The methods the extractor's default call runs; a subclass that overrides one may do otherwise.
 _PIPELINE = (
-    "__call__", "pad", "_pad", "_truncate", "_get_padding_strategies",
-    "_np_extract_fbank_features", "_torch_extract_fbank_features",
-)  # fmt: skip
+    "__call__",
+    "pad",
+    "_pad",
+    "_truncate",
+    "_get_padding_strategies",
+    "_np_extract_fbank_features",
+    "_torch_extract_fbank_features",
+)
 
 
 @dataclass(frozen=True)
@@ -165,9 +170,15 @@ def _plan(fe: Any) -> _Plan | str:
     # audio_utils.spectrogram: 1 + (n + 2 (n_fft // 2) - n_fft) // hop frames, the last dropped
     frames = (n_samples + 2 * (n_fft // 2) - n_fft) // hop
     return _Plan(
-        n_fft, hop, n_samples, frames, int(fe.sampling_rate), float(fe.padding_value),
-        side == "left", mel,
-    )  # fmt: skip
+        n_fft,
+        hop,
+        n_samples,
+        frames,
+        int(fe.sampling_rate),
+        float(fe.padding_value),
+        side == "left",
+        mel,
+    )
 
 
 def _window(n_fft: int) -> np.ndarray:

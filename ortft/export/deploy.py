@@ -18,6 +18,8 @@ then runs ``preprocess.onnx`` and ``model.onnx``.
 The model card (``README.md``) holds one snippet per task: onnxruntime + tokenizers (images:
 Pillow) only, run from inside the folder. ``tests/test_consumer.py`` extracts it and runs it verbatim in a clean
 venv with the onnxruntime release of ``requirements/consumer.txt``.
+
+Over 450 lines: one usage snippet per task, beside the checks that run them.
 """
 
 from __future__ import annotations
@@ -406,8 +408,9 @@ def graph_feeds(folder: Path, files: dict[str, str], feeds: dict[str, Any]) -> d
     return out
 
 
-def check_runtime(python: str, folder: Path, files: dict[str, str], feeds: dict[str, Any],
-                  tolerance: float) -> dict[str, Any]:  # fmt: skip
+def check_runtime(
+    python: str, folder: Path, files: dict[str, str], feeds: dict[str, Any], tolerance: float
+) -> dict[str, Any]:
     """Load every graph of the export in another onnxruntime (``python``: a Python with it
     installed) and compare its outputs with this runtime's on the same feeds. Returns a
     ``runtimes`` entry; ``passed`` says whether every output was within ``tolerance``."""
@@ -425,8 +428,11 @@ def check_runtime(python: str, folder: Path, files: dict[str, str], feeds: dict[
         try:
             proc = subprocess.run(
                 [python, "-I", "-c", _RUNNER, str(folder), f"{tmp}/feeds.npz", f"{tmp}/out.npz"],
-                capture_output=True, text=True, timeout=600, check=False,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
         except OSError as err:
             raise InputError(f"--check-runtime {python}: cannot run it ({err.strerror})") from None
         if proc.returncode != 0:

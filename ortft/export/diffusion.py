@@ -82,8 +82,12 @@ def _wrappers() -> dict[str, Any]:
         def forward(self, sample: torch.Tensor) -> torch.Tensor:
             return self.model.encode(sample, return_dict=False)[0].mean
 
-    return {"text_encoder": TextEncoder, "unet": Unet, "vae_decoder": VaeDecoder,
-            "vae_encoder": VaeEncoder}  # fmt: skip
+    return {
+        "text_encoder": TextEncoder,
+        "unet": Unet,
+        "vae_decoder": VaeDecoder,
+        "vae_encoder": VaeEncoder,
+    }
 
 
 def sample_feeds(unet: Any, vae: Any, text_encoder: Any, tokenizer: Any) -> dict[str, dict]:
@@ -91,9 +95,12 @@ def sample_feeds(unet: Any, vae: Any, text_encoder: Any, tokenizer: Any) -> dict
     import torch
 
     ids = tokenizer(
-        list(PARITY_PROMPTS), padding="max_length", max_length=tokenizer.model_max_length,
-        truncation=True, return_tensors="np",
-    )["input_ids"].astype(np.int32)  # fmt: skip
+        list(PARITY_PROMPTS),
+        padding="max_length",
+        max_length=tokenizer.model_max_length,
+        truncation=True,
+        return_tensors="np",
+    )["input_ids"].astype(np.int32)
     with torch.no_grad():
         hidden = text_encoder(torch.from_numpy(ids).long())[0].float().numpy()
     size, channels = int(unet.config.sample_size), int(unet.config.in_channels)
@@ -114,16 +121,26 @@ def sample_feeds(unet: Any, vae: Any, text_encoder: Any, tokenizer: Any) -> dict
 
 
 AXES = {
-    "text_encoder": {"input_ids": {0: "batch", 1: "sequence"},
-                     "last_hidden_state": {0: "batch", 1: "sequence"}, "pooler_output": {0: "batch"}},
-    "unet": {"sample": {0: "batch", 2: "height", 3: "width"}, "timestep": {0: "steps"},
-             "encoder_hidden_states": {0: "batch", 1: "sequence"},
-             "out_sample": {0: "batch", 2: "height", 3: "width"}},
-    "vae_decoder": {"latent_sample": {0: "batch", 2: "height", 3: "width"},
-                    "sample": {0: "batch", 2: "pixel_height", 3: "pixel_width"}},
-    "vae_encoder": {"sample": {0: "batch", 2: "pixel_height", 3: "pixel_width"},
-                    "latent_sample": {0: "batch", 2: "height", 3: "width"}},
-}  # fmt: skip
+    "text_encoder": {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "last_hidden_state": {0: "batch", 1: "sequence"},
+        "pooler_output": {0: "batch"},
+    },
+    "unet": {
+        "sample": {0: "batch", 2: "height", 3: "width"},
+        "timestep": {0: "steps"},
+        "encoder_hidden_states": {0: "batch", 1: "sequence"},
+        "out_sample": {0: "batch", 2: "height", 3: "width"},
+    },
+    "vae_decoder": {
+        "latent_sample": {0: "batch", 2: "height", 3: "width"},
+        "sample": {0: "batch", 2: "pixel_height", 3: "pixel_width"},
+    },
+    "vae_encoder": {
+        "sample": {0: "batch", 2: "pixel_height", 3: "pixel_width"},
+        "latent_sample": {0: "batch", 2: "height", 3: "width"},
+    },
+}
 OUTPUTS = {
     "text_encoder": ("last_hidden_state", "pooler_output"),
     "unet": ("out_sample",),
@@ -138,9 +155,14 @@ def _export_one(name: str, module: Any, feeds: dict, folder: Path, opset: int) -
     (folder / name).mkdir(parents=True, exist_ok=True)
     example = tuple(torch.from_numpy(v) for v in feeds.values())
     return onnx_tools.torch_export(
-        module, example, folder / name / "model.onnx", opset, list(feeds), OUTPUTS[name],
+        module,
+        example,
+        folder / name / "model.onnx",
+        opset,
+        list(feeds),
+        OUTPUTS[name],
         AXES[name],
-    )  # fmt: skip
+    )
 
 
 def _reference(name: str, module: Any, feeds: dict) -> list[np.ndarray]:
@@ -159,8 +181,12 @@ def build(pipe: Any, folder: Path, opset: int, tolerance: float) -> dict[str, An
     from diffusers.models.attention_processor import AttnProcessor
 
     pipe.unet.set_attn_processor(AttnProcessor())  # plain matmul + softmax: any opset runs it
-    modules = {"text_encoder": pipe.text_encoder, "unet": pipe.unet, "vae_decoder": pipe.vae,
-               "vae_encoder": pipe.vae}  # fmt: skip
+    modules = {
+        "text_encoder": pipe.text_encoder,
+        "unet": pipe.unet,
+        "vae_decoder": pipe.vae,
+        "vae_encoder": pipe.vae,
+    }
     wrap = _wrappers()
     feeds = sample_feeds(pipe.unet, pipe.vae, pipe.text_encoder, pipe.tokenizer)
     graphs: dict[str, dict[str, Any]] = {}
@@ -181,12 +207,20 @@ def build(pipe: Any, folder: Path, opset: int, tolerance: float) -> dict[str, An
     write_pipeline_files(pipe, folder)
     worst = max(g["max_abs_diff"] for g in graphs.values())
     return {
-        "format_version": parity.EXPORT_FORMAT_VERSION, "task": "text-to-image",
-        "model_type": "stable-diffusion", "opset": opset, "export_s": round(seconds, 3),
+        "format_version": parity.EXPORT_FORMAT_VERSION,
+        "task": "text-to-image",
+        "model_type": "stable-diffusion",
+        "opset": opset,
+        "export_s": round(seconds, 3),
         "files": {name: f"{name}/model.onnx" for name in GRAPHS},
-        "parity": {"max_abs_diff": worst, "tolerance": tolerance, "passed": worst <= tolerance,
-                   "graphs": graphs, "source": "pytorch fp32"},
-    }  # fmt: skip
+        "parity": {
+            "max_abs_diff": worst,
+            "tolerance": tolerance,
+            "passed": worst <= tolerance,
+            "graphs": graphs,
+            "source": "pytorch fp32",
+        },
+    }
 
 
 def write_pipeline_files(pipe: Any, folder: Path) -> None:
@@ -194,8 +228,12 @@ def write_pipeline_files(pipe: Any, folder: Path) -> None:
     graph's config.json, model_index.json naming the parts, draw.py and the card."""
     pipe.tokenizer.save_pretrained(folder / "tokenizer")
     pipe.scheduler.save_pretrained(folder / "scheduler")
-    for name, model in (("text_encoder", pipe.text_encoder), ("unet", pipe.unet),
-                        ("vae_decoder", pipe.vae), ("vae_encoder", pipe.vae)):  # fmt: skip
+    for name, model in (
+        ("text_encoder", pipe.text_encoder),
+        ("unet", pipe.unet),
+        ("vae_decoder", pipe.vae),
+        ("vae_encoder", pipe.vae),
+    ):
         config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
         (folder / name / "config.json").write_text(json.dumps(config, indent=2, default=str))
     index = {
@@ -264,14 +302,14 @@ def load_pipeline(folder: Path, fuse: bool = False) -> Any:
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as hf_logging
 
-    from ortft.core.errors import InputError
+    from ortft.core.errors import InputError, first_line
 
     hf_logging.disable_progress_bar()
     diffusers_logging.disable_progress_bar()
     try:
         pipe = DiffusionPipeline.from_pretrained(str(folder))
     except (OSError, ValueError, KeyError, TypeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise InputError(f"{folder}: cannot load the diffusers model ({first})") from None
     if (folder / LORA_DIR / LORA_FILE).is_file():
         pipe.load_lora_weights(str(folder / LORA_DIR))

@@ -57,8 +57,9 @@ def alphas_cumprod(config: dict[str, Any]) -> np.ndarray:
         def bar(t: float) -> float:
             return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
 
-        betas = np.array([min(1 - bar((i + 1) / n) / bar(i / n), 0.999) for i in range(n)],
-                         dtype=np.float32)  # fmt: skip
+        betas = np.array(
+            [min(1 - bar((i + 1) / n) / bar(i / n), 0.999) for i in range(n)], dtype=np.float32
+        )
     else:
         raise Unsupported(f"scheduler: beta_schedule {kind!r} is not reproduced")
     if config.get("rescale_betas_zero_snr"):
@@ -220,8 +221,7 @@ class PNDM:
         return ((a_prev / a_t) ** 0.5 * x - (a_prev - a_t) * out / denominator).astype(np.float32)
 
 
-SCHEDULERS = {"DDIMScheduler": DDIM, "EulerDiscreteScheduler": EulerDiscrete,
-              "PNDMScheduler": PNDM}  # fmt: skip
+SCHEDULERS = {"DDIMScheduler": DDIM, "EulerDiscreteScheduler": EulerDiscrete, "PNDMScheduler": PNDM}
 NAMES = {"ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler", "pndm": "PNDMScheduler"}
 # a scheduler swapped in by name: PNDM as Stable Diffusion 1.x configures it (its default runs
 # Runge-Kutta warm-up steps this file does not reproduce); diffusers' from_config takes the same
@@ -293,9 +293,13 @@ class OnnxStableDiffusion:
         return self.text_encoder.run(None, {"input_ids": ids})[0]
 
     def draw(
-        self, prompt: str, latents: np.ndarray, steps: int = 20, guidance_scale: float = 7.5,
+        self,
+        prompt: str,
+        latents: np.ndarray,
+        steps: int = 20,
+        guidance_scale: float = 7.5,
         negative_prompt: str | None = None,
-    ) -> np.ndarray:  # fmt: skip
+    ) -> np.ndarray:
         """uint8 [H, W, 3] from the starting ``latents`` [1, C, h, w] (unit variance)."""
         hidden = self.encode(prompt, negative_prompt)
         guided = guidance_scale > 1.0
@@ -306,9 +310,11 @@ class OnnxStableDiffusion:
         x = latents.astype(np.float32) * np.float32(sched.init_noise_sigma)
         for i, t in enumerate(timesteps):
             sample = sched.scale(np.concatenate([x, x]) if guided else x, i)
-            feeds = {"sample": sample,
-                     "timestep": np.array([t], dtype=self.timestep_dtype),
-                     "encoder_hidden_states": hidden}  # fmt: skip
+            feeds = {
+                "sample": sample,
+                "timestep": np.array([t], dtype=self.timestep_dtype),
+                "encoder_hidden_states": hidden,
+            }
             out = self.unet.run(None, feeds)[0]
             if guided:
                 out = out[:1] + guidance_scale * (out[1:] - out[:1])
@@ -350,8 +356,9 @@ def main(argv: list[str] | None = None) -> int:
             latents = np.load(args.latents)
         else:
             latents = seeded_latents(pipe.latent_shape(args.height, args.width), args.seed)
-        pixels = pipe.draw(args.prompt, latents, args.steps, args.guidance_scale,
-                           args.negative_prompt)  # fmt: skip
+        pixels = pipe.draw(
+            args.prompt, latents, args.steps, args.guidance_scale, args.negative_prompt
+        )
     except (ValueError, OSError) as err:
         print(f"draw.py: {err}", file=sys.stderr)
         return 2

@@ -109,9 +109,17 @@ class EncoderGraph:
     (``exporter.other_runtimes``, called before the card, which lists them)."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, options: Any, *, task: str, opset: int,
-        tolerance: float, samples: Any, n: int,
-    ):  # fmt: skip
+        self,
+        model: Any,
+        tokenizer: Any,
+        options: Any,
+        *,
+        task: str,
+        opset: int,
+        tolerance: float,
+        samples: Any,
+        n: int,
+    ):
         refuse(task, options)
         self.model, self.tokenizer, self.options, self.task = model, tokenizer, options, task
         self.pooling = options.pooling or Pooling()
@@ -226,9 +234,11 @@ def snippet(pad_id: int, pad_token: str, lowercase: bool) -> str:
 def card(report: dict[str, Any], pad_id: int, pad_token: str) -> str:
     """README.md of the export folder: what the graph gives and the usage snippet."""
     p = report["pooling"]
-    how = {"mean": "the mean of the token vectors where `attention_mask` is 1",
-           "cls": "the first token's vector", "max": "the per-dimension max over the token "
-           "vectors where `attention_mask` is 1"}[p["mode"]]  # fmt: skip
+    how = {
+        "mean": "the mean of the token vectors where `attention_mask` is 1",
+        "cls": "the first token's vector",
+        "max": "the per-dimension max over the token vectors where `attention_mask` is 1",
+    }[p["mode"]]
     runtimes = "; ".join(
         f"{r['package']} {r['version']} ({r['checked']})" for r in report["runtimes"]
     )

@@ -20,6 +20,9 @@ Everything is written into a staging folder next to OUT and swapped into place a
 (``parity.publish``, ``fsutil.promote``: an earlier OUT stays whole until then). When a check
 fails, the staging folder becomes ``OUT.failed/`` (its export.json says why) and OUT is left
 as it was.
+
+Over 450 lines: the one entry every export passes through (single graph, encoder-decoder,
+speech, embedding), with its staging and extras.
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ortft.core.errors import InputError, RunError
+from ortft.core.errors import InputError, RunError, first_line
 from ortft.export import decoder, embedding, generation, layout, parity
 from ortft.export import onnx_tools as tools
 from ortft.export.parity import publish  # the folder: staged, then swapped in
 from ortft.export.rows import parity_feeds, samples_source
 from ortft.export.rows import tracing_example as _tracing_example
-from ortft.tasks import classification
+from ortft.tasks import classification, question_answering
 
 log = logging.getLogger("ortft")
 
@@ -80,7 +83,7 @@ class _LogitsOnly(torch.nn.Module):
             kw["token_type_ids"] = token_type_ids
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kw)
         if getattr(out, "logits", None) is None:  # question answering: [batch, 2 (start, end), seq]
-            return torch.stack([out.start_logits, out.end_logits], dim=1)
+            return question_answering.span_logits(out)
         return out.logits
 
 
@@ -215,11 +218,18 @@ def export_model(
     options = options or ExportOptions()
     if _kind(task) == "embedding":  # last_hidden_state, sentence_embedding (export.embedding)
         job = embedding.EncoderGraph(
-            model.eval().to("cpu"), tokenizer, options, task=task, opset=opset,
-            tolerance=tolerance, samples=samples, n=PARITY_SAMPLES,
-        )  # fmt: skip
-        runtimes = partial(other_runtimes, feeds=job.feeds, tolerance=tolerance,
-                           pythons=options.check_runtimes)  # fmt: skip
+            model.eval().to("cpu"),
+            tokenizer,
+            options,
+            task=task,
+            opset=opset,
+            tolerance=tolerance,
+            samples=samples,
+            n=PARITY_SAMPLES,
+        )
+        runtimes = partial(
+            other_runtimes, feeds=job.feeds, tolerance=tolerance, pythons=options.check_runtimes
+        )
         return _published(out_dir, partial(job.build, runtimes=runtimes))
     kinds = parity.wanted(options.optimize, options.fp16, options.quantize)
     training = options.training
@@ -295,9 +305,14 @@ class _SingleGraph:
         self.tokenizer.save_pretrained(tmp)
         generation.save(model, tmp)  # config.json, generation_config.json
         result = parity.build_report(
-            tmp, ref, task=task, model_type=getattr(model.config, "model_type", None),
-            opset=self.opset, kinds=self.kinds, export_s=export_s,
-        )  # fmt: skip
+            tmp,
+            ref,
+            task=task,
+            model_type=getattr(model.config, "model_type", None),
+            opset=self.opset,
+            kinds=self.kinds,
+            export_s=export_s,
+        )
         result.update(inputs=graph.inputs, outputs=graph.outputs)
         if _kind(task) == "decoder":
             result["kv_cache"] = self.cache
@@ -360,19 +375,29 @@ def _export_seq2seq(
     def build(tmp: Path) -> dict[str, Any]:
         try:
             result = seq2seq.build_report(
-                model, tmp, samples, feeds, opset=opset, tolerance=tolerance,
+                model,
+                tmp,
+                samples,
+                feeds,
+                opset=opset,
+                tolerance=tolerance,
                 source=samples_source(samples),
-            )  # fmt: skip
+            )
         except RuntimeError as err:  # the tracer's failures
-            first = (str(err).strip().splitlines() or [""])[0][:300]
+            first = first_line(err)
             raise RunError(f"ONNX export (opset {opset}) failed: {first}") from err
         tokenizer.save_pretrained(tmp)
         generation.save(model, tmp)  # config.json, generation_config.json
         result = other_runtimes(tmp, result, feeds, tolerance, options.check_runtimes)
         return deployable(
-            tmp, "seq2seq", tokenizer, model.config, result, options.max_length,
+            tmp,
+            "seq2seq",
+            tokenizer,
+            model.config,
+            result,
+            options.max_length,
             options.task_options,
-        )  # fmt: skip
+        )
 
     result = publish(out_dir, build)
     log.info(
@@ -382,17 +407,31 @@ def _export_seq2seq(
 
 
 def _image_build(
-    model: Any, processor: Any, task: str, opset: int, tolerance: float, samples: Any,
-    kinds: list[str], options: ExportOptions,
-) -> Callable[[Path], dict[str, Any]]:  # fmt: skip
+    model: Any,
+    processor: Any,
+    task: str,
+    opset: int,
+    tolerance: float,
+    samples: Any,
+    kinds: list[str],
+    options: ExportOptions,
+) -> Callable[[Path], dict[str, Any]]:
     """The staging folder's builder for an image classifier (``ortft.export.image``)."""
     from ortft import tasks
     from ortft.export import image
 
     own = getattr(options.task_options, "name", None) == task
     spec = tasks.get(task, options.task_options if own else None)
-    job = image.ImageGraph(model, processor, spec, opset=opset, tolerance=tolerance,
-                           samples=samples, kinds=kinds, n=PARITY_SAMPLES)  # fmt: skip
+    job = image.ImageGraph(
+        model,
+        processor,
+        spec,
+        opset=opset,
+        tolerance=tolerance,
+        samples=samples,
+        kinds=kinds,
+        n=PARITY_SAMPLES,
+    )
 
     def build(tmp: Path) -> dict[str, Any]:
         result = job.build(tmp)
@@ -403,23 +442,29 @@ def _image_build(
 
 
 def _speech_build(
-    model: Any, processor: Any, task: str, opset: int, tolerance: float, samples: Any,
+    model: Any,
+    processor: Any,
+    task: str,
+    opset: int,
+    tolerance: float,
+    samples: Any,
     options: ExportOptions,
-) -> Callable[[Path], dict[str, Any]]:  # fmt: skip
+) -> Callable[[Path], dict[str, Any]]:
     """The staging folder's builder for a speech model (``ortft.export.speech``)."""
     from ortft import tasks
     from ortft.export import speech
 
     own = getattr(options.task_options, "name", None) == task
     spec = tasks.get(task, options.task_options if own else None)
-    job = speech.SpeechGraphs(model, processor, spec, opset=opset, tolerance=tolerance,
-                              samples=samples, n=PARITY_SAMPLES)  # fmt: skip
+    job = speech.SpeechGraphs(
+        model, processor, spec, opset=opset, tolerance=tolerance, samples=samples, n=PARITY_SAMPLES
+    )
 
     def build(tmp: Path) -> dict[str, Any]:
         try:
             result = job.build(tmp)
         except RuntimeError as err:  # the tracer's failures
-            first = (str(err).strip().splitlines() or [""])[0][:300]
+            first = first_line(err)
             raise RunError(f"ONNX export (opset {opset}) failed: {first}") from err
         result = other_runtimes(tmp, result, job.runtime_feeds, tolerance, options.check_runtimes)
         return deployable(tmp, task, processor, model.config, result, None, options.task_options)
@@ -431,10 +476,11 @@ def _published(out_dir: Path, build: Callable[[Path], dict[str, Any]]) -> dict[s
     """``publish`` the staged export and log its parity line."""
     result = publish(out_dir, build)
     log.info(
-        "exported %s (parity: max |diff| %.2e)%s", result["dir"],
+        "exported %s (parity: max |diff| %.2e)%s",
+        result["dir"],
         result["parity"]["max_abs_diff"],
         "" if result["passed"] else f"; FAILED: {'; '.join(result['failures'])}",
-    )  # fmt: skip
+    )
     return result
 
 

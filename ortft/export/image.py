@@ -76,9 +76,17 @@ class ImageGraph:
     and the card: ``exporter.deployable``)."""
 
     def __init__(
-        self, model: Any, processor: Any, task: Any, *, opset: int, tolerance: float,
-        samples: Any, kinds: list[str], n: int,
-    ):  # fmt: skip
+        self,
+        model: Any,
+        processor: Any,
+        task: Any,
+        *,
+        opset: int,
+        tolerance: float,
+        samples: Any,
+        kinds: list[str],
+        n: int,
+    ):
         self.model, self.processor, self.task = model, processor, task
         self.opset, self.tolerance, self.kinds = opset, tolerance, kinds
         self.feeds, self.images, self.source = decoded(task, processor, samples, n)
@@ -101,9 +109,14 @@ class ImageGraph:
         self.processor.save_pretrained(tmp)  # preprocessor_config.json
         generation.save(self.model, tmp)  # config.json
         result = parity.build_report(
-            tmp, ref, task=self.task.name, model_type=getattr(self.model.config, "model_type", None),
-            opset=self.opset, kinds=self.kinds, export_s=export_s,
-        )  # fmt: skip
+            tmp,
+            ref,
+            task=self.task.name,
+            model_type=getattr(self.model.config, "model_type", None),
+            opset=self.opset,
+            kinds=self.kinds,
+            export_s=export_s,
+        )
         result["preprocessor"] = preprocessor(self.processor)
         result["preprocess"] = self.preprocess(tmp)
         if result["preprocess"].get("passed"):
@@ -119,8 +132,7 @@ class ImageGraph:
             return {"exported": False, "reason": problem}
         described = image_preprocess.build(self.processor, tmp / PREPROCESS)
         checked = image_preprocess.check(tmp / PREPROCESS, self.processor, self.images)
-        return {"exported": True, "file": PREPROCESS, **described, "source": self.source,
-                **checked}  # fmt: skip
+        return {"exported": True, "file": PREPROCESS, **described, "source": self.source, **checked}
 
 
 def end_to_end(

@@ -66,8 +66,11 @@ def hub_links(folder: Path) -> dict[str, str]:
     except OSError as err:
         log.warning(
             "%s: no %s/ links for transformers.js (%s); the root %s is complete",
-            folder, HUB_DIR, err.strerror or err, MODEL,
-        )  # fmt: skip
+            folder,
+            HUB_DIR,
+            err.strerror or err,
+            MODEL,
+        )
         shutil.rmtree(hub, ignore_errors=True)  # the links only: never their targets
         return {}
     return links

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ortft.core.errors import RunError
+from ortft.core.errors import RunError, first_line
 
 LARGE = 2**31 - 2**27  # just under protobuf's 2 GB limit: beyond it, weights go to external data
 
@@ -102,9 +102,12 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, Any]:
     logging.disable(logging.WARNING)
     try:
         quantize_dynamic(
-            str(src), str(dst), weight_type=QuantType.QInt8, use_external_data_format=large,
+            str(src),
+            str(dst),
+            weight_type=QuantType.QInt8,
+            use_external_data_format=large,
             op_types_to_quantize=ops,
-        )  # fmt: skip
+        )
     finally:
         logging.disable(logging.NOTSET)
     return {
@@ -172,9 +175,14 @@ def check_portable(path: Path) -> None:
 
 
 def torch_export(
-    module: Any, example: tuple[Any, ...], path: Path, opset: int,
-    inputs: Sequence[str], outputs: Sequence[str], axes: dict[str, dict[int, str]],
-) -> float:  # fmt: skip
+    module: Any,
+    example: tuple[Any, ...],
+    path: Path,
+    opset: int,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    axes: dict[str, dict[int, str]],
+) -> float:
     """torch.onnx.export to ``path`` with torch's own symbolics, checked (ONNX checker, no ATen
     fallbacks); its seconds. A failure of the tracer is one RunError line."""
     import time
@@ -186,11 +194,18 @@ def torch_export(
     try:
         with torch.no_grad(), standard_symbolics():
             torch.onnx.export(
-                module, example, str(path), input_names=list(inputs), output_names=list(outputs),
-                opset_version=opset, do_constant_folding=True, dynamo=False, dynamic_axes=axes,
-            )  # fmt: skip
+                module,
+                example,
+                str(path),
+                input_names=list(inputs),
+                output_names=list(outputs),
+                opset_version=opset,
+                do_constant_folding=True,
+                dynamo=False,
+                dynamic_axes=axes,
+            )
     except Exception as err:
-        first = (str(err).strip().splitlines() or [""])[0][:300]
+        first = first_line(err)
         raise RunError(
             f"ONNX export (opset {opset}) failed: {type(err).__name__}: {first}"
         ) from err

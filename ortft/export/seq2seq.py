@@ -69,9 +69,16 @@ def _export(module, example, path: Path, inputs, outputs, axes, opset: int) -> N
 
     with torch.no_grad(), tools.standard_symbolics():
         torch.onnx.export(
-            module, example, str(path), input_names=inputs, output_names=outputs,
-            dynamic_axes=axes, opset_version=opset, do_constant_folding=True, dynamo=False,
-        )  # fmt: skip
+            module,
+            example,
+            str(path),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )
     tools.check_portable(path)
 
 
@@ -84,14 +91,19 @@ def export_graphs(model: Any, feeds: dict[str, np.ndarray], folder: Path, opset:
     mask[1, max(1, mask.shape[1] // 2) :] = 0  # a padded row keeps the mask in the graphs
     batch = {0: "batch", 1: "source"}
     _export(
-        _Encoder(model).eval(), (ids, mask), folder / ENCODER, ["input_ids", "attention_mask"],
-        ["last_hidden_state"], {"input_ids": batch, "attention_mask": batch,
-                                "last_hidden_state": batch}, opset,
-    )  # fmt: skip
+        _Encoder(model).eval(),
+        (ids, mask),
+        folder / ENCODER,
+        ["input_ids", "attention_mask"],
+        ["last_hidden_state"],
+        {"input_ids": batch, "attention_mask": batch, "last_hidden_state": batch},
+        opset,
+    )
     with torch.no_grad():
         hidden = _Encoder(model).eval()(ids, mask)
-        own = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :2],
-                    use_cache=True).past_key_values.self_attention_cache  # fmt: skip
+        own = model(
+            input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :2], use_cache=True
+        ).past_key_values.self_attention_cache
     layers, (_, heads, _, dim) = len(own.layers), own.layers[0].keys.shape
     gen = torch.Generator().manual_seed(0)
     past = [torch.randn(len(ids), heads, 3, dim, generator=gen) for _ in range(2 * layers)]
@@ -169,9 +181,12 @@ class OnnxSeq2Seq:
         )[0]
 
     def generate(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int,
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        max_new_tokens: int,
         num_beams: int | None = 1,
-    ) -> tuple[np.ndarray, list[np.ndarray]]:  # fmt: skip
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         """Token ids as ``model.generate`` returns them (the start token, then the new tokens, a
         finished row padded) and each step's raw logits, with the export's generation config
         (``ortft.export.generation``). ``num_beams`` 1: greedy, as eval's generate metrics run
@@ -219,16 +234,21 @@ def shift_right(labels: np.ndarray, pad: int, start: int, model_type: str) -> np
 
 
 def check(
-    model: Any, folder: Path, feeds: dict[str, np.ndarray], labels: np.ndarray,
-    tolerance: float, max_new_tokens: int,
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:  # fmt: skip
+    model: Any,
+    folder: Path,
+    feeds: dict[str, np.ndarray],
+    labels: np.ndarray,
+    tolerance: float,
+    max_new_tokens: int,
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """(ONNX teacher-forced logits, PyTorch's, the generation section) on ``feeds``: the pair
     generating with the model's generation config as ``generate`` does (``decoder.compare``)."""
     pair = OnnxSeq2Seq(folder, model.config)
     ids, mask = torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])
     with torch.no_grad():
-        want = model(input_ids=ids, attention_mask=mask, labels=torch.from_numpy(labels),
-                     use_cache=False).logits.numpy()  # fmt: skip
+        want = model(
+            input_ids=ids, attention_mask=mask, labels=torch.from_numpy(labels), use_cache=False
+        ).logits.numpy()
     got = pair.logits(feeds["input_ids"], feeds["attention_mask"], labels)
     n = decoder.GENERATE_PROMPTS
     gc = decoder.check_config(model, max_new_tokens)
@@ -254,9 +274,15 @@ def check(
 
 
 def build_report(
-    model: Any, folder: Path, samples: Any, feeds: dict[str, np.ndarray], *,
-    opset: int, tolerance: float, source: str,
-) -> dict[str, Any]:  # fmt: skip
+    model: Any,
+    folder: Path,
+    samples: Any,
+    feeds: dict[str, np.ndarray],
+    *,
+    opset: int,
+    tolerance: float,
+    source: str,
+) -> dict[str, Any]:
     """Export both graphs to ``folder``, check them, and return export.json's sections."""
     import time
 

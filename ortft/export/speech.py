@@ -165,8 +165,15 @@ def check_parity(model: Any, pair: OnnxWhisper, feeds: dict, tolerance: float, s
     the same way on both sides)."""
     feats, labels = feeds["input_features"], feeds["labels"]
     with torch.no_grad():
-        want = model(input_features=torch.from_numpy(feats), labels=torch.from_numpy(labels),
-                     use_cache=False).logits.float().numpy()  # fmt: skip
+        want = (
+            model(
+                input_features=torch.from_numpy(feats),
+                labels=torch.from_numpy(labels),
+                use_cache=False,
+            )
+            .logits.float()
+            .numpy()
+        )
     got = pair.logits(feats, labels).astype(np.float32)
     return parity.teacher_forced(got, want, labels, tolerance, source)
 
@@ -275,9 +282,16 @@ class SpeechGraphs:
     adds the runtimes and the card: ``exporter.deployable``)."""
 
     def __init__(
-        self, model: Any, processor: Any, task: Any, *, opset: int, tolerance: float,
-        samples: Any, n: int,
-    ):  # fmt: skip
+        self,
+        model: Any,
+        processor: Any,
+        task: Any,
+        *,
+        opset: int,
+        tolerance: float,
+        samples: Any,
+        n: int,
+    ):
         refuse(model.generation_config)  # before exporting what could not be run
         self.model, self.processor, self.task = model.eval(), processor, task
         self.opset, self.tolerance = opset, tolerance
@@ -293,8 +307,9 @@ class SpeechGraphs:
         from ortft.export.seq2seq import shift_right
 
         c = self.model.config
-        dec = shift_right(self.feeds["labels"], int(c.pad_token_id),
-                          int(c.decoder_start_token_id), "whisper")  # fmt: skip
+        dec = shift_right(
+            self.feeds["labels"], int(c.pad_token_id), int(c.decoder_start_token_id), "whisper"
+        )
         return {
             "input_features": self.feeds["input_features"],
             "input_ids": np.ascontiguousarray(dec[:, :4]),

@@ -298,9 +298,11 @@ class OnnxWhisper:
         return out
 
     def generate(
-        self, input_features: np.ndarray, max_new_tokens: int | None = None,
+        self,
+        input_features: np.ndarray,
+        max_new_tokens: int | None = None,
         num_beams: int | None = None,
-    ) -> np.ndarray:  # fmt: skip
+    ) -> np.ndarray:
         """Token ids as ``model.generate(input_features, max_new_tokens=...)`` returns them for
         short-form audio (the new tokens, rows padded with pad_token_id)."""
         gc = self.config_for(max_new_tokens, num_beams)

@@ -71,11 +71,17 @@ def draw(source: Path, options: DrawOptions, output: Path) -> dict[str, Any]:
     with fsutil.atomic_file(output, "wb") as fh:  # a reader never sees half a PNG
         image.save(fh, format="PNG")
     return {
-        "image": str(output), "prompt": options.prompt, "negative_prompt": options.negative_prompt,
-        "height": height, "width": width, "steps": options.steps,
-        "guidance_scale": options.guidance_scale, "seed": options.seed,
-        "scheduler": scheduler, "runtime": runtime,
-    }  # fmt: skip
+        "image": str(output),
+        "prompt": options.prompt,
+        "negative_prompt": options.negative_prompt,
+        "height": height,
+        "width": width,
+        "steps": options.steps,
+        "guidance_scale": options.guidance_scale,
+        "seed": options.seed,
+        "scheduler": scheduler,
+        "runtime": runtime,
+    }
 
 
 def _draw_torch(folder: Path, options: DrawOptions) -> tuple[Any, int, int, str]:
@@ -94,10 +100,14 @@ def _draw_torch(folder: Path, options: DrawOptions) -> tuple[Any, int, int, str]
     height, width = _size(options, int(pipe.unet.config.sample_size), scale)
     generator = torch.Generator("cpu").manual_seed(options.seed)
     image = pipe(
-        options.prompt, negative_prompt=options.negative_prompt, height=height, width=width,
-        num_inference_steps=options.steps, guidance_scale=options.guidance_scale,
+        options.prompt,
+        negative_prompt=options.negative_prompt,
+        height=height,
+        width=width,
+        num_inference_steps=options.steps,
+        guidance_scale=options.guidance_scale,
         generator=generator,
-    ).images[0]  # fmt: skip
+    ).images[0]
     return image, height, width, type(pipe.scheduler).__name__
 
 

@@ -48,6 +48,7 @@ from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe, TrainingSection
 from ortft.recipe.task import read_task
 from ortft.run.summary import RunSummary
+from ortft.tasks import question_answering
 
 log = logging.getLogger("ortft")
 
@@ -103,7 +104,7 @@ class SavedModel:
                 **kw,
             )
         if getattr(out, "logits", None) is None:  # question answering: as its ONNX export's
-            return torch.stack([out.start_logits, out.end_logits], dim=1).float().numpy()
+            return question_answering.span_logits(out).float().numpy()
         return out.logits.float().numpy()
 
     def image_logits(self, pixel_values: np.ndarray) -> np.ndarray:

@@ -118,9 +118,11 @@ def _bind(folder: Path, task: Any) -> tuple[Any, Any]:
     parts = diffusion.Parts(unet, pipe.vae.float(), pipe.text_encoder.float(), tok, pipe.scheduler)
     task.bind(tok)
     task.bind_frozen(
-        diffusion.Frozen(parts, torch.device("cpu")), diffusion.alphas_cumprod(pipe.scheduler),
-        pipe.scheduler.config.get("prediction_type", "epsilon"), unet,
-    )  # fmt: skip
+        diffusion.Frozen(parts, torch.device("cpu")),
+        diffusion.alphas_cumprod(pipe.scheduler),
+        pipe.scheduler.config.get("prediction_type", "epsilon"),
+        unet,
+    )
     return tok, unet
 
 

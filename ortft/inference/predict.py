@@ -307,9 +307,14 @@ def run(
         where = "<stdin>" if input_path == "-" else input_path
         texts = [_field(o, "text", w) for w, o in _read(input_path)]
         return predict_embedding.run(
-            source, texts, where, query=query, top_k=top_k, max_length=max_length,
+            source,
+            texts,
+            where,
+            query=query,
+            top_k=top_k,
+            max_length=max_length,
             batch_size=batch_size,
-        )  # fmt: skip
+        )
     m = open_model(source)
     if query is not None or top_k is not None:
         raise InputError(

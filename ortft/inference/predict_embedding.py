@@ -196,10 +196,13 @@ def open_embedder(source: Path, max_length: int | None = None) -> Embedder:
     pooling, vectors = _onnx(folder) if onnx else _pytorch(folder)
     config = _config(folder)
     limit = next(
-        (getattr(config, k) for k in ("max_position_embeddings", "n_positions")
-         if isinstance(getattr(config, k, None), int)),
+        (
+            getattr(config, k)
+            for k in ("max_position_embeddings", "n_positions")
+            if isinstance(getattr(config, k, None), int)
+        ),
         FALLBACK_LENGTH,
-    )  # fmt: skip
+    )
     length = max_length or pooling.max_seq_length or _trained_length(recipe_of(folder, run))
     return Embedder(
         runtime="onnxruntime" if onnx else "pytorch",

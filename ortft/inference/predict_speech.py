@@ -87,8 +87,11 @@ def run(
         if info.seconds > limit:
             log.warning(
                 "%s: %.1f s; transcribing its first %.0f s (the model's window; longer clips "
-                "are cut, not chunked)", item.where, info.seconds, limit,
-            )  # fmt: skip
+                "are cut, not chunked)",
+                item.where,
+                info.seconds,
+                limit,
+            )
     return _results(m, items, infos, batch_size, new, limit)
 
 

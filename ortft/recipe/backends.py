@@ -18,9 +18,14 @@ from ortft.env import ort_training
 
 # backend.* fields that configure ORTModule: set on another backend they would do nothing
 ORTMODULE_FIELDS = (
-    "allow_fallback", "log_level", "save_onnx", "memory_optimization_level",
-    "compute_optimizer", "pytorch_kernels", "gpu_allocator",
-)  # fmt: skip
+    "allow_fallback",
+    "log_level",
+    "save_onnx",
+    "memory_optimization_level",
+    "compute_optimizer",
+    "pytorch_kernels",
+    "gpu_allocator",
+)
 
 
 # backend.compile: the field lives in schema.BackendSection; its type and text are here

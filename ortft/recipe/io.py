@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ortft.core.errors import RecipeError, UsageError
+from ortft.core.errors import RecipeError, UsageError, first_line
 from ortft.data.paths import (  # noqa: F401 - re-exported: other modules import them from here
     PKG_PREFIX,
     looks_local,
@@ -84,7 +84,7 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict]:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise RecipeError(f"{where}malformed YAML: {err.problem}", source=str(path)) from None
     except yaml.YAMLError as err:  # ReaderError: a control character, found by property tests
-        first = str(err).strip().splitlines()[0]
+        first = first_line(err)
         at = f" at character {err.position + 1}" if isinstance(err, yaml.reader.ReaderError) else ""
         raise RecipeError(f"malformed YAML{at}: {first}", source=str(path)) from None
     if data is None:

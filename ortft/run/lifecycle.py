@@ -6,6 +6,8 @@ checkpoints, stop rules) -> final/ -> ONNX export -> gates -> summary.json.
 
 Torch-free: whatever needs a framework is the engine's (``ortft.backends``), so the pure-ORT
 on-device backend runs this same lifecycle without PyTorch.
+
+Over 450 lines: the whole run, read top to bottom in one module, by design.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from ortft import backends, tasks
 from ortft.checkpoint import store as checkpoint
 from ortft.core import fsutil
-from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, RunError
+from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, RunError, first_line
 from ortft.core.progress import Progress
 from ortft.data import batches, splits, streaming
 from ortft.recipe.io import LoadedRecipe, dump
@@ -115,15 +117,19 @@ class _Run:
             resumed_from=str(resume_from) if resume_from else None,
         )
 
+    def _start(self) -> Any:
+        """``engine.start``: the device, threads and process group, logged and recorded."""
+        started = self.engine.start(self.recipe)
+        provenance = self.summary.provenance
+        provenance.device, provenance.threads = started.device, started.threads
+        self.summary.distributed = started.distributed
+        log.info("device: %s (%s), %d threads", started.device, started.reason, started.threads)
+        return started
+
     def execute(self) -> RunSummary:
         r, t = self.recipe, self.recipe.training
         tracking.check(r.logging, self.run_dir)  # a tracker not installed, a bad URI: exit 2 now
-        started = self.engine.start(r)
-        self.summary.provenance.device, self.summary.provenance.threads = (
-            started.device, started.threads,
-        )  # fmt: skip
-        self.summary.distributed = started.distributed
-        log.info("device: %s (%s), %d threads", started.device, started.reason, started.threads)
+        started = self._start()
         task = tasks.get(r.task.name, r.task)
         # ---- data and tokenizer (all input errors surface here, before any training)
         raw = splits.load_splits(r.data, self.loaded.base_dir, task, seed=t.seed)
@@ -165,19 +171,34 @@ class _Run:
         # under DDP global rank 0 alone logs: one tracker run, every step once
         self.tracker = self._open_tracker() if main else _NoTracker()
         self.loop = loop.Loop(
-            engine=self.engine, task=task, training=t, steps=steps, global_batch=global_batch,
-            per_epoch=per_epoch, eval_data=evals, tokenizer=tokenizer, tracker=self.tracker,
+            engine=self.engine,
+            task=task,
+            training=t,
+            steps=steps,
+            global_batch=global_batch,
+            per_epoch=per_epoch,
+            eval_data=evals,
+            tokenizer=tokenizer,
+            tracker=self.tracker,
             # the same seeded order in every process, cut into global batches
             batches=make_batches(
-                global_batch, t.seed, r.data.shuffle, start_micro=self.state.micro_step,
+                global_batch,
+                t.seed,
+                r.data.shuffle,
+                start_micro=self.state.micro_step,
                 group_by_length=r.data.group_by_length,
             ),
             padding=batches.Padding.of(r.data),
-            progress=Progress(total=steps, start=self.state.step), selector=self.selector,
-            signals=loop.Signals(), save=self._save, run_dir=self.run_dir, started=self.started,
-            on_eval=self.on_eval, save_every=r.checkpoint.save_every,
+            progress=Progress(total=steps, start=self.state.step),
+            selector=self.selector,
+            signals=loop.Signals(),
+            save=self._save,
+            run_dir=self.run_dir,
+            started=self.started,
+            on_eval=self.on_eval,
+            save_every=r.checkpoint.save_every,
             last_checkpoint=self.resume_from,
-        )  # fmt: skip
+        )
         self._train()
         # ---- the collectives are over; rank 0 alone writes final/, the export and the summary
         self.engine.close(ok=True)
@@ -194,7 +215,7 @@ class _Run:
         except (Exception, KeyboardInterrupt) as err:
             if self.summary.status != "running":
                 raise
-            message = f"after training: {type(err).__name__}: {_first_line(err)}"
+            message = f"after training: {type(err).__name__}: {first_line(err)}"
             interrupted = isinstance(err, KeyboardInterrupt | Interrupted)
             self.finish("interrupted" if interrupted else "failed", message)
             if interrupted or isinstance(err, OrtftError):
@@ -257,7 +278,7 @@ class _Run:
                 )
             raise RunError(
                 f"training failed at step {state.step}: {type(err).__name__}: "
-                f"{_first_line(err)}{hint}"
+                f"{first_line(err)}{hint}"
             ) from err
 
     def _finish_run(self, task: Any, tokenizer: Any, samples: Any) -> RunSummary:
@@ -276,8 +297,10 @@ class _Run:
             # the parity check is a gate like any other: recorded, reported, exit 3 on failure
             gate_list.append(gates.Gate("export.max_abs_diff", "<=", r.export.tolerance))
         elif checked and s.export.get("failures"):
-            log.warning("export checks failed (export.required: false, so the run passes): %s",
-                        "; ".join(s.export["failures"]))  # fmt: skip
+            log.warning(
+                "export checks failed (export.required: false, so the run passes): %s",
+                "; ".join(s.export["failures"]),
+            )
         results = gates.check(gate_list, self.finish("completed", write=False))
         if checked and r.export.required:  # the generation (decoders, seq2seq) and image
             results += _generation_gate(s.export) + _preprocess_gate(s.export)  # preprocess checks
@@ -288,9 +311,13 @@ class _Run:
         b = s.backend
         assert b is not None, "finish() records the backend"
         log.info(
-            "done: %d steps, backend %s%s, %d ORT export(s), %.1f samples/s", state.step, b.used,
-            " (FALLBACK)" if b.fallback else "", b.ort_exports, s.throughput["samples_per_s"],
-        )  # fmt: skip
+            "done: %d steps, backend %s%s, %d ORT export(s), %.1f samples/s",
+            state.step,
+            b.used,
+            " (FALLBACK)" if b.fallback else "",
+            b.ort_exports,
+            s.throughput["samples_per_s"],
+        )
         _raise_failed_gates(results, s)
         return s
 
@@ -302,10 +329,14 @@ class _Run:
         }
         tags.update({"ortft.task": r.task.name, "ortft.backend": r.backend.name})
         return Tracker(
-            self.run_dir, r.logging, self.state.step if self.resume_from else None,
-            ids=self.state.trackers, parent=self.tracker_parent, tags=tags,
+            self.run_dir,
+            r.logging,
+            self.state.step if self.resume_from else None,
+            ids=self.state.trackers,
+            parent=self.tracker_parent,
+            tags=tags,
             params=trackers.flatten(r.model_dump(mode="json")),
-        )  # fmt: skip
+        )
 
     def _close_tracker(self, final_dir: Path) -> None:
         """The trackers get summary.json, the model card and export.json, then end their runs;
@@ -428,8 +459,3 @@ def _raise_failed_gates(results: list[gates.GateResult], summary: RunSummary) ->
             + ", ".join(res.gate for res in failed),
             summary=summary,
         )
-
-
-def _first_line(err: BaseException) -> str:
-    """An error's message cut to its first line and 300 characters (a one-line error)."""
-    return (str(err).strip().splitlines() or [""])[0][:300]

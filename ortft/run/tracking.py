@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ortft.core.errors import InputError
+from ortft.core.errors import InputError, first_line
 from ortft.recipe.schema import LoggingSection
 from ortft.run import report, trackers
 
@@ -59,10 +59,14 @@ class Tracker:
         self.places: dict[str, Any] = {}  # summary.json's record of where each tracker wrote
         for name in spec.trackers:
             ctx = trackers.Context(
-                run_dir, spec, params or {}, {**(tags or {}), **spec.tags},
+                run_dir,
+                spec,
+                params or {},
+                {**(tags or {}), **spec.tags},
                 resume_id=self.ids.get(name) if truncate_after_step is not None else None,
-                resume_step=truncate_after_step, parent=parent or {},
-            )  # fmt: skip
+                resume_step=truncate_after_step,
+                parent=parent or {},
+            )
             sink = self._guard(name, "start", trackers.open_sink, name, ctx)
             if sink is not None:
                 self.sinks.append(sink)
@@ -75,7 +79,7 @@ class Tracker:
         try:
             return fn(*args)
         except Exception as err:  # noqa: BLE001 - a tracker never fails a run
-            first = (str(err).strip().splitlines() or [""])[0][:200]
+            first = first_line(err, 200)
             line = f"{name}: could not {what}: {type(err).__name__}: {first}"
             log.warning("tracker %s; it is off for the rest of this run", line)
             self.warnings.append(line)

@@ -161,7 +161,7 @@ class QuestionAnswering(Task):
         import torch
 
         out = model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
-        logits = torch.stack([out.start_logits, out.end_logits], dim=1)
+        logits = span_logits(out)
         # padding is never an answer: masked out of the softmax, so the loss does not depend on
         # how much of it a batch carries (data.padding), as transformers' own QA loss would
         logits = logits.masked_fill(attention_mask[:, None, :] == 0, torch.finfo(logits.dtype).min)
@@ -231,6 +231,14 @@ def _padded_bytes(items: list[bytes]) -> np.ndarray:
     for i, b in enumerate(items):
         out[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
     return out
+
+
+def span_logits(out: Any) -> Any:
+    """A question-answering model's output as one tensor, [batch, 2 (start, end), sequence]: what
+    the loss, the ONNX graph (``logits``) and ``ortft eval`` read."""
+    import torch
+
+    return torch.stack([out.start_logits, out.end_logits], dim=1)
 
 
 def best_span(

@@ -125,8 +125,11 @@ class SentenceEmbedding(Task):
 
     def __post_init__(self) -> None:
         mode = "mean" if self.pooling_option == "auto" else self.pooling_option
-        self.pooling = Pooling(mode=mode, normalize=self.normalize_option is True,
-                               source="task options (the model folder not read yet)")  # fmt: skip
+        self.pooling = Pooling(
+            mode=mode,
+            normalize=self.normalize_option is True,
+            source="task options (the model folder not read yet)",
+        )
 
     @property
     def texts_per_row(self) -> tuple[str, ...]:
@@ -181,8 +184,12 @@ class SentenceEmbedding(Task):
         self.pooling = dataclasses.replace(
             found, mode=mode, normalize=bool(normalize), source=source_note
         )
-        log.info("sentence-embedding: %s pooling%s (%s)", mode,
-                 ", L2-normalised" if normalize else "", source_note)  # fmt: skip
+        log.info(
+            "sentence-embedding: %s pooling%s (%s)",
+            mode,
+            ", L2-normalised" if normalize else "",
+            source_note,
+        )
         import torch.distributed as dist
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -206,20 +213,29 @@ class SentenceEmbedding(Task):
         return out
 
     def forward(
-        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-        labels: torch.Tensor, **extra: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        **extra: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         ids = [input_ids] + [extra[f"{p}input_ids"] for p in self.texts_per_row[1:]]
         masks = [attention_mask] + [extra[f"{p}attention_mask"] for p in self.texts_per_row[1:]]
         k, b = len(ids), input_ids.shape[0]
         # one call per text kind, each at its own length (``cut``)
-        pooled = torch.cat([
-            pool_tokens(model(input_ids=i, attention_mask=m, return_dict=True).last_hidden_state,
-                        m, self.pooling.mode)
-            for i, m in zip(ids, masks, strict=True)
-        ])  # fmt: skip
+        pooled = torch.cat(
+            [
+                pool_tokens(
+                    model(input_ids=i, attention_mask=m, return_dict=True).last_hidden_state,
+                    m,
+                    self.pooling.mode,
+                )
+                for i, m in zip(ids, masks, strict=True)
+            ]
+        )
         unit = torch.nn.functional.normalize(pooled, p=2, dim=1)
         anchors, candidates = unit[:b], unit[b:]  # candidates: the positives, then negatives
         scores = anchors @ candidates.T * self.scale  # [b, (k - 1) * b]

@@ -163,8 +163,9 @@ class SpeechRecognition(Task):
         self.processor = processor
         tok = getattr(processor, "tokenizer", None)
         if tok is not None and hasattr(tok, "set_prefix_tokens"):
-            tok.set_prefix_tokens(language=self.language, task="transcribe",
-                                  predict_timestamps=False)  # fmt: skip
+            tok.set_prefix_tokens(
+                language=self.language, task="transcribe", predict_timestamps=False
+            )
 
     @property
     def feature_key(self) -> str:
@@ -246,8 +247,11 @@ class SpeechRecognition(Task):
         labels = batch["labels"]
         mask = np.ones_like(labels)  # decoder inputs: start token, then labels[:-1]
         mask[:, 1:] = labels[:, :-1] != IGNORE_INDEX
-        return {**batch, self.feature_key: self.features(self.clips(batch[PATH])),
-                "decoder_attention_mask": mask}  # fmt: skip
+        return {
+            **batch,
+            self.feature_key: self.features(self.clips(batch[PATH])),
+            "decoder_attention_mask": mask,
+        }
 
     # by name, as TaskModule calls it: a speech batch has no input_ids / attention_mask
     def forward(  # type: ignore[override]
@@ -299,10 +303,16 @@ class SpeechRecognition(Task):
             was_training, device = hf.training, next(hf.parameters()).device
             hf.eval()
             with torch.no_grad():
-                ids = hf.generate(
-                    torch.from_numpy(feats).to(device), max_new_tokens=max_new_tokens,
-                    do_sample=False, num_beams=1,
-                ).cpu().numpy()  # fmt: skip
+                ids = (
+                    hf.generate(
+                        torch.from_numpy(feats).to(device),
+                        max_new_tokens=max_new_tokens,
+                        do_sample=False,
+                        num_beams=1,
+                    )
+                    .cpu()
+                    .numpy()
+                )
             hf.train(was_training)
         return self.processor.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
@@ -349,9 +359,10 @@ class SpeechRecognition(Task):
                 "cut": int(np.sum(encoded.column(CUT))),
                 "transcripts_truncated": int(np.sum(encoded.column(TEXT_CUT))),
             }
-            for what, key in (("clips cut at the length limit", "cut"),
-                              ("transcripts truncated to task.max_target_length",
-                               "transcripts_truncated")):  # fmt: skip
+            for what, key in (
+                ("clips cut at the length limit", "cut"),
+                ("transcripts truncated to task.max_target_length", "transcripts_truncated"),
+            ):
                 if report[split][key]:
                     log.warning("%s: %d %s", split, report[split][key], what)
         return {"audio": report}

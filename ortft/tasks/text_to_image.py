@@ -214,10 +214,16 @@ class TextToImage(Task):
         if self.frozen is None or self.alphas is None:
             raise RuntimeError("text-to-image: collate before bind_frozen")
         o, train = self.options, epoch is not None
-        rngs = [np.random.default_rng([seed, EVAL_EPOCH if epoch is None else epoch, int(r)])
-                for r in batch[ROW]]  # fmt: skip
-        pixels = np.stack([self._pixels(raw.decode(), rng, train) for raw, rng in
-                           zip(batch[PATH], rngs, strict=True)])  # fmt: skip
+        rngs = [
+            np.random.default_rng([seed, EVAL_EPOCH if epoch is None else epoch, int(r)])
+            for r in batch[ROW]
+        ]
+        pixels = np.stack(
+            [
+                self._pixels(raw.decode(), rng, train)
+                for raw, rng in zip(batch[PATH], rngs, strict=True)
+            ]
+        )
         mean, std = self.frozen.latent_moments(pixels)
         ids = batch[IDS].copy()
         if train and o.caption_dropout:
@@ -276,9 +282,16 @@ class TextToImage(Task):
         return arr / 127.5 - 1.0
 
     def forward(  # type: ignore[override]  # a modality's forward takes its own inputs
-        self, model, noisy_latents, timesteps, encoder_hidden_states, target, weight, labels,
+        self,
+        model,
+        noisy_latents,
+        timesteps,
+        encoder_hidden_states,
+        target,
+        weight,
+        labels,
         **extra,
-    ) -> tuple[Any, Any]:  # fmt: skip
+    ) -> tuple[Any, Any]:
         """The UNet's prediction against the target: each row's mean squared error times its
         weight, averaged over the real rows (labels 1; eval's padded copies -100)."""
         pred = model(noisy_latents, timesteps, encoder_hidden_states, return_dict=False)[0]
@@ -294,9 +307,12 @@ class TextToImage(Task):
 def _ids(tokenizer: Any, captions: list[str]) -> np.ndarray:
     """Caption ids padded to the tokenizer's length (Stable Diffusion pads every caption to 77)."""
     out = tokenizer(
-        captions, padding="max_length", max_length=tokenizer.model_max_length,
-        truncation=True, return_tensors="np",
-    )  # fmt: skip
+        captions,
+        padding="max_length",
+        max_length=tokenizer.model_max_length,
+        truncation=True,
+        return_tensors="np",
+    )
     return np.asarray(out["input_ids"], dtype=np.int64)
 
 

@@ -157,18 +157,22 @@ def _load_avg() -> list[float] | None:
         return None
 
 
-def run(
-    recipe: Path, backends: str, steps: int, warmup: int, repeats: int, timeout: float = 900.0
-) -> dict[str, Any]:
-    """``ortft bench``: every variant's runs, alternating, and the JSON the command prints."""
-    from ortft.recipe import io as recipe_io
-
+def _check_counts(steps: int, warmup: int, repeats: int) -> None:
     if steps <= warmup:
         raise UsageError(f"--steps ({steps}) must be larger than --warmup ({warmup})")
     if repeats < 1 or warmup < 1:
         raise UsageError(
             "--repeats and --warmup must be at least 1 (the first step holds ORT's export)"
         )
+
+
+def run(
+    recipe: Path, backends: str, steps: int, warmup: int, repeats: int, timeout: float = 900.0
+) -> dict[str, Any]:
+    """``ortft bench``: every variant's runs, alternating, and the JSON the command prints."""
+    from ortft.recipe import io as recipe_io
+
+    _check_counts(steps, warmup, repeats)
     variants = parse_variants(backends)
     # validate every variant's recipe here, so a typo is exit 2 before anything runs
     loaded = {v.label: recipe_io.load(recipe, _overrides(v, steps)) for v in variants}
@@ -180,8 +184,13 @@ def run(
     peak = flops.measure_peak_flops("cuda" if cuda else "cpu", threads)
     log.info(
         "bench: %s, %d steps (first %d not timed) × %d repeat(s) of %s; peak %.1f GFLOP/s",
-        recipe, steps, warmup, repeats, ", ".join(v.label for v in variants), peak["flops"] / 1e9,
-    )  # fmt: skip
+        recipe,
+        steps,
+        warmup,
+        repeats,
+        ", ".join(v.label for v in variants),
+        peak["flops"] / 1e9,
+    )
     load_before = _load_avg()
     with tempfile.TemporaryDirectory(prefix="ortft-bench-") as tmp:
         runs = _run_all(recipe, variants, steps, warmup, repeats, timeout, Path(tmp))
@@ -189,12 +198,15 @@ def run(
     peak_samples = _peak_again(peak, threads)
     results = {
         v.label: _aggregate(
-            v, [x for x in runs if x.label == v.label], warmup,
+            v,
+            [x for x in runs if x.label == v.label],
+            warmup,
             loaded[v.label].recipe.training.batch_size,  # rows per micro-batch (a variant's own)
-            flop_model, peak["flops"],
+            flop_model,
+            peak["flops"],
         )
         for v in variants
-    }  # fmt: skip
+    }
     _add_ratios(results, runs, warmup)
     failed = [
         lbl
@@ -266,9 +278,14 @@ MFU_FORMULA = (
 
 
 def _run_all(
-    recipe: Path, variants: list[Variant], steps: int, warmup: int, repeats: int,
-    timeout: float, tmp: Path,
-) -> list[RunResult]:  # fmt: skip
+    recipe: Path,
+    variants: list[Variant],
+    steps: int,
+    warmup: int,
+    repeats: int,
+    timeout: float,
+    tmp: Path,
+) -> list[RunResult]:
     """Every variant, ``repeats`` times, alternating (A B A B ...)."""
     runs: list[RunResult] = []
     for rep in range(repeats):
@@ -278,9 +295,12 @@ def _run_all(
             if res.ok:
                 log.info(
                     "bench: %-20s repeat %d: %.1f ms/step, first step %.2f s, loss %.4f",
-                    v.label, rep + 1, statistics.median(res.step_times[warmup:]) * 1000,
-                    res.first_step_s, res.loss,
-                )  # fmt: skip
+                    v.label,
+                    rep + 1,
+                    statistics.median(res.step_times[warmup:]) * 1000,
+                    res.first_step_s,
+                    res.loss,
+                )
             else:
                 log.warning("bench: %s repeat %d failed: %s", v.label, rep + 1, res.error)
     return runs

@@ -9,9 +9,21 @@ from typing import Any
 from ortft.core.errors import RunError, UsageError
 
 COLUMNS = (
-    "backend", "vs torch", "step ms", "min–max", "samples/s", "tokens/s", "pad %", "1st step s",
-    "RSS MB", "loss", "Δloss", "exports", "MFU", "MFU padded",
-)  # fmt: skip
+    "backend",
+    "vs torch",
+    "step ms",
+    "min–max",
+    "samples/s",
+    "tokens/s",
+    "pad %",
+    "1st step s",
+    "RSS MB",
+    "loss",
+    "Δloss",
+    "exports",
+    "MFU",
+    "MFU padded",
+)
 
 
 def _pct(value: float | None) -> str:

@@ -225,8 +225,14 @@ def _probe_cuda_extensions() -> list[Check]:
         try:
             needed = cuda_extensions.needed(allocator_so)
         except (OSError, subprocess.CalledProcessError) as err:  # no readelf: say so, not crash
-            return [Check("GPU allocator extension", WARN, f"readelf failed: {_short(err)}",
-                          "apt-get install binutils")]  # fmt: skip
+            return [
+                Check(
+                    "GPU allocator extension",
+                    WARN,
+                    f"readelf failed: {_short(err)}",
+                    "apt-get install binutils",
+                )
+            ]
     allocator = gpu_allocator_check(needed, _gpu_visible(), cudalibs.installed())
     return [allocator, fused_ops_check(extensions.built_file("fused_ops") is not None)]
 
@@ -291,13 +297,31 @@ def collect(fix: bool = False, versions: dict[str, str | None] | None = None) ->
 
 
 REPORT_ORDER = [
-    "ortft", "python", "os", "cpu",
-    "torch", "torch import", "torch build", "gpu",
-    "onnxruntime-training", "onnxruntime import", "execution providers", "gpu provider",
-    "CPU provider", "CUDA provider", "ORTModule import",
-    "ORTModule extensions", "CUDA extensions", "torch-ort", "onnx", "onnx import", "onnx IR", "transformers",
-    "numpy", "protobuf",
-]  # fmt: skip
+    "ortft",
+    "python",
+    "os",
+    "cpu",
+    "torch",
+    "torch import",
+    "torch build",
+    "gpu",
+    "onnxruntime-training",
+    "onnxruntime import",
+    "execution providers",
+    "gpu provider",
+    "CPU provider",
+    "CUDA provider",
+    "ORTModule import",
+    "ORTModule extensions",
+    "CUDA extensions",
+    "torch-ort",
+    "onnx",
+    "onnx import",
+    "onnx IR",
+    "transformers",
+    "numpy",
+    "protobuf",
+]
 
 
 def _in_report_order(checks: list[Check]) -> list[Check]:

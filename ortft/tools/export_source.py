@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ortft.backends.ondevice import artifacts
 from ortft.backends.ondevice import reference as ondevice_reference
-from ortft.core.errors import GateError, InputError
+from ortft.core.errors import GateError, InputError, first_line
 from ortft.data import pooling
 from ortft.export import deploy, embedding, parity
 from ortft.export.exporter import (
@@ -36,10 +36,6 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("ortft")
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
 
 def task_of(config: Any, model_dir: Path | None = None) -> str:
@@ -81,7 +77,7 @@ def _recipe_samples(model_dir: Path, tokenizer: Any, task: str, config: Any) -> 
     except Exception as err:  # noqa: BLE001 - any failure means: use synthetic samples
         log.info(
             "parity samples: synthetic (the recipe's eval data cannot be read here: %s)",
-            _first_line(err),
+            first_line(err),
         )
         return None
 
@@ -144,8 +140,9 @@ def export_source(
     check_output(out)
     model_dir, weights_dir = _model_dirs(source)
     if (model_dir / "model_index.json").exists():  # a diffusers folder (text-to-image)
-        result = _export_diffusers(model_dir, out, opset, tolerance, merge_adapters,
-                                   training_artifacts, options)  # fmt: skip
+        result = _export_diffusers(
+            model_dir, out, opset, tolerance, merge_adapters, training_artifacts, options
+        )
     elif (model_dir / "model.onnx").exists() and not any(model_dir.glob("*.safetensors")):
         result = _export_onnx_source(  # ort-ondevice
             model_dir, out, tolerance, training_artifacts, ExportOptions(**options)
@@ -162,9 +159,15 @@ def export_source(
             **options,
         )
         result = export_model(
-            model, tokenizer, task, out, opset=opset, tolerance=tolerance, samples=samples,
+            model,
+            tokenizer,
+            task,
+            out,
+            opset=opset,
+            tolerance=tolerance,
+            samples=samples,
             options=extras,
-        )  # fmt: skip
+        )
     if not result["passed"]:
         raise GateError(
             f"export check failed: {'; '.join(result['failures'])} "
@@ -174,14 +177,18 @@ def export_source(
 
 
 def _export_diffusers(
-    model_dir: Path, out: Path, opset: int, tolerance: float, merge_adapters: bool,
-    training_artifacts: bool, options: dict[str, Any],
-) -> dict[str, Any]:  # fmt: skip
+    model_dir: Path,
+    out: Path,
+    opset: int,
+    tolerance: float,
+    merge_adapters: bool,
+    training_artifacts: bool,
+    options: dict[str, Any],
+) -> dict[str, Any]:
     """A text-to-image run's final/ (or a diffusers folder): its graphs, the LoRA fused."""
     from ortft.export import diffusion
 
-    asked = [f"--{k.replace('_', '-')}" for k in ("optimize", "fp16", "quantize")
-             if options.get(k)]  # fmt: skip
+    asked = [f"--{k.replace('_', '-')}" for k in ("optimize", "fp16", "quantize") if options.get(k)]
     asked += ["--training-artifacts"] * training_artifacts + ["--merge-adapters"] * merge_adapters
     asked += ["--check-runtime"] * bool(options.get("check_runtimes"))
     if asked:  # the LoRA is always fused: a diffusers folder has no unmerged graph to write
@@ -255,7 +262,7 @@ def _load_model(
     except InputError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError) as err:
-        raise InputError(f"{model_dir}: cannot load the model: {_first_line(err)}") from None
+        raise InputError(f"{model_dir}: cannot load the model: {first_line(err)}") from None
     return model, tokenizer, task, config
 
 
@@ -297,7 +304,7 @@ def _export_onnx_source(
             AutoTokenizer.from_pretrained(model_dir),
         )
     except (OSError, ValueError, KeyError) as err:
-        raise InputError(f"{model_dir}: cannot load config/tokenizer: {_first_line(err)}") from None
+        raise InputError(f"{model_dir}: cannot load config/tokenizer: {first_line(err)}") from None
     task = task_of(config, model_dir)
     samples = _recipe_samples(model_dir, tokenizer, task, config)
     feeds = parity_feeds(samples, tokenizer, PARITY_SAMPLES)

@@ -248,9 +248,12 @@ class OnDeviceEngine:
                 str((resume_from or art_dir) / "checkpoint")
             )
             self.module = api.Module(
-                str(art_dir / "training_model.onnx"), self.ckpt, str(art_dir / "eval_model.onnx"),
-                device=self.device, session_options=self.options,
-            )  # fmt: skip
+                str(art_dir / "training_model.onnx"),
+                self.ckpt,
+                str(art_dir / "eval_model.onnx"),
+                device=self.device,
+                session_options=self.options,
+            )
             self.optimizer = api.Optimizer(str(art_dir / "optimizer_model.onnx"), self.module)
             # ortft's own artifacts take loss_scale; `ortft export --training-artifacts` ones
             # (made for other trainers) do not: their micro-batches weigh equally (see train_step)
@@ -265,21 +268,30 @@ class OnDeviceEngine:
                 "%s: these artifacts take no loss_scale input, so the %d micro-batches of a step "
                 "weigh equally (not by their real tokens); rebuild them with ortft train "
                 "(backend.name=ort-ondevice) for token-weighted accumulation",
-                art_dir, self.recipe.training.gradient_accumulation_steps,
-            )  # fmt: skip
+                art_dir,
+                self.recipe.training.gradient_accumulation_steps,
+            )
         n_train, n_all = self.parameter_counts()[::-1]
         log.info(
             "backend: ort-ondevice (onnxruntime.training.api on %s); %s; %d of %d parameters train",
-            self.device, art_dir, n_train, n_all,
-        )  # fmt: skip
+            self.device,
+            art_dir,
+            n_train,
+            n_all,
+        )
         self.module.train()
         return state
 
     def train_step(self, micro_batches: list[dict[str, np.ndarray]]) -> StepResult:
         t = self.recipe.training
         warmup = t.warmup_steps or int(t.warmup_ratio * self.total_steps)
-        lr = lr_at(self.step, schedule=t.scheduler, lr=t.lr, warmup_steps=warmup,
-                   total_steps=self.total_steps)  # fmt: skip
+        lr = lr_at(
+            self.step,
+            schedule=t.scheduler,
+            lr=t.lr,
+            warmup_steps=warmup,
+            total_steps=self.total_steps,
+        )
         self.optimizer.set_learning_rate(lr)
         # Gradients add up in the module until lazy_reset_grad. Each micro-batch's loss (a mean
         # over its counted tokens) is scaled by its share of the step's tokens: the sum is the
@@ -364,11 +376,13 @@ class OnDeviceEngine:
             "passed": diff <= tolerance,
         }
         return {
-            "dir": str(final_dir), "model": str(model), "parity": parity,
+            "dir": str(final_dir),
+            "model": str(model),
+            "parity": parity,
             "passed": parity["passed"],
             "note": "final/model.onnx is the trained ONNX model; `ortft export RUN` "
             "adds optimized / fp16 / int8 variants",
-        }  # fmt: skip
+        }
 
     def parameter_counts(self) -> tuple[int, int]:
         return self.module.get_parameters_size(False), self.module.get_parameters_size(True)
@@ -383,8 +397,9 @@ class OnDeviceEngine:
         from ortft.backends.ortmodule.wrapper import session_settings
 
         settings = [f"{k}={v}" for k, v in sorted(session_settings().items())]
-        rep = BackendReport(requested=self.name, used=self.name, ort_exports=self.exports,
-                            notes=[note, *settings])  # fmt: skip
+        rep = BackendReport(
+            requested=self.name, used=self.name, ort_exports=self.exports, notes=[note, *settings]
+        )
         rep.extra.update(peak_rss_mb=round(_peak_rss_mb(), 1), artifacts=str(self.art_dir))
         return rep
 

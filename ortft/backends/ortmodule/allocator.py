@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ortft.core.errors import BackendError
+from ortft.core.errors import BackendError, first_line
 
 MODULE = "onnxruntime.training.ortmodule.torch_cpp_extensions.torch_gpu_allocator"
 
@@ -47,7 +47,7 @@ def configure(choice: str, cuda: bool) -> list[str]:
             raise BackendError(
                 "ORTModule on a GPU allocates through torch's caching allocator, and the "
                 f"torch_gpu_allocator extension does not load ({type(err).__name__}: "
-                f"{str(err).strip().splitlines()[0][:200]}); run `ortft doctor --fix` (or "
+                f"{first_line(err, 200)}); run `ortft doctor --fix` (or "
                 "`make setup`), or set backend.gpu_allocator=ort (ORT's own arena)"
             ) from None
         return ["gpu_allocator=torch (ORT allocates through torch's caching allocator)"]

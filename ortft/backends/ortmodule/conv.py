@@ -42,20 +42,32 @@ def _forward(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, g
     return torch.ops.aten.convolution(x, w, b, stride, padding, dilation, False, [0, 0], groups)
 
 
-def _backward(grad: Any, x: Any, w: Any, stride: Any, padding: Any, dilation: Any,
-              groups: int) -> tuple[Any, ...]:  # fmt: skip
+def _backward(
+    grad: Any, x: Any, w: Any, stride: Any, padding: Any, dilation: Any, groups: int
+) -> tuple[Any, ...]:
     return torch.ops.aten.convolution_backward(
-        grad, x, w, [w.shape[0]], stride, padding, dilation, False, [0, 0], groups,
+        grad,
+        x,
+        w,
+        [w.shape[0]],
+        stride,
+        padding,
+        dilation,
+        False,
+        [0, 0],
+        groups,
         [True, True, True],
-    )  # fmt: skip
+    )
 
 
 def define(lib: Any, key: str) -> None:
     """The operators on ``kernels.py``'s ``ortft`` library."""
     lib.define(f"conv2d(Tensor x, Tensor weight, Tensor bias, {_ARGS}) -> Tensor")
     lib.impl("conv2d", _forward, key)
-    lib.define(f"conv2d_backward(Tensor grad, Tensor x, Tensor weight, {_ARGS}) -> "
-               "(Tensor, Tensor, Tensor)")  # fmt: skip
+    lib.define(
+        f"conv2d_backward(Tensor grad, Tensor x, Tensor weight, {_ARGS}) -> "
+        "(Tensor, Tensor, Tensor)"
+    )
     lib.impl("conv2d_backward", _backward, key)
 
 
@@ -75,8 +87,9 @@ def _infer_shape(inference: Any, node: Any) -> None:
     inference._update_computed_dims(shape)
     dtype = inference.known_vi_[node.input[0]].type.tensor_type.elem_type
     vi = inference.known_vi_[node.output[0]]
-    vi.CopyFrom(helper.make_tensor_value_info(node.output[0], dtype,
-                                              get_shape_from_sympy_shape(shape)))  # fmt: skip
+    vi.CopyFrom(
+        helper.make_tensor_value_info(node.output[0], dtype, get_shape_from_sympy_shape(shape))
+    )
 
 
 def register_shape_inference() -> None:
@@ -114,8 +127,18 @@ def needs_grad(value: Any) -> bool:
     return False
 
 
-def symbolic(g: Any, original: Any, input: Any, weight: Any, bias: Any, stride: Any,
-             padding: Any, dilation: Any, transposed: Any, *rest: Any) -> Any:  # fmt: skip
+def symbolic(
+    g: Any,
+    original: Any,
+    input: Any,
+    weight: Any,
+    bias: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: Any,
+    *rest: Any,
+) -> Any:
     """``aten::_convolution``: routed as the docstring says, else ``original`` (ORTModule's own
     export: ONNX Conv)."""
     from torch.onnx import symbolic_helper as sh

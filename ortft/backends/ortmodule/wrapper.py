@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ortft.backends.report import BackendReport
-from ortft.core.errors import BackendError
+from ortft.core.errors import BackendError, first_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -305,9 +305,7 @@ class OrtBackend:
         manager = torch_module._execution_manager(wrapped.training)
         pending = manager._fallback_manager._exception
         if pending is not None:
-            self._fell_back(
-                f"{type(pending).__name__}: {str(pending).strip().splitlines()[0][:300]}"
-            )
+            self._fell_back(f"{type(pending).__name__}: {first_line(pending)}")
         elif export_count() == self._start_exports:
             # Nothing was exported, yet the step ran: ORT was not in the loop.
             self._fell_back("ORTModule ran no exported graph")

@@ -96,9 +96,12 @@ def _time_route(
     backend = wrapper(route.backend, r.backend, compile=route.compile)
     # the same model the PyTorch engine builds (keep the two in step)
     model = models.build_model(
-        loaded, task.auto_class, models.vocabulary(task, tokenizer), labels,
+        loaded,
+        task.auto_class,
+        models.vocabulary(task, tokenizer),
+        labels,
         attn=backend.attn_implementation(device, route.dtype),
-    )  # fmt: skip
+    )
     task.prepare_model(model, tokenizer)
     if r.adapter is not None:
         model = models.apply_adapter(model, r.adapter)
@@ -112,9 +115,12 @@ def _time_route(
     # the batches the run will see: the task's collate, then cut to data.padding (a probe of
     # max_length batches would time a 3x longer step on short texts than the run then takes)
     rows = batches.train_batches(
-        encoded, r.training.batch_size, r.training.seed, r.data.shuffle,
+        encoded,
+        r.training.batch_size,
+        r.training.seed,
+        r.data.shuffle,
         group_by_length=r.data.group_by_length,
-    )  # fmt: skip
+    )
     padding = batches.Padding.of(r.data)
     times = []
     for _ in range(PROBE_STEPS):
@@ -211,8 +217,11 @@ def choose(
     """The chosen route's (backend name, compile) and the probe's record for summary.json."""
     rng = checkpoint.rng_state()
     result: dict[str, Any] = {
-        "steps": PROBE_STEPS, "timed_from_step": 2, "run_steps": steps, "backends": {},
-    }  # fmt: skip
+        "steps": PROBE_STEPS,
+        "timed_from_step": 2,
+        "run_steps": steps,
+        "backends": {},
+    }
     candidates = routes(loaded.recipe, device)
     try:
         with tempfile.TemporaryDirectory(prefix="ortft-probe-") as scratch:

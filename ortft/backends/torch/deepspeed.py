@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ortft.core.errors import first_line
 from ortft.recipe.deepspeed import check, config, read
 
 __all__ = ["FOLDER", "TAG", "check", "config", "engine", "read", "start"]
@@ -121,8 +122,7 @@ def engine(
         )
     except Exception as err:  # noqa: BLE001 - no accelerator, unsupported op set, ...
         raise BackendError(
-            f"DeepSpeed could not start ({type(err).__name__}: "
-            f"{str(err).strip().splitlines()[0][:300]})"
+            f"DeepSpeed could not start ({type(err).__name__}: {first_line(err)})"
         ) from None
     return eng
 

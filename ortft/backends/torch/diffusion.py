@@ -18,6 +18,9 @@ A model built ``from_config`` (tests, the offline recipe) is a tiny Stable Diffu
   marked ``</w>`` as CLIP marks it), so nothing has to be trained or downloaded;
 - DDPM's scaled-linear schedule of Stable Diffusion 1.x (betas 0.00085 to 0.012, 1000 steps),
   saved as a DDIM scheduler for drawing.
+
+Over 450 lines: a diffusers folder's parts (frozen encoders, the trained UNet) and the tiny
+from_config builder of the same parts, read together.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import numpy as np
 import torch
 
 from ortft.backends.torch import distributed, load_checks, models
-from ortft.core.errors import InputError
+from ortft.core.errors import InputError, first_line
 from ortft.export import diffusion as sd_export  # final/lora/: where its LoRA weights go
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.model import FromConfig
@@ -91,8 +94,11 @@ def check_folder(path: Path, field: str = "model.name_or_path") -> None:
 def byte_symbols() -> list[str]:
     """GPT-2's and CLIP's byte-level alphabet: one printable character per byte value (the
     printable Latin-1 bytes stand for themselves, the others for 256 + their rank)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    keep = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     extra = iter(range(256, 512))
     return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
 
@@ -109,9 +115,11 @@ def char_tokenizer(folder: Path, max_length: int) -> Any:
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     (folder / "merges.txt").write_text("#version: 0.2\n")
     tok = CLIPTokenizer(
-        str(folder / "vocab.json"), str(folder / "merges.txt"), pad_token=EOS,
+        str(folder / "vocab.json"),
+        str(folder / "merges.txt"),
+        pad_token=EOS,
         model_max_length=max_length,
-    )  # fmt: skip
+    )
     tok.save_pretrained(folder)
     return load_tokenizer(folder)
 
@@ -126,9 +134,7 @@ def load_tokenizer(folder: Path) -> Any:
     try:
         tok = CLIPTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise InputError(
-            f"{folder}: cannot load the tokenizer ({models.first_line(err)})"
-        ) from None
+        raise InputError(f"{folder}: cannot load the tokenizer ({first_line(err)})") from None
     if len(tok) <= 5:
         raise InputError(f"{folder}: the tokenizer has only {len(tok)} tokens")
     return tok
@@ -188,14 +194,18 @@ def build(loaded: LoadedRecipe, task: Any, tok: Any, device: torch.device) -> tu
     if r.backend.trainable:
         models.freeze(unet, r.backend.trainable)
     task.bind_frozen(
-        Frozen(parts, device), alphas_cumprod(parts.scheduler),
-        parts.scheduler.config.get("prediction_type", "epsilon"), unet,
-    )  # fmt: skip
+        Frozen(parts, device),
+        alphas_cumprod(parts.scheduler),
+        parts.scheduler.config.get("prediction_type", "epsilon"),
+        unet,
+    )
     log.info(
         "model: Stable Diffusion UNet, %d of %d parameters train (%s); VAE and text encoder "
-        "frozen, in PyTorch", models.count_parameters(unet, trainable=True),
-        models.count_parameters(unet), "lora" if r.adapter is not None else "full",
-    )  # fmt: skip
+        "frozen, in PyTorch",
+        models.count_parameters(unet, trainable=True),
+        models.count_parameters(unet),
+        "lora" if r.adapter is not None else "full",
+    )
     return parts, unet
 
 
@@ -220,26 +230,40 @@ def tiny(spec: FromConfig, tok: Any, resolution: int, seed: int, prediction: str
     torch.manual_seed(seed)
     text = CLIPTextModel(
         CLIPTextConfig(
-            vocab_size=len(tok), hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+            vocab_size=len(tok),
+            hidden_size=spec.hidden_size,
+            num_hidden_layers=spec.num_layers,
             num_attention_heads=spec.num_heads,
             intermediate_size=spec.intermediate_size or 4 * spec.hidden_size,
-            max_position_embeddings=tok.model_max_length, bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+            max_position_embeddings=tok.model_max_length,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
         )
-    )  # fmt: skip
+    )
     vae = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=lat, block_out_channels=(v, 2 * v),
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-        layers_per_block=1, norm_num_groups=groups, sample_size=resolution,
-    )  # fmt: skip
+        in_channels=3,
+        out_channels=3,
+        latent_channels=lat,
+        block_out_channels=(v, 2 * v),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        layers_per_block=1,
+        norm_num_groups=groups,
+        sample_size=resolution,
+    )
     unet = UNet2DConditionModel(
-        sample_size=resolution // 2, in_channels=lat, out_channels=lat,
-        layers_per_block=int(o["layers_per_block"]), block_out_channels=(c, 2 * c),
+        sample_size=resolution // 2,
+        in_channels=lat,
+        out_channels=lat,
+        layers_per_block=int(o["layers_per_block"]),
+        block_out_channels=(c, 2 * c),
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=spec.hidden_size, attention_head_dim=heads,
+        cross_attention_dim=spec.hidden_size,
+        attention_head_dim=heads,
         norm_num_groups=groups,
-    )  # fmt: skip
+    )
     scheduler = DDIMScheduler(
         **SD_SCHEDULE, set_alpha_to_one=False, steps_offset=1, prediction_type=prediction
     )
@@ -253,17 +277,20 @@ def load(folder: Path, tok: Any, field: str = "model.name_or_path") -> Parts:
 
     check_folder(folder, field)
     errors: tuple[type[BaseException], ...] = (
-        OSError, ValueError, KeyError, TypeError, RuntimeError, *load_checks.load_errors()
-    )  # fmt: skip
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        RuntimeError,
+        *load_checks.load_errors(),
+    )
     try:
         unet = UNet2DConditionModel.from_pretrained(str(folder), subfolder="unet")
         vae = AutoencoderKL.from_pretrained(str(folder), subfolder="vae")
         text = CLIPTextModel.from_pretrained(str(folder), subfolder="text_encoder")
         scheduler = _scheduler(folder / "scheduler")
     except errors as err:
-        raise InputError(
-            f"{field}: {folder}: cannot load the model ({models.first_line(err)})"
-        ) from None
+        raise InputError(f"{field}: {folder}: cannot load the model ({first_line(err)})") from None
     return Parts(unet.float(), vae.float(), text.float(), tok, scheduler)
 
 
@@ -301,10 +328,13 @@ def prepare_unet(unet: Any, adapter: Any) -> Any:
     unet.requires_grad_(False)
     unet.add_adapter(
         LoraConfig(
-            r=adapter.rank, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
-            init_lora_weights="gaussian", target_modules=list(targets),
+            r=adapter.rank,
+            lora_alpha=adapter.alpha,
+            lora_dropout=adapter.dropout,
+            init_lora_weights="gaussian",
+            target_modules=list(targets),
         )
-    )  # fmt: skip
+    )
     return unet
 
 
@@ -373,10 +403,15 @@ def save_final(folder: Path, unet: Any, parts: Parts, ema: Any = None) -> None:
         ema.copy_to([p for p in plain.parameters() if p.requires_grad])
     plain.set_attn_processor(AttnProcessor2_0())  # drawing: diffusers' default (sdpa)
     pipe: Any = StableDiffusionPipeline(
-        vae=parts.vae, text_encoder=parts.text_encoder, tokenizer=parts.tokenizer,
-        unet=plain.to("cpu"), scheduler=parts.scheduler, safety_checker=None,
-        feature_extractor=None, requires_safety_checker=False,
-    )  # fmt: skip
+        vae=parts.vae,
+        text_encoder=parts.text_encoder,
+        tokenizer=parts.tokenizer,
+        unet=plain.to("cpu"),
+        scheduler=parts.scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     pipe.save_pretrained(str(folder))
     if lora:
         from diffusers.utils import convert_state_dict_to_diffusers
@@ -412,10 +447,15 @@ def draw_validation(parts: Parts, unet: Any, task: Any, folder: Path, seed: int)
         ema.copy_to(trained)
     was_training = unet.training
     pipe: Any = StableDiffusionPipeline(
-        vae=parts.vae, text_encoder=parts.text_encoder, tokenizer=parts.tokenizer, unet=unet.eval(),
-        scheduler=copy.deepcopy(parts.scheduler), safety_checker=None, feature_extractor=None,
+        vae=parts.vae,
+        text_encoder=parts.text_encoder,
+        tokenizer=parts.tokenizer,
+        unet=unet.eval(),
+        scheduler=copy.deepcopy(parts.scheduler),
+        safety_checker=None,
+        feature_extractor=None,
         requires_safety_checker=False,
-    )  # fmt: skip
+    )
     pipe.set_progress_bar_config(disable=True)
     try:
         with torch.no_grad(), fsutil.atomic_dir(folder) as tmp:

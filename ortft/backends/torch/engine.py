@@ -6,6 +6,9 @@ fastest (``auto.py``) — then by DDP (under torchrun) or a DeepSpeed engine (``
 ``backend.compile``'s torch.compile outside it all (``compiled.py``). Mixed precision is autocast
 around the forward plus a GradScaler for fp16. The run's lifecycle (``ortft.run``) calls the
 ``Engine`` methods; everything that touches torch is here.
+
+Over 450 lines: one class, every ``Engine`` method of the torch-based routes; the per-modality
+loading it still holds belongs with the task families.
 """
 
 from __future__ import annotations
@@ -227,9 +230,14 @@ class PyTorchEngine:
             from ortft.backends.torch import deepspeed
 
             self.deepspeed = deepspeed.start(
-                self.wrapped, self.optimizer, self.scheduler, r, loaded.base_dir,
-                distributed.world_size(), self.device,
-            )  # fmt: skip
+                self.wrapped,
+                self.optimizer,
+                self.scheduler,
+                r,
+                loaded.base_dir,
+                distributed.world_size(),
+                self.device,
+            )
             if resume_from is not None:
                 deepspeed.load_partitions(self.deepspeed, resume_from)
             self.forward: torch.nn.Module = self.deepspeed
@@ -260,16 +268,19 @@ class PyTorchEngine:
         if r.adapter is not None:  # LoRA: the base is frozen, only adapter (+ head) weights train
             model = models.apply_adapter(model, r.adapter)
             log.info(
-                "adapter: lora r=%d alpha=%g; %d of %d parameters train", r.adapter.rank,
-                r.adapter.alpha, models.count_parameters(model, trainable=True),
+                "adapter: lora r=%d alpha=%g; %d of %d parameters train",
+                r.adapter.rank,
+                r.adapter.alpha,
+                models.count_parameters(model, trainable=True),
                 models.count_parameters(model),
-            )  # fmt: skip
+            )
         if r.backend.trainable:  # the rest is frozen (no gradient, not in the optimizer)
             models.freeze(model, r.backend.trainable)
             log.info(
                 "backend.trainable: %d of %d parameters train",
-                models.count_parameters(model, trainable=True), models.count_parameters(model),
-            )  # fmt: skip
+                models.count_parameters(model, trainable=True),
+                models.count_parameters(model),
+            )
         log.info("%s", models.model_log_line(model, attn))
         if self.wrapper.name == "ort":
             log.info(
@@ -352,11 +363,18 @@ class PyTorchEngine:
         if not distributed.is_main():  # one writer; every rank resumes from the same folder
             return None
         return checkpoint.save(
-            run_dir, state, self.model, None if folders else self.optimizer,
-            None if folders else self.scheduler, recipe_yaml, keep_last,
-            scaler=amp.scaler_state(self.scaler), kind=self._checkpoint_kind(), folders=folders,
+            run_dir,
+            state,
+            self.model,
+            None if folders else self.optimizer,
+            None if folders else self.scheduler,
+            recipe_yaml,
+            keep_last,
+            scaler=amp.scaler_state(self.scaler),
+            kind=self._checkpoint_kind(),
+            folders=folders,
             task_state=self.task.state_dict(),
-        )  # fmt: skip
+        )
 
     def _checkpoint_kind(self) -> str:
         return CHECKPOINT_KIND if self.recipe.deepspeed is None else DEEPSPEED_CHECKPOINT_KIND
@@ -410,14 +428,21 @@ class PyTorchEngine:
 
         # a LoRA model is exported merged: the adapter folded into the base weights
         return exporter.export_model(
-            models.merged_copy(self.model), self._tokenizer, task.name, run_dir / "onnx",
-            opset=spec.opset, tolerance=spec.tolerance, samples=samples,
+            models.merged_copy(self.model),
+            self._tokenizer,
+            task.name,
+            run_dir / "onnx",
+            opset=spec.opset,
+            tolerance=spec.tolerance,
+            samples=samples,
             options=exporter.ExportOptions(
-                max_length=self.recipe.data.max_length, kv_cache=spec.kv_cache,
-                task_options=self.recipe.task, pooling=getattr(task, "pooling", None),
+                max_length=self.recipe.data.max_length,
+                kv_cache=spec.kv_cache,
+                task_options=self.recipe.task,
+                pooling=getattr(task, "pooling", None),
                 text_pair=task.pair_columns(self.recipe.data),
             ),
-        )  # fmt: skip
+        )
 
     # ---- what ran
     def parameter_counts(self) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from ortft.core.errors import RecipeError
+from ortft.core.errors import RecipeError, first_line
 from ortft.recipe.schema import FromConfig
 
 FIELD = "model.from_config"
@@ -364,7 +364,7 @@ def generic_config(spec: FromConfig, tokenizer: Any, dropout: float | None) -> A
     try:
         config = AutoConfig.for_model(spec.architecture, **kw)
     except (TypeError, ValueError) as err:  # the config's own checks (e.g. strict types)
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise RecipeError(f"{FIELD}: {cls.__name__} rejects these values ({first})") from None
     return config
 

@@ -273,11 +273,14 @@ def settle_head(model: nn.Module, plan: HeadPlan, info: dict[str, Any]) -> dict[
         log.warning(
             "classification head: the checkpoint's labels %s are not the data's %s; "
             "training a new head from scratch",
-            plan.old_labels, plan.new_labels,
-        )  # fmt: skip
+            plan.old_labels,
+            plan.new_labels,
+        )
     elif plan.action == "reordered":
-        log.info("classification head: the checkpoint's rows reordered to the data's labels %s",
-                 plan.new_labels)  # fmt: skip
+        log.info(
+            "classification head: the checkpoint's rows reordered to the data's labels %s",
+            plan.new_labels,
+        )
     elif plan.action == "new":
         log.info("classification head: new (the checkpoint has none), labels %s", plan.new_labels)
     model.ortft_head = record  # type: ignore[assignment]  # read back by head_record

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ortft.backends.torch import hf_config, load_checks
-from ortft.core.errors import InputError
+from ortft.core.errors import InputError, first_line
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import FromConfig, ModelSection, TrainTokenizer
 
@@ -181,11 +181,6 @@ def check_fits(loaded: LoadedRecipe, task: Any) -> None:
     load_checks.check_fits(source, task, spec.trust_remote_code)
 
 
-def first_line(err: BaseException) -> str:
-    """An error's first line (its type's name when it says nothing): what a one-line error quotes."""
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-
-
 # --------------------------------------------------------------------------- models
 
 
@@ -320,9 +315,13 @@ def build_model(
         attn = hf_config.attention_for(auto, config, attn)  # ResNet, ConvNeXt: no sdpa path
         torch.manual_seed(loaded.recipe.training.seed)  # a fresh head is seeded too
         model, info = auto.from_pretrained(
-            source, config=config, attn_implementation=attn, trust_remote_code=remote,
-            ignore_mismatched_sizes=head is not None and head.resize, output_loading_info=True,
-        )  # fmt: skip
+            source,
+            config=config,
+            attn_implementation=attn,
+            trust_remote_code=remote,
+            ignore_mismatched_sizes=head is not None and head.resize,
+            output_loading_info=True,
+        )
     except (OSError, ValueError, KeyError) as err:
         raise InputError(f"{spec.name_or_path}: cannot load model ({first_line(err)})") from None
     except load_checks.load_errors() as err:  # cut or corrupt weights (safetensors, torch.load)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ortft.core.errors import InputError
+from ortft.core.errors import InputError, first_line
 from ortft.recipe.io import LoadedRecipe
 
 FILE = "preprocessor_config.json"
@@ -42,7 +42,7 @@ def from_folder(folder: str, trust_remote_code: bool = False) -> Any:
             folder, backend="pil", trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError, KeyError, TypeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise InputError(f"{folder}: cannot load the image processor ({first})") from None
 
 

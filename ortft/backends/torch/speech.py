@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ortft.core.errors import InputError
+from ortft.core.errors import InputError, first_line
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.model import TrainTokenizer
 
@@ -39,8 +39,13 @@ def special_tokens() -> list[str]:
     """Whisper's special tokens after end-of-text, in its order (see the module docstring)."""
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
-    return [SOT, *(f"<|{code}|>" for code in LANGUAGES), *TASK_TOKENS, "<|nocaptions|>",
-            NO_TIMESTAMPS]  # fmt: skip
+    return [
+        SOT,
+        *(f"<|{code}|>" for code in LANGUAGES),
+        *TASK_TOKENS,
+        "<|nocaptions|>",
+        NO_TIMESTAMPS,
+    ]
 
 
 def is_whisper(tokenizer: Any) -> bool:
@@ -97,8 +102,10 @@ def load(loaded: LoadedRecipe, source: str | None, saved_dir: Path | None) -> An
         return None
     field = str(saved_dir) if saved_dir else "model.name_or_path"
     if Path(folder).is_dir() and not any((Path(folder) / f).exists() for f in FILES):
-        raise InputError(f"{field}: {folder} has no {' or '.join(FILES)} (a speech model needs "
-                         "its feature extractor)")  # fmt: skip
+        raise InputError(
+            f"{field}: {folder} has no {' or '.join(FILES)} (a speech model needs "
+            "its feature extractor)"
+        )
     return from_folder(folder, field, loaded.recipe.model.trust_remote_code)
 
 
@@ -110,7 +117,7 @@ def from_folder(folder: str, field: str = "model", trust_remote_code: bool = Fal
     try:
         processor = AutoProcessor.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise InputError(f"{field}: {folder}: cannot load the speech processor ({first})") from None
     tok = getattr(processor, "tokenizer", None)
     if getattr(processor, "feature_extractor", None) is None or tok is None:

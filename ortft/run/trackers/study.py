@@ -42,9 +42,13 @@ class Study:
             found = self.client.search_runs(
                 [exp_id], f"tags.`ortft.study` = '{name}'", max_results=1
             )
-            run = found[0] if found else self.client.create_run(
-                exp_id, run_name=name, tags={"ortft.study": name, "mlflow.runName": name}
-            )  # fmt: skip
+            run = (
+                found[0]
+                if found
+                else self.client.create_run(
+                    exp_id, run_name=name, tags={"ortft.study": name, "mlflow.runName": name}
+                )
+            )
             self.parent["mlflow"] = run.info.run_id
         except Exception as err:  # noqa: BLE001 - trials still run, as runs of their own
             log.warning("tracker mlflow: no parent run for study %s: %s", name, err)
