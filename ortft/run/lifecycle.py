@@ -23,7 +23,7 @@ from typing import Any
 
 from ortft import backends, tasks
 from ortft.checkpoint import store as checkpoint
-from ortft.core import fsutil
+from ortft.core import devenv, fsutil
 from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, RunError, first_line
 from ortft.core.progress import Progress
 from ortft.data import batches, splits, streaming
@@ -124,6 +124,9 @@ class _Run:
         provenance.device, provenance.threads = started.device, started.threads
         self.summary.distributed = started.distributed
         log.info("device: %s (%s), %d threads", started.device, started.reason, started.threads)
+        for name, value in provenance.developer_overrides.items():
+            what = devenv.OVERRIDES[name]
+            log.warning("developer override %s=%s: %s (in summary.json)", name, value, what)
         return started
 
     def execute(self) -> RunSummary:

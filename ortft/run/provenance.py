@@ -11,6 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ortft.core import devenv
+
 PACKAGES = [
     "ortft",
     "torch",
@@ -77,6 +79,7 @@ def collect(recipe_path: Path | None, recipe_sha256: str) -> dict[str, Any]:
         "git_commit": git_commit(where),
         "git_dirty": git_dirty(where),
         "started_at": utc_now(),
+        "developer_overrides": devenv.set_overrides(),
     }
 
 

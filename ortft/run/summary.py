@@ -91,6 +91,9 @@ class Provenance:
     finished_at: str | None = None
     device: str = ""
     threads: int = 0
+    # ORTFT_* variables that change how the run trains (ortft.core.devenv), as they were set;
+    # written only when one was
+    developer_overrides: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -106,6 +109,8 @@ class Provenance:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        if not self.developer_overrides:
+            del out["developer_overrides"]
         return {**out, **self.extra}
 
     @classmethod
