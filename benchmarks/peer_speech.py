@@ -11,7 +11,7 @@ The fine-tune (recipes/bench/whisper-digits.yaml): a Whisper built from a config
 weights: no pretrained speech model offline), d_model 256, 4 encoder + 4 decoder layers, 4
 heads, feed-forward 1024, 80 mel bins, 150 encoder positions (a 3 s window), 32 decoder
 positions (7.8M parameters), dropout 0; its tokenizer a byte-level BPE of 300 trained on the
-transcripts, plus Whisper's special tokens (405 in all; ortft.backends.torch.speech). Batch 16,
+transcripts, plus Whisper's special tokens (405 in all; ortft.families.speech.processor). Batch 16,
 lr 5e-5 with linear decay, no warm-up, no weight decay, gradient norm clipped at 1.0 (Trainer's
 defaults, set on ortft's side too), seed 42, fp32 unless the runner says otherwise, CPU. The
 data: the 240 training clips of recipes/data/speech (16 kHz mono FLAC, 0.9-2.8 s), each padded
@@ -150,7 +150,7 @@ def trainer_worker(bf16: bool, steps: int, warmup: int, out: Path) -> None:
     import torch
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, WhisperFeatureExtractor
 
-    from ortft.backends.torch.speech import train_tokenizer
+    from ortft.families.speech.processor import train_tokenizer
     from ortft.recipe.model import TrainTokenizer
 
     paths, texts = clips()

@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 from scipy.signal import resample_poly
 
-from ortft.data import audio
+from ortft.families.speech import audio
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEECH = ROOT / "recipes" / "data" / "speech"

@@ -1,4 +1,4 @@
-"""features.onnx (ortft.export.audio_features) against transformers' WhisperFeatureExtractor: the
+"""features.onnx (ortft.families.speech.features) against transformers' WhisperFeatureExtractor: the
 default call (its torch path when torch is installed, as here) within TOLERANCE, and its numpy
 path to float32 rounding, on numpy-made audio and the committed speech clips.
 
@@ -19,7 +19,7 @@ from transformers import Wav2Vec2FeatureExtractor, WhisperFeatureExtractor
 from transformers.models.whisper import feature_extraction_whisper as fe_module
 
 from ortft.core.errors import InputError
-from ortft.export import audio_features as af
+from ortft.families.speech import features as af
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIPS = ROOT / "recipes" / "data" / "speech" / "clips"

@@ -38,7 +38,8 @@ from typer.testing import CliRunner
 
 from ortft import tasks
 from ortft.cli.app import app
-from ortft.export import deploy, image, speech_card
+from ortft.export import deploy, image
+from ortft.families.speech import card as speech_card
 from ortft.inference.predict import format_line
 
 pytestmark = pytest.mark.consumer

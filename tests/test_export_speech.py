@@ -1,4 +1,4 @@
-"""The Whisper export (ortft.export.speech, speech_runner): encoder.onnx, decoder.onnx with its
+"""The Whisper export (ortft.families.speech: graphs, runner): encoder.onnx, decoder.onnx with its
 KV cache and features.onnx, checked against PyTorch, and the ONNX runner generating token for
 token as transformers' Whisper ``generate`` does.
 
@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from ortft.core.errors import InputError, RunError
-from ortft.export import speech, speech_runner
-from ortft.export.speech_runner import OnnxWhisper
+from ortft.families.speech import graphs as speech
+from ortft.families.speech import runner as speech_runner
+from ortft.families.speech.runner import OnnxWhisper
 
 SPEECH = Path(__file__).resolve().parent.parent / "recipes" / "data" / "speech"
 CLIPS, NEW_TOKENS = 6, 16
@@ -78,7 +79,8 @@ def whisper():
     from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperProcessor
     from transformers import WhisperForConditionalGeneration as Whisper
 
-    from ortft.tasks import speech_recognition as sr
+    from ortft.families import speech as sr
+    from ortft.families.speech.task import generation_config
 
     tok, fe = _tokenizer(), WhisperFeatureExtractor(feature_size=80, chunk_length=4)
     eos = tok.eos_token_id
@@ -92,7 +94,7 @@ def whisper():
     )  # fmt: skip
     torch.manual_seed(0)
     model = Whisper(config).eval()
-    model.generation_config = sr.generation_config(tok, config, "en")
+    model.generation_config = generation_config(tok, config, "en")
     processor = WhisperProcessor(feature_extractor=fe, tokenizer=tok)
     _end_early(model, processor)
     task = sr.build(sr.Options(max_target_length=32))

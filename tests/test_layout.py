@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ortft.backends",),
     ("ortft.run",),
     ("ortft.inference",),
+    ("ortft.families",),
     ("ortft.tools",),
     ("ortft.cli", "ortft.__main__", "ortft.cudalibs"),
 ]
@@ -39,6 +40,25 @@ OVERSIZE = "Over 450 lines:"
 MAX_FUNCTION_LINES = 80
 # `# fmt: skip` keeps aligned tables; it is not a way to pack statements under the sizes
 MAX_FMT_SKIPS = 10
+# A task family is one package under ortft/families/, reached only through the task registry's
+# table (ortft.tasks.BUILTIN). The core asks a family through ortft.tasks.protocols and never
+# compares these attributes of a task (or _kind(), the exporter's reading of one) with a name.
+FAMILIES = "ortft.families"
+REGISTRY = PACKAGE / "tasks" / "__init__.py"
+FAMILY_FIELDS = {"modality", "export_kind", "model_family", "predicts"}
+FAMILY_CALLS = {"_kind"}
+# What the core still compares while families move into ortft/families/ (issue 47): only down.
+MAX_FAMILY_BRANCHES = 36
+# The modules that import by name (importlib.import_module), and why: the two registries import
+# what their tables name; the others import a third-party module.
+STRING_IMPORTS = {
+    "ortft.tasks": "the task registry: BUILTIN's families and task modules",
+    "ortft.backends": "the backend registry: REGISTRY's engines",
+    "ortft.backends.ortmodule.patches": "the torch and transformers modules it patches",
+    "ortft.backends.ortmodule.allocator": "ORT's CUDA allocator extension",
+    "ortft.backends.ondevice.engine": "onnxruntime.training.api",
+    "ortft.backends.torch.hf_config": "a transformers model module",
+}
 # Directly under ortft/: the package files and the documented shim (docs/architecture.md).
 TOP_LEVEL = {"__init__.py", "__main__.py", "cudalibs.py"}
 
@@ -225,6 +245,115 @@ def test_the_size_check_bites(tmp_path):
     assert size_problems(pkg) == ["pkg/long.py: f() 81 lines"]
     (pkg / "long.py").write_text("z = (1,)  # fmt: skip\n" * 11)
     assert size_problems(pkg) == ["11 `# fmt: skip` lines (at most 10)"]
+
+
+def registry_table(path: Path = REGISTRY) -> dict[str, str]:
+    """``BUILTIN`` of the task registry, read with ``ast``: task name -> module."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "BUILTIN":
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path}: no BUILTIN table")
+
+
+def family_problems(root: Path = PACKAGE) -> list[str]:
+    """A module outside the families that imports one; a family package the registry does not
+    name; a module that imports by name without a reason in STRING_IMPORTS."""
+    known = modules(root)
+    graph = edges(known)
+    problems = [
+        f"{a} -> {b}"
+        for a, targets in sorted(graph.items())
+        for b in sorted(targets)
+        if not _in(a, FAMILIES) and _in(b, FAMILIES)
+    ]
+    named = set(registry_table(root / "tasks" / "__init__.py").values())
+    problems += [
+        f"{name}: a family the registry (ortft.tasks.BUILTIN) does not name"
+        for name in known
+        if name.count(".") == 2 and _in(name, FAMILIES) and name not in named
+    ]
+    for name, path in known.items():
+        calls = [
+            node
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
+        ]
+        if calls and name not in STRING_IMPORTS:
+            problems.append(f"{name}: imports by name (importlib), outside the registries")
+    return problems
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _names_a_field(node: ast.expr) -> bool:
+    if isinstance(node, ast.Attribute):
+        return node.attr in FAMILY_FIELDS
+    if isinstance(node, ast.Name):
+        return node.id in FAMILY_FIELDS
+    if isinstance(node, ast.Call):
+        func = node.func
+        return getattr(func, "id", getattr(func, "attr", "")) in FAMILY_CALLS
+    return False
+
+
+def _is_names(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return bool(node.elts) and all(_is_names(e) for e in node.elts)
+    return False
+
+
+def family_branches(root: Path = PACKAGE) -> list[str]:
+    """Each comparison, outside the families, of a task's modality, export kind, model family
+    or predict kind with a name (``task.modality == "audio"``, ``_kind(t) in (...)``)."""
+    found = []
+    for name, path in modules(root).items():
+        if _in(name, FAMILIES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(map(_names_a_field, sides)) and any(map(_is_names, sides)):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return sorted(found)
+
+
+def test_families_are_reached_through_the_registry():
+    assert family_problems() == []
+
+
+def test_the_core_branches_less_on_families():
+    branches = family_branches()
+    assert len(branches) <= MAX_FAMILY_BRANCHES, "\n".join(branches)
+
+
+def test_the_family_checks_bite(tmp_path):
+    """On a copy of the package: a core module importing a family, a family package the
+    registry leaves out, a string import elsewhere and a new comparison are each caught."""
+    import shutil
+
+    copy = tmp_path / "ortft"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = len(family_branches(copy))
+    evaluate = copy / "inference" / "evaluate.py"
+    evaluate.write_text(
+        evaluate.read_text() + "\n\ndef _planted(task):\n"
+        "    from ortft.families.speech import card\n"
+        "    import importlib\n"
+        "    importlib.import_module('ortft.families.speech')\n"
+        "    return task.modality == 'audio'\n"
+    )
+    (copy / "families" / "stray").mkdir()
+    (copy / "families" / "stray" / "__init__.py").write_text('"""A stray family."""\n')
+    assert family_problems(copy) == [
+        "ortft.inference.evaluate -> ortft.families.speech.card",
+        "ortft.families.stray: a family the registry (ortft.tasks.BUILTIN) does not name",
+        "ortft.inference.evaluate: imports by name (importlib), outside the registries",
+    ]
+    assert len(family_branches(copy)) == before + 1
 
 
 def test_the_cudalibs_shim_forwards():

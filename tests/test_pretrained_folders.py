@@ -58,7 +58,8 @@ def save_whisper(folder: Path, texts: list[str], hub_layout: bool) -> Path:
     import torch
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-    from ortft.backends.torch import hf_config, speech
+    from ortft.backends.torch import hf_config
+    from ortft.families.speech import processor as speech
     from ortft.recipe.model import FromConfig, TrainTokenizer
 
     tok = speech.train_tokenizer(texts, TrainTokenizer(kind="byte-bpe", vocab_size=280), "en")

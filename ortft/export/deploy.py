@@ -28,6 +28,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ortft.tasks import protocols
+
 CARD_FENCE = "```python"  # the snippet's opening line (tests/test_consumer.py finds it by this)
 
 # the text each task's snippet runs on (plain data, shown to users as the example input)
@@ -295,10 +297,8 @@ def write_card(folder: Path, task: Any, tokenizer: Any, report: dict[str, Any]) 
         from ortft.export import image
 
         code, holds, inputs, usage = image.card(report)
-    elif task.modality == "audio":
-        from ortft.export import speech_card
-
-        code, holds, inputs, usage = speech_card.card(report)
+    elif isinstance(task, protocols.DescribesExport):
+        code, holds, inputs, usage = task.card(report)
     else:
         code, holds, inputs, usage = _text_card(task, tokenizer, report)
     (folder / "README.md").write_text(

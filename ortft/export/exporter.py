@@ -43,7 +43,7 @@ from ortft.export import onnx_tools as tools
 from ortft.export.parity import publish  # the folder: staged, then swapped in
 from ortft.export.rows import parity_feeds, samples_source
 from ortft.export.rows import tracing_example as _tracing_example
-from ortft.tasks import classification, question_answering
+from ortft.tasks import classification, protocols, question_answering
 
 log = logging.getLogger("ortft")
 
@@ -65,6 +65,14 @@ def _kind(task: str) -> str:
     if task == embedding.TASK:  # an encoder without a head, exported without a task
         return "embedding"
     return tasks.get(task).export_kind
+
+
+def _task_of(task: str, task_options: Any) -> Any:
+    """The task called ``task``, with the run's options (``task_options``) where they are its."""
+    from ortft import tasks
+
+    own = task_options is not None and getattr(task_options, "name", None) == task
+    return tasks.get(task, task_options if own else None)
 
 
 class _LogitsOnly(torch.nn.Module):
@@ -101,7 +109,6 @@ def deployable(
     tokenizer without training's padding, the IR version and the runtime checked, the model card
     (``task_options``: the run's ``task:``, e.g. an instruction model's prompt template;
     ``text_pair``: a sentence-pair model's training columns, recorded in export.json)."""
-    from ortft import tasks
     from ortft.export import deploy
 
     if _kind(task) == "decoder":
@@ -109,8 +116,7 @@ def deployable(
     if text_pair is not None:  # ortft predict / eval of this folder alone read pairs
         result["text_pair"] = {"text_column": text_pair[0], "text_pair_column": text_pair[1]}
     result["ir_version"] = deploy.ir_version(folder / next(iter(result["files"].values())))
-    own = task_options is not None and getattr(task_options, "name", None) == task
-    spec = tasks.get(task, task_options if own else None)
+    spec = _task_of(task, task_options)
     if spec.modality == "text":  # an image processor has no state of training's to take out
         result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
     if spec.needs_labels:
@@ -231,18 +237,18 @@ def export_model(
             other_runtimes, feeds=job.feeds, tolerance=tolerance, pythons=options.check_runtimes
         )
         return _published(out_dir, partial(job.build, runtimes=runtimes))
+    spec = _task_of(task, options.task_options)
+    if isinstance(spec, protocols.ExportsGraphs):  # the family's own graphs and checks
+        build = spec.export_builder(model, tokenizer, opset, tolerance, samples, options)
+        return _published(out_dir, build)
     kinds = parity.wanted(options.optimize, options.fp16, options.quantize)
     training = options.training
-    if _kind(task) in ("seq2seq", "speech"):
+    if _kind(task) == "seq2seq":
         if kinds or training is not None:
             raise InputError(
                 f"{task} exports the encoder and decoder graphs only: --optimize, --fp16, "
                 "--quantize and --training-artifacts are for single-graph models"
             )
-        if _kind(task) == "speech":  # features.onnx, encoder.onnx, decoder.onnx
-            model = model.eval().to("cpu")
-            build = _speech_build(model, tokenizer, task, opset, tolerance, samples, options)
-            return _published(out_dir, build)
         return _export_seq2seq(model, tokenizer, out_dir, opset, tolerance, samples, options)
     if training is not None and task not in training.tasks:
         raise InputError(
@@ -417,11 +423,9 @@ def _image_build(
     options: ExportOptions,
 ) -> Callable[[Path], dict[str, Any]]:
     """The staging folder's builder for an image classifier (``ortft.export.image``)."""
-    from ortft import tasks
     from ortft.export import image
 
-    own = getattr(options.task_options, "name", None) == task
-    spec = tasks.get(task, options.task_options if own else None)
+    spec = _task_of(task, options.task_options)
     job = image.ImageGraph(
         model,
         processor,
@@ -435,37 +439,6 @@ def _image_build(
 
     def build(tmp: Path) -> dict[str, Any]:
         result = job.build(tmp)
-        result = other_runtimes(tmp, result, job.runtime_feeds, tolerance, options.check_runtimes)
-        return deployable(tmp, task, processor, model.config, result, None, options.task_options)
-
-    return build
-
-
-def _speech_build(
-    model: Any,
-    processor: Any,
-    task: str,
-    opset: int,
-    tolerance: float,
-    samples: Any,
-    options: ExportOptions,
-) -> Callable[[Path], dict[str, Any]]:
-    """The staging folder's builder for a speech model (``ortft.export.speech``)."""
-    from ortft import tasks
-    from ortft.export import speech
-
-    own = getattr(options.task_options, "name", None) == task
-    spec = tasks.get(task, options.task_options if own else None)
-    job = speech.SpeechGraphs(
-        model, processor, spec, opset=opset, tolerance=tolerance, samples=samples, n=PARITY_SAMPLES
-    )
-
-    def build(tmp: Path) -> dict[str, Any]:
-        try:
-            result = job.build(tmp)
-        except RuntimeError as err:  # the tracer's failures
-            first = first_line(err)
-            raise RunError(f"ONNX export (opset {opset}) failed: {first}") from err
         result = other_runtimes(tmp, result, job.runtime_feeds, tolerance, options.check_runtimes)
         return deployable(tmp, task, processor, model.config, result, None, options.task_options)
 

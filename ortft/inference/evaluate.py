@@ -13,11 +13,9 @@ metrics (exact match, token F1) as in training. An image model (image-classifica
 batches as training's eval does: each file decoded, then the image processor
 (``preprocessor_config.json``, PIL backend) gives the ``pixel_values`` both runtimes are fed
 (an export's ``model.onnx`` too; ``preprocess.onnx`` is what ``ortft predict`` runs); accuracy,
-macro-F1, top-5 accuracy (more than 5 classes) and the loss come from the logits. A speech
-model (speech-recognition) gets its batches the same way (each clip decoded to mono at the
-feature extractor's rate, then its log-mel ``input_features``); the loss comes from the
-teacher-forced logits, WER and CER from greedy generation (PyTorch's ``generate``, or the
-export's encoder + decoder graphs: ``ortft.export.speech``).
+macro-F1, top-5 accuracy (more than 5 classes) and the loss come from the logits. A family
+with its own runner (``ortft.tasks.protocols.OwnRunner``) gives its batches' logits and opens
+its export itself; its generate metrics run there as on PyTorch.
 The default data is the eval split the run's recipe used (``final/recipe.yaml``); ``--data``
 scores another file in any format ``ortft.data.rows`` reads (images: a folder of class
 sub-folders, or a csv/jsonl whose ``image`` column names files relative to it).
@@ -48,7 +46,7 @@ from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe, TrainingSection
 from ortft.recipe.task import read_task
 from ortft.run.summary import RunSummary
-from ortft.tasks import question_answering
+from ortft.tasks import protocols, question_answering
 
 log = logging.getLogger("ortft")
 
@@ -118,29 +116,12 @@ class SavedModel:
             out = self._model(pixel_values=torch.from_numpy(pixel_values), return_dict=True)
         return out.logits.float().numpy()
 
-    def speech_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """A speech model's teacher-forced logits of a collated batch (its features, labels)."""
-        feats = np.ascontiguousarray(batch[self.spec.feature_key], dtype=np.float32)
-        if self.runtime == "onnxruntime":
-            return self._model.logits(feats, batch["labels"])
-        import torch
-
-        with torch.no_grad():
-            out = self._model(
-                **{self.spec.feature_key: torch.from_numpy(feats)},
-                labels=torch.from_numpy(batch["labels"]),
-                decoder_attention_mask=torch.from_numpy(batch["decoder_attention_mask"]),
-                use_cache=False,
-                return_dict=True,
-            )
-        return out.logits.float().numpy()
-
     def batch_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """The logits of one collated eval batch (its pixel_values, features or tokens)."""
         if self.spec.modality == "image":
             return self.image_logits(batch["pixel_values"])
-        if self.spec.modality == "audio":
-            return self.speech_logits(batch)
+        if isinstance(self.spec, protocols.OwnRunner):
+            return self.spec.batch_logits(self._model, self.runtime, batch)
         ids, mask = batch["input_ids"], batch["attention_mask"]
         return self.logits(ids, mask, batch["labels"], batch.get("token_type_ids"))
 
@@ -175,14 +156,17 @@ def _task(source: Path, recipe_yaml: Path | None, config: Any) -> tasks.Task:
 
 
 def _preprocessor(source: Path, task: tasks.Task) -> Any:
-    """The model's tokenizer, or an image task's image processor (its PIL backend, as in
-    training) or a speech task's processor, bound to the task: its ``collate`` decodes the
-    files and runs it."""
-    if task.modality in ("image", "audio"):
-        from ortft.backends.torch import processors, speech
+    """The model's tokenizer, or the processor of a task whose rows are files (a family's own,
+    or an image task's image processor, its PIL backend as in training), bound to the task:
+    its ``collate`` decodes the files and runs it."""
+    if isinstance(task, protocols.LoadsProcessor):
+        processor = task.processor_from_folder(source)
+        task.bind(processor)
+        return processor
+    if task.modality == "image":
+        from ortft.backends.torch import processors
 
-        load = speech.from_folder if task.modality == "audio" else processors.from_folder
-        processor = load(str(source))
+        processor = processors.from_folder(str(source))
         task.bind(processor)
         return processor
     from transformers import AutoTokenizer
@@ -255,10 +239,9 @@ def open_model(source: Path) -> SavedModel:
         spec=task,
         text_pair=text_pair,
     )
-    if onnx_file.name == "encoder.onnx" and task.export_kind == "speech":
-        from ortft.export.speech import OnnxWhisper
-
-        return SavedModel(runtime="onnxruntime", _model=OnnxWhisper(source, config), **common)
+    runner = task.open_export(source, config) if isinstance(task, protocols.OwnRunner) else None
+    if runner is not None:
+        return SavedModel(runtime="onnxruntime", _model=runner, **common)
     if onnx_file.name == "encoder.onnx":
         from ortft.export.seq2seq import OnnxSeq2Seq
 
@@ -368,7 +351,12 @@ def score(
             logits_all.append(logits)
             labels_all.append(task.metric_labels(batch, len(batch["labels"])))
     metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)
-    if m.runtime == "pytorch" or task.export_kind in ("seq2seq", "speech"):  # generated text
+    # generated text: on PyTorch, and on the exports whose runners generate
+    if (
+        m.runtime == "pytorch"
+        or task.export_kind == "seq2seq"
+        or isinstance(task, protocols.OwnRunner)
+    ):
         metrics.update(task.generate_metrics(m._model, m.tokenizer, encoded))
     return metrics
 

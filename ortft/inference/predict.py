@@ -26,8 +26,8 @@ columns; ``ortft.inference.pairs``). Output, one line per input, in order; what 
 - image-label (image classification): ``--input`` names image files instead (a list of paths,
   one per line, or a folder), each gets its label, softmax scores and top 5
   (``ortft.inference.predict_image``: the input rules, and what each runtime runs);
-- transcript (speech recognition): ``--input`` names audio files as for images, each gets its
-  transcript (``ortft.inference.predict_speech``: clips over the model's 30 s are cut);
+- a family that reads files of its own (``ortft.tasks.protocols.PredictsFiles``: speech
+  recognition's transcripts) gets ``--input`` and answers each file itself;
 - embedding (a sentence-embedding run, an embedding export, an encoder without a head): each
   text's sentence embedding, or with ``--query`` the texts ranked by cosine similarity to it
   (``ortft.inference.predict_embedding``, which also says what counts as embedding).
@@ -46,6 +46,7 @@ import numpy as np
 from ortft.core.errors import InputError
 from ortft.inference import pairs, predict_embedding
 from ortft.inference.evaluate import SavedModel, open_model, training_recipe
+from ortft.tasks import protocols
 
 TOP_K = 5  # fill-mask candidates per mask, as the transformers fill-mask pipeline's default
 
@@ -328,10 +329,8 @@ def run(
         from ortft.inference import predict_image
 
         return predict_image.run(m, input_path, batch_size)
-    if kind == "transcript":  # audio files, not text lines
-        from ortft.inference import predict_speech
-
-        return predict_speech.run(m, input_path, batch_size, max_new_tokens)
+    if isinstance(m.spec, protocols.PredictsFiles):  # the family reads its own files
+        return m.spec.predict_files(m, input_path, batch_size, max_new_tokens)
     inputs = _read(input_path)
     if kind == "generate" and m.spec.export_kind == "decoder":
         return generate(m, [_field(o, "text", w) for w, o in inputs], max_new_tokens)

@@ -98,7 +98,7 @@ def read(
     input_path: str, extensions: frozenset[str] = EXTENSIONS, kind: str = "image"
 ) -> list[Item]:
     """The files ``--input`` names: a list file, stdin (``-``), a folder or one file (an
-    image; ``ortft.inference.predict_speech`` passes its audio extensions)."""
+    image; a family's predict passes its own, e.g. audio)."""
     if input_path == "-":
         return read_list(sys.stdin, "<stdin>", Path.cwd(), kind)
     path = Path(input_path)

@@ -16,6 +16,7 @@ from typing import Any
 from ortft import tasks
 from ortft.data.spec import DataSection
 from ortft.recipe import backends, hf_names
+from ortft.tasks import protocols
 
 Recipe = Any  # ortft.recipe.schema.Recipe, validated up to its model validators
 
@@ -83,9 +84,8 @@ def combination_problems(r: Recipe) -> Iterator[str]:
 
 def modality(r: Recipe) -> Iterator[str]:
     """What a task's rows hold decides what the model needs: a tokenizer (text), an image
-    processor (images: the model's own, or one sized to a from_config model's image_size), or a
-    speech processor (audio: the model's feature extractor and tokenizer, or for a from_config
-    model one sized to its config and a tokenizer from model.tokenizer)."""
+    processor (images: the model's own, or one sized to a from_config model's image_size), or
+    what the family's own rules ask (``protocols.ChecksRecipe``)."""
     task = tasks.get(r.task.name, r.task)
     tok = r.model.tokenizer
     if task.modality == "text-image" and (tok.path or tok.train):
@@ -93,19 +93,11 @@ def modality(r: Recipe) -> Iterator[str]:
             f"model.tokenizer: {r.task.name} uses the model folder's tokenizer/ (from_config: "
             "a character-level CLIP tokenizer); remove model.tokenizer"
         )
-    elif task.modality in ("text", "audio"):
+    elif isinstance(task, protocols.ChecksRecipe):  # the family's own rules
+        yield from task.recipe_problems(r)
+    elif task.modality == "text":
         if r.model.from_config and not tok.path and not tok.train:
             yield "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
-        if task.modality == "audio" and tok.train and tok.train.kind != "byte-bpe":
-            yield (
-                f"model.tokenizer.train.kind={tok.train.kind}: Whisper's tokenizer is "
-                "byte-level BPE; set kind: byte-bpe"
-            )
-        if task.modality == "audio" and r.model.name_or_path and (tok.path or tok.train):
-            yield (
-                f"model.tokenizer: {r.task.name} uses the tokenizer saved with "
-                f"model.name_or_path (its processor); remove model.tokenizer"
-            )
     elif tok.path or tok.train:
         yield (
             f"model.tokenizer: {r.task.name} reads {task.modality}s, not text (it uses the "

@@ -118,11 +118,11 @@ def train(loop: Loop, state: TrainState) -> str | None:
             epoch, batch = next(loop.batches)
             batch = loop.task.collate(batch, epoch, t.seed)  # masked-lm: this epoch's masking
             batch = loop.task.cut(batch, loop.padding)  # data.padding
-            mask = _mask(batch)
+            mask = _mask(batch, loop.task.main_input)
             tokens += int(mask.sum())  # of the global batch: real tokens
             _add_shape(shapes, mask)
             state.padded_tokens += mask.size  # real + padding
-            loop.shapes.add(_model_shape(batch))
+            loop.shapes.add(batch[loop.task.main_input].shape)
             micro.append(batch)
             state.micro_step += 1
             state.epoch = epoch
@@ -176,27 +176,12 @@ def _epochs(loop: Loop, state: TrainState) -> float:
     return state.micro_step / loop.per_epoch if loop.per_epoch else float(state.epoch)
 
 
-def _mask(batch: dict[str, np.ndarray]) -> np.ndarray:
-    """Which positions are real: the attention mask; an image or audio batch has none, and
-    counts one "token" per image or clip (so tokens/s is images/s or clips/s there, and
-    padding is 0)."""
+def _mask(batch: dict[str, np.ndarray], model_input: str) -> np.ndarray:
+    """Which positions are real: the attention mask; a batch of images or clips has none, and
+    counts one "token" per row of its model input (``Task.main_input``), so tokens/s is
+    images/s or clips/s there, and padding is 0."""
     mask = batch.get("attention_mask")
-    return mask if mask is not None else np.ones((len(_model_input(batch)), 1), dtype=np.int64)
-
-
-# what the model is fed, by modality: tokens, an image batch's pixels, a speech batch's
-# log-mel frames (Whisper) or raw samples (CTC models such as wav2vec2), a diffusion UNet's
-# noisy latents
-MODEL_INPUTS = ("input_ids", "pixel_values", "input_features", "input_values", "noisy_latents")
-
-
-def _model_input(batch: dict[str, np.ndarray]) -> np.ndarray:
-    return next(batch[k] for k in MODEL_INPUTS if k in batch)
-
-
-def _model_shape(batch: dict[str, np.ndarray]) -> tuple[int, ...]:
-    """The shape of what the model is fed (``MODEL_INPUTS``)."""
-    return _model_input(batch).shape
+    return mask if mask is not None else np.ones((len(batch[model_input]), 1), dtype=np.int64)
 
 
 def _add_shape(shapes: dict[str, Any], mask: np.ndarray) -> None:

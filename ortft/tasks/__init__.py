@@ -42,7 +42,7 @@ BUILTIN = {
     "question-answering": "ortft.tasks.question_answering",
     "instruction": "ortft.tasks.instruction",
     "image-classification": "ortft.tasks.image_classification",
-    "speech-recognition": "ortft.tasks.speech_recognition",
+    "speech-recognition": "ortft.families.speech",
     "sentence-embedding": "ortft.tasks.sentence_embedding",
     "text-to-image": "ortft.tasks.text_to_image",
 }

@@ -107,6 +107,12 @@ class Task:
     predicts: str | None = None
 
     @property
+    def main_input(self) -> str:
+        """The batch array the model is fed (its rows count the batch): tokens by default; an
+        image task's ``pixel_values``, a speech task's features."""
+        return "input_ids"
+
+    @property
     def options_key(self) -> str:
         """The task options that change encode(): part of the tokenize cache key."""
         return ""

@@ -68,6 +68,10 @@ class ImageClassification(Task):
     eval_metrics = ("eval_loss", "eval_accuracy", "eval_f1_macro", "eval_top5_accuracy")
     hf_architectures = ("ForImageClassification",)
 
+    @property
+    def main_input(self) -> str:
+        return "pixel_values"
+
     def __init__(self, options: Options) -> None:
         self.options = options
         self.processor: Any = None  # bound once the run has loaded it (``bind``)

@@ -111,6 +111,10 @@ class TextToImage(Task):
     aligned_keys = ()  # caption ids are fixed length; nothing is cut
     eval_metrics = ("eval_loss",)
 
+    @property
+    def main_input(self) -> str:
+        return "noisy_latents"
+
     def __init__(self, options: Options) -> None:
         self.options = options
         self.frozen: Any = None  # the frozen VAE + text encoder (``bind_frozen``)

@@ -31,6 +31,7 @@ from ortft.export.exporter import (
 )
 from ortft.export.parity import check_output, publish
 from ortft.recipe.task import read_task
+from ortft.tasks import protocols
 
 if TYPE_CHECKING:
     import torch
@@ -258,7 +259,7 @@ def _load_model(
             from safetensors.torch import load_model
 
             load_model(model, str(weights_dir / "model.safetensors"))
-        tokenizer = _tokenizer(model_dir, spec.modality if spec else "text")
+        tokenizer = _tokenizer(model_dir, spec)
     except InputError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError) as err:
@@ -266,17 +267,16 @@ def _load_model(
     return model, tokenizer, task, config
 
 
-def _tokenizer(model_dir: Path, modality: str) -> Any:
-    """The tokenizer of ``model_dir``, an image model's image processor (its PIL backend,
-    as training ran it: ``processors``) or a speech model's processor (``speech``)."""
-    if modality == "image":
+def _tokenizer(model_dir: Path, spec: Any) -> Any:
+    """The tokenizer of ``model_dir``, or its processor where the task's rows are files: the
+    family's own (``protocols.LoadsProcessor``), or an image model's image processor (its PIL
+    backend, as training ran it: ``processors``)."""
+    if isinstance(spec, protocols.LoadsProcessor):
+        return spec.processor_from_folder(model_dir, str(model_dir))
+    if spec is not None and spec.modality == "image":
         from ortft.backends.torch import processors
 
         return processors.from_folder(str(model_dir))
-    if modality == "audio":
-        from ortft.backends.torch import speech
-
-        return speech.from_folder(str(model_dir), str(model_dir))
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)

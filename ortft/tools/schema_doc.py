@@ -14,7 +14,6 @@ every process. Editors read it through the first line of a recipe:
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 from typing import Any
 
@@ -35,7 +34,7 @@ def _task_schemas(defs: dict[str, Any]) -> dict[str, Any]:
     names = list(tasks.BUILTIN)
     branches = []
     for name, module in tasks.BUILTIN.items():
-        options = importlib.import_module(module).Options
+        options = tasks.options_model(name)
         schema = options.model_json_schema(ref_template="#/$defs/{model}")
         defs.update(schema.pop("$defs", {}))
         schema["title"] = f"task: {name}"

@@ -31,6 +31,7 @@ from ortft.checkpoint import store as checkpoint
 from ortft.checkpoint.store import TrainState
 from ortft.core.errors import InputError
 from ortft.recipe.io import LoadedRecipe
+from ortft.tasks import protocols
 
 log = logging.getLogger("ortft")
 
@@ -152,22 +153,21 @@ class PyTorchEngine:
         return tokenizer
 
     def _processor(self, loaded: LoadedRecipe, run_dir: Path, task: Any, rows: Any) -> Any:
-        """The model's image processor (PIL backend) or speech processor (feature extractor +
-        tokenizer), or one for a from_config model; saved in the run as the tokenizer is."""
-        from ortft.backends.torch import hf_config, processors, speech
+        """The processor of a task whose rows are files: the family's own
+        (``protocols.LoadsProcessor``), else the model's image processor (PIL backend) or one
+        for a from_config model; saved in the run as the tokenizer is."""
+        from ortft.backends.torch import hf_config, processors
 
         spec, proc_dir = loaded.recipe.model, run_dir / "processor"
         if not distributed.is_main():
             distributed.barrier()
         saved = proc_dir if proc_dir.exists() else None
         source = models.model_source(loaded, spec.name_or_path) if spec.name_or_path else None
-        audio = task.modality == "audio"
-        processor = (speech if audio else processors).load(loaded, source, saved)
-        if processor is None and audio:
-            tokenizer = self._transcript_tokenizer(loaded, task, rows)
-            config = hf_config.generic_config(spec.from_config, tokenizer, spec.dropout)  # type: ignore[arg-type]
-            processor = speech.for_config(config, tokenizer)
-        elif processor is None:
+        if isinstance(task, protocols.LoadsProcessor):
+            processor = task.load_processor(loaded, source, saved, rows)
+        else:
+            processor = processors.load(loaded, source, saved)
+        if processor is None:
             config = hf_config.generic_config(spec.from_config, None, spec.dropout)  # type: ignore[arg-type]
             processor = processors.for_config(config)
         if not proc_dir.exists():
@@ -175,19 +175,6 @@ class PyTorchEngine:
         if distributed.is_main():
             distributed.barrier()
         return processor
-
-    def _transcript_tokenizer(self, loaded: LoadedRecipe, task: Any, rows: Any) -> Any:
-        """A from_config speech model's tokenizer: model.tokenizer.path, or trained on the
-        transcripts with Whisper's special tokens."""
-        from ortft.backends.torch import speech
-
-        r = loaded.recipe
-        tokenizer = models.load_tokenizer(loaded)
-        if tokenizer is None:
-            texts = task.texts(rows, r.data)
-            tokenizer = speech.train_tokenizer(texts, r.model.tokenizer.train, task.language)  # type: ignore[arg-type]
-            log.info("trained a Whisper byte-bpe tokenizer: %d tokens", len(tokenizer))
-        return tokenizer
 
     # ---- prepare: model, wrapper, optimizer, schedule, resume
     def prepare(self, loaded, task, tokenizer, labels, train, run_dir, resume_from, total_steps):

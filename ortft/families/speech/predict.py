@@ -3,7 +3,7 @@
 Input (``--input``): as for images (``ortft.inference.predict_image.read``): a text file of
 audio paths, one per line, relative to the file's folder (``-``: stdin); a folder: every
 audio file under it (``EXTENSIONS``), sorted by path; or one audio file. Every file is decoded
-whole once before anything is printed (``ortft.data.audio.check``), so a missing, empty or
+whole once before anything is printed (``ortft.families.speech.audio.check``), so a missing, empty or
 unreadable file stops the command with one line, ``paths.txt:3: a.wav: empty file (0
 bytes)``, exit 2, and no transcripts.
 
@@ -19,7 +19,7 @@ PyTorch (a run dir or ``final/``): each clip decoded to mono at the feature extr
 (``audio.load``), the feature extractor's log-mel frames, ``model.generate`` with the model's
 generation config (greedy). An ONNX export: ``features.onnx`` on each clip's samples, then the
 encoder and the decoder with its KV cache and the same generation config
-(``ortft.export.speech``): what a client deploys.
+(``ortft.families.speech.graphs``): what a client deploys.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ortft.core.errors import InputError
-from ortft.data import audio
+from ortft.families.speech import audio
 from ortft.inference import predict_image
 from ortft.inference.evaluate import SavedModel
 

@@ -2,7 +2,7 @@
 
 Rows name audio files (``data.audio_column``: WAV, FLAC or OGG, decoded with soundfile) and
 hold their transcripts (``data.text_column``). ``encode`` checks every file once
-(``ortft.data.audio``) and keeps its path, what converting it will take (stereo, another
+(``ortft.families.speech.audio``) and keeps its path, what converting it will take (stereo, another
 sample rate, a clip over ``task.max_seconds``) and the transcript's tokens; ``collate`` decodes
 a batch's clips to mono at the feature extractor's rate, cuts them, and runs the feature
 extractor (log-mel frames: ``input_features``, computed per batch, never cached).
@@ -34,7 +34,7 @@ from pydantic import Field
 
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
-from ortft.data import audio
+from ortft.families.speech import audio
 from ortft.tasks.base import Encoded, Task, TaskOptions, skip_bad_file
 
 log = logging.getLogger("ortft")
@@ -168,6 +168,10 @@ class SpeechRecognition(Task):
             )
 
     @property
+    def main_input(self) -> str:
+        return self.feature_key
+
+    @property
     def feature_key(self) -> str:
         """The model input the processor makes: Whisper's ``input_features``."""
         names = getattr(self.processor.feature_extractor, "model_input_names", None)
@@ -292,7 +296,7 @@ class SpeechRecognition(Task):
         self, model: Any, batch: dict[str, np.ndarray], max_new_tokens: int
     ) -> list[str]:
         """Greedy transcripts of a collated batch: PyTorch ``generate`` with the model's
-        generation config, or the ONNX export's own loop (``ortft.export.speech``)."""
+        generation config, or the ONNX export's own loop (``ortft.families.speech.graphs``)."""
         import torch
 
         feats = batch[self.feature_key]
@@ -366,7 +370,3 @@ class SpeechRecognition(Task):
                 if report[split][key]:
                     log.warning("%s: %d %s", split, report[split][key], what)
         return {"audio": report}
-
-
-def build(options: Options) -> SpeechRecognition:
-    return SpeechRecognition(options)

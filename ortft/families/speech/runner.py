@@ -1,4 +1,4 @@
-"""Running a Whisper export (``ortft.export.speech``): ``OnnxWhisper`` over encoder.onnx,
+"""Running a Whisper export (``ortft.families.speech.graphs``): ``OnnxWhisper`` over encoder.onnx,
 decoder.onnx and features.onnx, generating as transformers' Whisper ``generate`` does.
 
 What ``WhisperForConditionalGeneration.generate(input_features)`` does for short-form audio
@@ -313,7 +313,7 @@ class OnnxWhisper:
         """One clip (float32 [n], mono, 16 kHz) -> input_features [1, mel, frames]: features.onnx,
         else (an export without it) the saved feature extractor."""
         if self.features_path.exists():
-            from ortft.export import audio_features
+            from ortft.families.speech import features as audio_features
 
             return audio_features.run(self.features_path, samples, self.threads)
         if self._extractor is None:

@@ -1,5 +1,5 @@
 """Speech recognition (Whisper) export: ``encoder.onnx``, ``decoder.onnx`` with its KV cache and
-``features.onnx``, each checked against PyTorch; run by ``ortft.export.speech_runner``.
+``features.onnx``, each checked against PyTorch; run by ``ortft.families.speech.runner``.
 
 - ``encoder.onnx``: ``input_features`` float32 [batch, mel, frames] (frames fixed: Whisper's
   encoder refuses any other length) -> ``last_hidden_state``.
@@ -8,7 +8,7 @@
   ``logits`` and ``present.<layer>.key|value``. Whisper's decoder has no encoder attention
   mask (every frame is real: the features are padded with silence). The first step feeds the
   init tokens (``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>``) and an empty past.
-- ``features.onnx`` (``ortft.export.audio_features``): the raw clip -> ``input_features``.
+- ``features.onnx`` (``ortft.families.speech.features``): the raw clip -> ``input_features``.
 
 As in ``ortft.export.seq2seq``, only the self-attention cache crosses the graph boundary: the
 cross-attention keys and values are recomputed from ``encoder_hidden_states`` at each step
@@ -44,8 +44,8 @@ import torch
 
 from ortft.core.constants import IGNORE_INDEX
 from ortft.export import decoder, generation, parity
-from ortft.export.speech_runner import DECODER, ENCODER, FEATURES, OnnxWhisper, refuse
-from ortft.tasks.speech_recognition import PATH
+from ortft.families.speech.runner import DECODER, ENCODER, FEATURES, OnnxWhisper, refuse
+from ortft.families.speech.task import PATH
 
 # Clips parity runs on: the logits are [clips, target, vocab] twice (PyTorch's and ONNX's), 210 MB
 # each for 16 clips of 64 tokens over Whisper's 51865 ids
@@ -193,7 +193,7 @@ def check_generation(model: Any, pair: OnnxWhisper, feats: np.ndarray, tolerance
     (``decoder.check_config``) on a few clips, against Whisper's ``generate``: step by step from
     the init tokens (``decoder.compare``; beams: the sequences and the first step's logits, one
     clip at a time), then the tokens each returns (init tokens and eos taken off)."""
-    from ortft.export import speech_runner as runner
+    from ortft.families.speech import runner
 
     gc = decoder.check_config(model, decoder.GENERATE_TOKENS)
     beams = int(gc.num_beams or 1)
@@ -229,7 +229,7 @@ def check_generation(model: Any, pair: OnnxWhisper, feats: np.ndarray, tolerance
 def check_features(folder: Path, fe: Any, decoded: list[np.ndarray], source: str):
     """export.json's ``features``: features.onnx written and checked against the extractor on
     each decoded clip, or why there is none (``exported: false``)."""
-    from ortft.export import audio_features
+    from ortft.families.speech import features as audio_features
 
     problem = audio_features.supported_problem(fe)
     if problem is not None:

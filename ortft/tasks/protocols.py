@@ -1,0 +1,92 @@
+"""What the core calls on a task family beyond the ``Task`` base: small protocols a family's
+task implements when it needs them, checked with ``isinstance`` where the core would otherwise
+branch on the family's name.
+
+A family package (``ortft/families/<family>/``) sits above the core and is reached only through
+the task registry (``ortft.tasks.BUILTIN``); the engine, the exporter, eval and predict hold the
+family's ``Task`` and ask it through these protocols. Each method imports its framework
+lazily, so building a task for ``ortft validate`` stays free of torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+# A staged export's builder: fills the staging folder, returns the export's report
+# (``ortft.export.parity.publish`` swaps the folder in).
+Builder = Callable[[Path], dict[str, Any]]
+
+
+@runtime_checkable
+class ChecksRecipe(Protocol):
+    """A family with recipe rules of its own (what model.tokenizer may say, for example)."""
+
+    def recipe_problems(self, recipe: Any) -> Iterator[str]:
+        """One line per problem of ``recipe`` (a validated ``Recipe``), naming the field."""
+        ...
+
+
+@runtime_checkable
+class LoadsProcessor(Protocol):
+    """A family whose rows are files: the run loads its processor where a text task loads a
+    tokenizer, and binds it to the task (``Task.bind``) for ``collate``."""
+
+    def load_processor(self, loaded: Any, source: str | None, saved: Path | None, rows: Any) -> Any:
+        """Training's processor: the saved one (``saved``: a resumed run's), the model's own
+        (``source``), or one built for a from_config model (``rows``: the training rows)."""
+        ...
+
+    def processor_from_folder(self, folder: Path, field: str = "model") -> Any:
+        """A trained model folder's processor (eval, predict, ``ortft export``); ``field``
+        names the folder in a one-line error."""
+        ...
+
+
+@runtime_checkable
+class ExportsGraphs(Protocol):
+    """A family whose export is its own set of graphs, runners and checks."""
+
+    def export_builder(
+        self, model: Any, processor: Any, opset: int, tolerance: float, samples: Any, options: Any
+    ) -> Builder:
+        """The staging folder's builder (``options``: the exporter's ``ExportOptions``)."""
+        ...
+
+
+@runtime_checkable
+class OwnRunner(Protocol):
+    """A family whose saved model eval and predict run through the family's own code: the
+    logits of its batches, and a runner over its export (which generates, as PyTorch does)."""
+
+    def open_export(self, folder: Path, config: Any) -> Any:
+        """The runner over the export in ``folder`` (``config``: the model's config), or None
+        where ``folder`` holds a single graph the plain ONNX session runs."""
+        ...
+
+    def batch_logits(self, model: Any, runtime: str, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """The logits of one collated eval batch, on the PyTorch model or the runner."""
+        ...
+
+
+@runtime_checkable
+class DescribesExport(Protocol):
+    """A family whose export's model card (README.md) shows its own code."""
+
+    def card(self, report: dict[str, Any]) -> tuple[str, str, str, str]:
+        """(code, what the folder holds, the inputs, usage) for the export's README."""
+        ...
+
+
+@runtime_checkable
+class PredictsFiles(Protocol):
+    """A family whose ``ortft predict`` reads files, not text lines."""
+
+    def predict_files(
+        self, model: Any, input_path: str, batch_size: int, max_new_tokens: int
+    ) -> Iterator[dict[str, Any]]:
+        """One result per input file (``model``: the opened ``SavedModel``)."""
+        ...
