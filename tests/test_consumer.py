@@ -38,8 +38,9 @@ from typer.testing import CliRunner
 
 from ortft import tasks
 from ortft.cli.app import app
-from ortft.export import deploy, image
+from ortft.export import deploy
 from ortft.families.speech import card as speech_card
+from ortft.families.vision import graphs as image
 from ortft.inference.predict import format_line
 
 pytestmark = pytest.mark.consumer

@@ -1,7 +1,8 @@
-"""The image classifier's export (``ortft.export.image``): ``model.onnx`` on pixel_values with its
-parity, ``preprocess.onnx`` checked against the image processor (a broken one fails the export
-into ``onnx.failed/``), the folder a client needs (processor, id2label, a card whose snippet
-runs), ``ortft export`` of a run and of a checkpoint, and ``final/`` in transformers' pipeline.
+"""The image classifier's export (``ortft.families.vision.graphs``): ``model.onnx`` on
+pixel_values with its parity, ``preprocess.onnx`` checked against the image processor (a broken
+one fails the export into ``onnx.failed/``), the folder a client needs (processor, id2label, a
+card whose snippet runs), ``ortft export`` of a run and of a checkpoint, and ``final/`` in
+transformers' pipeline.
 
 One tiny ViT (2 layers, hidden 32, 8x8 images) trains once for the module (~15 s); the other
 exports run in-process on it (~3 s each).
@@ -21,11 +22,13 @@ from conftest import tiny_image_classifier, write_image_folder, write_recipe
 from helpers import run_cli
 from typer.testing import CliRunner
 
-from ortft.backends.torch import processors
 from ortft.cli.app import app
 from ortft.core.errors import GateError
 from ortft.data import images
-from ortft.export import deploy, image, image_preprocess, parity
+from ortft.export import deploy, parity
+from ortft.families.vision import graphs as image
+from ortft.families.vision import preprocess as image_preprocess
+from ortft.families.vision import processor as processors
 from ortft.tools.export_source import export_source
 
 CLASSES = ("cat", "dog", "fox")

@@ -1,5 +1,6 @@
-"""preprocess.onnx (ortft.export.image_preprocess) against transformers' PIL-backend processors:
-every value equal, for each filter, fixed and shortest-edge sizes, crops, up and down.
+"""preprocess.onnx (ortft.families.vision.preprocess) against transformers' PIL-backend
+processors: every value equal, for each filter, fixed and shortest-edge sizes, crops, up and
+down.
 
 The sweep behind ``TOL_LSB`` (random and smooth images, random sizes, each filter):
 ``.venv/bin/python tests/test_image_preprocess.py [N]`` prints, per case, the worst difference
@@ -25,7 +26,7 @@ from transformers import (
 from transformers.image_utils import PILImageResampling as R
 
 from ortft.core.errors import InputError
-from ortft.export import image_preprocess as ip
+from ortft.families.vision import preprocess as ip
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -39,7 +39,7 @@ def predictions(res) -> list[dict]:
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import ViTConfig, ViTForImageClassification
 
-    from ortft.backends.torch import processors
+    from ortft.families.vision import processor as processors
 
     folder = tmp_path_factory.mktemp("vit")
     config = ViTConfig(
@@ -207,8 +207,8 @@ def test_eval_on_a_folder_scores_as_training_does(model_dir: Path, onnx_dir: Pat
     itself computes on the processor's pixel_values; its ONNX export gives the same."""
     from transformers import ViTForImageClassification
 
-    from ortft.backends.torch import processors
     from ortft.data import images
+    from ortft.families.vision import processor as processors
 
     data = write_image_folder(model_dir.parent / "eval-imgs", 2, LABELS, seed=1)
     got = json.loads(invoke("eval", model_dir, "--data", data, "--json").stdout)

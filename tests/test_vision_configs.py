@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from ortft.backends.torch import hf_config, processors
+from ortft.backends.torch import hf_config
 from ortft.core.errors import RecipeError
+from ortft.families.vision import processor as processors
 from ortft.recipe.schema import FromConfig
 
 

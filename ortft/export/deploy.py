@@ -11,9 +11,10 @@ reported in issue #20, the quickstart's classifier then called three news texts 
 ``tokenizer_config.json`` keeps the training length as ``training_max_length``, for reference.
 
 An image export has no tokenizer: its image processor (``preprocessor_config.json``) is saved
-as trained (its PIL backend; nothing of training's is left in it), and its card's snippet
-decodes with Pillow, converts to RGB as ``ortft.data.images.to_rgb`` does (alpha over white),
-then runs ``preprocess.onnx`` and ``model.onnx``.
+as trained (its PIL backend; nothing of training's is left in it), and its card's snippet (the
+family's own: ``protocols.DescribesExport``) decodes with Pillow, converts to RGB as
+``ortft.data.images.to_rgb`` does (alpha over white), then runs ``preprocess.onnx`` and
+``model.onnx``.
 
 The model card (``README.md``) holds one snippet per task: onnxruntime + tokenizers (images:
 Pillow) only, run from inside the folder. ``tests/test_consumer.py`` extracts it and runs it verbatim in a clean
@@ -293,11 +294,7 @@ def write_card(folder: Path, task: Any, tokenizer: Any, report: dict[str, Any]) 
         False: "decoder without a KV cache (the whole sequence each step)",
         None: "",
     }[cache]
-    if task.modality == "image":
-        from ortft.export import image
-
-        code, holds, inputs, usage = image.card(report)
-    elif isinstance(task, protocols.DescribesExport):
+    if isinstance(task, protocols.DescribesExport):
         code, holds, inputs, usage = task.card(report)
     else:
         code, holds, inputs, usage = _text_card(task, tokenizer, report)

@@ -8,8 +8,9 @@ the model config and ``export.json`` (the reports). On request it also holds
 ``training/`` (on-device training artifacts, built by the caller's ``TrainingStep``); see
 ``ortft.export.onnx_tools`` and ``ortft.backends.ondevice.artifacts`` for what was measured.
 
-The checks and export.json's pass rules are in ``ortft.export.parity``; an image model's
-export (``pixel_values`` in, and ``preprocess.onnx``) in ``ortft.export.image``; a bare
+The checks and export.json's pass rules are in ``ortft.export.parity``; a family's own export
+(``ortft.tasks.protocols``: ``ExportsGraphs``, or ``ExportsOneGraph`` for one graph on its own
+inputs, such as an image classifier's ``pixel_values``) in its family package; a bare
 encoder's (``last_hidden_state`` and the pooled ``sentence_embedding``) in
 ``ortft.export.embedding``; ``onnx/model.onnx``, a link for transformers.js, in
 ``ortft.export.layout``;
@@ -255,8 +256,8 @@ def export_model(
             f"--training-artifacts: built and tested for {', '.join(training.tasks)}, not {task}"
         )
     model = model.eval().to("cpu")
-    if _kind(task) == "image":  # pixel_values in, and preprocess.onnx
-        build = _image_build(model, tokenizer, task, opset, tolerance, samples, kinds, options)
+    if isinstance(spec, protocols.ExportsOneGraph):  # the family's inputs and extras
+        build = spec.graph_builder(model, tokenizer, opset, tolerance, samples, kinds, options)
     else:
         build = _SingleGraph(
             model, tokenizer, task, opset, tolerance, samples, kinds, options
@@ -410,39 +411,6 @@ def _export_seq2seq(
         "exported %s (parity: max |diff| %.2e)", result["dir"], result["parity"]["max_abs_diff"]
     )
     return result
-
-
-def _image_build(
-    model: Any,
-    processor: Any,
-    task: str,
-    opset: int,
-    tolerance: float,
-    samples: Any,
-    kinds: list[str],
-    options: ExportOptions,
-) -> Callable[[Path], dict[str, Any]]:
-    """The staging folder's builder for an image classifier (``ortft.export.image``)."""
-    from ortft.export import image
-
-    spec = _task_of(task, options.task_options)
-    job = image.ImageGraph(
-        model,
-        processor,
-        spec,
-        opset=opset,
-        tolerance=tolerance,
-        samples=samples,
-        kinds=kinds,
-        n=PARITY_SAMPLES,
-    )
-
-    def build(tmp: Path) -> dict[str, Any]:
-        result = job.build(tmp)
-        result = other_runtimes(tmp, result, job.runtime_feeds, tolerance, options.check_runtimes)
-        return deployable(tmp, task, processor, model.config, result, None, options.task_options)
-
-    return build
 
 
 def _published(out_dir: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:

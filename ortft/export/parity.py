@@ -16,7 +16,7 @@ when there is no PyTorch model (an ``ort-ondevice`` run's final/). The rules:
 - ``training`` (``--training-artifacts``): the loss falls over three steps on one batch.
 
 - ``preprocess`` (an image export's ``preprocess.onnx``): its pixel_values within its own
-  tolerance of the image processor's (``ortft.export.image``).
+  tolerance of the image processor's (``ortft.families.vision.graphs``).
 
 The export passes when every section it has passes; ``failures`` holds one line per section
 that did not. ``publish`` writes export.json and swaps the folder in as OUT when it passed,
@@ -259,7 +259,7 @@ def failures(result: dict[str, Any]) -> list[str]:
                 f"onnxruntime {rt['version']}: outputs differ from this build's by "
                 f"{rt['max_abs_diff']:.2e}"
             )
-    pre = result.get("preprocess")  # an image export's preprocess.onnx (``ortft.export.image``)
+    pre = result.get("preprocess")  # an image export's preprocess.onnx (families/vision)
     if pre is not None and not pre.get("passed", True):
         why = pre.get("problem") or f"max |diff| {pre['max_abs_diff']:.2e} > {pre['tolerance']:.2e}"
         out.append(f"preprocess.onnx: {why} from the image processor's pixel_values")

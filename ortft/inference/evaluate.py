@@ -105,21 +105,8 @@ class SavedModel:
             return question_answering.span_logits(out).float().numpy()
         return out.logits.float().numpy()
 
-    def image_logits(self, pixel_values: np.ndarray) -> np.ndarray:
-        """An image model's logits of a float32 [batch, 3, H, W] ``pixel_values``."""
-        pixel_values = np.ascontiguousarray(pixel_values, dtype=np.float32)
-        if self.runtime == "onnxruntime":
-            return self._model.run(["logits"], {"pixel_values": pixel_values})[0]
-        import torch
-
-        with torch.no_grad():
-            out = self._model(pixel_values=torch.from_numpy(pixel_values), return_dict=True)
-        return out.logits.float().numpy()
-
     def batch_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """The logits of one collated eval batch (its pixel_values, features or tokens)."""
-        if self.spec.modality == "image":
-            return self.image_logits(batch["pixel_values"])
         if isinstance(self.spec, protocols.OwnRunner):
             return self.spec.batch_logits(self._model, self.runtime, batch)
         ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -156,17 +143,11 @@ def _task(source: Path, recipe_yaml: Path | None, config: Any) -> tasks.Task:
 
 
 def _preprocessor(source: Path, task: tasks.Task) -> Any:
-    """The model's tokenizer, or the processor of a task whose rows are files (a family's own,
-    or an image task's image processor, its PIL backend as in training), bound to the task:
+    """The model's tokenizer, or the processor of a task whose rows are files (the family's
+    own: an image task's image processor, its PIL backend as in training), bound to the task:
     its ``collate`` decodes the files and runs it."""
     if isinstance(task, protocols.LoadsProcessor):
         processor = task.processor_from_folder(source)
-        task.bind(processor)
-        return processor
-    if task.modality == "image":
-        from ortft.backends.torch import processors
-
-        processor = processors.from_folder(str(source))
         task.bind(processor)
         return processor
     from transformers import AutoTokenizer

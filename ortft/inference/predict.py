@@ -23,11 +23,10 @@ columns; ``ortft.inference.pairs``). Output, one line per input, in order; what 
   then one token a step, a graph without the cache re-runs the whole sequence for each new
   token; a seq2seq export runs the encoder once and the decoder with its cache. Both give the
   same text (the export's generation check compares them with ``generate``);
-- image-label (image classification): ``--input`` names image files instead (a list of paths,
-  one per line, or a folder), each gets its label, softmax scores and top 5
-  (``ortft.inference.predict_image``: the input rules, and what each runtime runs);
-- a family that reads files of its own (``ortft.tasks.protocols.PredictsFiles``: speech
-  recognition's transcripts) gets ``--input`` and answers each file itself;
+- a family that reads files of its own (``ortft.tasks.protocols.PredictsFiles``) gets
+  ``--input`` (a list of paths, one per line, or a folder: ``ortft.inference.input_files``) and
+  answers each file itself: image classification's label, softmax scores and top 5
+  (image-label), speech recognition's transcripts;
 - embedding (a sentence-embedding run, an embedding export, an encoder without a head): each
   text's sentence embedding, or with ``--query`` the texts ranked by cosine similarity to it
   (``ortft.inference.predict_embedding``, which also says what counts as embedding).
@@ -325,10 +324,6 @@ def run(
     kind = m.spec.predicts
     if kind is None:
         raise InputError(f"{source}: ortft predict has no output for {m.task} (use ortft eval)")
-    if kind == "image-label":  # image files, not text lines
-        from ortft.inference import predict_image
-
-        return predict_image.run(m, input_path, batch_size)
     if isinstance(m.spec, protocols.PredictsFiles):  # the family reads its own files
         return m.spec.predict_files(m, input_path, batch_size, max_new_tokens)
     inputs = _read(input_path)

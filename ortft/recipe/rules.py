@@ -83,9 +83,8 @@ def combination_problems(r: Recipe) -> Iterator[str]:
 
 
 def modality(r: Recipe) -> Iterator[str]:
-    """What a task's rows hold decides what the model needs: a tokenizer (text), an image
-    processor (images: the model's own, or one sized to a from_config model's image_size), or
-    what the family's own rules ask (``protocols.ChecksRecipe``)."""
+    """What a task's rows hold decides what the model needs: a tokenizer (text), or what the
+    family's own rules ask (``protocols.ChecksRecipe``: images, audio)."""
     task = tasks.get(r.task.name, r.task)
     tok = r.model.tokenizer
     if task.modality == "text-image" and (tok.path or tok.train):
@@ -95,14 +94,8 @@ def modality(r: Recipe) -> Iterator[str]:
         )
     elif isinstance(task, protocols.ChecksRecipe):  # the family's own rules
         yield from task.recipe_problems(r)
-    elif task.modality == "text":
-        if r.model.from_config and not tok.path and not tok.train:
-            yield "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
-    elif tok.path or tok.train:
-        yield (
-            f"model.tokenizer: {r.task.name} reads {task.modality}s, not text (it uses the "
-            "model's image processor); remove model.tokenizer"
-        )
+    elif task.modality == "text" and r.model.from_config and not tok.path and not tok.train:
+        yield "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
     if task.modality != "text" and r.data.streaming:
         yield f"data.streaming: {r.task.name} reads stored data (a list of files)"
 

@@ -41,7 +41,7 @@ BUILTIN = {
     "seq2seq": "ortft.tasks.seq2seq",
     "question-answering": "ortft.tasks.question_answering",
     "instruction": "ortft.tasks.instruction",
-    "image-classification": "ortft.tasks.image_classification",
+    "image-classification": "ortft.families.vision",
     "speech-recognition": "ortft.families.speech",
     "sentence-embedding": "ortft.tasks.sentence_embedding",
     "text-to-image": "ortft.tasks.text_to_image",

@@ -90,3 +90,28 @@ class PredictsFiles(Protocol):
     ) -> Iterator[dict[str, Any]]:
         """One result per input file (``model``: the opened ``SavedModel``)."""
         ...
+
+
+# vision's hooks
+
+
+@runtime_checkable
+class ExportsOneGraph(Protocol):
+    """A family whose export is one ``model.onnx`` on its own inputs, with its extras beside it,
+    under the exporter's single-graph rules (where ``ExportsGraphs`` hands a family the whole
+    export): the variants (``--optimize``, ``--fp16``, ``--quantize``), ``--training-artifacts``
+    refused for a task not measured on device, and the parity line with the agreement."""
+
+    def graph_builder(
+        self,
+        model: Any,
+        processor: Any,
+        opset: int,
+        tolerance: float,
+        samples: Any,
+        kinds: list[str],
+        options: Any,
+    ) -> Builder:
+        """The staging folder's builder (``model``: on the CPU, in eval mode; ``kinds``: the
+        variants asked for; ``options``: the exporter's ``ExportOptions``)."""
+        ...

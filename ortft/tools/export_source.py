@@ -269,14 +269,10 @@ def _load_model(
 
 def _tokenizer(model_dir: Path, spec: Any) -> Any:
     """The tokenizer of ``model_dir``, or its processor where the task's rows are files: the
-    family's own (``protocols.LoadsProcessor``), or an image model's image processor (its PIL
-    backend, as training ran it: ``processors``)."""
+    family's own (``protocols.LoadsProcessor``: an image model's image processor on its PIL
+    backend, as training ran it)."""
     if isinstance(spec, protocols.LoadsProcessor):
         return spec.processor_from_folder(model_dir, str(model_dir))
-    if spec is not None and spec.modality == "image":
-        from ortft.backends.torch import processors
-
-        return processors.from_folder(str(model_dir))
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)

@@ -154,22 +154,19 @@ class PyTorchEngine:
 
     def _processor(self, loaded: LoadedRecipe, run_dir: Path, task: Any, rows: Any) -> Any:
         """The processor of a task whose rows are files: the family's own
-        (``protocols.LoadsProcessor``), else the model's image processor (PIL backend) or one
-        for a from_config model; saved in the run as the tokenizer is."""
-        from ortft.backends.torch import hf_config, processors
-
+        (``protocols.LoadsProcessor``: the model's, or one for a from_config model); saved in
+        the run as the tokenizer is."""
+        if not isinstance(task, protocols.LoadsProcessor):  # before the ranks wait on each other
+            raise TypeError(
+                f"task {task.name} reads {task.modality} files: it needs a load_processor "
+                "(ortft.tasks.protocols.LoadsProcessor)"
+            )
         spec, proc_dir = loaded.recipe.model, run_dir / "processor"
         if not distributed.is_main():
             distributed.barrier()
         saved = proc_dir if proc_dir.exists() else None
         source = models.model_source(loaded, spec.name_or_path) if spec.name_or_path else None
-        if isinstance(task, protocols.LoadsProcessor):
-            processor = task.load_processor(loaded, source, saved, rows)
-        else:
-            processor = processors.load(loaded, source, saved)
-        if processor is None:
-            config = hf_config.generic_config(spec.from_config, None, spec.dropout)  # type: ignore[arg-type]
-            processor = processors.for_config(config)
+        processor = task.load_processor(loaded, source, saved, rows)
         if not proc_dir.exists():
             processor.save_pretrained(proc_dir)
         if distributed.is_main():

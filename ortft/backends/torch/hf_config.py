@@ -172,7 +172,7 @@ VISION: dict[str, tuple[tuple[str, ...], Callable[[FromConfig], dict[str, Any]]]
 }
 # options ortft itself reads, allowed on any vision config (one with num_channels) even where
 # the class has no such field: the processor of a from_config model is sized by image_size
-# (processors.for_config), which resnet and regnet do not declare
+# (the vision family's processor.for_config), which resnet and regnet do not declare
 ORTFT_OPTIONS = ("image_size",)
 # stochastic depth, which model.dropout sets with the dropout probabilities
 STOCHASTIC_DEPTH = ("drop_path_rate", "drop_connect_rate")

@@ -1,6 +1,6 @@
 """``ortft predict`` for speech recognition: the transcript of each audio file.
 
-Input (``--input``): as for images (``ortft.inference.predict_image.read``): a text file of
+Input (``--input``): as for images (``ortft.inference.input_files.read``): a text file of
 audio paths, one per line, relative to the file's folder (``-``: stdin); a folder: every
 audio file under it (``EXTENSIONS``), sorted by path; or one audio file. Every file is decoded
 whole once before anything is printed (``ortft.families.speech.audio.check``), so a missing, empty or
@@ -32,7 +32,7 @@ import numpy as np
 
 from ortft.core.errors import InputError
 from ortft.families.speech import audio
-from ortft.inference import predict_image
+from ortft.inference import input_files
 from ortft.inference.evaluate import SavedModel
 
 log = logging.getLogger("ortft")
@@ -41,7 +41,7 @@ log = logging.getLogger("ortft")
 EXTENSIONS = frozenset((".wav", ".flac", ".ogg", ".oga", ".opus", ".aiff", ".aif", ".au"))
 
 
-def check(items: list[predict_image.Item]) -> list[audio.Info]:
+def check(items: list[input_files.Item]) -> list[audio.Info]:
     """Every file decodes, before the first transcript is printed."""
     infos = []
     for item in items:
@@ -52,7 +52,7 @@ def check(items: list[predict_image.Item]) -> list[audio.Info]:
     return infos
 
 
-def _clips(m: SavedModel, chunk: list[predict_image.Item]) -> list[np.ndarray]:
+def _clips(m: SavedModel, chunk: list[input_files.Item]) -> list[np.ndarray]:
     rate, limit = m.spec.limits()
     out = []
     for item in chunk:
@@ -77,7 +77,7 @@ def run(
     m: SavedModel, input_path: str, batch_size: int, max_new_tokens: int
 ) -> Iterator[dict[str, Any]]:
     """One result per file ``--input`` names; every file checked first."""
-    items = predict_image.read(input_path, EXTENSIONS, "audio")
+    items = input_files.read(input_path, EXTENSIONS, "audio")
     infos = check(items)
     rate, limit = m.spec.limits()
     # the prompt (at most 4 tokens: start, language, task, no-timestamps) and the transcript

@@ -6,7 +6,7 @@ decoded image, each checked against what the run trained and evaluated with.
   the held-out images, decoded and processed by the task's own ``collate`` (eval's path),
   max |diff| within the tolerance. ``--optimize``, ``--fp16`` and ``--quantize int8`` (Conv
   stays float: ``onnx_tools.quantize_int8``) work unchanged and are judged as for text.
-- ``preprocess.onnx`` (``ortft.export.image_preprocess``): ``image`` uint8 [height, width, 3]
+- ``preprocess.onnx`` (``ortft.families.vision.preprocess``): ``image`` uint8 [height, width, 3]
   RGB -> ``pixel_values`` [1, 3, H, W], checked against the image processor on the same decoded
   images (export.json's ``preprocess``); a failed check fails the export as parity does. A
   processor the graph cannot express (a LANCZOS resize, padding...) gets ``model.onnx`` alone,
@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 from ortft.data import images
-from ortft.export import generation, image_preprocess, parity
-from ortft.tasks.image_classification import PATH
+from ortft.export import generation, parity
+from ortft.families.vision import preprocess as image_preprocess
+from ortft.families.vision.task import PATH
 
 MODEL, PREPROCESS = "model.onnx", "preprocess.onnx"
 CARD_IMAGE = "image.png"  # the card snippet's input file (a user puts theirs there)

@@ -171,7 +171,3 @@ class ImageClassification(Task):
                 "converted": {m: n for m, n in sorted(modes.items()) if m != "RGB"},
             }
         return {"images": report}
-
-
-def build(options: Options) -> ImageClassification:
-    return ImageClassification(options)
