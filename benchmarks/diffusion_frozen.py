@@ -6,8 +6,8 @@ Run (``make bench-peer-diffusion`` runs it after the peer; a minute on 2 quiet C
     python benchmarks/diffusion_frozen.py --rounds 5 --out benchmarks/results/diffusion-frozen.json
 
 ortft runs both parts in the task's collate, in PyTorch under ``no_grad`` in fp32, numpy in and
-out (``ortft.backends.torch.diffusion.Frozen``). This times that call against the others a run
-could make, on the bench's batch: the first 32 training digits at 32x32 (the peer's transforms)
+out (``ortft.families.text_to_image.diffusion.Frozen``). This times that call against the
+others a run could make, on the bench's batch: the first 32 training digits at 32x32 (the peer's transforms)
 and their captions' 32 character ids, the parts built as peer_diffusion.py builds them (seed 42:
 ortft's weights). Routes, each numpy in and numpy out as collate calls them:
 
@@ -189,7 +189,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from ortft.backends.torch.diffusion import char_tokenizer
+    from ortft.families.text_to_image.diffusion import char_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="diffusion-frozen-") as tmp:
         tokenizer = char_tokenizer(Path(tmp) / "tokenizer", peer.TEXT["max_position_embeddings"])

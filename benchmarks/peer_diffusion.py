@@ -108,8 +108,8 @@ BATCH, LR, WEIGHT_DECAY, SEED, RESOLUTION = 32, 1e-4, 1e-2, 42, 32
 CAPTION = "a handwritten digit {label}"  # the recipe's task.caption_template
 TARGET = 1.2  # issue 33: ort at least this many times diffusers' fp32 step
 BASES = ("diffusers", "diffusers-bf16")
-# recipes/text-to-image.yaml's model with ORTFT_OVERRIDES, as ortft.backends.torch.diffusion.tiny
-# builds it (tests/test_peer.py checks that they agree)
+# recipes/text-to-image.yaml's model with ORTFT_OVERRIDES, as
+# ortft.families.text_to_image.diffusion.tiny builds it (tests/test_peer.py checks that they agree)
 TEXT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 128, "max_position_embeddings": 32}  # fmt: skip
 VAE = {"in_channels": 3, "out_channels": 3, "latent_channels": 4, "block_out_channels": (16, 32),
@@ -202,7 +202,7 @@ def diffusers_worker(bf16: bool, steps: int, warmup: int, out: Path) -> None:
     from diffusers import DDPMScheduler
     from diffusers.optimization import get_scheduler
 
-    from ortft.backends.torch.diffusion import SD_SCHEDULE, char_tokenizer
+    from ortft.families.text_to_image.diffusion import SD_SCHEDULE, char_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="peer-diffusion-tokenizer-") as tmp:
         tokenizer = char_tokenizer(Path(tmp), TEXT["max_position_embeddings"])

@@ -10,8 +10,8 @@ the training, 20 s the 50 drawings):
 1. Without ``--run`` it trains ``recipes/text-to-image.yaml`` (with the ``--set`` overrides) into
    ``--work``/run, its own process; ``ortft train``'s output goes to stderr.
 2. It draws ``--per-digit`` (5) images of each digit 0-9 with ``ortft predict``'s drawing code
-   (``ortft.inference.draw``: diffusers' pipeline on final/, LoRA on top), prompted with the
-   run's ``task.caption_template`` ("a handwritten digit N"), ``--steps`` (20) steps at guidance
+   (``ortft.families.text_to_image.draw``: diffusers' pipeline on final/, LoRA on top),
+   prompted with the run's ``task.caption_template`` ("a handwritten digit N"), ``--steps`` (20) steps at guidance
    ``--guidance`` (7.5, predict's default), image i seeded ``--seed`` + i; the PNGs are kept in
    ``<run>/bench-digits/``.
 3. A classifier trained on scikit-learn's own digits (``load_digits``: 8x8, 0..16, white digit
@@ -116,7 +116,7 @@ def vae_roundtrip(final: Path, pictures: list[Any]) -> list[Any]:
     import torch
     from PIL import Image
 
-    from ortft.export import diffusion as sd_export
+    from ortft.families.text_to_image import graphs as sd_export
 
     vae = sd_export.load_pipeline(final).vae.eval()
     pixels = np.stack([np.asarray(p, dtype=np.float32).transpose(2, 0, 1) for p in pictures])
@@ -129,7 +129,7 @@ def vae_roundtrip(final: Path, pictures: list[Any]) -> list[Any]:
 
 def draw_all(run: Path, template: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """``--per-digit`` drawings of each digit (``ortft predict``'s code), each read back."""
-    from ortft.inference import draw
+    from ortft.families.text_to_image import draw
 
     folder = run / "bench-digits"
     folder.mkdir(exist_ok=True)

@@ -18,8 +18,9 @@ from helpers import run_cli
 from test_consumer import _consumer
 from test_text_to_image import TINY
 
-from ortft.export import deploy, diffusion
-from ortft.export import diffusion_runner as runner
+from ortft.export import deploy
+from ortft.families.text_to_image import graphs as diffusion
+from ortft.families.text_to_image import runner
 
 pytestmark = pytest.mark.consumer
 

@@ -255,7 +255,8 @@ def test_diffusion_peer_check_fails_below_the_bar_and_needs_ort_and_a_clean_roun
 
 def test_diffusion_peer_trains_what_its_recipe_trains(monkeypatch: pytest.MonkeyPatch) -> None:
     """The diffusers side's sizes and settings are ortft's: the recipe with the peer's
-    overrides, the model as ortft.backends.torch.diffusion.tiny sizes it (without torch)."""
+    overrides, the model as ortft.families.text_to_image.diffusion.tiny sizes it (without
+    torch)."""
     from ortft.recipe import io as recipe_io
 
     d = _load("peer_diffusion", monkeypatch)

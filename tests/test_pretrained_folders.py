@@ -108,7 +108,7 @@ def save_stable_diffusion(folder: Path) -> Path:
     )
     from transformers import CLIPImageProcessor, CLIPTextConfig, CLIPTextModel
 
-    from ortft.backends.torch import diffusion
+    from ortft.families.text_to_image import diffusion
 
     tok = diffusion.char_tokenizer(folder.with_name(f"{folder.name}-tokenizer"), 32)
     torch.manual_seed(0)

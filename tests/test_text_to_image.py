@@ -41,13 +41,13 @@ class Encoders:
 def schedule():
     from diffusers import DDPMScheduler
 
-    from ortft.backends.torch import diffusion
+    from ortft.families.text_to_image import diffusion
 
     return DDPMScheduler(**diffusion.SD_SCHEDULE)
 
 
 def task(unet=None, **options):
-    from ortft.backends.torch import diffusion
+    from ortft.families.text_to_image import diffusion
 
     t = tasks.get("text-to-image", {"resolution": 8, **options})
     t.empty_ids = np.array([0, 1, 1, 1], dtype=np.int64)
@@ -278,7 +278,7 @@ def test_the_onnx_export_draws_what_diffusers_draws(full_run, tmp_path):
     import torch
     from diffusers import StableDiffusionPipeline
 
-    from ortft.export import diffusion_runner as runner
+    from ortft.families.text_to_image import runner
 
     report = json.loads((full_run / "onnx" / "export.json").read_text())
     assert report["passed"] and sorted(report["parity"]["graphs"]) == [
@@ -305,7 +305,7 @@ def test_the_onnx_export_draws_what_diffusers_draws(full_run, tmp_path):
     drawn = json.loads(res.stdout)
     assert drawn["runtime"] == "onnxruntime" and drawn["scheduler"] == "EulerDiscreteScheduler"
     assert png.is_file()
-    from ortft.inference import draw  # PyTorch's pipeline, in process (the CLI's is above)
+    from ortft.families.text_to_image import draw  # PyTorch's pipeline, in process (CLI: above)
 
     opts = draw.DrawOptions("a", steps=2, scheduler="pndm")
     assert draw.draw(full_run, opts, tmp_path / "torch.png")["scheduler"] == "PNDMScheduler"
@@ -358,7 +358,7 @@ def test_a_scheduler_the_numpy_loop_does_not_reproduce_is_one_line(full_run, tmp
     import shutil
 
     from ortft.core.errors import InputError
-    from ortft.inference import draw
+    from ortft.families.text_to_image import draw
 
     folder = shutil.copytree(full_run / "onnx", tmp_path / "onnx")
     config_file = folder / "scheduler" / "scheduler_config.json"
@@ -477,8 +477,8 @@ def test_a_cut_weights_file_is_one_line(full_run, tmp_path):
     """In process (the CLI turns an InputError into its one line and exit 2)."""
     import shutil
 
-    from ortft.backends.torch import diffusion
     from ortft.core.errors import InputError
+    from ortft.families.text_to_image import diffusion
 
     folder = tmp_path / "cut"
     shutil.copytree(full_run / "final", folder)
@@ -490,8 +490,8 @@ def test_a_cut_weights_file_is_one_line(full_run, tmp_path):
 
 
 def test_tiny_sizes_are_checked_and_any_width_builds(tmp_path):
-    from ortft.backends.torch import diffusion
     from ortft.core.errors import InputError
+    from ortft.families.text_to_image import diffusion
     from ortft.recipe.model import FromConfig
 
     tok = diffusion.char_tokenizer(tmp_path / "tok", 16)
@@ -516,8 +516,8 @@ def test_final_lora_keeps_its_alpha(tmp_path):
 
     import torch
 
-    from ortft.backends.torch import diffusion
-    from ortft.export import diffusion as sd_export
+    from ortft.families.text_to_image import diffusion
+    from ortft.families.text_to_image import graphs as sd_export
     from ortft.recipe.model import FromConfig
 
     tok = diffusion.char_tokenizer(tmp_path / "tok", 16)
@@ -545,8 +545,8 @@ def test_a_folder_that_is_not_a_diffusers_model_is_one_line(tmp_path):
                   f"model.name_or_path={tmp_path}", "--output-dir", tmp_path / "run")  # fmt: skip
     assert res.returncode == 2, res.stderr[-2000:]
     assert "model_index.json" in res.stderr and "Traceback" not in res.stderr
-    from ortft.backends.torch import diffusion
     from ortft.core.errors import InputError
+    from ortft.families.text_to_image import diffusion
 
     (tmp_path / "model_index.json").write_text("{}")
     with pytest.raises(InputError, match="has no unet/, vae/"):

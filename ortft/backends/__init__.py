@@ -100,10 +100,6 @@ class Engine(Protocol):
     def extra_metrics(self, task: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
         """Eval metrics that need more than logits (generation); {} when there are none."""
 
-    def validation(self, folder: Path) -> int:
-        """A text-to-image run's validation prompts drawn into ``folder`` with the weights as
-        they are now; the number of images (0: the task draws none)."""
-
     def any_rank(self, *flags: bool) -> tuple[bool, ...]:
         """Each flag true if it is true in any process, so every process stops at the same step."""
 

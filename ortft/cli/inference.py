@@ -35,11 +35,13 @@ def eval_cmd(
     """Evaluate a saved model (PyTorch or its ONNX export) with the metrics training reports."""
 
     def body() -> None:
-        from ortft.inference import evaluate, evaluate_diffusion, predict_embedding
+        from ortft import tasks
+        from ortft.inference import evaluate, predict_embedding
 
         quiet_libraries(state["debug"])
-        if evaluate_diffusion.applies(source):  # text-to-image: the diffusion eval loss
-            result = evaluate_diffusion.run(source, data_file, batch_size)
+        family = tasks.folder_family(source, source / "final")
+        if family is not None:  # a folder of a family's own layout (text-to-image's)
+            result = family.evaluate_folder(source, data_file, batch_size)
         elif predict_embedding.embeds(source):  # retrieval, not logits (evaluate_embedding.py)
             from ortft.inference import evaluate_embedding
 
@@ -51,7 +53,7 @@ def eval_cmd(
     guarded(body)
 
 
-# text-to-image's drawing options (ortft.inference.draw)
+# text-to-image's drawing options (ortft.inference.predict.draw hands them to the family)
 PromptOption = Annotated[
     str | None, typer.Option("--prompt", help="text-to-image: draw this prompt (with -o out.png).")
 ]
@@ -75,7 +77,7 @@ SeedOption = Annotated[
 ]
 
 
-class Scheduler(StrEnum):  # ortft.export.diffusion_runner.NAMES
+class Scheduler(StrEnum):  # the text-to-image family's runner.NAMES
     ddim = "ddim"
     euler = "euler"
     pndm = "pndm"
@@ -90,6 +92,17 @@ SchedulerOption = Annotated[
 OutputOption = Annotated[
     Path | None, typer.Option("--output", "-o", help="text-to-image: the PNG to write.")
 ]
+# the drawing options' names, in the order of predict's parameters (the family's DrawOptions)
+DRAW_OPTIONS = (
+    "prompt",
+    "negative_prompt",
+    "guidance_scale",
+    "height",
+    "width",
+    "steps",
+    "seed",
+    "scheduler",
+)
 
 
 def predict(
@@ -152,13 +165,11 @@ def predict(
 
         quiet_libraries(state["debug"])
         if prompt is not None or output is not None:  # text-to-image: draw one image
-            from ortft.inference import draw
-
             if prompt is None or output is None:
                 raise InputError("--prompt and -o/--output go together (text-to-image draws)")
             name = scheduler.value if scheduler else None
             opts = (prompt, negative_prompt, guidance_scale, height, width, steps, seed, name)
-            result = draw.draw(source, draw.DrawOptions(*opts), output)
+            result = predict_mod.draw(source, dict(zip(DRAW_OPTIONS, opts, strict=True)), output)
             typer.echo(json.dumps(result) if as_json else result["image"])
             return
         for result in predict_mod.run(

@@ -172,11 +172,9 @@ def open_model(source: Path) -> SavedModel:
         raise InputError(
             f"{source}: not a directory (give a run dir, a model dir or an ONNX folder)"
         )
-    if any((f / "model_index.json").is_file() for f in (source, source / "final")):
-        raise InputError(
-            f"{source}: a text-to-image (diffusers) model: it draws with "
-            "`ortft predict SOURCE --prompt TEXT -o out.png`; `ortft eval SOURCE` scores it"
-        )
+    family = tasks.folder_family(source, source / "final")
+    if family is not None:  # a folder of a family's own layout: its own commands read it
+        raise InputError(family.open_problem(source))
     run_dir = None
     if (source / "final" / "config.json").exists():
         run_dir, source = source, source / "final"

@@ -30,6 +30,9 @@ columns; ``ortft.inference.pairs``). Output, one line per input, in order; what 
 - embedding (a sentence-embedding run, an embedding export, an encoder without a head): each
   text's sentence embedding, or with ``--query`` the texts ranked by cosine similarity to it
   (``ortft.inference.predict_embedding``, which also says what counts as embedding).
+
+``--prompt`` with ``-o out.png`` draws instead (``draw``): the family that draws
+(``ortft.tasks.protocols.DrawsPrompts``, text-to-image's) reads the folder itself.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import numpy as np
 
@@ -290,6 +293,17 @@ def _words(m: SavedModel, where: str, obj: dict[str, Any]) -> list[str]:
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise InputError(f"{where}: '{column}' must be a list of strings")
     return words
+
+
+def draw(source: Path, options: dict[str, Any], output: Path) -> dict[str, Any]:
+    """``ortft predict --prompt -o``: one image of ``options["prompt"]`` into ``output``, drawn
+    by the first registered family that draws (``protocols.DrawsPrompts``); what was drawn."""
+    from ortft import tasks
+
+    drawers = cast("list[protocols.DrawsPrompts]", tasks.implementing(protocols.DrawsPrompts))
+    if not drawers:
+        raise InputError("--prompt: no registered task draws images")
+    return drawers[0].draw(source, options, output)
 
 
 def run(

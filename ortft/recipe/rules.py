@@ -31,7 +31,6 @@ def problems(r: Recipe) -> list[str]:
         *combination_problems(r),
         *modality(r),
         *task_architecture(r),
-        *diffusion_route(r),
         *streaming(r),
         *positions(r),
         *eval_user_problems(r),
@@ -87,12 +86,7 @@ def modality(r: Recipe) -> Iterator[str]:
     family's own rules ask (``protocols.ChecksRecipe``: images, audio)."""
     task = tasks.get(r.task.name, r.task)
     tok = r.model.tokenizer
-    if task.modality == "text-image" and (tok.path or tok.train):
-        yield (
-            f"model.tokenizer: {r.task.name} uses the model folder's tokenizer/ (from_config: "
-            "a character-level CLIP tokenizer); remove model.tokenizer"
-        )
-    elif isinstance(task, protocols.ChecksRecipe):  # the family's own rules
+    if isinstance(task, protocols.ChecksRecipe):  # the family's own rules
         yield from task.recipe_problems(r)
     elif task.modality == "text" and r.model.from_config and not tok.path and not tok.train:
         yield "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
@@ -186,43 +180,16 @@ def streaming(r: Recipe) -> Iterator[str]:
         yield "data.num_proc applies to stored data; a stream tokenizes as it reads"
 
 
-DIFFUSION_ARCHITECTURE = "stable-diffusion"  # text-to-image's from_config (a tiny SD)
-
-
-def diffusion_route(r: Recipe) -> Iterator[str]:
-    """text-to-image trains its UNet on ort or torch; the probe of backend.name=auto and
-    compile=auto build transformers models only."""
-    if r.task.name != "text-to-image":
-        return
-    ema = getattr(r.task, "ema_decay", None) is not None
-    if r.adapter is not None and ema:
-        yield "task.ema_decay with adapter: the EMA follows a full fine-tune's UNet; remove one"
-    if ema and r.checkpoint.final == "best":
-        # final/ is the EMA (diffusers' script saves it), the best step is the live weights'
-        yield (
-            "checkpoint.final=best with task.ema_decay: final/ holds the EMA weights, but the "
-            "best step is picked on the live weights' eval loss; use checkpoint.final=last"
-        )
-    if r.backend.name == "auto" or r.backend.compile == "auto":
-        yield (
-            "backend.name=auto / backend.compile=auto: text-to-image has no probe yet; choose "
-            "backend.name ort or torch"
-        )
-
-
 def task_architecture(r: Recipe) -> Iterator[str]:
     """A model built from_config must be a transformers model type the task's Auto class builds
-    (an encoder-decoder only for seq2seq: ``hf_names.fitting``)."""
+    (an encoder-decoder only for seq2seq: ``hf_names.fitting``); a family that builds its own
+    model checks what the recipe asks of it (``protocols.BuildsModel``)."""
     fc, name = r.model.from_config, r.task.name
-    if fc is None:
-        return
     task = tasks.get(name, r.task)
-    if task.model_family == "diffusers":
-        if fc.architecture != DIFFUSION_ARCHITECTURE:
-            yield (
-                f"model.from_config.architecture={fc.architecture}: {name} builds a tiny Stable "
-                f"Diffusion from a config; set architecture: {DIFFUSION_ARCHITECTURE}"
-            )
+    if isinstance(task, protocols.BuildsModel):
+        yield from task.model_problems(r)
+        return
+    if fc is None:
         return
     auto_class = task.auto_class
     if not auto_class:  # a plugin task that builds its own model

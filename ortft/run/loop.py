@@ -21,6 +21,7 @@ from ortft.core.errors import RunError
 from ortft.core.progress import Progress
 from ortft.data import batches
 from ortft.data.batches import Padding  # the Loop's own `batches` field hides the module
+from ortft.tasks import protocols
 
 
 class Signals:
@@ -147,11 +148,8 @@ def train(loop: Loop, state: TrainState) -> str | None:
             (t.eval_every and state.step % t.eval_every == 0) or state.step == loop.steps
         ):
             _eval(loop, state)
-        every = loop.task.validation_every  # text-to-image: draw its validation prompts
-        if every and (state.step % every == 0 or state.step == loop.steps):
-            folder = loop.run_dir / "validation" / checkpoint_name(state.step)
-            drawn = loop.engine.validation(folder)
-            loop.progress.log(f"validation: {drawn} image(s) in {folder}")
+        if isinstance(loop.task, protocols.DrawsValidation):  # text-to-image's prompts
+            _draw_validation(loop, loop.task, state)
         if loop.save_every and state.step % loop.save_every == 0:
             loop.save(state)
         if loop.selector.should_stop(state):  # early stopping: a normal, completed end
@@ -169,6 +167,16 @@ def train(loop: Loop, state: TrainState) -> str | None:
         if signalled:
             return "signal"
     return None
+
+
+def _draw_validation(loop: Loop, task: protocols.DrawsValidation, state: TrainState) -> None:
+    """A family that draws as it trains: its images every ``validation_every`` steps and at
+    the last, in ``<run>/validation/step-NNNNNN/``."""
+    every = task.validation_every
+    if every and (state.step % every == 0 or state.step == loop.steps):
+        folder = loop.run_dir / "validation" / checkpoint_name(state.step)
+        drawn = task.draw_validation(folder, loop.training.seed)
+        loop.progress.log(f"validation: {drawn} image(s) in {folder}")
 
 
 def _epochs(loop: Loop, state: TrainState) -> float:

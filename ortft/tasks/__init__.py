@@ -1,6 +1,7 @@
-"""Tasks: what a model learns. Each task is one module here, registered by one line in BUILTIN.
+"""Tasks: what a model learns. Each task is one module here or a family package under
+``ortft/families/``, registered by one line in BUILTIN.
 
-A task module defines ``Options`` (its options model, a ``TaskOptions`` with
+A task module (or family package) defines ``Options`` (its options model, a ``TaskOptions`` with
 ``name: Literal["<task>"]``) and ``build(options) -> Task`` (a ``Task`` subclass: how raw rows
 become fixed-length token arrays, which transformers auto class builds the model, how eval is
 scored, what its ONNX export looks like). The recipe's ``task:`` accepts the options of every
@@ -13,9 +14,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ortft.tasks.base import Encoded, ExportKind, Task, TaskOptions
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ortft.tasks.protocols import OwnsFolders
 
 __all__ = [
     "BUILTIN",
@@ -23,8 +29,10 @@ __all__ = [
     "ExportKind",
     "Task",
     "TaskOptions",
+    "folder_family",
     "from_architecture",
     "get",
+    "implementing",
     "names",
     "options",
     "options_model",
@@ -44,7 +52,7 @@ BUILTIN = {
     "image-classification": "ortft.families.vision",
     "speech-recognition": "ortft.families.speech",
     "sentence-embedding": "ortft.tasks.sentence_embedding",
-    "text-to-image": "ortft.tasks.text_to_image",
+    "text-to-image": "ortft.families.text_to_image",
 }
 
 
@@ -105,6 +113,36 @@ def get(name: str, section: Any = None) -> Task:
     if section is None or isinstance(section, dict):
         section = reg.options.model_validate({"name": name, **(section or {})})
     return reg.factory(section)
+
+
+def implementing(protocol: type) -> list[Task]:
+    """Each registered task, built with its default options, that implements ``protocol`` (one
+    of ``ortft.tasks.protocols``); a task whose options have no defaults cannot be built so,
+    and is left out."""
+    from pydantic import ValidationError
+
+    found = []
+    for name in _tasks:
+        try:
+            task = get(name)
+        except ValidationError:
+            continue
+        if isinstance(task, protocol):
+            found.append(task)
+    return found
+
+
+def folder_family(*folders: Path) -> OwnsFolders | None:
+    """The family that owns the first of ``folders`` one of its own holds (a saved model of its
+    own layout, found before any config.json is read: ``protocols.OwnsFolders``), or None."""
+    from ortft.tasks.protocols import OwnsFolders
+
+    owners = cast("list[OwnsFolders]", implementing(OwnsFolders))
+    for folder in folders:
+        for task in owners:
+            if task.owns_folder(folder):
+                return task
+    return None
 
 
 def from_architecture(config: Any) -> str:

@@ -38,8 +38,8 @@ __all__ = ["Encoded", "ExportKind", "Task", "TaskOptions", "skip_bad_file"]
 #   embedding  a bare encoder: last_hidden_state and the pooled sentence_embedding, each compared
 #              (ortft.export.embedding; `ortft export` of a folder without a head gets it too)
 #   text-to-image  a Stable Diffusion: text_encoder, unet, vae_decoder and vae_encoder graphs in
-#              the layout of ONNX Stable Diffusion pipelines (ortft.export.diffusion), and draw.py
-#              (diffusion_runner) that draws with them
+#              the layout of ONNX Stable Diffusion pipelines (ortft.families.text_to_image), and
+#              draw.py that draws with them
 ExportKind = Literal[
     "encoder", "per-token", "decoder", "seq2seq", "image", "speech", "embedding", "text-to-image"
 ]
@@ -78,7 +78,7 @@ class Task:
     modality: str = "text"
     auto_class: str = ""  # transformers auto class that builds the model
     # what builds the model: "transformers" (auto_class), or "diffusers" (text-to-image: the
-    # engine builds a Stable Diffusion's parts, ortft.backends.torch.diffusion)
+    # family builds a Stable Diffusion's parts, ortft.tasks.protocols.BuildsModel)
     model_family: str = "transformers"
     needs_labels = False  # the data has one label per row (data.label_column) or per word
     needs_logits = False  # eval keeps logits only where a metric needs them
@@ -160,12 +160,6 @@ class Task:
     def prepare_model(self, model: Any, processor: Any) -> None:
         """The built model, before it is wrapped (default: nothing; speech recognition gives a
         Whisper built from a config Whisper's generation fields)."""
-
-    @property
-    def validation_every(self) -> int | None:
-        """Steps between the engine's ``validation`` draws (default: None, never;
-        text-to-image: with validation prompts, task.validation_every)."""
-        return None
 
     def after_step(self) -> None:
         """After each applied optimizer step (default: nothing; text-to-image updates its EMA)."""

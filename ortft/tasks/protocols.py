@@ -10,7 +10,7 @@ lazily, so building a task for ``ortft validate`` stays free of torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -114,4 +114,103 @@ class ExportsOneGraph(Protocol):
     ) -> Builder:
         """The staging folder's builder (``model``: on the CPU, in eval mode; ``kinds``: the
         variants asked for; ``options``: the exporter's ``ExportOptions``)."""
+
+
+# text-to-image's hooks
+
+
+@runtime_checkable
+class LoadsTokenizer(Protocol):
+    """A family whose tokenizer comes from its own model folder layout (or is made for a
+    from_config model), not from transformers' ``AutoTokenizer``."""
+
+    def load_tokenizer(self, loaded: Any, run_dir: Path) -> Any:
+        """The run's tokenizer (``loaded``: the ``LoadedRecipe``); rank 0 saves it in
+        ``run_dir``, the other ranks load that copy."""
+        ...
+
+
+@runtime_checkable
+class BuildsModel(Protocol):
+    """A family that builds its own model, not one of a transformers auto class."""
+
+    def model_problems(self, recipe: Any) -> Iterator[str]:
+        """One line per problem of what ``recipe`` asks of the model it builds (its
+        from_config, the backend, the adapter), naming the field."""
+        ...
+
+    def build_model(self, loaded: Any, tokenizer: Any, device: Any) -> Any:
+        """The module that trains, on the run's ``device``; the family keeps the rest."""
+        ...
+
+
+@runtime_checkable
+class SavesFinal(Protocol):
+    """A family whose final/ is a folder of its own layout, not ``save_pretrained``'s."""
+
+    def save_final(self, folder: Path, model: Any) -> None:
+        """The trained ``model`` (what ``build_model`` gave) and its parts into ``folder``."""
+        ...
+
+
+@runtime_checkable
+class DrawsValidation(Protocol):
+    """A family that draws as it trains: every ``validation_every`` steps and at the last, the
+    loop asks it for its validation images."""
+
+    @property
+    def validation_every(self) -> int | None:
+        """Steps between the drawings (None: it draws none)."""
+        ...
+
+    def draw_validation(self, folder: Path, seed: int) -> int:
+        """Its images drawn into ``folder`` with the weights as they are now (``seed``:
+        ``training.seed``); how many (0 where this process draws none)."""
+        ...
+
+
+@runtime_checkable
+class OwnsFolders(Protocol):
+    """A family whose saved model is a folder of its own layout (no config.json): eval, predict
+    and ``ortft export`` know one by its folder (``ortft.tasks.folder_family``) and hand it over;
+    its final/ is exported from that folder."""
+
+    def owns_folder(self, folder: Path) -> bool:
+        """Whether ``folder`` itself holds one of the family's saved models."""
+        ...
+
+    def open_problem(self, source: Path) -> str:
+        """Why eval's and predict's ``open_model`` does not open ``source`` (one of the
+        family's): the commands that do."""
+        ...
+
+    def evaluate_folder(
+        self, source: Path, data_file: Path | None, batch_size: int
+    ) -> dict[str, Any]:
+        """``ortft eval`` of ``source`` (a run, a model folder or its export): the result that
+        ``ortft.inference.evaluate.format_result`` prints."""
+        ...
+
+    def export_folder(
+        self,
+        folder: Path,
+        out_dir: Path,
+        opset: int,
+        tolerance: float,
+        weights: Path | None = None,
+        flags: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """The export of ``folder`` into ``out_dir`` and its report; ``ortft export`` also
+        passes ``weights`` (a checkpoint's folder, else ``folder``) and the ``flags`` it was
+        given, which the family refuses in one line where it cannot honour them."""
+        ...
+
+
+@runtime_checkable
+class DrawsPrompts(Protocol):
+    """A family whose models draw a prompt into an image (``ortft predict --prompt -o``)."""
+
+    def draw(self, source: Path, options: dict[str, Any], output: Path) -> dict[str, Any]:
+        """One image of ``options["prompt"]`` drawn with ``source`` into ``output``; what was
+        drawn (``options``: the command's drawing options, by name)."""
         ...

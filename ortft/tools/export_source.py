@@ -133,6 +133,8 @@ def export_source(
     adapter (from final/, or a checkpoint's ``adapter.safetensors``) into the base first.
     A failed check is a GateError naming the report.
     """
+    from ortft import tasks
+
     if not source.exists():
         raise InputError(f"{source}: not found")
     if not source.is_dir():
@@ -140,10 +142,10 @@ def export_source(
     out = output or (source / "onnx")
     check_output(out)
     model_dir, weights_dir = _model_dirs(source)
-    if (model_dir / "model_index.json").exists():  # a diffusers folder (text-to-image)
-        result = _export_diffusers(
-            model_dir, out, opset, tolerance, merge_adapters, training_artifacts, options
-        )
+    family = tasks.folder_family(model_dir)
+    if family is not None:  # a folder of a family's own layout: the family exports it
+        flags = _flags(merge_adapters, training_artifacts, options)
+        result = family.export_folder(model_dir, out, opset, tolerance, weights_dir, flags)
     elif (model_dir / "model.onnx").exists() and not any(model_dir.glob("*.safetensors")):
         result = _export_onnx_source(  # ort-ondevice
             model_dir, out, tolerance, training_artifacts, ExportOptions(**options)
@@ -177,29 +179,19 @@ def export_source(
     return result
 
 
-def _export_diffusers(
-    model_dir: Path,
-    out: Path,
-    opset: int,
-    tolerance: float,
-    merge_adapters: bool,
-    training_artifacts: bool,
-    options: dict[str, Any],
-) -> dict[str, Any]:
-    """A text-to-image run's final/ (or a diffusers folder): its graphs, the LoRA fused."""
-    from ortft.export import diffusion
-
+def _flags(merge_adapters: bool, training_artifacts: bool, options: dict[str, Any]) -> list[str]:
+    """The command's flags for a single-graph model that were given, as typed: a family that
+    exports a folder of its own refuses those it cannot honour."""
     asked = [f"--{k.replace('_', '-')}" for k in ("optimize", "fp16", "quantize") if options.get(k)]
     asked += ["--training-artifacts"] * training_artifacts + ["--merge-adapters"] * merge_adapters
     asked += ["--check-runtime"] * bool(options.get("check_runtimes"))
-    if asked:  # the LoRA is always fused: a diffusers folder has no unmerged graph to write
-        raise InputError(f"{asked[0]}: not for a text-to-image model (its export is fp32 graphs)")
-    return diffusion.export(diffusion.load_pipeline(model_dir, fuse=True), out, opset, tolerance)
+    return asked
 
 
 def _model_dirs(source: Path) -> tuple[Path, Path]:
     """(the folder with config.json and the tokenizer, the folder with the weights): final/ for
     a run, the run's final/ and the checkpoint for a checkpoint, SOURCE for a saved model."""
+    from ortft import tasks
     from ortft.checkpoint import store as checkpoint
 
     model_dir = source / "final" if (source / "final").is_dir() else source
@@ -213,12 +205,7 @@ def _model_dirs(source: Path) -> tuple[Path, Path]:
             raise InputError(
                 f"{source}: exporting a checkpoint needs its run's final/ for the config"
             )
-    if (model_dir / "model_index.json").exists():  # a diffusers folder (text-to-image)
-        if weights_dir != model_dir:
-            raise InputError(
-                f"{weights_dir}: a text-to-image checkpoint holds the UNet's weights alone; "
-                "export the run (its final/) or resume it to the end"
-            )
+    if tasks.folder_family(model_dir) is not None:  # the family reads its own folder
         return model_dir, weights_dir
     if not (model_dir / "config.json").exists():
         raise InputError(

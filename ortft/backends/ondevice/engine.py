@@ -322,9 +322,6 @@ class OnDeviceEngine:
     def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
         return {}  # the on-device tasks' metrics come from logits alone
 
-    def validation(self, folder: Path) -> int:
-        return 0  # the on-device tasks draw nothing
-
     def save(self, run_dir: Path, state: TrainState, recipe_yaml: str, keep_last: int) -> Path:
         """``step-NNNNNN/``: ORT's checkpoint (weights + optimizer state), recipe.yaml,
         state.json and manifest.json (``checkpoint.write_step``)."""

@@ -24,7 +24,7 @@ import torch
 
 from ortft.backends import Started, StepResult
 from ortft.backends.report import BackendReport, Precision
-from ortft.backends.torch import amp, compiled, diffusion, distributed, load_checks, models
+from ortft.backends.torch import amp, compiled, distributed, load_checks, models
 from ortft.backends.torch import device as runtime
 from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
@@ -79,7 +79,6 @@ class PyTorchEngine:
         self.head: dict[str, Any] | None = None  # load_checks.settle_head's record
         self.dtype: str = self.recipe.precision.dtype  # precision.dtype=auto: resolved at start
         self.dtype_reason: str | None = None
-        self.parts: Any = None  # text-to-image: the Stable Diffusion's parts (diffusion.Parts)
 
     # ---- start: device, threads, seeds, the process group
     def start(self, recipe: Any) -> Started:
@@ -130,8 +129,8 @@ class PyTorchEngine:
         self, loaded: LoadedRecipe, run_dir: Path, task: Any, train_rows: list, labels: Any
     ) -> Any:
         """The model's tokenizer or processor, else one trained here; rank 0 saves it."""
-        if task.modality == "text-image":  # a Stable Diffusion's CLIP tokenizer
-            return diffusion.run_tokenizer(loaded, run_dir)
+        if isinstance(task, protocols.LoadsTokenizer):  # the family's own (text-to-image's CLIP)
+            return task.load_tokenizer(loaded, run_dir)
         models.check_fits(loaded, task)  # a folder of another kind: why, before its files load
         if task.modality != "text":
             return self._processor(loaded, run_dir, task, train_rows)
@@ -238,9 +237,8 @@ class PyTorchEngine:
 
     def _build_model(self, loaded, task, tokenizer, labels) -> torch.nn.Module:
         r = self.recipe
-        if task.model_family == "diffusers":  # the UNet; the rest to the task
-            self.parts, unet = diffusion.build(loaded, task, tokenizer, self.device)
-            return unet
+        if isinstance(task, protocols.BuildsModel):  # the family's own (text-to-image: a UNet)
+            return task.build_model(loaded, tokenizer, self.device)
         attn = self.wrapper.attn_implementation(self.device, self.dtype)
         vocab = models.vocabulary(task, tokenizer)
         model = models.build_model(loaded, task.auto_class, vocab, labels, attn=attn)
@@ -327,12 +325,6 @@ class PyTorchEngine:
     def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
         return task.generate_metrics(self.model, tokenizer, encoded)
 
-    def validation(self, folder: Path) -> int:
-        if self.parts is None or not distributed.is_main():  # only text-to-image draws
-            return 0
-        seed = self.recipe.training.seed
-        return diffusion.draw_validation(self.parts, self.model, self.task, folder, seed)
-
     # ---- files
     def save(
         self, run_dir: Path, state: TrainState, recipe_yaml: str, keep_last: int
@@ -384,9 +376,11 @@ class PyTorchEngine:
         """A Hugging Face model folder. A LoRA run's holds the base model (frozen weights,
         trained head) and, in adapter/, the adapter in PEFT's format (`ortft export
         --merge-adapters` merges them); then the task's own files (``Task.write_extras``:
-        a sentence-embedding run's sentence-transformers modules)."""
-        if self.task.model_family == "diffusers":  # a diffusers folder
-            return diffusion.save_final(folder, self.model, self.parts, ema=self.task.ema)
+        a sentence-embedding run's sentence-transformers modules). A family with a layout of
+        its own writes it (``protocols.SavesFinal``)."""
+        if isinstance(self.task, protocols.SavesFinal):  # text-to-image: a diffusers folder
+            self.task.save_final(folder, self.model)
+            return
         if models.is_adapted(self.model):
             import copy
 
@@ -400,11 +394,8 @@ class PyTorchEngine:
         spec, task = self.recipe.export, self.task
         if not spec.enabled:
             return None
-        if self.parts is not None:  # text-to-image: three graphs from final/ (LoRA fused)
-            from ortft.export import diffusion as sd_export
-
-            pipe = sd_export.load_pipeline(final_dir, fuse=True)
-            return sd_export.export(pipe, run_dir / "onnx", spec.opset, spec.tolerance)
+        if isinstance(task, protocols.OwnsFolders):  # exported from final/, its own folder
+            return task.export_folder(final_dir, run_dir / "onnx", spec.opset, spec.tolerance)
         if task.export_skip:  # a task the exporter cannot write: say so, do not fail
             log.info("ONNX export skipped for %s: %s", task.name, task.export_skip)
             return {"skipped": task.export_skip}

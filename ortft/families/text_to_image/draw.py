@@ -5,7 +5,7 @@ its LoRA weights in ``final/lora/``, loaded on top (``pipe.load_lora_weights``).
 diffusers' own ``StableDiffusionPipeline`` in PyTorch, with the scheduler saved in the folder,
 seeded by ``--seed`` (a ``torch.Generator`` on the CPU: the same seed draws the same image).
 The run's ONNX export (``<run>/onnx``: text_encoder, unet, vae_decoder) draws with onnxruntime
-and numpy alone (``ortft.export.diffusion_runner``, the export's draw.py), from latents numpy's
+and numpy alone (``runner``, the export's draw.py), from latents numpy's
 generator draws. ``--scheduler ddim|euler|pndm`` swaps the folder's scheduler for another read
 from the same config, in either runtime (diffusers' ``from_config``; the numpy one's twin).
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from ortft.core import fsutil
 from ortft.core.errors import InputError
-from ortft.export import diffusion
+from ortft.families.text_to_image import graphs as diffusion
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class DrawOptions:
     width: int | None = None
     steps: int = 20
     seed: int = 0
-    scheduler: str | None = None  # ddim, euler, pndm (diffusion_runner.NAMES); None: the folder's
+    scheduler: str | None = None  # ddim, euler, pndm (runner.NAMES); None: the folder's
 
 
 def model_folder(source: Path) -> tuple[Path, str] | None:
@@ -91,7 +91,7 @@ def _draw_torch(folder: Path, options: DrawOptions) -> tuple[Any, int, int, str]
     if options.scheduler is not None:
         import diffusers
 
-        from ortft.export.diffusion_runner import NAMES, SWAP_OVERRIDES
+        from ortft.families.text_to_image.runner import NAMES, SWAP_OVERRIDES
 
         cls = getattr(diffusers, NAMES[options.scheduler])
         extra = SWAP_OVERRIDES.get(options.scheduler, {})
@@ -117,7 +117,7 @@ def _draw_onnx(folder: Path, options: DrawOptions) -> tuple[Any, int, int, str]:
     does)."""
     from PIL import Image
 
-    from ortft.export import diffusion_runner as runner
+    from ortft.families.text_to_image import runner
 
     try:
         pipe = runner.OnnxStableDiffusion(folder, options.scheduler)

@@ -14,15 +14,15 @@
                                 (deterministic; multiply by the scaling factor, as diffusers'
                                 ONNX img2img pipeline does)
       tokenizer/, scheduler/, model_index.json, export.json
-      draw.py                   ortft.export.diffusion_runner: draws with this folder on
-                                onnxruntime, numpy and tokenizers alone
+      draw.py                   ortft.families.text_to_image.runner: draws with this folder
+                                on onnxruntime, numpy and tokenizers alone
       README.md                 the card: what is here, and a snippet that draws
 
 The folder layout and the input names are those ONNX Stable Diffusion pipelines read (diffusers'
 ``OnnxStableDiffusionPipeline`` reads the timestep's dtype from the session, casts caption ids to
 int32 and passes one timestep for the batch). Each graph's parity sample: the run's own
-captions, a seeded latent, timestep 500. ``ortft.export.diffusion_runner`` draws with them,
-with onnxruntime and numpy alone.
+captions, a seeded latent, timestep 500. ``runner`` (this family's) draws with them, with
+onnxruntime and numpy alone.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from ortft.export import diffusion_runner, onnx_tools, parity
+from ortft.export import onnx_tools, parity
+from ortft.families.text_to_image import runner
 
 log = logging.getLogger("ortft")
 
@@ -249,11 +250,11 @@ def write_pipeline_files(pipe: Any, folder: Path) -> None:
         "requires_safety_checker": False,
     }
     (folder / "model_index.json").write_text(json.dumps(index, indent=2))
-    shutil.copyfile(diffusion_runner.__file__, folder / DRAW_SCRIPT)
+    shutil.copyfile(runner.__file__, folder / DRAW_SCRIPT)
     (folder / "README.md").write_text(card(pipe))
 
 
-DRAW_SCRIPT = "draw.py"  # ortft.export.diffusion_runner, beside the graphs it draws with
+DRAW_SCRIPT = "draw.py"  # this family's runner.py, beside the graphs it draws with
 CARD_PROMPT = "a photo"
 
 

@@ -1,5 +1,5 @@
-"""Stable Diffusion's parts for text-to-image (diffusers): what the engine builds where a text task
-builds one transformers model.
+"""Stable Diffusion's parts for text-to-image (diffusers): what the engine gets from the family
+(``family.StableDiffusion.build_model``) where a text task builds one transformers model.
 
 A diffusers model folder (``model_index.json``, ``unet/``, ``vae/``, ``text_encoder/``,
 ``tokenizer/``, ``scheduler/``) holds five parts. Only the UNet trains: it is what the backend
@@ -38,7 +38,7 @@ import torch
 
 from ortft.backends.torch import distributed, load_checks, models
 from ortft.core.errors import InputError, first_line
-from ortft.export import diffusion as sd_export  # final/lora/: where its LoRA weights go
+from ortft.families.text_to_image import graphs as sd_export  # final/lora/: its LoRA's folder
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.model import FromConfig
 

@@ -158,7 +158,7 @@ class TextToImage(Task):
         self.empty_ids = _ids(processor, [""])[0]
 
     def bind_frozen(self, frozen: Any, alphas: np.ndarray, prediction: str, unet: Any) -> None:
-        """The engine's frozen encoders (``ortft.backends.torch.diffusion.Frozen``), the
+        """The frozen encoders (``ortft.families.text_to_image.diffusion.Frozen``), the
         schedule's cumulative alphas, the prediction type (the task option, else the
         scheduler's) and the UNet that trains (its EMA starts from its weights)."""
         self.frozen, self.alphas = frozen, alphas
@@ -318,7 +318,3 @@ def _ids(tokenizer: Any, captions: list[str]) -> np.ndarray:
         return_tensors="np",
     )
     return np.asarray(out["input_ids"], dtype=np.int64)
-
-
-def build(options: Options) -> TextToImage:
-    return TextToImage(options)

@@ -35,20 +35,12 @@ import numpy as np
 
 from ortft import tasks
 from ortft.core.errors import InputError
+from ortft.families.text_to_image import task as text_to_image
 from ortft.inference import evaluate
 from ortft.recipe.schema import TrainingSection
 from ortft.recipe.task import read_task
-from ortft.tasks import text_to_image
 
 log = logging.getLogger("ortft")
-
-
-def applies(source: Path) -> bool:
-    """Whether ``source`` is a text-to-image model: a run, a diffusers folder or its export."""
-    source = Path(source)
-    return (source / "unet" / "model.onnx").is_file() or any(
-        (f / "model_index.json").is_file() for f in (source, source / "final")
-    )
 
 
 def model_folder(source: Path) -> tuple[Path, Path | None]:
@@ -107,8 +99,8 @@ def _bind(folder: Path, task: Any) -> tuple[Any, Any]:
     import torch
     from diffusers.models.attention_processor import AttnProcessor
 
-    from ortft.backends.torch import diffusion
-    from ortft.export import diffusion as sd_export
+    from ortft.families.text_to_image import diffusion
+    from ortft.families.text_to_image import graphs as sd_export
 
     diffusion.check_folder(folder, "eval")  # one line naming a missing part
     tok = diffusion.load_tokenizer(folder / "tokenizer")
