@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ortft.checkpoint.store import TrainState
     from ortft.recipe.io import LoadedRecipe
     from ortft.recipe.schema import Recipe
-    from ortft.tasks import Encoded
+    from ortft.tasks import Encoded, Task
 
 __all__ = [
     "REGISTRY",
@@ -62,6 +62,13 @@ class StepResult:
     applied: bool = True  # False when fp16 loss scaling skipped the update (overflow)
 
 
+class FinalWeights(Protocol):
+    """What ``Engine.select_final`` calls on the run's selector (``ortft.run.early_stopping``):
+    it loads the best eval's weights into the engine's model."""
+
+    def load_final(self, run_dir: Path, model: Any, state: TrainState) -> None: ...
+
+
 class Engine(Protocol):
     name: str  # backend.name as requested ("auto" keeps that name; report() says what ran)
 
@@ -72,14 +79,14 @@ class Engine(Protocol):
         """The one process that logs and writes files (rank 0; always true in one process)."""
 
     def tokenizer(
-        self, loaded: LoadedRecipe, run_dir: Path, task: Any, train_rows: list, labels: Any
+        self, loaded: LoadedRecipe, run_dir: Path, task: Task, train_rows: list, labels: Any
     ) -> Any:
         """The tokenizer the run uses (loaded, trained, or the one that came with artifacts)."""
 
     def prepare(
         self,
         loaded: LoadedRecipe,
-        task: Any,
+        task: Task,
         tokenizer: Any,
         labels: list[str] | None,
         train: Encoded,
@@ -97,7 +104,7 @@ class Engine(Protocol):
 
     def eval_mode(self, on: bool) -> None: ...
 
-    def extra_metrics(self, task: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
+    def extra_metrics(self, task: Task, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
         """Eval metrics that need more than logits (generation); {} when there are none."""
 
     def any_rank(self, *flags: bool) -> tuple[bool, ...]:
@@ -113,7 +120,7 @@ class Engine(Protocol):
 
     def save_best(self, run_dir: Path, state: TrainState) -> None: ...
 
-    def select_final(self, selector: Any, run_dir: Path, state: TrainState) -> None:
+    def select_final(self, selector: FinalWeights, run_dir: Path, state: TrainState) -> None:
         """``checkpoint.final: best``: load the best eval's weights before final/ is written."""
 
     def write_final(self, folder: Path) -> None:

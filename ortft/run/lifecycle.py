@@ -31,7 +31,7 @@ from ortft.recipe.io import LoadedRecipe, dump
 from ortft.run import final, gates, loop, provenance, report, rundir, trackers, tracking
 from ortft.run.early_stopping import Selector
 from ortft.run.summary import Provenance, RunPaths, RunSummary
-from ortft.run.tracking import Tracker
+from ortft.run.tracking import Sink, Tracker
 
 log = logging.getLogger("ortft")
 
@@ -102,7 +102,7 @@ class _Run:
         self.stop_reason: str | None = None
         self.selector = Selector(self.recipe)
         self.loop: loop.Loop | None = None  # built once the data and the engine are ready
-        self.tracker: Any = None
+        self.tracker: Sink | None = None  # opened with the loop
         self.tracker_parent: dict[str, str] = {}
         self.at_max_length: int | None = 0
         self.data_report: dict[str, Any] = {}
@@ -172,7 +172,8 @@ class _Run:
         self.recipe_yaml = dump(r, base_dir=self.loaded.base_dir)
         main = self.engine.is_main()
         # under DDP global rank 0 alone logs: one tracker run, every step once
-        self.tracker = self._open_tracker() if main else _NoTracker()
+        tracker = self._open_tracker() if main else _NoTracker()
+        self.tracker = tracker
         self.loop = loop.Loop(
             engine=self.engine,
             task=task,
@@ -182,7 +183,7 @@ class _Run:
             per_epoch=per_epoch,
             eval_data=evals,
             tokenizer=tokenizer,
-            tracker=self.tracker,
+            tracker=tracker,
             # the same seeded order in every process, cut into global batches
             batches=make_batches(
                 global_batch,
@@ -237,7 +238,9 @@ class _Run:
             self.run_dir, state, self.recipe_yaml, self.recipe.checkpoint.keep_last
         )
         if path is not None:
-            self.tracker.commit(state.step)  # MLflow and W&B get the rows the checkpoint holds
+            self._loop.tracker.commit(
+                state.step
+            )  # MLflow and W&B get the rows the checkpoint holds
             self._loop.last_checkpoint = path
             self.summary.paths.last_checkpoint = str(path)
         return path
@@ -348,10 +351,11 @@ class _Run:
         files = [self.run_dir / "summary.json", final_dir / "README.md"]
         if s.paths.onnx:
             files.append(Path(s.paths.onnx) / "export.json")
-        before = len(self.tracker.warnings)
-        self.tracker.close(s.status, files)
-        if len(self.tracker.warnings) > before:
-            s.extra["trackers"] = self.tracker.report()
+        tracker = self._loop.tracker
+        before = len(tracker.warnings)
+        tracker.close(s.status, files)
+        if len(tracker.warnings) > before:
+            s.extra["trackers"] = tracker.report()
             s.write(self.run_dir / "summary.json")
 
     def finish(self, status: str, error: str | None = None, write: bool = True) -> RunSummary:

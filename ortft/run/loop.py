@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,7 +21,13 @@ from ortft.core.errors import RunError
 from ortft.core.progress import Progress
 from ortft.data import batches
 from ortft.data.batches import Padding  # the Loop's own `batches` field hides the module
-from ortft.tasks import protocols
+from ortft.tasks import Encoded, Task, protocols
+
+if TYPE_CHECKING:
+    from ortft.backends import Engine
+    from ortft.recipe.schema import TrainingSection
+    from ortft.run.early_stopping import Selector
+    from ortft.run.tracking import Sink
 
 
 class Signals:
@@ -84,18 +90,18 @@ class Meter:
 class Loop:
     """What one run's loop works with (built by ``lifecycle.run``)."""
 
-    engine: Any
-    task: Any
-    training: Any  # the recipe's training section
+    engine: Engine
+    task: Task
+    training: TrainingSection
     steps: int  # optimizer steps of the whole run
     global_batch: int  # rows per micro-batch over all processes
     per_epoch: int  # micro-batches per epoch (0: a stream, data.streaming)
     batches: Iterator[tuple[int, dict[str, np.ndarray]]]
-    eval_data: Any  # tasks.Encoded or None
-    tokenizer: Any
-    tracker: Any
+    eval_data: Encoded | None
+    tokenizer: Any  # the run's tokenizer or processor (a transformers object)
+    tracker: Sink
     progress: Progress
-    selector: Any
+    selector: Selector
     signals: Signals
     save: Callable[[TrainState], Path | None]  # write a checkpoint (the lifecycle records it)
     run_dir: Path

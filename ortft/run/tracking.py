@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ortft.core.errors import InputError, first_line
 from ortft.recipe.schema import LoggingSection
@@ -32,6 +32,21 @@ def check(spec: LoggingSection, run_dir: Path | None = None) -> None:
             "logging.plot: needs the 'matplotlib' package: "
             "pip install -c requirements/lock.txt -r requirements/extras.txt"
         )
+
+
+class Sink(Protocol):
+    """What the loop and the lifecycle call on a tracker: ``Tracker``, or the no-op one of
+    ranks other than 0."""
+
+    warnings: list[str]
+
+    def write(self, row: dict[str, Any]) -> None: ...
+
+    def commit(self, step: int) -> None: ...
+
+    def close(self, status: str = "completed", artifacts: list[Path] | None = None) -> None: ...
+
+    def report(self) -> dict[str, Any]: ...
 
 
 class Tracker:

@@ -31,6 +31,7 @@ from ortft.checkpoint import store as checkpoint
 from ortft.checkpoint.store import TrainState
 from ortft.core.errors import InputError, RunError
 from ortft.recipe.io import LoadedRecipe
+from ortft.tasks import Encoded, Task
 
 log = logging.getLogger("ortft")
 
@@ -235,7 +236,17 @@ class OnDeviceEngine:
         _check_labels(self.config, labels, art_dir)
         return tokenizer
 
-    def prepare(self, loaded, task, tokenizer, labels, train, run_dir, resume_from, total_steps):
+    def prepare(
+        self,
+        loaded: LoadedRecipe,
+        task: Task,
+        tokenizer: Any,
+        labels: list[str] | None,
+        train: Encoded,
+        run_dir: Path,
+        resume_from: Path | None,
+        total_steps: int,
+    ) -> TrainState:
         api, art_dir = training_api(), self.art_dir
         assert art_dir is not None
         self.task, self.total_steps = task, total_steps

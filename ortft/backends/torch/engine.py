@@ -31,7 +31,7 @@ from ortft.checkpoint import store as checkpoint
 from ortft.checkpoint.store import TrainState
 from ortft.core.errors import InputError
 from ortft.recipe.io import LoadedRecipe
-from ortft.tasks import protocols
+from ortft.tasks import Encoded, Task, protocols
 
 log = logging.getLogger("ortft")
 
@@ -173,7 +173,17 @@ class PyTorchEngine:
         return processor
 
     # ---- prepare: model, wrapper, optimizer, schedule, resume
-    def prepare(self, loaded, task, tokenizer, labels, train, run_dir, resume_from, total_steps):
+    def prepare(
+        self,
+        loaded: LoadedRecipe,
+        task: Task,
+        tokenizer: Any,
+        labels: list[str] | None,
+        train: Encoded,
+        run_dir: Path,
+        resume_from: Path | None,
+        total_steps: int,
+    ) -> TrainState:
         r, t = self.recipe, self.recipe.training
         self.task, self._tokenizer = task, tokenizer
         wrapper_name, compiled = self.name, None
@@ -186,7 +196,8 @@ class PyTorchEngine:
         if self.name == "auto":
             self._resolve_precision(wrapper_name, self.device)
         self.wrapper = wrapper(wrapper_name, r.backend, compile=compiled)
-        self.model = self._build_model(loaded, task, tokenizer, labels)
+        # a transformers PreTrainedModel (or a family's own): its save_pretrained, peft methods
+        self.model: Any = self._build_model(loaded, task, tokenizer, labels)
         self.module = models.TaskModule(self.model, task)
         self.module.to(self.device)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
