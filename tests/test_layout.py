@@ -49,6 +49,10 @@ FAMILY_FIELDS = {"modality", "export_kind", "model_family", "predicts"}
 FAMILY_CALLS = {"_kind"}
 # What the core still compares while families move into ortft/families/ (issue 47): only down.
 MAX_FAMILY_BRANCHES = 26
+# Names the Task base class defines (attributes and methods): what every task has. A hook that
+# serves a few tasks is a protocol they implement (ortft.tasks.protocols). Only down (issue 47
+# aims at 12).
+MAX_TASK_NAMES = 34
 # The modules that import by name (importlib.import_module), and why: the two registries import
 # what their tables name; the others import a third-party module.
 STRING_IMPORTS = {
@@ -354,6 +358,34 @@ def test_the_family_checks_bite(tmp_path):
         "ortft.inference.evaluate: imports by name (importlib), outside the registries",
     ]
     assert len(family_branches(copy)) == before + 1
+
+
+def task_base_names(path: Path = PACKAGE / "tasks" / "base.py") -> list[str]:
+    """The names ``class Task`` defines in its body: attributes and methods."""
+    tree = ast.parse(path.read_text())
+    task = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Task")
+    names = []
+    for node in task.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.append(node.target.id)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+
+def test_the_task_base_shrinks():
+    names = task_base_names()
+    assert len(names) <= MAX_TASK_NAMES, names
+
+
+def test_the_task_count_bites(tmp_path):
+    base = tmp_path / "base.py"
+    base.write_text(
+        "class Task:\n    name = ''\n    flag: bool = False\n\n    def hook(self):\n        pass\n"
+    )
+    assert task_base_names(base) == ["name", "flag", "hook"]
 
 
 def test_the_cudalibs_shim_forwards():

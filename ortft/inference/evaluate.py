@@ -148,7 +148,8 @@ def _preprocessor(source: Path, task: tasks.Task) -> Any:
     its ``collate`` decodes the files and runs it."""
     if isinstance(task, protocols.LoadsProcessor):
         processor = task.processor_from_folder(source)
-        task.bind(processor)
+        if isinstance(task, protocols.ReadsFiles):
+            task.bind(processor)
         return processor
     from transformers import AutoTokenizer
 
@@ -206,7 +207,8 @@ def open_model(source: Path) -> SavedModel:
     task = _task(source, recipe_yaml, config)
     tokenizer = _preprocessor(source, task)
     text_pair = pairs.columns(source, recipe_yaml, task)
-    if task.needs_labels:  # the model's label names, in id order (token-cls metrics read them)
+    # the model's label names, in id order (token classification's metrics read them)
+    if task.needs_labels and isinstance(task, protocols.ReadsLabelNames):
         task.bind_labels([str(config.id2label[i]) for i in range(len(config.id2label))])
     common = dict(
         path=source,
@@ -323,12 +325,14 @@ def score(
     for start in range(0, len(encoded), batch_size):
         batch = encoded.take(np.arange(start, min(start + batch_size, len(encoded))))
         batch = task.collate(batch, None, seed)  # None: the fixed eval variant, as training's
-        logits = task.eval_logits(m.batch_logits(batch), batch)
+        logits = m.batch_logits(batch)
+        if isinstance(task, protocols.ShapesEval):  # question answering masks the padding
+            logits = task.eval_logits(logits, batch)
         s, n = cross_entropy_sum(logits, batch["labels"], causal=task.shift_labels)
         total, weight = total + s, weight + n
         if task.needs_logits:
             logits_all.append(logits)
-            labels_all.append(task.metric_labels(batch, len(batch["labels"])))
+            labels_all.append(protocols.metric_labels(task, batch, len(batch["labels"])))
     metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)
     # generated text: on PyTorch, and on the exports whose runners generate
     if (

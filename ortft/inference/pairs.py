@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from ortft.core.errors import InputError
 from ortft.data.spec import DataSection
+from ortft.tasks.protocols import pairs_of
 
 FIRST, SECOND = "text", "text_pair"  # the field names every pair model takes
 Rows = TypeVar("Rows")
@@ -27,7 +28,7 @@ def columns(folder: Path, recipe_yaml: Path | None, task: Any) -> tuple[str, str
     """A pair model's (first, second) training text columns; None for a single-text model."""
     data = _saved_data(recipe_yaml) if recipe_yaml is not None else None
     if data is not None:
-        return task.pair_columns(data)
+        return pairs_of(task, data)
     try:
         recorded = json.loads((folder / "export.json").read_text()).get("text_pair")
         return (str(recorded["text_column"]), str(recorded["text_pair_column"]))

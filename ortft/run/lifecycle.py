@@ -32,6 +32,7 @@ from ortft.run import final, gates, loop, provenance, report, rundir, trackers, 
 from ortft.run.early_stopping import Selector
 from ortft.run.summary import Provenance, RunPaths, RunSummary
 from ortft.run.tracking import Sink, Tracker
+from ortft.tasks import protocols
 
 log = logging.getLogger("ortft")
 
@@ -129,21 +130,29 @@ class _Run:
             log.warning("developer override %s=%s: %s (in summary.json)", name, value, what)
         return started
 
+    def _read_data(self, task: tasks.Task) -> tuple[Any, list[str] | None, Any, Any]:
+        """The data and the tokenizer (or processor): (tokenizer, label names, the encoded
+        train and eval splits). Every input error surfaces here, before any training."""
+        r = self.recipe
+        raw = splits.load_splits(r.data, self.loaded.base_dir, task, seed=r.training.seed)
+        labels = task.label_names(raw.train, r.data)  # None for tasks without labels
+        tokenizer = self.engine.tokenizer(self.loaded, self.run_dir, task, raw.train, labels)
+        if isinstance(task, protocols.ReadsFiles):  # its collate runs the processor
+            task.bind(tokenizer)
+        label2id = {name: i for i, name in enumerate(labels)} if labels else None
+        train, evals = splits.encode_splits(task, raw, tokenizer, r.data, label2id)
+        if isinstance(task, protocols.ReportsData):  # files skipped and converted
+            self.data_report = task.data_report(
+                {"train": (raw.train, train), "eval": (raw.eval, evals)}
+            )
+        return tokenizer, labels, train, evals
+
     def execute(self) -> RunSummary:
         r, t = self.recipe, self.recipe.training
         tracking.check(r.logging, self.run_dir)  # a tracker not installed, a bad URI: exit 2 now
         started = self._start()
         task = tasks.get(r.task.name, r.task)
-        # ---- data and tokenizer (all input errors surface here, before any training)
-        raw = splits.load_splits(r.data, self.loaded.base_dir, task, seed=t.seed)
-        labels = task.label_names(raw.train, r.data)  # None for tasks without labels
-        tokenizer = self.engine.tokenizer(self.loaded, self.run_dir, task, raw.train, labels)
-        task.bind(tokenizer)  # an image task's collate runs its processor
-        label2id = {name: i for i, name in enumerate(labels)} if labels else None
-        train, evals = splits.encode_splits(task, raw, tokenizer, r.data, label2id)
-        self.data_report = task.data_report(
-            {"train": (raw.train, train), "eval": (raw.eval, evals)}
-        )
+        tokenizer, labels, train, evals = self._read_data(task)
         global_batch = t.batch_size * started.world_size  # each rank trains on its slice
         stream = streaming.is_stream(train)  # data.streaming: no length, max_steps given
         make_batches: Any = (

@@ -266,7 +266,7 @@ def evaluate(
             weight += n
             if task.needs_logits:
                 logits_all.append(logits)
-                labels_all.append(task.metric_labels(batch, int(batch["_valid"])))
+                labels_all.append(protocols.metric_labels(task, batch, int(batch["_valid"])))
     finally:
         engine.eval_mode(False)
     metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)

@@ -77,9 +77,6 @@ class Task:
     # feature extractor + tokenizer, where text loads a tokenizer)
     modality: str = "text"
     auto_class: str = ""  # transformers auto class that builds the model
-    # what builds the model: "transformers" (auto_class), or "diffusers" (text-to-image: the
-    # family builds a Stable Diffusion's parts, ortft.tasks.protocols.BuildsModel)
-    model_family: str = "transformers"
     needs_labels = False  # the data has one label per row (data.label_column) or per word
     needs_logits = False  # eval keeps logits only where a metric needs them
     is_decoder = False  # call the model with use_cache=False (causal / encoder-decoder models)
@@ -140,11 +137,6 @@ class Task:
             needed.append(data.label_column)
         return needed
 
-    def pair_columns(self, data: DataSection) -> tuple[str, str] | None:
-        """(first, second) text column when encode reads a text pair per row: the export
-        records them, and predict and eval then need both texts (default: None, no pairs)."""
-        return None
-
     def read_columns(self, data: DataSection) -> list[str]:
         """The columns encode() reads (what is kept of each row; default: ``columns``)."""
         return self.columns(data)
@@ -153,34 +145,14 @@ class Task:
         """The column of file paths an image task reads (default: none, rows hold text)."""
         return None
 
-    def bind(self, processor: Any) -> None:
-        """The run's loaded tokenizer or image processor; a task whose ``collate`` needs it
-        (image decoding) keeps it (default: ignore)."""
-
     def prepare_model(self, model: Any, processor: Any) -> None:
         """The built model, before it is wrapped (default: nothing; speech recognition gives a
         Whisper built from a config Whisper's generation fields)."""
-
-    def after_step(self) -> None:
-        """After each applied optimizer step (default: nothing; text-to-image updates its EMA)."""
-
-    def state_dict(self) -> dict[str, Any] | None:
-        """What a checkpoint keeps of the task besides the model (``task_state.pt``; default:
-        nothing; text-to-image's EMA weights)."""
-        return None
-
-    def load_state_dict(self, state: dict[str, Any] | None, path: Path) -> None:
-        """``state_dict()`` as checkpoint ``path`` kept it (None: it kept none)."""
 
     def write_extras(self, folder: Path, model: Any) -> None:
         """Files final/ adds beside the model's own (``folder``: final/ being written, ``model``:
         the trained transformers model; default: nothing; sentence-embedding writes the
         sentence-transformers modules.json and pooling config)."""
-
-    def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
-        """What summary.json's ``data`` adds for this task, from each split's (rows, encoded)
-        (images: files skipped and converted; default: nothing)."""
-        return {}
 
     def texts(self, rows: list[dict[str, Any]], data: DataSection) -> list[str]:
         """The texts a tokenizer is trained on."""
@@ -228,20 +200,6 @@ class Task:
         (``ortft.data.batches.Padding``) gives its longest row (sentence-embedding cuts each
         text's arrays to its own longest)."""
         return batches.cut(batch, padding, self.aligned_keys)
-
-    def eval_logits(self, logits: np.ndarray, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """A saved model's logits as training's ``forward`` returns them (``ortft eval`` on
-        PyTorch or ONNX; default: as they are; question answering masks the padding)."""
-        return logits
-
-    def metric_labels(self, batch: dict[str, np.ndarray], valid: int) -> Any:
-        """What ``metrics`` gets for one eval batch's first ``valid`` rows (default: the labels;
-        question answering adds the context text its answers are read from)."""
-        return batch["labels"][:valid]
-
-    def bind_labels(self, names: list[str]) -> None:
-        """The label names of a saved model in id order (``ortft eval`` reads them from its
-        config.json); a task whose metrics read label names keeps them (default: ignore)."""
 
     def generate_metrics(self, model: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
         """Eval metrics that need generation, on the plain PyTorch model (default: none)."""

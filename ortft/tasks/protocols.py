@@ -92,6 +92,91 @@ class PredictsFiles(Protocol):
         ...
 
 
+# Hooks a few tasks need beside the ``Task`` base (each names who implements it)
+
+
+@runtime_checkable
+class ReadsFiles(Protocol):
+    """A task whose ``collate`` decodes files with the run's processor (images, audio, a
+    Stable Diffusion's captioned images): it keeps what ``bind`` hands it."""
+
+    def bind(self, processor: Any) -> None:
+        """The run's loaded tokenizer or processor (once, before any batch)."""
+        ...
+
+
+@runtime_checkable
+class ReportsData(Protocol):
+    """A task that counts what reading its files took (files skipped, converted)."""
+
+    def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+        """What summary.json's ``data`` adds, from each split's (rows, encoded)."""
+        ...
+
+
+@runtime_checkable
+class TrainsState(Protocol):
+    """A task that keeps training state besides the model (text-to-image's EMA weights)."""
+
+    def after_step(self) -> None:
+        """After each applied optimizer step."""
+        ...
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of the task (``task_state.pt``)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any] | None, path: Path) -> None:
+        """``state_dict()`` as checkpoint ``path`` kept it (None: it kept none)."""
+        ...
+
+
+@runtime_checkable
+class ReadsPairs(Protocol):
+    """A task that may read a text pair per row (sequence classification)."""
+
+    def pair_columns(self, data: Any) -> tuple[str, str] | None:
+        """(first, second) text column when ``data`` names a pair: the export records them,
+        and predict and eval then need both texts; None for single texts."""
+        ...
+
+
+@runtime_checkable
+class ShapesEval(Protocol):
+    """A task whose eval reads more than logits and labels (question answering: the padding
+    masked, the context its answers are read from)."""
+
+    def eval_logits(self, logits: np.ndarray, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """A saved model's logits as training's ``forward`` returns them."""
+        ...
+
+    def metric_labels(self, batch: dict[str, np.ndarray], valid: int) -> Any:
+        """What ``metrics`` gets for one eval batch's first ``valid`` rows."""
+        ...
+
+
+@runtime_checkable
+class ReadsLabelNames(Protocol):
+    """A task whose metrics read a saved model's label names (token classification)."""
+
+    def bind_labels(self, names: list[str]) -> None:
+        """The label names in id order (``ortft eval`` reads them from config.json)."""
+        ...
+
+
+def pairs_of(task: Any, data: Any) -> tuple[str, str] | None:
+    """A pair model's (first, second) text columns in ``data`` (``ReadsPairs``); None."""
+    return task.pair_columns(data) if isinstance(task, ReadsPairs) else None
+
+
+def metric_labels(task: Any, batch: dict[str, np.ndarray], valid: int) -> Any:
+    """What a task's ``metrics`` gets for an eval batch: its own (``ShapesEval``) or the
+    labels of the first ``valid`` rows."""
+    if isinstance(task, ShapesEval):
+        return task.metric_labels(batch, valid)
+    return batch["labels"][:valid]
+
+
 # vision's hooks
 
 

@@ -32,6 +32,7 @@ from ortft.checkpoint.store import TrainState
 from ortft.core.errors import InputError
 from ortft.recipe.io import LoadedRecipe
 from ortft.tasks import Encoded, Task, protocols
+from ortft.tasks.protocols import pairs_of
 
 log = logging.getLogger("ortft")
 
@@ -215,7 +216,8 @@ class PyTorchEngine:
                 self.optimizer.load_state_dict(ck.optimizer)
                 self.scheduler.load_state_dict(ck.scheduler)
             checkpoint.set_rng_state(ck.rng)
-            task.load_state_dict(ck.task_state, resume_from)  # text-to-image: its EMA
+            if isinstance(task, protocols.TrainsState):  # text-to-image: its EMA
+                task.load_state_dict(ck.task_state, resume_from)
             state = ck.state
         self.micro_step = state.micro_step  # ORT's random stream follows the data position
         self.wrapped = self.wrapper.wrap(self.module, run_dir)  # after loading: ORT shares tensors
@@ -315,7 +317,7 @@ class PyTorchEngine:
             )
         else:
             applied = self.deepspeed.was_step_applied()
-        if applied:
+        if applied and isinstance(self.task, protocols.TrainsState):
             self.task.after_step()  # text-to-image: the EMA of the UNet's weights
         self.skipped_steps += not applied  # fp16 overflow: not an error
         # the one CPU-GPU sync per step; DDP: summed over ranks (= the global step's loss)
@@ -360,8 +362,13 @@ class PyTorchEngine:
             scaler=amp.scaler_state(self.scaler),
             kind=self._checkpoint_kind(),
             folders=folders,
-            task_state=self.task.state_dict(),
+            task_state=self._task_state(),
         )
+
+    def _task_state(self) -> dict[str, Any] | None:
+        """What the checkpoint keeps of the task besides the model (text-to-image's EMA)."""
+        task = self.task
+        return task.state_dict() if isinstance(task, protocols.TrainsState) else None
 
     def _checkpoint_kind(self) -> str:
         return CHECKPOINT_KIND if self.recipe.deepspeed is None else DEEPSPEED_CHECKPOINT_KIND
@@ -426,7 +433,7 @@ class PyTorchEngine:
                 kv_cache=spec.kv_cache,
                 task_options=self.recipe.task,
                 pooling=getattr(task, "pooling", None),
-                text_pair=task.pair_columns(self.recipe.data),
+                text_pair=pairs_of(task, self.recipe.data),
             ),
         )
 

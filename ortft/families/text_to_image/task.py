@@ -104,7 +104,6 @@ class Options(TaskOptions):
 class TextToImage(Task):
     name = "text-to-image"
     modality = "text-image"
-    model_family = "diffusers"
     auto_class = ""
     row_local = False  # each row's random stream is keyed by its position in the split
     export_kind = "text-to-image"
