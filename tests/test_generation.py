@@ -132,7 +132,7 @@ class _TorchSteps:
     """``generation.Steps`` over the PyTorch model, the whole sequence each call (no cache)."""
 
     def __init__(self, model: Any):
-        from ortft.export.decoder import WholeSteps
+        from ortft.families.generation.decoder_graph import WholeSteps
 
         def logits(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
             with torch.no_grad():

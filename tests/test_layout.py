@@ -48,7 +48,7 @@ REGISTRY = PACKAGE / "tasks" / "__init__.py"
 FAMILY_FIELDS = {"modality", "export_kind", "model_family", "predicts"}
 FAMILY_CALLS = {"_kind"}
 # What the core still compares while families move into ortft/families/ (issue 47): only down.
-MAX_FAMILY_BRANCHES = 26
+MAX_FAMILY_BRANCHES = 13
 # Names the Task base class defines (attributes and methods): what every task has. A hook that
 # serves a few tasks is a protocol they implement (ortft.tasks.protocols). Only down (issue 47
 # aims at 12).
@@ -259,9 +259,20 @@ def registry_table(path: Path = REGISTRY) -> dict[str, str]:
     raise AssertionError(f"{path}: no BUILTIN table")
 
 
+def family_tasks(init: Path) -> list[str] | None:
+    """The task names of a family package's ``TASKS`` table (a family of several tasks), read
+    with ``ast``; None when its ``__init__.py`` has none (one task: ``Options`` and ``build``)."""
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "TASKS":
+            assert isinstance(node.value, ast.Dict), f"{init}: TASKS is not a dict literal"
+            return [ast.literal_eval(k) for k in node.value.keys if k is not None]
+    return None
+
+
 def family_problems(root: Path = PACKAGE) -> list[str]:
     """A module outside the families that imports one; a family package the registry does not
-    name; a module that imports by name without a reason in STRING_IMPORTS."""
+    name; a family of several tasks whose ``TASKS`` and the registry disagree on a task; a
+    module that imports by name without a reason in STRING_IMPORTS."""
     known = modules(root)
     graph = edges(known)
     problems = [
@@ -270,12 +281,27 @@ def family_problems(root: Path = PACKAGE) -> list[str]:
         for b in sorted(targets)
         if not _in(a, FAMILIES) and _in(b, FAMILIES)
     ]
-    named = set(registry_table(root / "tasks" / "__init__.py").values())
+    table = registry_table(root / "tasks" / "__init__.py")
+    named = set(table.values())
     problems += [
         f"{name}: a family the registry (ortft.tasks.BUILTIN) does not name"
         for name in known
         if name.count(".") == 2 and _in(name, FAMILIES) and name not in named
     ]
+    for name, path in known.items():
+        held = family_tasks(path) if _in(name, FAMILIES) and path.name == "__init__.py" else None
+        if held is None:
+            continue
+        named_here = {task for task, module in table.items() if module == name}
+        problems += [
+            f"{name}: TASKS holds {task}, which the registry does not name to it"
+            for task in held
+            if task not in named_here
+        ]
+        problems += [
+            f"{name}: the registry names it for {task}, which its TASKS does not hold"
+            for task in sorted(named_here - set(held))
+        ]
     for name, path in known.items():
         calls = [
             node
@@ -386,6 +412,33 @@ def test_the_task_count_bites(tmp_path):
         "class Task:\n    name = ''\n    flag: bool = False\n\n    def hook(self):\n        pass\n"
     )
     assert task_base_names(base) == ["name", "flag", "hook"]
+
+
+def test_the_tasks_table_check_bites(tmp_path):
+    """On a copy of the package: a family of several tasks whose TASKS holds a task the
+    registry does not name to it, and one the registry names it for that its TASKS lacks."""
+    import shutil
+
+    copy = tmp_path / "ortft"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "families" / "pair").mkdir()
+    (copy / "families" / "pair" / "__init__.py").write_text(
+        '"""A family of two tasks."""\n\nTASKS = {"pair-a": (None, None), "pair-b": (None, None)}\n'
+    )
+    registry = copy / "tasks" / "__init__.py"
+    text = registry.read_text()
+    registry.write_text(
+        text.replace(
+            "BUILTIN = {\n",
+            'BUILTIN = {\n    "pair-a": "ortft.families.pair",\n'
+            '    "pair-c": "ortft.families.pair",\n',
+            1,
+        )
+    )
+    assert family_problems(copy) == [
+        "ortft.families.pair: TASKS holds pair-b, which the registry does not name to it",
+        "ortft.families.pair: the registry names it for pair-c, which its TASKS does not hold",
+    ]
 
 
 def test_the_cudalibs_shim_forwards():

@@ -278,7 +278,7 @@ def test_instruction_reads_the_columns_its_options_name(tmp_path: Path) -> None:
 
 
 def test_token_f1() -> None:
-    from ortft.tasks.seq2seq import token_f1
+    from ortft.families.generation.seq2seq import token_f1
 
     assert token_f1("7 3 1", "7 3 1") == 1.0
     assert token_f1("7 3", "7 3 1") == pytest.approx(0.8)

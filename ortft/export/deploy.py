@@ -16,11 +16,10 @@ family's own: ``protocols.DescribesExport``) decodes with Pillow, converts to RG
 ``ortft.data.images.to_rgb`` does (alpha over white), then runs ``preprocess.onnx`` and
 ``model.onnx``.
 
-The model card (``README.md``) holds one snippet per task: onnxruntime + tokenizers (images:
+The model card (``README.md``) holds one snippet per task (a text family's own code:
+``protocols.WritesSnippet``, the generation family's loops): onnxruntime + tokenizers (images:
 Pillow) only, run from inside the folder. ``tests/test_consumer.py`` extracts it and runs it verbatim in a clean
 venv with the onnxruntime release of ``requirements/consumer.txt``.
-
-Over 450 lines: one usage snippet per task, beside the checks that run them.
 """
 
 from __future__ import annotations
@@ -181,76 +180,22 @@ print(context[enc.offsets[start][0] : enc.offsets[end][1]])
 filled = [int(logits[0, i].argmax()) if t == mask else t for i, t in enumerate(enc.ids)]
 print(tok.decode(filled))
 """,
-    # a decoder with a KV cache: the prompt once, then one token a step; past starts empty
-    "generate-cache": """ids = tok.encode({text}, add_special_tokens=False).ids
-past = {{i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
-        for i in session.get_inputs() if i.name.startswith("past_key_values")}}
-new, seen = [], 0
-for _ in range(32):
-    x = np.array([ids], dtype=np.int64)
-    seen += x.shape[1]
-    out = session.run(None, {{"input_ids": x, "attention_mask": np.ones((1, seen), np.int64), **past}})
-    ids = [int(out[0][0, -1].argmax())]
-    if ids[0] == config["eos_token_id"]:
-        break
-    new.append(ids[0])
-    past = dict(zip(past, out[1:]))  # present.* come in the order of past_key_values.*
-print(tok.decode(new))
-""",
-    "generate-nocache": """ids = tok.encode({text}, add_special_tokens=False).ids
-new = []
-for _ in range(32):  # no KV cache: the whole sequence each step
-    x = np.array([ids + new], dtype=np.int64)
-    logits = session.run(["logits"], {{"input_ids": x, "attention_mask": np.ones_like(x)}})[0]
-    if int(logits[0, -1].argmax()) == config["eos_token_id"]:
-        break
-    new.append(int(logits[0, -1].argmax()))
-print(tok.decode(new))
-""",
-    "seq2seq": """enc = tok.encode({text})
-ids = np.array([enc.ids], dtype=np.int64)
-mask = np.ones_like(ids)
-hidden = encoder.run(None, {{"input_ids": ids, "attention_mask": mask}})[0]
-past = {{i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
-        for i in decoder.get_inputs() if i.name.startswith("past_key_values")}}
-token, new = config["decoder_start_token_id"], []
-for _ in range(32):
-    feeds = {{"input_ids": np.array([[token]], dtype=np.int64), "encoder_hidden_states": hidden}}
-    out = decoder.run(None, {{**feeds, "encoder_attention_mask": mask, **past}})
-    token = int(out[0][0, -1].argmax())
-    if token == config["eos_token_id"]:
-        break
-    new.append(token)
-    past = dict(zip(past, out[1:]))
-print(tok.decode(new))
-""",
 }
 
 _SESSION = 'session = ort.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])'
-_SEQ2SEQ_SESSIONS = (
-    'encoder = ort.InferenceSession("encoder.onnx", providers=["CPUExecutionProvider"])\n'
-    'decoder = ort.InferenceSession("decoder.onnx", providers=["CPUExecutionProvider"])'
-)
 
 
-def snippet(
-    task: Any,
-    tokenizer: Any,
-    cache: bool | None,
-    prompt: str | None = None,
-    inputs: tuple[str, ...] | None = None,
-) -> str:
-    """The usage snippet for ``task`` (a ``tasks.Task``); ``cache``: a decoder's KV cache;
-    ``prompt``: the formatted example text for a decoder (an instruction model's template);
-    ``inputs``: a sentence-pair classifier's graph inputs (None: not a pair model)."""
-    kind = task.predicts
-    if task.export_kind == "seq2seq":
-        body, sessions = "seq2seq", _SEQ2SEQ_SESSIONS
-    else:
-        body, sessions = kind, _SESSION
-        if kind == "generate":
-            body = "generate-cache" if cache else "generate-nocache"
-    text = prompt if prompt is not None else EXAMPLE.get(kind or "label", "")
+def head(sessions: str = _SESSION) -> str:
+    """A text snippet's first lines: the imports, the tokenizer, ``sessions`` (default:
+    model.onnx's) and the config."""
+    return _HEAD.format(sessions=sessions)
+
+
+def snippet(task: Any, tokenizer: Any, inputs: tuple[str, ...] | None = None) -> str:
+    """The usage snippet for ``task`` (a ``tasks.Task``); ``inputs``: a sentence-pair
+    classifier's graph inputs (None: not a pair model)."""
+    body = kind = task.predicts
+    text = EXAMPLE.get(kind or "label", "")
     if inputs is not None:
         body, text = "label-pair", PAIR_EXAMPLE[0]
     question, context = QA_EXAMPLE
@@ -267,7 +212,7 @@ def snippet(
             }.items()
         },
     )
-    return _HEAD.format(sessions=sessions) + code
+    return head() + code
 
 
 def example_input(task: Any, tokenizer: Any, pair: bool = False) -> dict[str, str]:
@@ -321,11 +266,11 @@ Usage with {usage} only, run from this folder:
 
 def _text_card(task: Any, tokenizer: Any, report: dict[str, Any]) -> tuple[str, str, str, str]:
     """(the snippet, what else the folder holds, the tokenizer line, what the snippet needs)."""
-    prompt = None
-    if task.predicts == "generate" and task.export_kind != "seq2seq":
-        prompt = task.prompt(EXAMPLE["generate"], tokenizer)
     pair = tuple(report["inputs"]) if report.get("text_pair") else None
-    code = snippet(task, tokenizer, report.get("kv_cache"), prompt, pair)
+    if isinstance(task, protocols.WritesSnippet):  # the family's own code (generation's loops)
+        code = task.snippet(tokenizer, report)
+    else:
+        code = snippet(task, tokenizer, pair)
     length = report["tokenizer"]["training_max_length"]
     trained = f" (trained with {length})" if length else ""
     line = (

@@ -10,7 +10,8 @@ the model config and ``export.json`` (the reports). On request it also holds
 
 The checks and export.json's pass rules are in ``ortft.export.parity``; a family's own export
 (``ortft.tasks.protocols``: ``ExportsGraphs``, or ``ExportsOneGraph`` for one graph on its own
-inputs, such as an image classifier's ``pixel_values``) in its family package; a bare
+inputs, such as an image classifier's ``pixel_values``; a decoder's graph with its KV cache:
+``ExportsDecoder``) in its family package; a bare
 encoder's (``last_hidden_state`` and the pooled ``sentence_embedding``) in
 ``ortft.export.embedding``; ``onnx/model.onnx``, a link for transformers.js, in
 ``ortft.export.layout``;
@@ -21,9 +22,6 @@ Everything is written into a staging folder next to OUT and swapped into place a
 (``parity.publish``, ``fsutil.promote``: an earlier OUT stays whole until then). When a check
 fails, the staging folder becomes ``OUT.failed/`` (its export.json says why) and OUT is left
 as it was.
-
-Over 450 lines: the one entry every export passes through (single graph, encoder-decoder,
-speech, embedding), with its staging and extras.
 """
 
 from __future__ import annotations
@@ -38,8 +36,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ortft.core.errors import InputError, RunError, first_line
-from ortft.export import decoder, embedding, generation, layout, parity
+from ortft.core.errors import InputError
+from ortft.export import embedding, generation, layout, parity
 from ortft.export import onnx_tools as tools
 from ortft.export.parity import publish  # the folder: staged, then swapped in
 from ortft.export.rows import parity_feeds, samples_source
@@ -112,12 +110,12 @@ def deployable(
     ``text_pair``: a sentence-pair model's training columns, recorded in export.json)."""
     from ortft.export import deploy
 
-    if _kind(task) == "decoder":
+    spec = _task_of(task, task_options)
+    if isinstance(spec, protocols.ExportsDecoder):
         result.setdefault("kv_cache", False)  # an ONNX final/ (ort-ondevice) has no cache
     if text_pair is not None:  # ortft predict / eval of this folder alone read pairs
         result["text_pair"] = {"text_column": text_pair[0], "text_pair_column": text_pair[1]}
     result["ir_version"] = deploy.ir_version(folder / next(iter(result["files"].values())))
-    spec = _task_of(task, task_options)
     if spec.modality == "text":  # an image processor has no state of training's to take out
         result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
     if spec.needs_labels:
@@ -181,7 +179,7 @@ class ExportOptions:
     ``training``: also write ``training/`` (``TrainingStep``); None: no training artifacts.
     ``max_length``: the length the model was trained with (recorded with the tokenizer, which
     itself truncates at the model's position limit: see ``ortft.export.deploy``).
-    ``kv_cache``: a decoder's graph takes and gives its KV cache (``ortft.export.decoder``);
+    ``kv_cache``: a decoder's graph takes and gives its KV cache (``protocols.ExportsDecoder``);
     False: the graph of the whole sequence (input_ids, attention_mask -> logits).
     ``task_options``: the run's ``task:`` (the model card's example follows it).
     ``check_runtimes``: Pythons with another onnxruntime to load the export in and compare
@@ -244,13 +242,6 @@ def export_model(
         return _published(out_dir, build)
     kinds = parity.wanted(options.optimize, options.fp16, options.quantize)
     training = options.training
-    if _kind(task) == "seq2seq":
-        if kinds or training is not None:
-            raise InputError(
-                f"{task} exports the encoder and decoder graphs only: --optimize, --fp16, "
-                "--quantize and --training-artifacts are for single-graph models"
-            )
-        return _export_seq2seq(model, tokenizer, out_dir, opset, tolerance, samples, options)
     if training is not None and task not in training.tasks:
         raise InputError(
             f"--training-artifacts: built and tested for {', '.join(training.tasks)}, not {task}"
@@ -275,7 +266,8 @@ def export_model(
 
 
 class _SingleGraph:
-    """One ``model.onnx`` (with its variants and extras): ``build`` fills the staging folder."""
+    """One ``model.onnx`` (with its variants and extras): ``build`` fills the staging folder;
+    a decoder's (``protocols.ExportsDecoder``) with its KV cache unless options.kv_cache is off."""
 
     def __init__(
         self,
@@ -291,8 +283,10 @@ class _SingleGraph:
         self.model, self.tokenizer, self.task = model, tokenizer, task
         self.opset, self.tolerance, self.samples = opset, tolerance, samples
         self.kinds, self.options = kinds, options
-        self.cache = options.kv_cache and _kind(task) == "decoder"
-        self.wrapper = _LogitsOnly(model, _kind(task) == "decoder").eval()  # the reference logits
+        spec = _task_of(task, options.task_options)
+        self.decoder = spec if isinstance(spec, protocols.ExportsDecoder) else None
+        self.cache = self.decoder if options.kv_cache else None
+        self.wrapper = _LogitsOnly(model, self.decoder is not None).eval()  # the reference logits
         # a sentence-pair model with segment embeddings takes its token_type_ids too
         segments = options.text_pair is not None and classification.token_types(model, tokenizer)
         self.names = ("input_ids", "attention_mask", *(("token_type_ids",) if segments else ()))
@@ -301,7 +295,7 @@ class _SingleGraph:
 
     def build(self, tmp: Path) -> dict[str, Any]:
         model, task, feeds, o = self.model, self.task, self.feeds, self.options
-        graph = _graph(model, task, self.example, self.cache, self.names)
+        graph = _graph(model, task, self.example, self.names, self.decoder, self.cache)
         export_s = _torch_export(graph, tmp / "model.onnx", self.opset)
         with torch.no_grad():
             want = self.wrapper(*(torch.from_numpy(feeds[k]) for k in self.names)).numpy()
@@ -321,10 +315,10 @@ class _SingleGraph:
             export_s=export_s,
         )
         result.update(inputs=graph.inputs, outputs=graph.outputs)
-        if _kind(task) == "decoder":
-            result["kv_cache"] = self.cache
-        if self.cache:  # the cache over several steps, against PyTorch's generate
-            result["generation"] = decoder.generation_check(
+        if self.decoder is not None:
+            result["kv_cache"] = self.cache is not None
+        if self.cache is not None:  # the cache over several steps, against PyTorch's generate
+            result["generation"] = self.cache.generation_check(
                 model, tmp / "model.onnx", feeds, self.tolerance
             )
         if o.training is not None:
@@ -347,70 +341,24 @@ class Graph:
 
 
 def _graph(
-    model: Any, task: str, example: tuple[torch.Tensor, ...], cache: bool, names: tuple[str, ...]
+    model: Any,
+    task: str,
+    example: tuple[torch.Tensor, ...],
+    names: tuple[str, ...],
+    decoder: Any,
+    cache: Any,
 ) -> Graph:
     """The graph of ``model.onnx``: logits only (of the inputs ``names``, in ``example``'s
-    order), or a decoder with its KV cache (``decoder``)."""
-    if cache:
-        shape = decoder.cache_shape(model)
-        inputs, outputs, axes = decoder.signature(shape[0])
-        past = decoder.WithPast(model, shape[0]).eval()
-        return Graph(past, decoder.tracing_example(example, shape), inputs, outputs, axes)
+    order; ``decoder``: called without its cache), or a decoder with its KV cache (``cache``:
+    the ``protocols.ExportsDecoder`` that builds it)."""
+    if cache is not None:
+        return cache.cached_graph(model, example)
     axes = {k: {0: "batch", 1: "sequence"} for k in names}
     axes["logits"] = {0: "batch", 1: "sequence"} if _kind(task) != "encoder" else {0: "batch"}
     # eval() on the wrapper itself: torch.onnx.export restores the wrapper's own mode after
     # exporting, and a wrapper left in training mode would switch dropout back on.
-    module = _LogitsOnly(model, _kind(task) == "decoder").eval()
+    module = _LogitsOnly(model, decoder is not None).eval()
     return Graph(module, example, list(names), ["logits"], axes)
-
-
-def _export_seq2seq(
-    model: Any,
-    tokenizer: Any,
-    out_dir: Path,
-    opset: int,
-    tolerance: float,
-    samples: Any,
-    options: ExportOptions,
-) -> dict[str, Any]:
-    """An encoder-decoder as two graphs (``ortft.export.seq2seq``), checked the same way."""
-    from ortft.export import seq2seq
-
-    model = model.eval().to("cpu")
-    feeds = parity_feeds(samples, tokenizer, PARITY_SAMPLES)
-
-    def build(tmp: Path) -> dict[str, Any]:
-        try:
-            result = seq2seq.build_report(
-                model,
-                tmp,
-                samples,
-                feeds,
-                opset=opset,
-                tolerance=tolerance,
-                source=samples_source(samples),
-            )
-        except RuntimeError as err:  # the tracer's failures
-            first = first_line(err)
-            raise RunError(f"ONNX export (opset {opset}) failed: {first}") from err
-        tokenizer.save_pretrained(tmp)
-        generation.save(model, tmp)  # config.json, generation_config.json
-        result = other_runtimes(tmp, result, feeds, tolerance, options.check_runtimes)
-        return deployable(
-            tmp,
-            "seq2seq",
-            tokenizer,
-            model.config,
-            result,
-            options.max_length,
-            options.task_options,
-        )
-
-    result = publish(out_dir, build)
-    log.info(
-        "exported %s (parity: max |diff| %.2e)", result["dir"], result["parity"]["max_abs_diff"]
-    )
-    return result
 
 
 def _published(out_dir: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:

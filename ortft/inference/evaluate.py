@@ -74,10 +74,9 @@ class SavedModel:
         labels: np.ndarray | None = None,
         token_type_ids: np.ndarray | None = None,
     ) -> np.ndarray:
-        """The model's logits; ``labels`` only for an encoder-decoder (its decoder's input);
-        ``token_type_ids``: a text pair's, fed where the model takes them, as in training."""
-        if self.runtime == "onnxruntime" and self.spec.export_kind == "seq2seq":
-            return self._model.logits(input_ids, attention_mask, labels)
+        """The model's logits (``labels``: unused here; a family whose decoder reads them gives
+        its own: ``protocols.OwnRunner``); ``token_type_ids``: a text pair's, fed where the
+        model takes them, as in training."""
         types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         if self.runtime == "onnxruntime":
             from ortft.export.parity import session_feeds
@@ -92,8 +91,6 @@ class SavedModel:
         kw: dict[str, Any] = {"use_cache": False} if self.spec.is_decoder else {}
         if types and token_types(self._model, self.tokenizer):
             kw["token_type_ids"] = torch.from_numpy(types["token_type_ids"].astype(np.int64))
-        if self.spec.export_kind == "seq2seq":  # T5/BART shift the labels right themselves
-            kw["labels"] = torch.from_numpy(labels)
         with torch.no_grad():
             out = self._model(
                 input_ids=torch.from_numpy(input_ids),
@@ -223,10 +220,6 @@ def open_model(source: Path) -> SavedModel:
     runner = task.open_export(source, config) if isinstance(task, protocols.OwnRunner) else None
     if runner is not None:
         return SavedModel(runtime="onnxruntime", _model=runner, **common)
-    if onnx_file.name == "encoder.onnx":
-        from ortft.export.seq2seq import OnnxSeq2Seq
-
-        return SavedModel(runtime="onnxruntime", _model=OnnxSeq2Seq(source, config), **common)
     if onnx_file.exists():
         import onnxruntime as ort
 
@@ -335,11 +328,7 @@ def score(
             labels_all.append(protocols.metric_labels(task, batch, len(batch["labels"])))
     metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)
     # generated text: on PyTorch, and on the exports whose runners generate
-    if (
-        m.runtime == "pytorch"
-        or task.export_kind == "seq2seq"
-        or isinstance(task, protocols.OwnRunner)
-    ):
+    if m.runtime == "pytorch" or isinstance(task, protocols.OwnRunner):
         metrics.update(task.generate_metrics(m._model, m.tokenizer, encoded))
     return metrics
 

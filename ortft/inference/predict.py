@@ -14,15 +14,10 @@ columns; ``ortft.inference.pairs``). Output, one line per input, in order; what 
   offsets and score (start probability x end probability);
 - fill-mask (masked LM): each mask token's best token with its top-5 candidates, and the text
   with the masks filled;
-- generate (causal LM, instruction, seq2seq): the continuation ``generate`` gives with the
-  model's generation config (``generation_config.json``: greedy or beam search, forced BOS/EOS,
-  no_repeat_ngram_size, min/max lengths, repetition_penalty, suppressed tokens; sampling off),
-  an instruction run's input formatted as a prompt, as in training. PyTorch runs
-  ``model.generate``; an ONNX export the same search and logits processors
-  (``ortft.export.generation``): a decoder with its KV cache (the default) runs the prompt once,
-  then one token a step, a graph without the cache re-runs the whole sequence for each new
-  token; a seq2seq export runs the encoder once and the decoder with its cache. Both give the
-  same text (the export's generation check compares them with ``generate``);
+- generate (causal LM, instruction, seq2seq): a family that answers each line itself
+  (``ortft.tasks.protocols.PredictsLines``; ``ortft.families.generation.predict``): the text
+  ``generate`` gives with the model's generation config, on PyTorch or on the export (the same
+  search and logits processors: ``ortft.export.generation``);
 - a family that reads files of its own (``ortft.tasks.protocols.PredictsFiles``) gets
   ``--input`` (a list of paths, one per line, or a folder: ``ortft.inference.input_files``) and
   answers each file itself: image classification's label, softmax scores and top 5
@@ -180,99 +175,18 @@ def fill_mask(
             yield {"index": start + i, "filled": text, "masks": masks}
 
 
-def _generation_config(m: SavedModel, max_new_tokens: int) -> Any:
-    """What both runtimes generate with: the model's generation config (PyTorch: the model's
-    own; ONNX: the export's generation_config.json), sampling off, ``max_new_tokens``."""
-    from ortft.export import generation
-
-    if m.runtime == "pytorch":
-        gc = m._model.generation_config
-    else:
-        gc = generation.load(m.path, m.config)
-        if bad := generation.unsupported(gc):
-            raise InputError(
-                f"{m.path / 'generation_config.json'}: ortft predict on ONNX does not apply "
-                f"{', '.join(bad)} (PyTorch's generate would); unset it or predict on final/"
-            )
-    return generation.deterministic(gc, max_new_tokens=max_new_tokens)
+def input_texts(inputs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Each input's text (a JSON line without a string ``text`` field is an error naming it)."""
+    return [_field(o, "text", w) for w, o in inputs]
 
 
-def _torch_generate(m: SavedModel, gc: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        out = m._model.generate(
-            input_ids=torch.from_numpy(ids.astype(np.int64)),
-            attention_mask=torch.from_numpy(mask.astype(np.int64)),
-            generation_config=gc,
-        )
-    return out.numpy()
-
-
-def _new_tokens(row: np.ndarray, eos: set[int]) -> list[int]:
-    """The generated tokens up to (not with) the first eos; a finished row's padding dropped."""
-    out: list[int] = []
-    for t in row.tolist():
-        if t in eos:
-            break
-        out.append(int(t))
-    return out
-
-
-def _eos(gc: Any) -> set[int]:
-    return {int(e) for e in np.atleast_1d(gc.eos_token_id if gc.eos_token_id is not None else [])}
-
-
-def generate(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[dict[str, Any]]:
-    """A decoder's continuation of each text, as ``generate`` gives it with the model's
-    generation config (greedy or beam search, its logits processors)."""
-    from ortft.export import decoder, generation, parity
-
-    tok = m.tokenizer
-    gc = _generation_config(m, max_new_tokens)
-    cache = m.runtime == "onnxruntime" and bool(parity.empty_past(m._model, 1))
-    limit = m.max_positions() or 1024
-    eos = tok.eos_token_id
-    for index, text in enumerate(texts):
-        prompt = m.spec.prompt(text, tok)
-        ids = tok(prompt, add_special_tokens=False)["input_ids"] or [eos if eos is not None else 0]
-        ids = ids[-max(1, limit - max_new_tokens) :]  # keep the prompt's end within the positions
-        x = np.asarray([ids], dtype=np.int64)
-        if m.runtime == "pytorch":
-            seq = _torch_generate(m, gc, x, np.ones_like(x))
-        else:  # with the cache: the prompt once, then one token a step
-            steps = decoder.CachedSteps(m._model) if cache else decoder.WholeSteps(m.logits)
-            p = generation.plan(
-                gc, len(ids), encoder_decoder=False, max_positions=m.max_positions()
-            )
-            seq = generation.generate(steps, x, p)[0]
-        new = _new_tokens(seq[0, len(ids) :], _eos(gc))
-        yield {
-            "index": index,
-            "generated": tok.decode(new, skip_special_tokens=True),
-            "new_tokens": len(new),
-        }
-
-
-def generate_seq2seq(
-    m: SavedModel, texts: list[str], max_new_tokens: int, max_length: int, batch_size: int
-) -> Iterator[dict[str, Any]]:
-    tok = m.tokenizer
-    special = set(tok.all_special_ids)
-    gc = _generation_config(m, max_new_tokens)
-    for start, chunk in _chunks(texts, batch_size):
-        enc = tok(chunk, max_length=max_length, truncation=True, padding=True, return_tensors="np")
-        ids, mask = enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
-        if m.runtime == "pytorch":
-            out = _torch_generate(m, gc, ids, mask)
-        else:  # the encoder once, the decoder with its cache
-            out = m._model.search(ids, mask, gc)[0]
-        for i, row in enumerate(out):
-            yield {
-                "index": start + i,
-                "generated": tok.decode(row, skip_special_tokens=True),
-                "new_tokens": sum(int(t) not in special for t in row),
-            }
+def input_length(m: SavedModel, given: int | None) -> int:
+    """The tokens an input is cut to: ``given`` (``--max-length``), else the length the model
+    was trained with, else its own limit (at most 512)."""
+    if given is not None:
+        return given
+    loaded = training_recipe(m)
+    return loaded.recipe.data.max_length if loaded else min(512, m.max_positions() or 512)
 
 
 def _read(input_path: str) -> list[tuple[str, dict[str, Any]]]:
@@ -341,11 +255,9 @@ def run(
     if isinstance(m.spec, protocols.PredictsFiles):  # the family reads its own files
         return m.spec.predict_files(m, input_path, batch_size, max_new_tokens)
     inputs = _read(input_path)
-    if kind == "generate" and m.spec.export_kind == "decoder":
-        return generate(m, [_field(o, "text", w) for w, o in inputs], max_new_tokens)
-    if max_length is None:  # the length the model was trained with, else its own limit
-        loaded = training_recipe(m)
-        max_length = loaded.recipe.data.max_length if loaded else min(512, m.max_positions() or 512)
+    if isinstance(m.spec, protocols.PredictsLines):  # the family answers each line (generation)
+        return m.spec.predict_lines(m, inputs, max_new_tokens, max_length, batch_size)
+    max_length = input_length(m, max_length)
     if kind == "tags":
         return tag(m, [_words(m, w, o) for w, o in inputs], max_length, batch_size)
     if kind == "answer":
@@ -362,9 +274,6 @@ def run(
             if mask not in text:
                 raise InputError(f"{where}: no {mask} in the text (masked-lm predict fills them)")
         return fill_mask(m, texts, max_length, batch_size)
-    if kind == "generate":  # an encoder-decoder
-        texts = [_field(o, "text", w) for w, o in inputs]
-        return generate_seq2seq(m, texts, max_new_tokens, max_length, batch_size)
     texts, second = pairs.texts(inputs, m.text_pair)  # a pair model's inputs give both texts
     return classify(m, texts, max_length, batch_size, second)
 

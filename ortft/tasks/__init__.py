@@ -4,9 +4,11 @@
 A task module (or family package) defines ``Options`` (its options model, a ``TaskOptions`` with
 ``name: Literal["<task>"]``) and ``build(options) -> Task`` (a ``Task`` subclass: how raw rows
 become fixed-length token arrays, which transformers auto class builds the model, how eval is
-scored, what its ONNX export looks like). The recipe's ``task:`` accepts the options of every
-registered task; the training loop never changes. Task modules import numpy at most at module
-level (never torch), and are imported only when a task is looked up.
+scored, what its ONNX export looks like). A family package of several tasks gives each one's
+pair in its ``TASKS`` table (task name -> (Options, build)); BUILTIN names the package for each.
+The recipe's ``task:`` accepts the options of every registered task; the training loop never
+changes. Task modules import numpy at most at module level (never torch), and are imported only
+when a task is looked up.
 """
 
 from __future__ import annotations
@@ -40,15 +42,16 @@ __all__ = [
     "register",
 ]
 
-# One line per task: its name -> the module that defines ``Options`` and ``build``.
+# One line per task: its name -> the module that defines ``Options`` and ``build`` (or a family
+# package whose ``TASKS`` table holds them).
 BUILTIN = {
     "sequence-classification": "ortft.tasks.classification",
-    "causal-lm": "ortft.tasks.causal_lm",
+    "causal-lm": "ortft.families.generation",
     "token-classification": "ortft.tasks.token_classification",
     "masked-lm": "ortft.tasks.masked_lm",
-    "seq2seq": "ortft.tasks.seq2seq",
+    "seq2seq": "ortft.families.generation",
     "question-answering": "ortft.tasks.question_answering",
-    "instruction": "ortft.tasks.instruction",
+    "instruction": "ortft.families.generation",
     "image-classification": "ortft.families.vision",
     "speech-recognition": "ortft.families.speech",
     "sentence-embedding": "ortft.tasks.sentence_embedding",
@@ -85,7 +88,9 @@ def _registration(name: str) -> Registration:
         raise ValueError(f"unknown task {name!r} (one of: {', '.join(_tasks)})")
     if isinstance(entry, str):
         module = importlib.import_module(entry)
-        entry = _tasks[name] = Registration(module.Options, module.build)
+        table = getattr(module, "TASKS", None)  # a family of several tasks: each one's pair
+        options, build = table[name] if table is not None else (module.Options, module.build)
+        entry = _tasks[name] = Registration(options, build)
     return entry
 
 

@@ -299,3 +299,55 @@ class DrawsPrompts(Protocol):
         """One image of ``options["prompt"]`` drawn with ``source`` into ``output``; what was
         drawn (``options``: the command's drawing options, by name)."""
         ...
+
+
+# generation's hooks
+
+
+@runtime_checkable
+class ExportsDecoder(Protocol):
+    """A decoder under the exporter's single-graph rules: its graph is called with
+    ``use_cache=False``, or takes and gives its KV cache (``ExportOptions.kv_cache``);
+    export.json's ``kv_cache`` says which (false for an ONNX final/, which has none)."""
+
+    def cached_graph(self, model: Any, example: tuple[Any, ...]) -> Any:
+        """The graph with its cache (an ``ortft.export.exporter.Graph``), traced from the plain
+        graph's ``example`` (input_ids, attention_mask)."""
+        ...
+
+    def generation_check(
+        self, model: Any, path: Path, feeds: dict[str, np.ndarray], tolerance: float
+    ) -> dict[str, Any]:
+        """export.json's ``generation``: the graph with its cache (``path``) generating as
+        PyTorch's ``generate`` does, on prompts from the parity ``feeds``."""
+        ...
+
+
+@runtime_checkable
+class PredictsLines(Protocol):
+    """A family whose ``ortft predict`` answers each input line itself (generation: the text
+    ``generate`` gives, on PyTorch or the export)."""
+
+    def predict_lines(
+        self,
+        model: Any,
+        inputs: list[tuple[str, dict[str, Any]]],
+        max_new_tokens: int,
+        max_length: int | None,
+        batch_size: int,
+    ) -> Iterator[dict[str, Any]]:
+        """One result per input (``inputs``: where each line is and its object, as
+        ``ortft.inference.predict.read_inputs`` gives them; ``model``: the opened
+        ``SavedModel``; ``max_length``: the command's, None where it gave none)."""
+        ...
+
+
+@runtime_checkable
+class WritesSnippet(Protocol):
+    """A text family whose export's model card runs code of its own on the tokenizer's ids
+    (generation: a decoder's loop with or without its KV cache, a seq2seq pair's), under the
+    tokenizer line every text export's card has."""
+
+    def snippet(self, tokenizer: Any, report: dict[str, Any]) -> str:
+        """The card's code (``report``: export.json's sections)."""
+        ...

@@ -10,14 +10,15 @@
   init tokens (``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>``) and an empty past.
 - ``features.onnx`` (``ortft.families.speech.features``): the raw clip -> ``input_features``.
 
-As in ``ortft.export.seq2seq``, only the self-attention cache crosses the graph boundary: the
-cross-attention keys and values are recomputed from ``encoder_hidden_states`` at each step
-(Whisper's attention picks "reuse" or "compute" with the Python branch ``is_updated``, which
-tracing fixes; one graph needs the compute path). That costs two projections of the encoder's
-states per layer and step, most of a step's work for Whisper's 1500 frames: measured on a random
-whisper-base-sized model (d_model 512, 6+6 layers, one thread), a decoder step took 106 ms
-against PyTorch's cached 27 ms (the encoder 1.0 s a clip). Cross keys and values given to the
-decoder graph (computed once, e.g. as encoder outputs) would remove that.
+As in seq2seq's export (``ortft.families.generation.seq2seq_graphs``), only the self-attention
+cache crosses the graph boundary: the cross-attention keys and values are recomputed from
+``encoder_hidden_states`` at each step (Whisper's attention picks "reuse" or "compute" with the
+Python branch ``is_updated``, which tracing fixes; one graph needs the compute path). That costs
+two projections of the encoder's states per layer and step, most of a step's work for Whisper's
+1500 frames: measured on a random whisper-base-sized model (d_model 512, 6+6 layers, one
+thread), a decoder step took 106 ms against PyTorch's cached 27 ms (the encoder 1.0 s a clip).
+Cross keys and values given to the decoder graph (computed once, e.g. as encoder outputs) would
+remove that.
 
 The decoder is traced with a cache (3 random past positions, 2 tokens). Without one,
 transformers 5.24's mask code calls ``torch.diff`` (``find_packed_sequence_indices``: no
@@ -304,7 +305,7 @@ class SpeechGraphs:
     def runtime_feeds(self) -> dict[str, np.ndarray]:
         """What ``--check-runtime`` runs each graph on (``deploy.graph_feeds``): the features,
         4 decoder tokens (the shifted labels' first), one raw clip (``samples``)."""
-        from ortft.export.seq2seq import shift_right
+        from ortft.export.decoder import shift_right
 
         c = self.model.config
         dec = shift_right(

@@ -251,7 +251,7 @@ class OnnxWhisper:
     def logits(self, input_features: np.ndarray, labels: np.ndarray) -> np.ndarray:
         """Teacher-forced logits: the decoder fed the labels shifted right as the model's own
         forward shifts them (-100 -> pad, ``decoder_start_token_id`` first)."""
-        from ortft.export.seq2seq import shift_right
+        from ortft.export.decoder import shift_right
 
         c = self.config
         dec = shift_right(labels, int(c.pad_token_id), int(c.decoder_start_token_id), "whisper")

@@ -66,7 +66,3 @@ class CausalLM(Task):
         self, loss: float, logits: list[np.ndarray], labels: list[np.ndarray]
     ) -> dict[str, Any]:
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
-
-
-def build(options: Options) -> CausalLM:
-    return CausalLM()

@@ -8,12 +8,13 @@ right), so a batch is just input_ids, attention_mask and labels.
 
 Eval: the loss over every eval row, then ``model.generate`` (greedy, plain PyTorch: generation
 runs outside ORTModule) on the first ``task.generate_samples`` rows. ``exact_match`` and
-``token_f1`` are SQuAD v1.1's exact match and word-overlap F1 (``tasks/squad.py``: lowercase,
+``token_f1`` are SQuAD v1.1's exact match and word-overlap F1 (``ortft.tasks.squad``: lowercase,
 no punctuation, no articles a/an/the, collapsed whitespace) of the decoded output against the
 decoded target. ``ortft eval`` reports the same on a saved model; ``ortft predict`` generates.
 
 ONNX: exported as two graphs, ``encoder.onnx`` and ``decoder.onnx`` with its KV cache
-(``ortft.export.seq2seq``); ``ortft eval`` / ``predict`` run them as they run PyTorch.
+(``ortft.families.generation.seq2seq_graphs``); ``ortft eval`` / ``predict`` run them as they
+run PyTorch.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class Seq2Seq(Task):
         self, model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int
     ) -> np.ndarray:
         """Greedy ``model.generate`` on the plain PyTorch model (or the ONNX export's own
-        greedy loop, ``ortft.export.seq2seq.OnnxSeq2Seq``): the output token ids."""
+        greedy loop, ``seq2seq_graphs.OnnxSeq2Seq``): the output token ids."""
         import torch
 
         if not isinstance(model, torch.nn.Module):  # the ONNX encoder + decoder
@@ -150,12 +151,3 @@ class Seq2Seq(Task):
 def token_f1(pred: str, gold: str) -> float:
     """SQuAD v1.1's word-overlap F1 (kept under this name: ``eval_token_f1``)."""
     return squad.f1(pred, gold)
-
-
-def build(section: Options) -> Seq2Seq:
-    return Seq2Seq(
-        section.source_column,
-        section.target_column,
-        section.max_target_length,
-        section.generate_samples,
-    )

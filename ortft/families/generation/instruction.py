@@ -209,9 +209,3 @@ def _template_segments(tokenizer: Any, msgs: list[dict[str, str]]) -> list[tuple
         out.append((full[len(done) :], m["role"] == "assistant"))
         done = full
     return out
-
-
-def build(section: Options) -> Instruction:
-    return Instruction(
-        section.prompt_column, section.response_column, section.messages_column, section.template
-    )

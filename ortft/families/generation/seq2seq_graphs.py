@@ -11,8 +11,8 @@ are recomputed from ``encoder_hidden_states`` at each step. Handing them over to
 graph for the first step (which computes them) and one for the later steps (which read them),
 as Optimum does, because the choice is a Python branch in T5's attention (``is_updated``) that
 tracing fixes. One decoder graph costs two projections of the encoder states per layer and
-step (small next to the rest for short sources). The same flat-tensor wrapper as
-``ortft.export.decoder`` carries the cache (TorchScript cannot take ``Cache`` objects).
+step (small next to the rest for short sources). The same flat-tensor wrapper as a decoder's
+(``decoder_graph``) carries the cache (TorchScript cannot take ``Cache`` objects).
 
 The checks (export.json): ``parity`` compares the teacher-forced logits (decoder fed the
 shifted targets, empty past) with PyTorch's; ``generation`` the tokens the pair generates with the
@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft.core.constants import IGNORE_INDEX
 from ortft.export import decoder, parity
 
 ENCODER, DECODER = "encoder.onnx", "decoder.onnx"
@@ -172,8 +171,8 @@ class OnnxSeq2Seq:
 
     def logits(self, input_ids: np.ndarray, attention_mask: np.ndarray, labels: np.ndarray):
         """Teacher-forced logits: the decoder fed the labels shifted right as the model's own
-        forward shifts them (``shift_right``)."""
-        dec = shift_right(labels, self.pad, self.start, self.config.model_type)
+        forward shifts them (``decoder.shift_right``)."""
+        dec = decoder.shift_right(labels, self.pad, self.start, self.config.model_type)
         mask = attention_mask.astype(np.int64)
         hidden = self._encode(input_ids, mask)
         return self._decode(
@@ -190,7 +189,7 @@ class OnnxSeq2Seq:
         """Token ids as ``model.generate`` returns them (the start token, then the new tokens, a
         finished row padded) and each step's raw logits, with the export's generation config
         (``ortft.export.generation``). ``num_beams`` 1: greedy, as eval's generate metrics run
-        PyTorch (``tasks.seq2seq``); None: the config's own (``ortft predict``)."""
+        PyTorch (``seq2seq``); None: the config's own (``ortft predict``)."""
         from ortft.export import generation
 
         fields: dict[str, Any] = {"max_new_tokens": max_new_tokens}
@@ -212,25 +211,6 @@ class OnnxSeq2Seq:
         steps = _Steps(self, self._encode(input_ids, mask), mask)
         first = np.full((len(mask), 1), int(start), dtype=np.int64)
         return generation.generate(steps, first, p)
-
-
-# mBART's forward starts the decoder from each target's last token (its language code), not
-# from decoder_start_token_id (transformers' mbart ``shift_tokens_right``); fed T5's shift, a
-# tiny mBART's teacher-forced logits differed by 0.75 from PyTorch's (tests/test_archs.py).
-WRAP_LAST_TOKEN = ("mbart",)
-
-
-def shift_right(labels: np.ndarray, pad: int, start: int, model_type: str) -> np.ndarray:
-    """The decoder inputs the model's forward builds from ``labels`` (ignored positions: pad)."""
-    targets = np.where(labels == IGNORE_INDEX, pad, labels)
-    dec = np.full_like(targets, pad)
-    dec[:, 1:] = targets[:, :-1]
-    if model_type in WRAP_LAST_TOKEN:
-        last = np.maximum((targets != pad).sum(axis=1) - 1, 0)
-        dec[:, 0] = targets[np.arange(len(targets)), last]
-    else:
-        dec[:, 0] = start
-    return dec.astype(np.int64)
 
 
 def check(
