@@ -59,3 +59,7 @@ class Encoder(Protocol):
     ) -> Encoded:
         """Rows -> their arrays."""
         ...
+
+    def file_column(self, data: DataSection) -> str | None:
+        """The column of file paths the rows name (images, audio); None: rows hold text."""
+        ...

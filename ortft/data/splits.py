@@ -114,7 +114,7 @@ def encode_splits(
         else None
     )
     modality = getattr(task, "modality", "text")
-    text = modality == "text"  # images and audio: files checked, not tokenized
+    text = task.file_column(spec) is None  # images and audio: files checked, not tokenized
     done = "tokenized" if text else "files checked"
     how = (
         "streamed: tokenized as read"

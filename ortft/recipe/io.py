@@ -236,10 +236,10 @@ def _position_problems(loaded: LoadedRecipe) -> list[str]:
     """data.max_length fits a local model folder's learned position table (its config.json,
     read without transformers; rules.LEARNED_POSITIONS says which models have one)."""
     from ortft import tasks
-    from ortft.recipe.rules import position_limit
+    from ortft.recipe.rules import position_limit, reads_text
 
     value = loaded.recipe.model.name_or_path
-    if not value or tasks.get(loaded.recipe.task.name, loaded.recipe.task).modality != "text":
+    if not value or not reads_text(tasks.get(loaded.recipe.task.name, loaded.recipe.task)):
         return []  # data.max_length cuts texts only: a folder of another kind is named later
     try:
         config_file = loaded.resolve_path(value) / "config.json"

@@ -81,6 +81,12 @@ def combination_problems(r: Recipe) -> Iterator[str]:
         yield "backend.trainable and adapter both choose what trains; use one of them"
 
 
+def reads_text(task: tasks.Task) -> bool:
+    """Rows of text a tokenizer reads; not files a processor decodes per batch
+    (``protocols.ReadsFiles``: images, audio, captioned images)."""
+    return not isinstance(task, protocols.ReadsFiles)
+
+
 def modality(r: Recipe) -> Iterator[str]:
     """What a task's rows hold decides what the model needs: a tokenizer (text), or what the
     family's own rules ask (``protocols.ChecksRecipe``: images, audio)."""
@@ -88,9 +94,9 @@ def modality(r: Recipe) -> Iterator[str]:
     tok = r.model.tokenizer
     if isinstance(task, protocols.ChecksRecipe):  # the family's own rules
         yield from task.recipe_problems(r)
-    elif task.modality == "text" and r.model.from_config and not tok.path and not tok.train:
+    elif reads_text(task) and r.model.from_config and not tok.path and not tok.train:
         yield "a model built from_config needs model.tokenizer.path or model.tokenizer.train"
-    if task.modality != "text" and r.data.streaming:
+    if not reads_text(task) and r.data.streaming:
         yield f"data.streaming: {r.task.name} reads stored data (a list of files)"
 
 

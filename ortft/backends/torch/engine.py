@@ -133,7 +133,7 @@ class PyTorchEngine:
         if isinstance(task, protocols.LoadsTokenizer):  # the family's own (text-to-image's CLIP)
             return task.load_tokenizer(loaded, run_dir)
         models.check_fits(loaded, task)  # a folder of another kind: why, before its files load
-        if task.modality != "text":
+        if isinstance(task, protocols.ReadsFiles):  # its processor, where text has a tokenizer
             return self._processor(loaded, run_dir, task, train_rows)
         r = loaded.recipe
         tok_dir = run_dir / "tokenizer"

@@ -19,6 +19,7 @@ from ortft.backends.torch import hf_config, load_checks
 from ortft.core.errors import InputError, first_line
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import FromConfig, ModelSection, TrainTokenizer
+from ortft.tasks import protocols
 
 log = logging.getLogger("ortft")
 
@@ -258,7 +259,7 @@ def _set_dropout(config: Any, p: float) -> None:
 def vocabulary(task: Any, processor: Any) -> Any:
     """What sizes the model's vocabulary: a text task's tokenizer, a speech processor's
     tokenizer; an image processor sizes none (None)."""
-    if task.modality == "text":
+    if not isinstance(task, protocols.ReadsFiles):
         return processor
     return getattr(processor, "tokenizer", None)
 
