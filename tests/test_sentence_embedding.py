@@ -25,10 +25,10 @@ from helpers import run_cli, summary
 
 from ortft import tasks
 from ortft.data import batches
-from ortft.data.pooling import Pooling, pool_tokens
 from ortft.data.spec import DataSection
-from ortft.export import embedding
-from ortft.tasks import sentence_embedding as se
+from ortft.families.embedding import graphs as embedding
+from ortft.families.embedding import task as se
+from ortft.families.embedding.pooling import Pooling, pool_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,8 +168,8 @@ def test_cutting_each_text_kind_to_its_own_length_keeps_the_loss():
 
 @pytest.mark.parametrize("mode", ["mean", "cls", "max"])
 def test_training_and_the_export_pool_as_sentence_transformers_does(mode):
-    """ortft.data.pooling.pool_tokens (the task's and the export's one pooling) against
-    sentence-transformers' own Pooling module, padded rows included."""
+    """ortft.families.embedding.pooling.pool_tokens (the task's and the export's one
+    pooling) against sentence-transformers' own Pooling module, padded rows included."""
     from sentence_transformers.sentence_transformer.modules import Pooling as STPooling
 
     torch.manual_seed(1)

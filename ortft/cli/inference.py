@@ -36,16 +36,15 @@ def eval_cmd(
 
     def body() -> None:
         from ortft import tasks
-        from ortft.inference import evaluate, predict_embedding
+        from ortft.inference import evaluate
 
         quiet_libraries(state["debug"])
         family = tasks.folder_family(source, source / "final")
+        embedder = tasks.embedder(source) if family is None else None
         if family is not None:  # a folder of a family's own layout (text-to-image's)
             result = family.evaluate_folder(source, data_file, batch_size)
-        elif predict_embedding.embeds(source):  # retrieval, not logits (evaluate_embedding.py)
-            from ortft.inference import evaluate_embedding
-
-            result = evaluate_embedding.run(source, data_file, batch_size)
+        elif embedder is not None:  # retrieval, not logits (the embedding family's)
+            result = embedder.evaluate_embeddings(source, data_file, batch_size)
         else:
             result = evaluate.run(source, data_file, batch_size)
         typer.echo(json.dumps(result, indent=2) if as_json else evaluate.format_result(result))

@@ -11,9 +11,8 @@ the model config and ``export.json`` (the reports). On request it also holds
 The checks and export.json's pass rules are in ``ortft.export.parity``; a family's own export
 (``ortft.tasks.protocols``: ``ExportsGraphs``, or ``ExportsOneGraph`` for one graph on its own
 inputs, such as an image classifier's ``pixel_values``; a decoder's graph with its KV cache:
-``ExportsDecoder``) in its family package; a bare
-encoder's (``last_hidden_state`` and the pooled ``sentence_embedding``) in
-``ortft.export.embedding``; ``onnx/model.onnx``, a link for transformers.js, in
+``ExportsDecoder``) in its family package, a bare encoder's too (a task no recipe names:
+``ortft.tasks.exporting``); ``onnx/model.onnx``, a link for transformers.js, in
 ``ortft.export.layout``;
 ``ortft export SOURCE`` (runs, checkpoints, saved models, ONNX final/) in
 ``ortft.tools.export_source``.
@@ -29,7 +28,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,7 +35,7 @@ import numpy as np
 import torch
 
 from ortft.core.errors import InputError
-from ortft.export import embedding, generation, layout, parity
+from ortft.export import generation, layout, parity
 from ortft.export import onnx_tools as tools
 from ortft.export.parity import publish  # the folder: staged, then swapped in
 from ortft.export.rows import parity_feeds, samples_source
@@ -61,9 +59,7 @@ POSITIONS = {"encoder": "row", "per-token": "token", "decoder": "next-token"}
 def _kind(task: str) -> str:
     from ortft import tasks
 
-    if task == embedding.TASK:  # an encoder without a head, exported without a task
-        return "embedding"
-    return tasks.get(task).export_kind
+    return tasks.exporting(task).export_kind  # a bare encoder's export names a task of its own
 
 
 def _task_of(task: str, task_options: Any) -> Any:
@@ -71,7 +67,7 @@ def _task_of(task: str, task_options: Any) -> Any:
     from ortft import tasks
 
     own = task_options is not None and getattr(task_options, "name", None) == task
-    return tasks.get(task, task_options if own else None)
+    return tasks.exporting(task, task_options if own else None)
 
 
 class _LogitsOnly(torch.nn.Module):
@@ -197,7 +193,7 @@ class ExportOptions:
     kv_cache: bool = True
     task_options: Any = None
     check_runtimes: Sequence[str] = ()
-    pooling: Any = None  # an embedding's ``ortft.data.pooling.Pooling`` (None: mean, no L2)
+    pooling: Any = None  # an embedding's pooling (the embedding family's; None: mean, no L2)
     text_pair: tuple[str, str] | None = None
 
 
@@ -221,21 +217,6 @@ def export_model(
     failure into a GateError.
     """
     options = options or ExportOptions()
-    if _kind(task) == "embedding":  # last_hidden_state, sentence_embedding (export.embedding)
-        job = embedding.EncoderGraph(
-            model.eval().to("cpu"),
-            tokenizer,
-            options,
-            task=task,
-            opset=opset,
-            tolerance=tolerance,
-            samples=samples,
-            n=PARITY_SAMPLES,
-        )
-        runtimes = partial(
-            other_runtimes, feeds=job.feeds, tolerance=tolerance, pythons=options.check_runtimes
-        )
-        return _published(out_dir, partial(job.build, runtimes=runtimes))
     spec = _task_of(task, options.task_options)
     if isinstance(spec, protocols.ExportsGraphs):  # the family's own graphs and checks
         build = spec.export_builder(model, tokenizer, opset, tolerance, samples, options)

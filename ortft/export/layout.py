@@ -78,7 +78,7 @@ def hub_links(folder: Path) -> dict[str, str]:
 
 def with_links(folder: Path, result: dict[str, Any]) -> dict[str, Any]:
     """``result`` (export.json) after :func:`hub_links`: the last step of every folder made
-    ready for clients (``exporter.deployable``, ``embedding``'s own)."""
+    ready for clients (``exporter.deployable``, the embedding family's own)."""
     links = hub_links(folder)
     if links:
         result["links"] = links

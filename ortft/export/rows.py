@@ -1,6 +1,6 @@
 """The rows an export is traced and checked on: the parity rows (held-out or synthetic) and the
 two-row tracing example. Shared by every export kind (``ortft.export.exporter`` re-exports
-them; ``ortft.export.embedding`` imports them here, below the exporter that routes to it)."""
+them; the embedding family's export imports them here)."""
 
 from __future__ import annotations
 

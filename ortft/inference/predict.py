@@ -23,8 +23,9 @@ columns; ``ortft.inference.pairs``). Output, one line per input, in order; what 
   answers each file itself: image classification's label, softmax scores and top 5
   (image-label), speech recognition's transcripts;
 - embedding (a sentence-embedding run, an embedding export, an encoder without a head): each
-  text's sentence embedding, or with ``--query`` the texts ranked by cosine similarity to it
-  (``ortft.inference.predict_embedding``, which also says what counts as embedding).
+  text's sentence embedding, or with ``--query`` the texts ranked by cosine similarity to it,
+  from the family that embeds (``ortft.tasks.protocols.EmbedsTexts``, which also says what
+  counts as embedding).
 
 ``--prompt`` with ``-o out.png`` draws instead (``draw``): the family that draws
 (``ortft.tasks.protocols.DrawsPrompts``, text-to-image's) reads the folder itself.
@@ -41,7 +42,7 @@ from typing import Any, TextIO, cast
 import numpy as np
 
 from ortft.core.errors import InputError
-from ortft.inference import pairs, predict_embedding
+from ortft.inference import pairs
 from ortft.inference.evaluate import SavedModel, open_model, training_recipe
 from ortft.tasks import protocols
 
@@ -231,10 +232,13 @@ def run(
     top_k: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """One result dict per input (``query``, ``top_k``: rank them, for a model that embeds)."""
-    if predict_embedding.embeds(source):  # before open_model: an export without a task
+    from ortft import tasks
+
+    embedder = tasks.embedder(source)
+    if embedder is not None:  # before open_model: an export without a task
         where = "<stdin>" if input_path == "-" else input_path
         texts = [_field(o, "text", w) for w, o in _read(input_path)]
-        return predict_embedding.run(
+        return embedder.predict_embeddings(
             source,
             texts,
             where,
@@ -282,8 +286,10 @@ def format_line(result: dict[str, Any]) -> str:
     """The plain (non --json) line: label and score (an image's: after its path), word/TAG
     pairs, the answer and its score, the filled text, the generated text, an embedding, or a
     ranked text, on one line."""
-    if "embedding" in result or "rank" in result:
-        return predict_embedding.format_line(result)
+    if "embedding" in result:  # the vector as a JSON list
+        return json.dumps(result["embedding"])
+    if "rank" in result:  # a text ranked by its similarity to --query
+        return f"{result['rank']}\t{result['score']:.4f}\t{result['text']}"
     if "seconds" in result:  # a transcript: after its file's path
         return f"{result['input']}\t{result['text']}"
     if "top_k" in result:

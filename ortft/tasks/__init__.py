@@ -23,7 +23,7 @@ from ortft.tasks.base import Encoded, ExportKind, Task, TaskOptions
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from ortft.tasks.protocols import OwnsFolders
+    from ortft.tasks.protocols import EmbedsTexts, ExportsPlainEncoders, OwnsFolders
 
 __all__ = [
     "BUILTIN",
@@ -31,6 +31,8 @@ __all__ = [
     "ExportKind",
     "Task",
     "TaskOptions",
+    "embedder",
+    "exporting",
     "folder_family",
     "from_architecture",
     "get",
@@ -39,6 +41,7 @@ __all__ = [
     "options",
     "options_model",
     "owner_of",
+    "plain_encoder",
     "register",
 ]
 
@@ -54,7 +57,7 @@ BUILTIN = {
     "instruction": "ortft.families.generation",
     "image-classification": "ortft.families.vision",
     "speech-recognition": "ortft.families.speech",
-    "sentence-embedding": "ortft.tasks.sentence_embedding",
+    "sentence-embedding": "ortft.families.embedding",
     "text-to-image": "ortft.families.text_to_image",
 }
 
@@ -148,6 +151,41 @@ def folder_family(*folders: Path) -> OwnsFolders | None:
             if task.owns_folder(folder):
                 return task
     return None
+
+
+def embedder(source: Path) -> EmbedsTexts | None:
+    """The family whose model ``source`` is, when it embeds texts (a run, a model folder or an
+    ONNX export: ``protocols.EmbedsTexts``), or None."""
+    from ortft.tasks.protocols import EmbedsTexts
+
+    for task in cast("list[EmbedsTexts]", implementing(EmbedsTexts)):
+        if task.embeds(source):
+            return task
+    return None
+
+
+def plain_encoder(config: Any) -> ExportsPlainEncoders | None:
+    """The family that exports a saved model of ``config`` that no recipe describes, a text
+    encoder without a task head (``protocols.ExportsPlainEncoders``), or None."""
+    from ortft.tasks.protocols import ExportsPlainEncoders
+
+    for task in cast("list[ExportsPlainEncoders]", implementing(ExportsPlainEncoders)):
+        if task.plain_encoder(config):
+            return task
+    return None
+
+
+def exporting(name: str, section: Any = None) -> Task:
+    """The task an export called ``name`` is written for: the registered task (``get``), or
+    the one a family exports a plain encoder as (``ExportsPlainEncoders.plain_task``)."""
+    from ortft.tasks.protocols import ExportsPlainEncoders
+
+    if name not in _tasks:
+        for task in cast("list[ExportsPlainEncoders]", implementing(ExportsPlainEncoders)):
+            plain = task.plain_task()
+            if plain.name == name:
+                return plain
+    return get(name, section)
 
 
 def from_architecture(config: Any) -> str:

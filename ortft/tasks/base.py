@@ -36,7 +36,7 @@ __all__ = ["Encoded", "ExportKind", "Task", "TaskOptions", "skip_bad_file"]
 #   image      pixel_values -> one row of logits per image, plus preprocess.onnx (raw pixels in)
 #   speech     encoder.onnx + decoder.onnx (KV cache) on log-mel features, plus features.onnx
 #   embedding  a bare encoder: last_hidden_state and the pooled sentence_embedding, each compared
-#              (ortft.export.embedding; `ortft export` of a folder without a head gets it too)
+#              (ortft.families.embedding; `ortft export` of a folder without a head gets it too)
 #   text-to-image  a Stable Diffusion: text_encoder, unet, vae_decoder and vae_encoder graphs in
 #              the layout of ONNX Stable Diffusion pipelines (ortft.families.text_to_image), and
 #              draw.py that draws with them

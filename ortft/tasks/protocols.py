@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ortft.tasks.base import Task
 
 # A staged export's builder: fills the staging folder, returns the export's report
 # (``ortft.export.parity.publish`` swaps the folder in).
@@ -350,4 +353,61 @@ class WritesSnippet(Protocol):
 
     def snippet(self, tokenizer: Any, report: dict[str, Any]) -> str:
         """The card's code (``report``: export.json's sections)."""
+        ...
+
+
+# embedding's hooks
+
+
+@runtime_checkable
+class EmbedsTexts(Protocol):
+    """A family whose models embed texts: eval and predict hand it a folder that embeds (a run,
+    a model folder, an ONNX export) before ``open_model`` reads a task from it, since an export
+    of a plain encoder names none (``ortft.tasks.embedder`` asks every registered task)."""
+
+    def embeds(self, source: Path) -> bool:
+        """Whether ``source`` (a run dir, a model folder or an ONNX export) gives embeddings."""
+        ...
+
+    def evaluate_embeddings(
+        self, source: Path, data_file: Path | None, batch_size: int
+    ) -> dict[str, Any]:
+        """``ortft eval`` of ``source``: the result that
+        ``ortft.inference.evaluate.format_result`` prints."""
+        ...
+
+    def predict_embeddings(
+        self,
+        source: Path,
+        texts: list[str],
+        where: str,
+        *,
+        query: str | None,
+        top_k: int | None,
+        max_length: int | None,
+        batch_size: int,
+    ) -> Iterator[dict[str, Any]]:
+        """``ortft predict`` of ``source`` on ``texts`` (``where``: the input's name): one
+        embedding per text, or with ``query`` the texts ranked by similarity to it (``top_k``:
+        the first N); ``max_length``: None, the folder's own."""
+        ...
+
+
+@runtime_checkable
+class ExportsPlainEncoders(Protocol):
+    """A family that also exports a text encoder without a task head that no recipe describes
+    (``BertModel``, a sentence-transformers folder): ``ortft export`` finds it by the folder's
+    config (``ortft.tasks.plain_encoder``) and exports the folder as ``plain_task``, a task no
+    recipe names; the exporter finds that task by its name (``ortft.tasks.exporting``)."""
+
+    def plain_encoder(self, config: Any) -> bool:
+        """Whether ``config`` (a saved model's) is such an encoder."""
+        ...
+
+    def plain_task(self) -> Task:
+        """The task the export is written as: its name is export.json's task."""
+        ...
+
+    def plain_options(self, folder: Path) -> dict[str, Any]:
+        """What the export of ``folder`` adds to the exporter's ``ExportOptions``."""
         ...

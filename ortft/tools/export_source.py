@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ortft.backends.ondevice import artifacts
 from ortft.backends.ondevice import reference as ondevice_reference
 from ortft.core.errors import GateError, InputError, first_line
-from ortft.data import pooling
-from ortft.export import deploy, embedding, parity
+from ortft.export import deploy, parity
 from ortft.export.exporter import (
     PARITY_SAMPLES,
     ExportOptions,
@@ -42,12 +41,14 @@ log = logging.getLogger("ortft")
 def task_of(config: Any, model_dir: Path | None = None) -> str:
     """The task the run's recipe (``model_dir/recipe.yaml``) names; only a plain Hugging Face
     model without one falls back to the task its architecture name implies, an encoder without
-    a head (``BertModel``) to feature extraction (``ortft.export.embedding``)."""
+    a head (``BertModel``) to the task a family exports it as (``tasks.plain_encoder``: feature
+    extraction)."""
     from ortft import tasks
 
     recorded = read_task(model_dir / "recipe.yaml") if model_dir is not None else None
-    if recorded is None and embedding.bare_encoder(config):
-        return embedding.TASK
+    family = tasks.plain_encoder(config) if recorded is None else None
+    if family is not None:
+        return family.plain_task().name
     task = recorded.name if recorded is not None else tasks.from_architecture(config)
     skip = tasks.get(task).export_skip
     if skip:
@@ -157,8 +158,8 @@ def export_source(
             training=artifacts.ForExport(trainable) if training_artifacts else None,
             max_length=deploy.training_max_length(model_dir),
             task_options=read_task(model_dir / "recipe.yaml"),
-            pooling=pooling.read(model_dir) if task == embedding.TASK else None,
             text_pair=_text_pair(model_dir, task),
+            **_plain_options(model_dir, task, config),
             **options,
         )
         result = export_model(
@@ -177,6 +178,15 @@ def export_source(
             f"(report: {Path(result['dir']) / 'export.json'})"
         )
     return result
+
+
+def _plain_options(model_dir: Path, task: str, config: Any) -> dict[str, Any]:
+    """What a plain encoder's folder adds to its export's options (its pooling), where ``task``
+    is the one a family exports it as (no registered task); else nothing."""
+    from ortft import tasks
+
+    family = tasks.plain_encoder(config) if task not in tasks.names() else None
+    return family.plain_options(model_dir) if family is not None else {}
 
 
 def _flags(merge_adapters: bool, training_artifacts: bool, options: dict[str, Any]) -> list[str]:
@@ -227,8 +237,8 @@ def _load_model(
     try:
         config = AutoConfig.from_pretrained(model_dir)
         task = task_of(config, model_dir)
-        spec = None if task == embedding.TASK else tasks.get(task)  # feature extraction: no task
-        auto = getattr(transformers, spec.auto_class if spec else "AutoModel")
+        spec = tasks.exporting(task)  # a plain encoder's: the task a family exports it as
+        auto = getattr(transformers, spec.auto_class)
         model = auto.from_pretrained(model_dir, attn_implementation="eager")
         adapter_dir = model_dir / "adapter"
         if (adapter_dir / "adapter_config.json").exists() != merge_adapters:

@@ -1,7 +1,7 @@
 """``ortft eval`` of a model that embeds (a sentence-embedding run, its ``embedding`` ONNX export,
 a bare encoder folder): retrieval over the eval pairs, on PyTorch or ONNX Runtime.
 
-The figures are training's (``ortft.tasks.sentence_embedding``): every anchor against every
+The figures are training's (``task``): every anchor against every
 positive of the split by cosine similarity (accuracy@1, MRR@10, recall@10), so ``ortft eval RUN``
 on the run's own eval split repeats its ``summary.json`` metrics. ``loss`` is the in-batch loss
 (MultipleNegativesRankingLoss at the run's ``task.scale``) over consecutive batches of the run's
@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from ortft import tasks
-from ortft.inference import evaluate, predict_embedding
+from ortft.families.embedding import predict as predict_embedding
+from ortft.families.embedding import task as sentence_embedding
+from ortft.inference import evaluate
 from ortft.recipe.task import read_task
-from ortft.tasks import sentence_embedding
 
 log = logging.getLogger("ortft")
 

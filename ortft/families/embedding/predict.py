@@ -14,7 +14,7 @@ longest, truncated at ``--max-length``, else where sentence-transformers truncat
 position limit). An ONNX export runs ``model.onnx`` and takes its ``sentence_embedding`` (the
 pooling is in the graph; export.json's ``pooling`` gives the length and lowercasing). PyTorch
 loads the folder with ``AutoModel`` and pools its hidden states with the folder's
-sentence-transformers files (``ortft.data.pooling.read``) through ``ortft.export.embedding``:
+sentence-transformers files (``pooling.read``) through the export's ``graphs.Pooled``:
 the function the export is checked against, so both runtimes give the same vectors (within
 the export's parity tolerance), and ``SentenceTransformer(folder).encode`` gives them too
 (tests/test_st_layout.py).
@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from ortft.core.errors import InputError
-from ortft.data.pooling import Pooling
+from ortft.families.embedding.pooling import Pooling
 
-EMBEDDING = "sentence_embedding"  # the export's output (ortft.export.embedding.OUTPUTS)
+EMBEDDING = "sentence_embedding"  # the export's output (graphs.OUTPUTS)
 EXPORT_JSON = "export.json"
 MODEL = "model.onnx"
 FALLBACK_LENGTH = 512  # no length recorded anywhere: what predict truncates other tasks at
@@ -119,9 +119,9 @@ def embeds(source: Path) -> bool:
         options = read_task(recipe)
         if options is not None:  # the run's own task decides (a masked-lm BERT does not embed)
             return tasks.get(options.name, options).predicts == "embedding"
-    from ortft.export import embedding
+    from ortft.families.embedding import graphs
 
-    return embedding.bare_encoder(_config(folder))
+    return graphs.bare_encoder(_config(folder))
 
 
 def _trained_length(recipe: Path | None) -> int | None:
@@ -169,15 +169,15 @@ def _pytorch(folder: Path) -> tuple[Pooling, Callable[[np.ndarray, np.ndarray], 
     import torch
     from transformers import AutoModel
 
-    from ortft.data import pooling as pooling_files
-    from ortft.export import embedding
+    from ortft.families.embedding import graphs
+    from ortft.families.embedding import pooling as pooling_files
 
     pooling = pooling_files.read(folder)
     try:
         model = AutoModel.from_pretrained(folder).eval()
     except (OSError, ValueError) as err:
         raise InputError(f"{folder}: cannot load the model ({err})") from None
-    pooled = embedding.Pooled(model, pooling).eval()
+    pooled = graphs.Pooled(model, pooling).eval()
 
     def vectors(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with torch.no_grad():
@@ -256,10 +256,3 @@ def run(
         return rank(model, texts, query, top_k, batch_size)
     vectors = model.embed(texts, batch_size)
     return ({"index": i, "embedding": _floats(v)} for i, v in enumerate(vectors))
-
-
-def format_line(result: dict[str, Any]) -> str:
-    """The plain (non --json) line: the vector as a JSON list, or rank, score and text."""
-    if "embedding" in result:
-        return json.dumps(result["embedding"])
-    return f"{result['rank']}\t{result['score']:.4f}\t{result['text']}"

@@ -9,7 +9,7 @@ anchor is not padded to a passage's length; ``_length`` (a row's longest text) g
 
 Loss: one model call per text kind (anchors, positives, negatives), all in one forward, so
 ORTModule exports one graph that holds the encoder once per kind with its weights shared;
-pooled as ``task.pooling`` says (``ortft.data.pooling``: auto reads
+pooled as ``task.pooling`` says (``pooling``: auto reads
 the model folder's modules.json, else mean). Each anchor's cosine similarity to every positive
 and negative in the batch, times ``task.scale``, then cross-entropy against its own positive.
 So the loss depends on who shares a batch: the other rows' positives are the negatives. Under
@@ -37,8 +37,8 @@ import numpy as np
 from pydantic import Field
 
 from ortft.data import batches
-from ortft.data import pooling as pooling_files
-from ortft.data.pooling import Pooling, pool_tokens
+from ortft.families.embedding import pooling as pooling_files
+from ortft.families.embedding.pooling import Pooling, pool_tokens
 from ortft.tasks.base import Encoded, Task, TaskOptions
 
 if TYPE_CHECKING:
@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("ortft")
 
 TOP_K = 10  # mrr_at_10, recall_at_10
+# export.json's task for a text encoder without a head that no recipe describes, which
+# `ortft export` writes as this family's export (family.FeatureExtraction); a run's export is
+# named for the run's task
+FEATURE_EXTRACTION = "feature-extraction"
 
 
 class Options(TaskOptions):
@@ -255,14 +259,3 @@ class SentenceEmbedding(Task):
     def write_extras(self, folder: Path, model: Any) -> None:
         """final/ as a sentence-transformers folder: modules.json, 1_Pooling/, ..."""
         pooling_files.write(folder, self.pooling, int(model.config.hidden_size))
-
-
-def build(section: Options) -> SentenceEmbedding:
-    return SentenceEmbedding(
-        section.anchor_column,
-        section.positive_column,
-        section.negative_column,
-        section.scale,
-        section.pooling,
-        section.normalize,
-    )

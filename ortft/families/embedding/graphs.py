@@ -3,7 +3,7 @@ embedding, both checked against PyTorch.
 
 - ``model.onnx``: ``input_ids``, ``attention_mask`` int64 [batch, sequence] (both axes dynamic)
   -> ``last_hidden_state`` float32 [batch, sequence, hidden] and ``sentence_embedding`` float32
-  [batch, hidden]. The pooling is the folder's (``ortft.data.pooling``: sentence-transformers'
+  [batch, hidden]. The pooling is the folder's (``pooling``: sentence-transformers'
   ``modules.json`` and ``1_Pooling/config.json``): ``mean`` over the positions where the mask
   is 1, ``cls`` (the first position) or ``max`` (masked positions excluded), L2-normalised when
   ``modules.json`` lists ``Normalize``; mean without normalisation for a plain encoder.
@@ -30,13 +30,14 @@ import numpy as np
 import torch
 
 from ortft.core.errors import InputError
-from ortft.data.pooling import Pooling, pool_tokens
 from ortft.export import deploy, generation, layout, parity, rows
 from ortft.export import onnx_tools as tools
+from ortft.families.embedding.pooling import Pooling, pool_tokens
+from ortft.families.embedding.task import FEATURE_EXTRACTION
 
 # export.json's task for an encoder exported without a task (a task that trains embeddings
 # passes its own name, with export kind "embedding")
-TASK = "feature-extraction"
+TASK = FEATURE_EXTRACTION
 MODEL = "model.onnx"
 INPUTS = ("input_ids", "attention_mask")
 OUTPUTS = ("last_hidden_state", "sentence_embedding")

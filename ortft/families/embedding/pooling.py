@@ -17,8 +17,8 @@ version since 2.0 loads, 6.x included (measured with 6.2.0: it converts the flag
 6.x's own layout (one ``pooling_mode`` key, the length in the tokenizer's config) is not read
 by 5.x. ``read`` takes both.
 
-Torch-free and below the tasks, so a task that trains embeddings and the exporter read the
-pooling the same way (``read``).
+Torch-free, so the task that trains embeddings (``task``), the export (``graphs``) and
+``ortft predict`` read the pooling the same way (``read``).
 """
 
 from __future__ import annotations
