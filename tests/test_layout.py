@@ -48,7 +48,7 @@ REGISTRY = PACKAGE / "tasks" / "__init__.py"
 FAMILY_FIELDS = {"modality", "export_kind", "model_family", "predicts"}
 FAMILY_CALLS = {"_kind"}
 # What the core still compares while families move into ortft/families/ (issue 47): only down.
-MAX_FAMILY_BRANCHES = 5
+MAX_FAMILY_BRANCHES = 2
 # Names the Task base class defines (attributes and methods): what every task has. A hook that
 # serves a few tasks is a protocol they implement (ortft.tasks.protocols). Only down (issue 47
 # aims at 12).

@@ -112,7 +112,8 @@ def deployable(
     if text_pair is not None:  # ortft predict / eval of this folder alone read pairs
         result["text_pair"] = {"text_column": text_pair[0], "text_pair_column": text_pair[1]}
     result["ir_version"] = deploy.ir_version(folder / next(iter(result["files"].values())))
-    if spec.modality == "text":  # an image processor has no state of training's to take out
+    # a text model's tokenizer loses training's padding; a processor of files has none to lose
+    if not isinstance(spec, protocols.ReadsFiles):
         result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
     if spec.needs_labels:
         deploy.label_names(folder, config)

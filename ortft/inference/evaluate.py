@@ -341,7 +341,7 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> di
     labels = m.labels()
     label2id = {name: i for i, name in enumerate(labels)} if labels else None
     encoded = m.spec.encode(rows, m.tokenizer, spec, label2id)
-    text = m.spec.modality == "text"  # an image or a clip has no token length
+    text = not isinstance(m.spec, protocols.ReadsFiles)  # an image or a clip has no tokens
     unit = f"examples of {spec.max_length} tokens" if text else f"{m.spec.modality} files"
     log.info("eval: %s (%s) on %s: %d %s", m.path, m.runtime, where, len(encoded), unit)
     seed = loaded.recipe.training.seed if loaded else TrainingSection.model_fields["seed"].default

@@ -29,6 +29,7 @@ from ortft.backends.torch import models
 from ortft.core import fsutil
 from ortft.core.constants import IGNORE_INDEX
 from ortft.recipe.io import LoadedRecipe
+from ortft.tasks import protocols
 
 log = logging.getLogger("ortft")
 
@@ -51,7 +52,7 @@ def _example(
     cut = max(1, ids.shape[1] // 2)
     mask[1, cut:] = 0
     ids[1, cut:] = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    if task.export_kind == "decoder":  # a language model: the labels are the inputs
+    if isinstance(task, protocols.ExportsDecoder):  # a language model: labels are the inputs
         labels = np.where(mask == 1, ids, IGNORE_INDEX).astype(np.int64)
     else:
         labels = batch["labels"].astype(np.int64)
