@@ -14,6 +14,7 @@ from pydantic import Field
 from ortft import tasks
 from ortft.recipe import io as recipe_io
 from ortft.recipe.schema import Recipe
+from ortft.tasks import protocols
 
 BASE = {
     "model": {
@@ -65,7 +66,7 @@ def test_a_registered_toy_task_is_built_and_accepted_by_the_recipe(toy) -> None:
     assert task.export_kind == "encoder" and not task.ondevice and not task.own_columns
     batch = {"input_ids": np.zeros((2, 4))}
     assert task.collate(batch, 0, 1) is batch
-    assert task.generate_metrics(None, None, None) == {}
+    assert protocols.generated_metrics(task, None, None, None) == {}  # it generates nothing
     assert task.label_names([{"text": "a"}], None) is None
 
     r = Recipe.model_validate({**BASE, "task": {"name": "toy-echo", "echo_column": "words"}})

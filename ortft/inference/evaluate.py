@@ -329,7 +329,7 @@ def score(
     metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)
     # generated text: on PyTorch, and on the exports whose runners generate
     if m.runtime == "pytorch" or isinstance(task, protocols.OwnRunner):
-        metrics.update(task.generate_metrics(m._model, m.tokenizer, encoded))
+        metrics.update(protocols.generated_metrics(task, m._model, m.tokenizer, encoded))
     return metrics
 
 

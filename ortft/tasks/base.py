@@ -20,8 +20,6 @@ from ortft.data import batches
 from ortft.data.encoded import Encoded
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import numpy as np
 
     from ortft.data.spec import DataSection
@@ -145,15 +143,6 @@ class Task:
         """The column of file paths an image task reads (default: none, rows hold text)."""
         return None
 
-    def prepare_model(self, model: Any, processor: Any) -> None:
-        """The built model, before it is wrapped (default: nothing; speech recognition gives a
-        Whisper built from a config Whisper's generation fields)."""
-
-    def write_extras(self, folder: Path, model: Any) -> None:
-        """Files final/ adds beside the model's own (``folder``: final/ being written, ``model``:
-        the trained transformers model; default: nothing; sentence-embedding writes the
-        sentence-transformers modules.json and pooling config)."""
-
     def texts(self, rows: list[dict[str, Any]], data: DataSection) -> list[str]:
         """The texts a tokenizer is trained on."""
         return [str(row[data.text_column]) for row in rows]
@@ -200,11 +189,3 @@ class Task:
         (``ortft.data.batches.Padding``) gives its longest row (sentence-embedding cuts each
         text's arrays to its own longest)."""
         return batches.cut(batch, padding, self.aligned_keys)
-
-    def generate_metrics(self, model: Any, tokenizer: Any, encoded: Encoded) -> dict[str, float]:
-        """Eval metrics that need generation, on the plain PyTorch model (default: none)."""
-        return {}
-
-    def prompt(self, text: str, tokenizer: Any) -> str:
-        """What ``ortft predict`` feeds a decoder task for one input text (default: the text)."""
-        return text

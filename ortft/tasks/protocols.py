@@ -167,6 +167,38 @@ class ReadsLabelNames(Protocol):
         ...
 
 
+@runtime_checkable
+class PreparesModel(Protocol):
+    """A task that sets up the built model before it is wrapped (sequence classification's
+    pad token, sentence embedding's pooling, speech's generation config)."""
+
+    def prepare_model(self, model: Any, processor: Any) -> None: ...
+
+
+@runtime_checkable
+class WritesExtras(Protocol):
+    """A task whose ``final/`` holds files beside the model's own (sentence embedding: the
+    sentence-transformers modules.json and pooling config)."""
+
+    def write_extras(self, folder: Path, model: Any) -> None: ...
+
+
+@runtime_checkable
+class GeneratesMetrics(Protocol):
+    """A task whose eval generates (seq2seq, speech): metrics beyond the logits."""
+
+    def generate_metrics(self, model: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
+        """On the plain model (PyTorch, or an export's runner that generates)."""
+        ...
+
+
+def generated_metrics(task: Any, model: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
+    """A task's generate metrics (``GeneratesMetrics``); {} for one that does not generate."""
+    if isinstance(task, GeneratesMetrics):
+        return task.generate_metrics(model, tokenizer, encoded)
+    return {}
+
+
 def pairs_of(task: Any, data: Any) -> tuple[str, str] | None:
     """A pair model's (first, second) text columns in ``data`` (``ReadsPairs``); None."""
     return task.pair_columns(data) if isinstance(task, ReadsPairs) else None

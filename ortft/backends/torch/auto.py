@@ -47,6 +47,7 @@ from ortft.checkpoint import store as checkpoint
 from ortft.core.errors import BackendError
 from ortft.data import batches
 from ortft.recipe.io import LoadedRecipe
+from ortft.tasks import protocols
 
 log = logging.getLogger("ortft")
 
@@ -102,7 +103,8 @@ def _time_route(
         labels,
         attn=backend.attn_implementation(device, route.dtype),
     )
-    task.prepare_model(model, tokenizer)
+    if isinstance(task, protocols.PreparesModel):
+        task.prepare_model(model, tokenizer)
     if r.adapter is not None:
         model = models.apply_adapter(model, r.adapter)
     module = models.TaskModule(model, task).to(device)

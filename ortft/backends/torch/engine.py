@@ -255,7 +255,8 @@ class PyTorchEngine:
         attn = self.wrapper.attn_implementation(self.device, self.dtype)
         vocab = models.vocabulary(task, tokenizer)
         model = models.build_model(loaded, task.auto_class, vocab, labels, attn=attn)
-        task.prepare_model(model, tokenizer)
+        if isinstance(task, protocols.PreparesModel):
+            task.prepare_model(model, tokenizer)
         self.head = load_checks.head_record(model)  # a pretrained head: kept, reordered or new
         if r.hardware.gradient_checkpointing:  # torch backend only (recipe check)
             model.gradient_checkpointing_enable()  # type: ignore[operator]
@@ -336,7 +337,7 @@ class PyTorchEngine:
         return float(loss), out
 
     def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
-        return task.generate_metrics(self.model, tokenizer, encoded)
+        return protocols.generated_metrics(task, self.model, tokenizer, encoded)
 
     # ---- files
     def save(
@@ -393,7 +394,7 @@ class PyTorchEngine:
     def write_final(self, folder: Path) -> None:
         """A Hugging Face model folder. A LoRA run's holds the base model (frozen weights,
         trained head) and, in adapter/, the adapter in PEFT's format (`ortft export
-        --merge-adapters` merges them); then the task's own files (``Task.write_extras``:
+        --merge-adapters` merges them); then the task's own files (``protocols.WritesExtras``:
         a sentence-embedding run's sentence-transformers modules). A family with a layout of
         its own writes it (``protocols.SavesFinal``)."""
         if isinstance(self.task, protocols.SavesFinal):  # text-to-image: a diffusers folder
@@ -406,7 +407,8 @@ class PyTorchEngine:
             self.model.save_pretrained(folder / "adapter")
         else:
             self.model.save_pretrained(folder)
-        self.task.write_extras(folder, self.model)
+        if isinstance(self.task, protocols.WritesExtras):  # sentence-transformers' modules
+            self.task.write_extras(folder, self.model)
 
     def export(self, run_dir: Path, final_dir: Path, samples: Any) -> dict[str, Any] | None:
         spec, task = self.recipe.export, self.task

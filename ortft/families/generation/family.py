@@ -20,7 +20,15 @@ from ortft.tasks.base import Task
 from ortft.tasks.protocols import Builder
 
 
-class DecoderHooks(Task):
+class TextPrompt:
+    """What ``ortft predict`` and the card feed the model for one input text: the text
+    (instruction formats it as its training prompt, in its own class)."""
+
+    def prompt(self, text: str, tokenizer: Any) -> str:
+        return text
+
+
+class DecoderHooks(TextPrompt, Task):
     """The hooks causal-lm and instruction share (listed after the task in their bases, so the
     task's own members come first)."""
 
@@ -66,7 +74,7 @@ class InstructionDecoder(instruction.Instruction, DecoderHooks):
     """``Instruction`` with the decoder's hooks (its prompt: the training template's)."""
 
 
-class Seq2SeqPair(seq2seq.Seq2Seq):
+class Seq2SeqPair(seq2seq.Seq2Seq, TextPrompt):
     """``Seq2Seq`` with the hooks of its encoder and decoder graphs."""
 
     def export_builder(
