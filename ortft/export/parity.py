@@ -263,7 +263,8 @@ def failures(result: dict[str, Any]) -> list[str]:
     if pre is not None and not pre.get("passed", True):
         why = pre.get("problem") or f"max |diff| {pre['max_abs_diff']:.2e} > {pre['tolerance']:.2e}"
         out.append(f"preprocess.onnx: {why} from the image processor's pixel_values")
-    feats = result.get("features")  # a speech export's features.onnx (``ortft.export.speech``)
+    # a speech export's features.onnx (``ortft.families.speech.graphs``)
+    feats = result.get("features")
     if feats is not None and not feats.get("passed", True):
         out.append(
             f"features.onnx: max |diff| {feats['max_abs_diff']:.2e} > {feats['tolerance']:.0e} "

@@ -95,7 +95,7 @@ def train_tokenizer(texts: list[str], spec: TrainTokenizer) -> Any:
 def train_byte_bpe(texts: list[str], spec: TrainTokenizer) -> Any:
     """A GPT-2-style byte-level BPE (``tokenizers.Tokenizer``) trained on ``texts``, with
     ``BPE_EOS`` as its one special token (Whisper's tokenizer is built on it too:
-    ``backends/torch/speech.py``)."""
+    ``ortft.families.speech.processor``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
