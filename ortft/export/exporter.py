@@ -122,6 +122,23 @@ def deployable(
     return layout.with_links(folder, result)
 
 
+def finished(
+    folder: Path,
+    result: dict[str, Any],
+    feeds: dict[str, np.ndarray],
+    tolerance: float,
+    options: ExportOptions,
+    task: str,
+    processor: Any,
+    config: Any,
+    max_length: int | None = None,
+) -> dict[str, Any]:
+    """What a family's staged export ends with: the other runtimes checked
+    (``other_runtimes``), then the folder made ready for clients (``deployable``)."""
+    result = other_runtimes(folder, result, feeds, tolerance, options.check_runtimes)
+    return deployable(folder, task, processor, config, result, max_length, options.task_options)
+
+
 def other_runtimes(
     folder: Path,
     result: dict[str, Any],

@@ -84,7 +84,7 @@ class Seq2SeqPair(seq2seq.Seq2Seq, TextPrompt):
         the other runtimes the options name (``processor``: the tokenizer)."""
         from ortft.core.errors import InputError, RunError, first_line
         from ortft.export import generation
-        from ortft.export.exporter import PARITY_SAMPLES, deployable, other_runtimes
+        from ortft.export.exporter import PARITY_SAMPLES, finished
         from ortft.export.parity import wanted
         from ortft.export.rows import parity_feeds, samples_source
         from ortft.families.generation import seq2seq_graphs
@@ -112,9 +112,10 @@ class Seq2SeqPair(seq2seq.Seq2Seq, TextPrompt):
                 raise RunError(f"ONNX export (opset {opset}) failed: {first_line(err)}") from err
             processor.save_pretrained(tmp)
             generation.save(model, tmp)  # config.json, generation_config.json
-            result = other_runtimes(tmp, result, feeds, tolerance, options.check_runtimes)
-            recorded = (options.max_length, options.task_options)  # the card, export.json
-            return deployable(tmp, self.name, processor, model.config, result, *recorded)
+            config, length = model.config, options.max_length  # the card, export.json
+            return finished(
+                tmp, result, feeds, tolerance, options, self.name, processor, config, length
+            )
 
         return build
 

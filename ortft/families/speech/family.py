@@ -68,7 +68,7 @@ class Speech(SpeechRecognition):
         """features.onnx, encoder.onnx and decoder.onnx (``graphs.SpeechGraphs``), each checked
         against PyTorch, then in the other runtimes the options name."""
         from ortft.core.errors import InputError, RunError, first_line
-        from ortft.export.exporter import PARITY_SAMPLES, deployable, other_runtimes
+        from ortft.export.exporter import PARITY_SAMPLES, finished
         from ortft.export.parity import wanted
         from ortft.families.speech.graphs import SpeechGraphs
 
@@ -93,11 +93,9 @@ class Speech(SpeechRecognition):
                 result = job.build(tmp)
             except RuntimeError as err:  # the tracer's failures
                 raise RunError(f"ONNX export (opset {opset}) failed: {first_line(err)}") from err
-            result = other_runtimes(
-                tmp, result, job.runtime_feeds, tolerance, options.check_runtimes
-            )
-            return deployable(
-                tmp, self.name, processor, model.config, result, None, options.task_options
+            feeds = job.runtime_feeds
+            return finished(
+                tmp, result, feeds, tolerance, options, self.name, processor, model.config
             )
 
         return build

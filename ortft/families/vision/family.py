@@ -59,7 +59,7 @@ class Vision(ImageClassification):
     ) -> Builder:
         """model.onnx on pixel_values (+ the variants) and preprocess.onnx on the decoded image
         (``graphs.ImageGraph``), then the other runtimes the options name and the model card."""
-        from ortft.export.exporter import PARITY_SAMPLES, deployable, other_runtimes
+        from ortft.export.exporter import PARITY_SAMPLES, finished
         from ortft.families.vision.graphs import ImageGraph
 
         job = ImageGraph(
@@ -75,11 +75,9 @@ class Vision(ImageClassification):
 
         def build(tmp: Path) -> dict[str, Any]:
             result = job.build(tmp)
-            result = other_runtimes(
-                tmp, result, job.runtime_feeds, tolerance, options.check_runtimes
-            )
-            return deployable(
-                tmp, self.name, processor, model.config, result, None, options.task_options
+            feeds = job.runtime_feeds
+            return finished(
+                tmp, result, feeds, tolerance, options, self.name, processor, model.config
             )
 
         return build
