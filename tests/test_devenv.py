@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import ast
+import copy
 import json
+import os
 import re
 from pathlib import Path
 
@@ -48,14 +50,17 @@ def test_only_set_overrides_count() -> None:
     assert devenv.set_overrides(env) == {"ORTFT_ORT_SPINNING": "1"}
 
 
+@pytest.mark.parametrize("rebound", [False, True], ids=["environ", "rebound-environ"])
 def test_a_run_names_and_records_its_overrides(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rebound: bool
 ) -> None:
     write_classification_csv(tmp_path / "train.csv")
     recipe = tiny_classifier("train.csv", backend="torch", max_steps=1)
     recipe["data"]["eval_fraction"] = 0.0
     recipe["export"] = {"enabled": False}
     path = write_recipe(tmp_path / "r.yaml", recipe)
+    if rebound:  # what datasets' map(num_proc=...) leaves behind in a test worker
+        monkeypatch.setattr(os, "environ", copy.deepcopy(os.environ))
     monkeypatch.setenv("ORTFT_ORT_SPINNING", "1")
     monkeypatch.setenv("ORTFT_TORCH_ATTN", "")  # set but empty: unset
     run = tmp_path / "run"

@@ -29,6 +29,9 @@ LOCATIONS: dict[str, str] = {
 }
 
 
-def set_overrides(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The developer overrides set (and not empty) in ``environ``, by name."""
-    return {name: environ[name] for name in OVERRIDES if environ.get(name)}
+def set_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The developer overrides set (and not empty) in ``environ`` (default: the process's), by name."""
+    # os.environ is looked up at each call, not bound as a default: datasets' multi-process
+    # map rebinds os.environ to a copy, and a bound default would go on reading the old one
+    env = os.environ if environ is None else environ
+    return {name: env[name] for name in OVERRIDES if env.get(name)}
