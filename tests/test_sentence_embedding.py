@@ -369,6 +369,16 @@ def test_the_export_is_an_embedding_with_parity_checked(runs):
     assert report["parity"]["max_norm_error"] < 1e-5
 
 
+def test_ortft_export_of_the_run_keeps_its_pooling(runs, tmp_path):
+    """`ortft export RUN` reads the pooling from final/'s sentence-transformers files, as the
+    export at the end of training took it from the task (max, normalised), not the default."""
+    res = run_cli("export", runs["ort"], "-o", tmp_path / "again", cwd=runs["ort"].parent)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((tmp_path / "again" / "export.json").read_text())
+    assert report["task"] == "sentence-embedding" and report["passed"] is True
+    assert report["pooling"]["mode"] == "max" and report["pooling"]["normalize"] is True
+
+
 @pytest.mark.parametrize("folder", ["", "onnx"])
 def test_ortft_eval_repeats_the_runs_retrieval_figures(runs, folder):
     """`ortft eval RUN` (PyTorch, final/) and `ortft eval RUN/onnx` (ONNX Runtime) score the

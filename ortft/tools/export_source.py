@@ -159,7 +159,7 @@ def export_source(
             max_length=deploy.training_max_length(model_dir),
             task_options=read_task(model_dir / "recipe.yaml"),
             text_pair=_text_pair(model_dir, task),
-            **_plain_options(model_dir, task, config),
+            **_folder_options(model_dir, task),
             **options,
         )
         result = export_model(
@@ -180,13 +180,17 @@ def export_source(
     return result
 
 
-def _plain_options(model_dir: Path, task: str, config: Any) -> dict[str, Any]:
-    """What a plain encoder's folder adds to its export's options (its pooling), where ``task``
-    is the one a family exports it as (no registered task); else nothing."""
+def _folder_options(model_dir: Path, task: str) -> dict[str, Any]:
+    """What the folder adds to its export's options where the exported task's family reads it
+    (``ExportsPlainEncoders.plain_options``: an embedding's pooling, from the sentence-transformers
+    files a sentence-embedding run's final/ holds or a plain encoder's folder came with); else
+    nothing."""
     from ortft import tasks
 
-    family = tasks.plain_encoder(config) if task not in tasks.names() else None
-    return family.plain_options(model_dir) if family is not None else {}
+    exported = tasks.exporting(task)
+    if isinstance(exported, protocols.ExportsPlainEncoders):
+        return exported.plain_options(model_dir)
+    return {}
 
 
 def _flags(merge_adapters: bool, training_artifacts: bool, options: dict[str, Any]) -> list[str]:
