@@ -220,9 +220,8 @@ def example_input(task: Any, tokenizer: Any, pair: bool = False) -> dict[str, st
     ``pair``: a sentence-pair classifier's."""
     if pair:
         return dict(zip(("text", "text_pair"), PAIR_EXAMPLE, strict=True))
-    if task.predicts == "answer":
-        question, context = QA_EXAMPLE
-        return {task.question_column: question, task.context_column: context}
+    if isinstance(task, protocols.ReadsFields):  # question answering: its two columns
+        return task.example_input()
     return {"text": EXAMPLE.get(task.predicts or "label", "")}
 
 

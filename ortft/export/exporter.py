@@ -40,7 +40,7 @@ from ortft.export import onnx_tools as tools
 from ortft.export.parity import publish  # the folder: staged, then swapped in
 from ortft.export.rows import parity_feeds, samples_source
 from ortft.export.rows import tracing_example as _tracing_example
-from ortft.tasks import classification, protocols, question_answering
+from ortft.tasks import protocols
 
 log = logging.getLogger("ortft")
 
@@ -48,18 +48,6 @@ log = logging.getLogger("ortft")
 # for BERT and GPT-2 (14–20 all export, load and match PyTorch). The recipe's default too.
 DEFAULT_OPSET = 20
 PARITY_SAMPLES = 64
-
-
-# What parity compares, per export kind (Task.export_kind, from the task registry); a decoder's
-# logits are compared on the whole sequence (an empty past); per-token and decoder logits have
-# a sequence axis.
-POSITIONS = {"encoder": "row", "per-token": "token", "decoder": "next-token"}
-
-
-def _kind(task: str) -> str:
-    from ortft import tasks
-
-    return tasks.exporting(task).export_kind  # a bare encoder's export names a task of its own
 
 
 def _task_of(task: str, task_options: Any) -> Any:
@@ -71,9 +59,11 @@ def _task_of(task: str, task_options: Any) -> Any:
 
 
 class _LogitsOnly(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module, is_decoder: bool):
+    def __init__(self, model: torch.nn.Module, is_decoder: bool, spec: Any = None):
         super().__init__()
         self.model, self.is_decoder = model, is_decoder
+        # a task whose model gives no logits (question answering: [batch, 2 (start, end), seq])
+        self.output = spec if isinstance(spec, protocols.ReadsOutput) else None
 
     def forward(
         self,
@@ -85,8 +75,8 @@ class _LogitsOnly(torch.nn.Module):
         if token_type_ids is not None:  # a sentence-pair model's segments
             kw["token_type_ids"] = token_type_ids
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kw)
-        if getattr(out, "logits", None) is None:  # question answering: [batch, 2 (start, end), seq]
-            return question_answering.span_logits(out)
+        if self.output is not None:
+            return self.output.output_logits(out)
         return out.logits
 
 
@@ -160,8 +150,13 @@ def other_runtimes(
 
 
 def prediction_positions(task: str) -> str:
-    """Which logits are predictions (see ``parity.predictions``)."""
-    return POSITIONS[_kind(task)]
+    """Which logits are predictions (see ``parity.predictions``): one row per example, or a
+    task's per position (``protocols.LogitsPerPosition``); a decoder's are compared on the
+    whole sequence (an empty past)."""
+    from ortft import tasks
+
+    spec = tasks.exporting(task)  # a bare encoder's export names a task of its own
+    return spec.positions if isinstance(spec, protocols.LogitsPerPosition) else "row"
 
 
 # --------------------------------------------------------------------------- export
@@ -200,7 +195,7 @@ class ExportOptions:
     (``deploy.check_runtime``); each one checked is added to export.json's ``runtimes``.
     ``text_pair``: a sentence-pair model's training columns (data.text_column,
     data.text_pair_column): export.json records them, parity runs on pairs, and the graph takes
-    ``token_type_ids`` where the model uses them (``classification.token_types``).
+    ``token_type_ids`` where the model uses them (``protocols.ReadsPairs.takes_segments``).
     """
 
     optimize: bool = False
@@ -285,16 +280,22 @@ class _SingleGraph:
         spec = _task_of(task, options.task_options)
         self.decoder = spec if isinstance(spec, protocols.ExportsDecoder) else None
         self.cache = self.decoder if options.kv_cache else None
-        self.wrapper = _LogitsOnly(model, self.decoder is not None).eval()  # the reference logits
+        self.spec = spec
+        # the reference logits
+        self.wrapper = _LogitsOnly(model, self.decoder is not None, spec).eval()
         # a sentence-pair model with segment embeddings takes its token_type_ids too
-        segments = options.text_pair is not None and classification.token_types(model, tokenizer)
+        segments = (
+            options.text_pair is not None
+            and isinstance(spec, protocols.ReadsPairs)
+            and spec.takes_segments(model, tokenizer)
+        )
         self.names = ("input_ids", "attention_mask", *(("token_type_ids",) if segments else ()))
         self.feeds = parity_feeds(samples, tokenizer, PARITY_SAMPLES, segments)
         self.example = _tracing_example(self.feeds, tokenizer, self.names)
 
     def build(self, tmp: Path) -> dict[str, Any]:
         model, task, feeds, o = self.model, self.task, self.feeds, self.options
-        graph = _graph(model, task, self.example, self.names, self.decoder, self.cache)
+        graph = _graph(model, self.spec, self.example, self.names, self.decoder, self.cache)
         export_s = _torch_export(graph, tmp / "model.onnx", self.opset)
         with torch.no_grad():
             want = self.wrapper(*(torch.from_numpy(feeds[k]) for k in self.names)).numpy()
@@ -341,22 +342,23 @@ class Graph:
 
 def _graph(
     model: Any,
-    task: str,
+    spec: Any,
     example: tuple[torch.Tensor, ...],
     names: tuple[str, ...],
     decoder: Any,
     cache: Any,
 ) -> Graph:
-    """The graph of ``model.onnx``: logits only (of the inputs ``names``, in ``example``'s
-    order; ``decoder``: called without its cache), or a decoder with its KV cache (``cache``:
-    the ``protocols.ExportsDecoder`` that builds it)."""
+    """The graph of ``model.onnx``: ``spec``'s logits only (of the inputs ``names``, in
+    ``example``'s order; ``decoder``: called without its cache), or a decoder with its KV cache
+    (``cache``: the ``protocols.ExportsDecoder`` that builds it)."""
     if cache is not None:
         return cache.cached_graph(model, example)
     axes = {k: {0: "batch", 1: "sequence"} for k in names}
-    axes["logits"] = {0: "batch", 1: "sequence"} if _kind(task) != "encoder" else {0: "batch"}
+    per_position = isinstance(spec, protocols.LogitsPerPosition)
+    axes["logits"] = {0: "batch", 1: "sequence"} if per_position else {0: "batch"}
     # eval() on the wrapper itself: torch.onnx.export restores the wrapper's own mode after
     # exporting, and a wrapper left in training mode would switch dropout back on.
-    module = _LogitsOnly(model, decoder is not None).eval()
+    module = _LogitsOnly(model, decoder is not None, spec).eval()
     return Graph(module, example, list(names), ["logits"], axes)
 
 

@@ -46,7 +46,7 @@ from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe, TrainingSection
 from ortft.recipe.task import read_task
 from ortft.run.summary import RunSummary
-from ortft.tasks import protocols, question_answering
+from ortft.tasks import protocols
 
 log = logging.getLogger("ortft")
 
@@ -86,10 +86,9 @@ class SavedModel:
             return self._model.run(["logits"], session_feeds(self._model, feeds))[0]
         import torch
 
-        from ortft.tasks.classification import token_types
-
         kw: dict[str, Any] = {"use_cache": False} if self.spec.is_decoder else {}
-        if types and token_types(self._model, self.tokenizer):
+        pair = isinstance(self.spec, protocols.ReadsPairs)
+        if types and pair and self.spec.takes_segments(self._model, self.tokenizer):
             kw["token_type_ids"] = torch.from_numpy(types["token_type_ids"].astype(np.int64))
         with torch.no_grad():
             out = self._model(
@@ -98,8 +97,8 @@ class SavedModel:
                 return_dict=True,
                 **kw,
             )
-        if getattr(out, "logits", None) is None:  # question answering: as its ONNX export's
-            return question_answering.span_logits(out).float().numpy()
+        if isinstance(self.spec, protocols.ReadsOutput):  # question answering: as its export's
+            return self.spec.output_logits(out).float().numpy()
         return out.logits.float().numpy()
 
     def batch_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:

@@ -14,6 +14,8 @@ columns; ``ortft.inference.pairs``). Output, one line per input, in order; what 
   offsets and score (start probability x end probability);
 - fill-mask (masked LM): each mask token's best token with its top-5 candidates, and the text
   with the masks filled;
+  (tags, answer and fill-mask: the text family answers each line itself, as generation does:
+  ``ortft.tasks.protocols.PredictsLines``; ``ortft.families.text.predict``)
 - generate (causal LM, instruction, seq2seq): a family that answers each line itself
   (``ortft.tasks.protocols.PredictsLines``; ``ortft.families.generation.predict``): the text
   ``generate`` gives with the model's generation config, on PyTorch or on the export (the same
@@ -45,8 +47,6 @@ from ortft.core.errors import InputError
 from ortft.inference import pairs
 from ortft.inference.evaluate import SavedModel, open_model, training_recipe
 from ortft.tasks import protocols
-
-TOP_K = 5  # fill-mask candidates per mask, as the transformers fill-mask pipeline's default
 
 
 def read_inputs(stream: TextIO, name: str) -> list[tuple[str, dict[str, Any]]]:
@@ -112,70 +112,6 @@ def classify(
             }
 
 
-def tag(
-    m: SavedModel, words: list[list[str]], max_length: int, batch_size: int
-) -> Iterator[dict[str, Any]]:
-    labels = m.labels() or []
-    for start, chunk in _chunks(words, batch_size):
-        enc = m.tokenizer(
-            chunk,
-            is_split_into_words=True,
-            max_length=max_length,
-            truncation=True,
-            padding=True,
-            return_tensors="np",
-        )
-        best = m.logits(enc["input_ids"], enc["attention_mask"]).argmax(-1)
-        for i, row in enumerate(chunk):
-            tags: list[str | None] = [None] * len(row)  # a word truncated away keeps None
-            for pos, word in enumerate(enc.word_ids(i)):
-                if word is not None and tags[word] is None:  # the word's first sub-token
-                    tags[word] = labels[int(best[i, pos])]
-            yield {"index": start + i, "tokens": row, "tags": tags}
-
-
-def answer(
-    m: SavedModel, pairs: list[tuple[str, str]], max_length: int, batch_size: int
-) -> Iterator[dict[str, Any]]:
-    from ortft.tasks.question_answering import best_span, context_char_spans
-
-    for start, chunk in _chunks(pairs, batch_size):
-        questions, contexts = [q for q, _ in chunk], [c for _, c in chunk]
-        enc = m.spec.tokenize(questions, contexts, m.tokenizer, max_length)
-        ids = np.asarray(enc["input_ids"], dtype=np.int64)
-        logits = m.logits(ids, np.asarray(enc["attention_mask"], dtype=np.int64))
-        for i, context in enumerate(contexts):
-            chars = context_char_spans(enc, i)
-            span = best_span(logits[i, 0], logits[i, 1], chars[:, 0] >= 0)
-            out: dict[str, Any] = {"index": start + i, "answer": "", "start": None, "end": None}
-            if span is not None:  # else the context was truncated away entirely
-                (s, e), p = span, _softmax(logits[i].astype(np.float64))
-                first, last = int(chars[s, 0]), int(chars[e, 1])
-                out.update(answer=context[first:last], start=first, end=last)
-                out["score"] = float(p[0, s] * p[1, e])
-            yield out
-
-
-def fill_mask(
-    m: SavedModel, texts: list[str], max_length: int, batch_size: int
-) -> Iterator[dict[str, Any]]:
-    tok = m.tokenizer
-    for start, chunk in _chunks(texts, batch_size):
-        enc = tok(chunk, max_length=max_length, truncation=True, padding=True, return_tensors="np")
-        ids = enc["input_ids"].astype(np.int64)
-        logits = m.logits(ids, enc["attention_mask"].astype(np.int64))
-        for i in range(len(chunk)):
-            filled, masks = ids[i].copy(), []
-            for pos in np.flatnonzero(ids[i] == tok.mask_token_id):
-                p = _softmax(logits[i, pos].astype(np.float64))
-                top = np.argsort(-p, kind="stable")[:TOP_K]
-                filled[pos] = top[0]
-                cands = [{"token": tok.decode([int(t)]).strip(), "score": float(p[t])} for t in top]
-                masks.append({**cands[0], "candidates": cands})
-            text = tok.decode(filled[enc["attention_mask"][i] == 1], skip_special_tokens=True)
-            yield {"index": start + i, "filled": text, "masks": masks}
-
-
 def input_texts(inputs: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Each input's text (a JSON line without a string ``text`` field is an error naming it)."""
     return [_field(o, "text", w) for w, o in inputs]
@@ -198,16 +134,6 @@ def _read(input_path: str) -> list[tuple[str, dict[str, Any]]]:
         raise InputError(f"{path}: input file not found")
     with open(path, encoding="utf-8") as fh:
         return read_inputs(fh, str(path))
-
-
-def _words(m: SavedModel, where: str, obj: dict[str, Any]) -> list[str]:
-    column = m.spec.tokens_column
-    words = obj.get(column)
-    if words is None:
-        return _field(obj, "text", where).split()
-    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
-        raise InputError(f"{where}: '{column}' must be a list of strings")
-    return words
 
 
 def draw(source: Path, options: dict[str, Any], output: Path) -> dict[str, Any]:
@@ -259,25 +185,9 @@ def run(
     if isinstance(m.spec, protocols.PredictsFiles):  # the family reads its own files
         return m.spec.predict_files(m, input_path, batch_size, max_new_tokens)
     inputs = _read(input_path)
-    if isinstance(m.spec, protocols.PredictsLines):  # the family answers each line (generation)
+    if isinstance(m.spec, protocols.PredictsLines):  # the family answers each line
         return m.spec.predict_lines(m, inputs, max_new_tokens, max_length, batch_size)
     max_length = input_length(m, max_length)
-    if kind == "tags":
-        return tag(m, [_words(m, w, o) for w, o in inputs], max_length, batch_size)
-    if kind == "answer":
-        q, c = m.spec.question_column, m.spec.context_column
-        for where, o in inputs:
-            if q not in o and c not in o:  # a plain line
-                raise InputError(f'{where}: give JSON lines {{"{q}": ..., "{c}": ...}}')
-        asked = [(_field(o, q, w), _field(o, c, w)) for w, o in inputs]
-        return answer(m, asked, max_length, batch_size)
-    if kind == "fill-mask":
-        texts = [_field(o, "text", w) for w, o in inputs]
-        mask = m.tokenizer.mask_token
-        for (where, _), text in zip(inputs, texts, strict=True):
-            if mask not in text:
-                raise InputError(f"{where}: no {mask} in the text (masked-lm predict fills them)")
-        return fill_mask(m, texts, max_length, batch_size)
     texts, second = pairs.texts(inputs, m.text_pair)  # a pair model's inputs give both texts
     return classify(m, texts, max_length, batch_size, second)
 

@@ -1,7 +1,7 @@
-"""Tasks: what a model learns. Each task is one module here or a family package under
-``ortft/families/``, registered by one line in BUILTIN.
+"""Tasks: what a model learns. Each task is in a family package under ``ortft/families/``,
+registered by one line in BUILTIN.
 
-A task module (or family package) defines ``Options`` (its options model, a ``TaskOptions`` with
+A family package (or a task module) defines ``Options`` (its options model, a ``TaskOptions`` with
 ``name: Literal["<task>"]``) and ``build(options) -> Task`` (a ``Task`` subclass: how raw rows
 become fixed-length token arrays, which transformers auto class builds the model, how eval is
 scored, what its ONNX export looks like). A family package of several tasks gives each one's
@@ -48,12 +48,12 @@ __all__ = [
 # One line per task: its name -> the module that defines ``Options`` and ``build`` (or a family
 # package whose ``TASKS`` table holds them).
 BUILTIN = {
-    "sequence-classification": "ortft.tasks.classification",
+    "sequence-classification": "ortft.families.text",
     "causal-lm": "ortft.families.generation",
-    "token-classification": "ortft.tasks.token_classification",
-    "masked-lm": "ortft.tasks.masked_lm",
+    "token-classification": "ortft.families.text",
+    "masked-lm": "ortft.families.text",
     "seq2seq": "ortft.families.generation",
-    "question-answering": "ortft.tasks.question_answering",
+    "question-answering": "ortft.families.text",
     "instruction": "ortft.families.generation",
     "image-classification": "ortft.families.vision",
     "speech-recognition": "ortft.families.speech",

@@ -6,6 +6,9 @@ A family package (``ortft/families/<family>/``) sits above the core and is reach
 the task registry (``ortft.tasks.BUILTIN``); the engine, the exporter, eval and predict hold the
 family's ``Task`` and ask it through these protocols. Each method imports its framework
 lazily, so building a task for ``ortft validate`` stays free of torch.
+
+Over 450 lines: one small protocol per hook, each with its docstring; split up, what the core
+may ask of a family would no longer be read in one place.
 """
 
 from __future__ import annotations
@@ -143,6 +146,10 @@ class ReadsPairs(Protocol):
         and predict and eval then need both texts; None for single texts."""
         ...
 
+    def takes_segments(self, model: Any, tokenizer: Any) -> bool:
+        """Whether a pair's ``token_type_ids`` reach ``model`` (the graph takes them too)."""
+        ...
+
 
 @runtime_checkable
 class ShapesEval(Protocol):
@@ -210,6 +217,40 @@ def metric_labels(task: Any, batch: dict[str, np.ndarray], valid: int) -> Any:
     if isinstance(task, ShapesEval):
         return task.metric_labels(batch, valid)
     return batch["labels"][:valid]
+
+
+# the text family's hooks
+
+
+@runtime_checkable
+class ReadsOutput(Protocol):
+    """A task whose model gives no ``logits`` (question answering: start and end logits)."""
+
+    def output_logits(self, out: Any) -> Any:
+        """``out`` (the model's output) as the one tensor the loss, the export and eval read."""
+        ...
+
+
+@runtime_checkable
+class LogitsPerPosition(Protocol):
+    """A task whose single graph gives logits per input position, where the default is one
+    row per example: ``logits`` keeps its sequence axis, parity compares at ``positions``."""
+
+    @property
+    def positions(self) -> str:
+        """``ortft.export.parity.predictions``' "token" (token classification, masked LM) or
+        "next-token" (generation's decoders)."""
+        ...
+
+
+@runtime_checkable
+class ReadsFields(Protocol):
+    """A task whose ``ortft predict`` input is a JSON line of its own fields, not one text
+    (question answering: the question and the context)."""
+
+    def example_input(self) -> dict[str, str]:
+        """The model card's example as such a line (what the consumer test feeds)."""
+        ...
 
 
 # vision's hooks

@@ -1,7 +1,8 @@
 """Text generation as the core sees it: the three tasks (``causal_lm.CausalLM``,
 ``instruction.Instruction``, ``seq2seq.Seq2Seq``) with the protocols of ``ortft.tasks.protocols``
 they implement. A decoder (causal-lm, instruction) exports one graph under the exporter's
-single-graph rules, with or without its KV cache (``ExportsDecoder``); seq2seq exports its
+single-graph rules, with or without its KV cache (``ExportsDecoder``), its logits per position
+(``LogitsPerPosition``); seq2seq exports its
 encoder and decoder graphs (``ExportsGraphs``) and runs them for eval (``OwnRunner``). Each one
 writes its model card's code (``WritesSnippet``) and answers ``ortft predict`` with the text
 ``generate`` gives (``PredictsLines``). Each hook imports torch, transformers or onnxruntime
@@ -31,6 +32,8 @@ class TextPrompt:
 class DecoderHooks(TextPrompt, Task):
     """The hooks causal-lm and instruction share (listed after the task in their bases, so the
     task's own members come first)."""
+
+    positions = "next-token"  # parity: position t predicts t+1 (``LogitsPerPosition``)
 
     def cached_graph(self, model: Any, example: tuple[Any, ...]) -> Any:
         from ortft.families.generation import decoder_graph

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from ortft.core.errors import InputError
 from ortft.data import images
 from ortft.tasks.base import Encoded, Task, TaskOptions, skip_bad_file
-from ortft.tasks.classification import macro_f1
+from ortft.tasks.metrics import macro_f1
 
 PATH = "_image"  # the encoded column of file paths (bytes); "_": never fed to the model
 MODE = "_mode"  # each image's mode as read (RGB, L, P, RGBA, I;16...)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ortft.core.errors import InputError
 from ortft.tasks.base import Encoded, Task, TaskOptions
+from ortft.tasks.metrics import macro_f1
 
 
 class Options(TaskOptions):
@@ -37,6 +38,9 @@ class SequenceClassification(Task):
 
     def pair_columns(self, data: Any) -> tuple[str, str] | None:
         return (data.text_column, data.text_pair_column) if data.text_pair_column else None
+
+    def takes_segments(self, model: Any, tokenizer: Any) -> bool:
+        return token_types(model, tokenizer)
 
     def texts(self, rows: list[dict[str, Any]], data: Any) -> list[str]:
         """Both texts of a pair: a tokenizer trained here has to know the second text's words."""
@@ -110,17 +114,6 @@ def token_types(model: Any, tokenizer: Any) -> bool:
     forward = inspect.signature(model.forward).parameters
     types = getattr(model.config, "type_vocab_size", 0) or 0
     return "token_type_ids" in names and "token_type_ids" in forward and types >= 2
-
-
-def macro_f1(pred: np.ndarray, gold: np.ndarray) -> float:
-    """Unweighted mean of per-class F1 over the classes seen in either array."""
-    f1s = []
-    for c in np.union1d(pred, gold):
-        tp = np.sum((pred == c) & (gold == c))
-        fp = np.sum((pred == c) & (gold != c))
-        fn = np.sum((pred != c) & (gold == c))
-        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
-    return float(np.mean(f1s)) if f1s else 0.0
 
 
 def build(options: Options) -> SequenceClassification:

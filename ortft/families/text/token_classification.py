@@ -10,11 +10,12 @@ Metrics: ``accuracy`` over labelled words. When the tags are BIO/IOB2 (``B-X`` /
 (``seqeval.metrics``, default mode: conlleval's chunking, a stray ``I-X`` starts an entity;
 micro-averaged over entity types). A tag set that is not BIO has no entities: ``f1`` is then the
 macro-F1 over tags. ``f1_macro`` is always ortft's macro-F1 over tags (the unweighted mean of
-each tag's F1 over words, ``classification.macro_f1``).
+each tag's F1 over words, ``ortft.tasks.metrics.macro_f1``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,7 +25,7 @@ from pydantic import Field
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.tasks.base import Encoded, Task, TaskOptions
-from ortft.tasks.classification import macro_f1
+from ortft.tasks.metrics import macro_f1
 
 
 class Options(TaskOptions):
@@ -93,6 +94,21 @@ class TokenClassification(Task):
     def words(self, text: str) -> list[str]:
         """``ortft predict``: a plain text's words (whitespace-separated)."""
         return text.split()
+
+    positions = "token"  # parity compares each position the attention mask keeps
+
+    def predict_lines(
+        self,
+        model: Any,
+        inputs: list[tuple[str, dict[str, Any]]],
+        max_new_tokens: int,
+        max_length: int | None,
+        batch_size: int,
+    ) -> Iterator[dict[str, Any]]:
+        """Each input's words with their tags (``ortft predict``)."""
+        from ortft.families.text import predict
+
+        return predict.tags(model, inputs, max_length, batch_size)
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         pairs = [self._words(r, i) for i, r in enumerate(rows)]

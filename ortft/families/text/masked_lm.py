@@ -10,6 +10,7 @@ masking. Special tokens and padding are never picked.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -48,6 +49,21 @@ class MaskedLM(Task):
     @property
     def options_key(self) -> str:
         return f"{self.probability}"
+
+    positions = "token"  # parity compares each position the attention mask keeps
+
+    def predict_lines(
+        self,
+        model: Any,
+        inputs: list[tuple[str, dict[str, Any]]],
+        max_new_tokens: int,
+        max_length: int | None,
+        batch_size: int,
+    ) -> Iterator[dict[str, Any]]:
+        """Each text with its masks filled (``ortft predict``)."""
+        from ortft.families.text import predict
+
+        return predict.filled(model, inputs, max_length, batch_size)
 
     def encode(self, rows, tokenizer, data, label2id) -> Encoded:
         if tokenizer.mask_token_id is None:

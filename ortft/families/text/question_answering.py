@@ -11,7 +11,7 @@ The model returns start and end logits; ortft stacks them as ``logits`` of shape
 [batch, 2, sequence] (also the ONNX output). The predicted span is the best start + end score
 over context tokens (end >= start, at most 30 tokens), read back as the context's characters.
 Metrics: ``exact_match`` and ``f1`` of that text against the answer text, with the official
-SQuAD v1.1 normalization (``tasks/squad.py``); an answer truncated away is a miss. To score
+SQuAD v1.1 normalization (``ortft/tasks/squad.py``); an answer truncated away is a miss. To score
 text, each encoded row carries the context part its window covers (``_window``, UTF-8), each
 token's byte span in it (``_spans``) and the answer (``_answer``); the model never sees them.
 Their size is of the order of the token ids' own: a 384-token window covers ~2 KB of text and
@@ -20,6 +20,7 @@ its spans take 3 KB (int32), next to 3 KB of int64 input_ids.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,13 +28,12 @@ import numpy as np
 from pydantic import Field
 
 from ortft.core.errors import InputError
+from ortft.families.text.spans import best_span, context_char_spans, span_logits
 from ortft.tasks import squad
 from ortft.tasks.base import Encoded, Task, TaskOptions
 
 if TYPE_CHECKING:
     import torch
-
-MAX_ANSWER_TOKENS = 30
 
 
 class Options(TaskOptions):
@@ -172,6 +172,27 @@ class QuestionAnswering(Task):
         loss = (ce(logits[:, 0], positions[:, 0]) + ce(logits[:, 1], positions[:, 1])) / 2
         return loss, logits
 
+    def output_logits(self, out: Any) -> Any:
+        return span_logits(out)
+
+    def example_input(self) -> dict[str, str]:
+        from ortft.export.deploy import QA_EXAMPLE
+
+        return dict(zip((self.question_column, self.context_column), QA_EXAMPLE, strict=True))
+
+    def predict_lines(
+        self,
+        model: Any,
+        inputs: list[tuple[str, dict[str, Any]]],
+        max_new_tokens: int,
+        max_length: int | None,
+        batch_size: int,
+    ) -> Iterator[dict[str, Any]]:
+        """Each question's answer, read from its context (``ortft predict``)."""
+        from ortft.families.text import predict
+
+        return predict.answers(model, inputs, max_length, batch_size)
+
     def eval_logits(self, logits: np.ndarray, batch: dict[str, np.ndarray]) -> np.ndarray:
         """A saved model's raw start/end logits, masked as training's (``forward``)."""
         pad = batch["attention_mask"][:, None, :] == 0
@@ -201,17 +222,6 @@ class QuestionAnswering(Task):
         }
 
 
-def context_char_spans(enc: Any, i: int) -> np.ndarray:
-    """[sequence, 2] character offsets into the context of row ``i``'s context tokens; -1 on
-    every other position (special tokens, the question, padding)."""
-    seq = enc.sequence_ids(i)
-    out = np.full((len(seq), 2), -1, dtype=np.int64)
-    for t, (s, offsets) in enumerate(zip(seq, enc["offset_mapping"][i], strict=True)):
-        if s == 1:
-            out[t] = offsets
-    return out
-
-
 def _window(context: str, chars: np.ndarray) -> tuple[bytes, np.ndarray]:
     """The context part the window's tokens cover (UTF-8), and each token's byte span in it."""
     spans = np.full(chars.shape, -1, dtype=np.int64)
@@ -231,29 +241,6 @@ def _padded_bytes(items: list[bytes]) -> np.ndarray:
     for i, b in enumerate(items):
         out[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
     return out
-
-
-def span_logits(out: Any) -> Any:
-    """A question-answering model's output as one tensor, [batch, 2 (start, end), sequence]: what
-    the loss, the ONNX graph (``logits``) and ``ortft eval`` read."""
-    import torch
-
-    return torch.stack([out.start_logits, out.end_logits], dim=1)
-
-
-def best_span(
-    start_logits: np.ndarray, end_logits: np.ndarray, allowed: np.ndarray
-) -> tuple[int, int] | None:
-    """The (start, end) with the highest start + end score among the ``allowed`` positions (the
-    context's tokens), end >= start, at most 30 tokens; None when no position is allowed."""
-    n = len(start_logits)
-    score = start_logits[:, None].astype(np.float64) + end_logits[None, :]
-    i, j = np.indices((n, n))
-    ok = (j >= i) & (j - i < MAX_ANSWER_TOKENS) & allowed[:, None] & allowed[None, :]
-    if not ok.any():
-        return None
-    s, e = np.unravel_index(int(np.argmax(np.where(ok, score, -np.inf))), score.shape)
-    return int(s), int(e)
 
 
 def build(section: Options) -> QuestionAnswering:
