@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ortft.backends.report import BackendReport, Precision
+from ortft.core.reports import ExportReport
 
 if TYPE_CHECKING:
     import numpy as np
@@ -126,7 +127,7 @@ class Engine(Protocol):
     def write_final(self, folder: Path) -> None:
         """The trained model's files into ``folder`` (a temporary folder the loop swaps in)."""
 
-    def export(self, run_dir: Path, final_dir: Path, samples: Encoded) -> dict[str, Any] | None:
+    def export(self, run_dir: Path, final_dir: Path, samples: Encoded) -> ExportReport | None:
         """The ONNX export and its parity report (``summary.export``); None when disabled."""
 
     def parameter_counts(self) -> tuple[int, int]:

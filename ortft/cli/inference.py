@@ -168,8 +168,8 @@ def predict(
                 raise InputError("--prompt and -o/--output go together (text-to-image draws)")
             name = scheduler.value if scheduler else None
             opts = (prompt, negative_prompt, guidance_scale, height, width, steps, seed, name)
-            result = predict_mod.draw(source, dict(zip(DRAW_OPTIONS, opts, strict=True)), output)
-            typer.echo(json.dumps(result) if as_json else result["image"])
+            drawn = predict_mod.draw(source, dict(zip(DRAW_OPTIONS, opts, strict=True)), output)
+            typer.echo(json.dumps(drawn) if as_json else drawn["image"])
             return
         for result in predict_mod.run(
             source,

@@ -28,6 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ortft.core.reports import ExportReport, RuntimeReport, TokenizerReport
 from ortft.tasks import protocols
 
 CARD_FENCE = "```python"  # the snippet's opening line (tests/test_consumer.py finds it by this)
@@ -63,7 +64,9 @@ def label_names(folder: Path, config: Any) -> None:
         path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
 
 
-def clean_tokenizer(folder: Path, limit: int | None, training_max_length: int | None) -> dict:
+def clean_tokenizer(
+    folder: Path, limit: int | None, training_max_length: int | None
+) -> TokenizerReport:
     """Rewrite the saved tokenizer for clients: no padding, truncation at ``limit``; returns
     export.json's ``tokenizer`` section."""
     path = folder / "tokenizer.json"
@@ -103,7 +106,7 @@ def ir_version(path: Path) -> int:
     return int(onnx.load(str(path), load_external_data=False).ir_version)
 
 
-def checked_runtime(how: str) -> dict[str, str]:
+def checked_runtime(how: str) -> RuntimeReport:
     """The onnxruntime this process ran the export's check in (the 1.19 training build)."""
     import importlib.metadata
 
@@ -225,7 +228,7 @@ def example_input(task: Any, tokenizer: Any, pair: bool = False) -> dict[str, st
     return {"text": EXAMPLE.get(task.predicts or "label", "")}
 
 
-def write_card(folder: Path, task: Any, tokenizer: Any, report: dict[str, Any]) -> None:
+def write_card(folder: Path, task: Any, tokenizer: Any, report: ExportReport) -> None:
     """README.md of the export folder: what it holds and the usage snippet."""
     cache = report.get("kv_cache")
     files = ", ".join(f"`{f}`" for f in report["files"].values())
@@ -263,7 +266,7 @@ Usage with {usage} only, run from this folder:
     )
 
 
-def _text_card(task: Any, tokenizer: Any, report: dict[str, Any]) -> tuple[str, str, str, str]:
+def _text_card(task: Any, tokenizer: Any, report: ExportReport) -> tuple[str, str, str, str]:
     """(the snippet, what else the folder holds, the tokenizer line, what the snippet needs)."""
     pair = tuple(report["inputs"]) if report.get("text_pair") else None
     if isinstance(task, protocols.WritesSnippet):  # the family's own code (generation's loops)
@@ -351,7 +354,7 @@ def graph_feeds(folder: Path, files: dict[str, str], feeds: dict[str, Any]) -> d
 
 def check_runtime(
     python: str, folder: Path, files: dict[str, str], feeds: dict[str, Any], tolerance: float
-) -> dict[str, Any]:
+) -> RuntimeReport:
     """Load every graph of the export in another onnxruntime (``python``: a Python with it
     installed) and compare its outputs with this runtime's on the same feeds. Returns a
     ``runtimes`` entry; ``passed`` says whether every output was within ``tolerance``."""

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ortft.core.errors import InputError
+from ortft.core.reports import ExportReport
 from ortft.export import generation, layout, parity
 from ortft.export import onnx_tools as tools
 from ortft.export.parity import publish  # the folder: staged, then swapped in
@@ -85,11 +86,11 @@ def deployable(
     task: str,
     tokenizer: Any,
     config: Any,
-    result: dict[str, Any],
+    result: ExportReport,
     max_length: int | None,
     task_options: Any = None,
     text_pair: tuple[str, str] | None = None,
-) -> dict[str, Any]:
+) -> ExportReport:
     """The export folder made ready for clients (``ortft.export.deploy``): a text model's
     tokenizer without training's padding, the IR version and the runtime checked, the model card
     (``task_options``: the run's ``task:``, e.g. an instruction model's prompt template;
@@ -114,7 +115,7 @@ def deployable(
 
 def finished(
     folder: Path,
-    result: dict[str, Any],
+    result: ExportReport,
     feeds: dict[str, np.ndarray],
     tolerance: float,
     options: ExportOptions,
@@ -122,7 +123,7 @@ def finished(
     processor: Any,
     config: Any,
     max_length: int | None = None,
-) -> dict[str, Any]:
+) -> ExportReport:
     """What a family's staged export ends with: the other runtimes checked
     (``other_runtimes``), then the folder made ready for clients (``deployable``)."""
     result = other_runtimes(folder, result, feeds, tolerance, options.check_runtimes)
@@ -131,11 +132,11 @@ def finished(
 
 def other_runtimes(
     folder: Path,
-    result: dict[str, Any],
+    result: ExportReport,
     feeds: dict[str, np.ndarray],
     tolerance: float,
     pythons: Sequence[str],
-) -> dict[str, Any]:
+) -> ExportReport:
     """export.json's ``runtimes``: this build (the checks ran in it), then each other
     onnxruntime of ``--check-runtime`` the export was loaded and run in (only what was checked:
     nothing is claimed for a runtime not run). Before ``deployable``: the card lists them."""
@@ -220,7 +221,7 @@ def export_model(
     tolerance: float,
     samples: Any = None,
     options: ExportOptions | None = None,
-) -> dict[str, Any]:
+) -> ExportReport:
     """Export ``model`` to ``out_dir``, check it, write export.json; return the report.
 
     ``samples``: held-out rows to check parity on (else synthetic ones: ``parity_feeds``);
@@ -293,7 +294,7 @@ class _SingleGraph:
         self.feeds = parity_feeds(samples, tokenizer, PARITY_SAMPLES, segments)
         self.example = _tracing_example(self.feeds, tokenizer, self.names)
 
-    def build(self, tmp: Path) -> dict[str, Any]:
+    def build(self, tmp: Path) -> ExportReport:
         model, task, feeds, o = self.model, self.task, self.feeds, self.options
         graph = _graph(model, self.spec, self.example, self.names, self.decoder, self.cache)
         export_s = _torch_export(graph, tmp / "model.onnx", self.opset)
@@ -314,7 +315,7 @@ class _SingleGraph:
             kinds=self.kinds,
             export_s=export_s,
         )
-        result.update(inputs=graph.inputs, outputs=graph.outputs)
+        result["inputs"], result["outputs"] = graph.inputs, graph.outputs
         if self.decoder is not None:
             result["kv_cache"] = self.cache is not None
         if self.cache is not None:  # the cache over several steps, against PyTorch's generate
@@ -362,7 +363,7 @@ def _graph(
     return Graph(module, example, list(names), ["logits"], axes)
 
 
-def _published(out_dir: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+def _published(out_dir: Path, build: Callable[[Path], ExportReport]) -> ExportReport:
     """``publish`` the staged export and log its parity line."""
     result = publish(out_dir, build)
     log.info(

@@ -23,7 +23,8 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+
+from ortft.core.reports import ExportReport
 
 log = logging.getLogger("ortft")
 
@@ -76,7 +77,7 @@ def hub_links(folder: Path) -> dict[str, str]:
     return links
 
 
-def with_links(folder: Path, result: dict[str, Any]) -> dict[str, Any]:
+def with_links(folder: Path, result: ExportReport) -> ExportReport:
     """``result`` (export.json) after :func:`hub_links`: the last step of every folder made
     ready for clients (``exporter.deployable``, the embedding family's own)."""
     links = hub_links(folder)

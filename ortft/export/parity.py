@@ -30,16 +30,17 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ortft.core import fsutil
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
+from ortft.core.reports import ExportReport, ParityReport, Section
 from ortft.export import onnx_tools as tools  # the converters
 
 EXPORT_FORMAT_VERSION = 2
@@ -200,7 +201,7 @@ def wanted(optimize: bool, fp16: bool, quantize: str | None) -> list[str]:
     return [kind for kind in VARIANTS if asked[kind]]
 
 
-def passed(kind: str, rep: dict[str, Any]) -> bool:
+def passed(kind: str, rep: Mapping[str, Any]) -> bool:
     """The pass rule of one section (see the module docstring)."""
     limit = THRESHOLDS.get(kind)
     if limit is None:  # full precision: parity, optimize
@@ -216,26 +217,28 @@ def passed(kind: str, rep: dict[str, Any]) -> bool:
 
 def teacher_forced(
     got: np.ndarray, want: np.ndarray, labels: np.ndarray, tolerance: float, source: str
-) -> dict[str, Any]:
+) -> ParityReport:
     """export.json's ``parity`` of an encoder-decoder (seq2seq, speech): the ONNX decoder's
     teacher-forced logits against PyTorch's, judged on the label positions."""
     targets = {"attention_mask": (labels != IGNORE_INDEX).astype(np.int64), "labels": labels}
     j = judge(got, want, targets, "token")
-    section = {"samples": int(len(labels)), "source": source, "against": "teacher-forced logits"}
-    section.update(
-        max_abs_diff=j["max_abs_diff"],
-        prediction_agreement=j["prediction_agreement"],
-        tolerance=tolerance,
-    )
+    section: ParityReport = {
+        "samples": int(len(labels)),
+        "source": source,
+        "against": "teacher-forced logits",
+        "max_abs_diff": j["max_abs_diff"],
+        "prediction_agreement": j["prediction_agreement"],
+        "tolerance": tolerance,
+    }
     section["passed"] = passed("parity", section)
     return section
 
 
-def failures(result: dict[str, Any]) -> list[str]:
+def failures(result: ExportReport) -> list[str]:
     """One line per section of ``result`` that did not pass, in report order."""
     out = []
     for kind in ("parity", *VARIANTS):
-        rep = result.get(kind)
+        rep = cast("Section | None", result.get(kind))  # parity or a variant's section
         if rep is None or rep["passed"]:
             continue
         if kind in THRESHOLDS:
@@ -276,7 +279,7 @@ def failures(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def finish(result: dict[str, Any]) -> dict[str, Any]:
+def finish(result: ExportReport) -> ExportReport:
     result["failures"] = failures(result)
     result["passed"] = not result["failures"]
     return result
@@ -296,23 +299,21 @@ def build_report(
     export_s: float | None = None,
     against: str | None = None,
     independent: bool | None = None,
-) -> dict[str, Any]:
+) -> ExportReport:
     """export.json for ``folder/model.onnx``: its parity section, then one section per variant
     in ``kinds`` (each written next to it) and their latency. ``finish`` adds the verdict."""
     path = folder / "model.onnx"
     j = ref.judge(path)
-    parity: dict[str, Any] = {"samples": int(len(ref.logits)), "source": ref.source}
+    parity: ParityReport = {"samples": int(len(ref.logits)), "source": ref.source}
     if against:
         parity["against"] = against
     if independent is not None:  # ort-ondevice source: was the reference computed apart?
         parity["independent"] = independent
-    parity.update(
-        max_abs_diff=j["max_abs_diff"],
-        prediction_agreement=j["prediction_agreement"],
-        tolerance=ref.tolerance,
-    )
+    parity["max_abs_diff"] = j["max_abs_diff"]
+    parity["prediction_agreement"] = j["prediction_agreement"]
+    parity["tolerance"] = ref.tolerance
     parity["passed"] = passed("parity", parity)
-    result: dict[str, Any] = {
+    result: ExportReport = {
         "format_version": EXPORT_FORMAT_VERSION,
         "task": task,
         "model_type": model_type,
@@ -322,10 +323,10 @@ def build_report(
     }
     if export_s is not None:
         result["export_s"] = round(export_s, 3)
-    result.update(inputs=list(ref.names), outputs=["logits"], parity=parity)
+    result["inputs"], result["outputs"], result["parity"] = list(ref.names), ["logits"], parity
     files = {kind: _variant(kind, folder, ref, result["bytes"]) for kind in kinds}
     for kind, file in files.items():
-        result[kind] = file.pop("report")
+        cast("dict[str, Section]", result)[kind] = file.pop("report")  # a VARIANTS key
         result["files"][VARIANTS[kind][1]] = file["path"].name
     if files:
         result["latency"] = _latency(
@@ -395,7 +396,7 @@ def _staging(out: Path) -> Path:
     return tmp
 
 
-def publish(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+def publish(out: Path, build: Callable[[Path], ExportReport]) -> ExportReport:
     """Fill a staging folder beside OUT with ``build`` (which returns the report), write
     export.json, then swap the folder in as OUT when every check passed, else as OUT.failed
     (OUT is then left as it was). An earlier OUT is replaced only once the new one is whole."""
@@ -411,5 +412,6 @@ def publish(out: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    result.update(dir=str(final), model=str(final / next(iter(result["files"].values()))))
+    result["dir"] = str(final)
+    result["model"] = str(final / next(iter(result["files"].values())))
     return result

@@ -39,6 +39,7 @@ import numpy as np
 from ortft import tasks
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError, RecipeError
+from ortft.core.reports import EvalResult
 from ortft.data import rows as data_mod
 from ortft.data import splits
 from ortft.inference import pairs
@@ -332,7 +333,7 @@ def score(
     return metrics
 
 
-def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> dict[str, Any]:
+def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> EvalResult:
     t0 = time.perf_counter()
     m = open_model(source)
     loaded = training_recipe(m)
@@ -357,7 +358,7 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> di
     }
 
 
-def format_result(result: dict[str, Any]) -> str:
+def format_result(result: EvalResult) -> str:
     lines = [
         f"model     {result['model']} ({result['runtime']})",
         f"data      {result['data']} ({result['examples']} examples)",

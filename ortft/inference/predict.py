@@ -44,6 +44,7 @@ from typing import Any, TextIO, cast
 import numpy as np
 
 from ortft.core.errors import InputError
+from ortft.core.reports import Drawing, Prediction
 from ortft.inference import pairs
 from ortft.inference.evaluate import SavedModel, open_model, training_recipe
 from ortft.tasks import protocols
@@ -90,7 +91,7 @@ def classify(
     max_length: int,
     batch_size: int,
     second: list[str] | None = None,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     """Each text's label and scores; ``second``: a pair model's second texts, encoded with the
     first as in training, their token_type_ids fed where the model takes them."""
     labels = m.labels() or []
@@ -136,7 +137,7 @@ def _read(input_path: str) -> list[tuple[str, dict[str, Any]]]:
         return read_inputs(fh, str(path))
 
 
-def draw(source: Path, options: dict[str, Any], output: Path) -> dict[str, Any]:
+def draw(source: Path, options: dict[str, Any], output: Path) -> Drawing:
     """``ortft predict --prompt -o``: one image of ``options["prompt"]`` into ``output``, drawn
     by the first registered family that draws (``protocols.DrawsPrompts``); what was drawn."""
     from ortft import tasks
@@ -156,7 +157,7 @@ def run(
     batch_size: int = 16,
     query: str | None = None,
     top_k: int | None = None,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     """One result dict per input (``query``, ``top_k``: rank them, for a model that embeds)."""
     from ortft import tasks
 
@@ -192,7 +193,7 @@ def run(
     return classify(m, texts, max_length, batch_size, second)
 
 
-def format_line(result: dict[str, Any]) -> str:
+def format_line(result: Prediction) -> str:
     """The plain (non --json) line: label and score (an image's: after its path), word/TAG
     pairs, the answer and its score, the filled text, the generated text, an embedding, or a
     ranked text, on one line."""

@@ -26,6 +26,7 @@ from ortft.checkpoint import store as checkpoint
 from ortft.core import devenv, fsutil
 from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, RunError, first_line
 from ortft.core.progress import Progress
+from ortft.core.reports import ExportReport
 from ortft.data import batches, splits, streaming
 from ortft.recipe.io import LoadedRecipe, dump
 from ortft.run import final, gates, loop, provenance, report, rundir, trackers, tracking
@@ -432,7 +433,7 @@ class _NoTracker:
         return {}
 
 
-def _generation_gate(export: dict[str, Any]) -> list[gates.GateResult]:
+def _generation_gate(export: ExportReport) -> list[gates.GateResult]:
     """The export's generation check as a gate result (none when the export has no such check):
     the ONNX loop against PyTorch's ``generate`` with the model's generation config."""
     gen = export.get("generation")
@@ -449,7 +450,7 @@ def _generation_gate(export: dict[str, Any]) -> list[gates.GateResult]:
     return [gates.GateResult(f"{metric}==1", metric, "==", 1.0, value, bool(gen["passed"]), why)]
 
 
-def _preprocess_gate(export: dict[str, Any]) -> list[gates.GateResult]:
+def _preprocess_gate(export: ExportReport) -> list[gates.GateResult]:
     """An image export's preprocess.onnx check as a gate result (none without that graph): the
     graph against the image processor on the held-out images."""
     pre = export.get("preprocess")

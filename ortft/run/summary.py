@@ -42,6 +42,7 @@ from typing import Any
 
 from ortft.backends.report import BackendReport, Precision, split_known
 from ortft.core.errors import InputError
+from ortft.core.reports import ExportReport
 
 FORMAT_VERSION = 1
 
@@ -135,7 +136,7 @@ class RunSummary:
     provenance: Provenance = field(default_factory=Provenance)
     paths: RunPaths = field(default_factory=lambda: RunPaths(run_dir=""))
     backend: BackendReport | None = None
-    export: dict[str, Any] | None = None  # the export/parity report (its own schema)
+    export: ExportReport | None = None  # the export/parity report (its own schema)
     resumed_from: str | None = None
     precision: Precision | None = None  # None for ort-ondevice: omitted
     distributed: dict[str, Any] | None = None  # {"world_size": 1, ...}; None: omitted

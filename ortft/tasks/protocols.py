@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ortft.core.reports import Drawing, EvalResult, ExportReport, Prediction
+
 if TYPE_CHECKING:
     from ortft.tasks.base import Task
 
 # A staged export's builder: fills the staging folder, returns the export's report
 # (``ortft.export.parity.publish`` swaps the folder in).
-Builder = Callable[[Path], dict[str, Any]]
+Builder = Callable[[Path], ExportReport]
 
 
 @runtime_checkable
@@ -82,7 +84,7 @@ class OwnRunner(Protocol):
 class DescribesExport(Protocol):
     """A family whose export's model card (README.md) shows its own code."""
 
-    def card(self, report: dict[str, Any]) -> tuple[str, str, str, str]:
+    def card(self, report: ExportReport) -> tuple[str, str, str, str]:
         """(code, what the folder holds, the inputs, usage) for the export's README."""
         ...
 
@@ -93,7 +95,7 @@ class PredictsFiles(Protocol):
 
     def predict_files(
         self, model: Any, input_path: str, batch_size: int, max_new_tokens: int
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """One result per input file (``model``: the opened ``SavedModel``)."""
         ...
 
@@ -345,9 +347,7 @@ class OwnsFolders(Protocol):
         family's): the commands that do."""
         ...
 
-    def evaluate_folder(
-        self, source: Path, data_file: Path | None, batch_size: int
-    ) -> dict[str, Any]:
+    def evaluate_folder(self, source: Path, data_file: Path | None, batch_size: int) -> EvalResult:
         """``ortft eval`` of ``source`` (a run, a model folder or its export): the result that
         ``ortft.inference.evaluate.format_result`` prints."""
         ...
@@ -360,7 +360,7 @@ class OwnsFolders(Protocol):
         tolerance: float,
         weights: Path | None = None,
         flags: Sequence[str] = (),
-    ) -> dict[str, Any]:
+    ) -> ExportReport:
         """The export of ``folder`` into ``out_dir`` and its report; ``ortft export`` also
         passes ``weights`` (a checkpoint's folder, else ``folder``) and the ``flags`` it was
         given, which the family refuses in one line where it cannot honour them."""
@@ -371,7 +371,7 @@ class OwnsFolders(Protocol):
 class DrawsPrompts(Protocol):
     """A family whose models draw a prompt into an image (``ortft predict --prompt -o``)."""
 
-    def draw(self, source: Path, options: dict[str, Any], output: Path) -> dict[str, Any]:
+    def draw(self, source: Path, options: dict[str, Any], output: Path) -> Drawing:
         """One image of ``options["prompt"]`` drawn with ``source`` into ``output``; what was
         drawn (``options``: the command's drawing options, by name)."""
         ...
@@ -411,7 +411,7 @@ class PredictsLines(Protocol):
         max_new_tokens: int,
         max_length: int | None,
         batch_size: int,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """One result per input (``inputs``: where each line is and its object, as
         ``ortft.inference.predict.read_inputs`` gives them; ``model``: the opened
         ``SavedModel``; ``max_length``: the command's, None where it gave none)."""
@@ -424,7 +424,7 @@ class WritesSnippet(Protocol):
     (generation: a decoder's loop with or without its KV cache, a seq2seq pair's), under the
     tokenizer line every text export's card has."""
 
-    def snippet(self, tokenizer: Any, report: dict[str, Any]) -> str:
+    def snippet(self, tokenizer: Any, report: ExportReport) -> str:
         """The card's code (``report``: export.json's sections)."""
         ...
 
@@ -444,7 +444,7 @@ class EmbedsTexts(Protocol):
 
     def evaluate_embeddings(
         self, source: Path, data_file: Path | None, batch_size: int
-    ) -> dict[str, Any]:
+    ) -> EvalResult:
         """``ortft eval`` of ``source``: the result that
         ``ortft.inference.evaluate.format_result`` prints."""
         ...
@@ -459,7 +459,7 @@ class EmbedsTexts(Protocol):
         top_k: int | None,
         max_length: int | None,
         batch_size: int,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """``ortft predict`` of ``source`` on ``texts`` (``where``: the input's name): one
         embedding per text, or with ``query`` the texts ranked by similarity to it (``top_k``:
         the first N); ``max_length``: None, the folder's own."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ortft.backends.ondevice import artifacts
 from ortft.backends.ondevice import reference as ondevice_reference
 from ortft.core.errors import GateError, InputError, first_line
+from ortft.core.reports import ExportReport
 from ortft.export import deploy, parity
 from ortft.export.exporter import (
     PARITY_SAMPLES,
@@ -123,7 +124,7 @@ def export_source(
     training_artifacts: bool = False,
     trainable: Sequence[str] | None = None,
     **options: Any,
-) -> dict[str, Any]:
+) -> ExportReport:
     """``ortft export``: SOURCE is a run dir (uses final/), a checkpoint or an HF model dir.
 
     ``options`` are ``ExportOptions``' fields: optimize, fp16, quantize, kv_cache (an ONNX
@@ -281,7 +282,7 @@ def _tokenizer(model_dir: Path, spec: Any) -> Any:
 
 def _export_onnx_source(
     model_dir: Path, out: Path, tolerance: float, training_artifacts: bool, options: ExportOptions
-) -> dict[str, Any]:
+) -> ExportReport:
     """An ONNX final/ (``backend.name: ort-ondevice``): there is no PyTorch model to compare
     with, so the copy and its variants are checked against the run's eval graph with its
     last-step checkpoint (``ondevice_reference``), or, without that checkpoint, against the
@@ -317,7 +318,7 @@ def _export_onnx_source(
         feeds, want, prediction_positions(task), tolerance, samples_source(samples)
     )
 
-    def build(tmp: Path) -> dict[str, Any]:
+    def build(tmp: Path) -> ExportReport:
         for f in model_dir.iterdir():
             if f.is_file() and f.name.startswith("model.onnx"):  # + external data, if any
                 shutil.copy2(f, tmp / f.name)

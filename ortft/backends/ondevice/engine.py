@@ -30,6 +30,7 @@ from ortft.backends.report import BackendReport
 from ortft.checkpoint import store as checkpoint
 from ortft.checkpoint.store import TrainState
 from ortft.core.errors import InputError, RunError
+from ortft.core.reports import ExportReport, ParityReport
 from ortft.recipe.io import LoadedRecipe
 from ortft.tasks import Encoded, Task
 
@@ -360,7 +361,7 @@ class OnDeviceEngine:
         self.module.train()
         self.config.save_pretrained(folder)
 
-    def export(self, run_dir: Path, final_dir: Path, samples: Any) -> dict[str, Any]:
+    def export(self, run_dir: Path, final_dir: Path, samples: Any) -> ExportReport:
         """final/model.onnx checked against the eval graph, which holds the same trained weights
         but runs in onnxruntime.training: a separate build of the same graph, not a copy."""
         from onnxruntime import InferenceSession
@@ -375,7 +376,7 @@ class OnDeviceEngine:
         sess = InferenceSession(str(model), providers=["CPUExecutionProvider"])
         got = sess.run(["logits"], {k: probe[k].astype(np.int64) for k in INPUTS[:2]})[0]
         diff, tolerance = float(np.max(np.abs(got - want))), self.recipe.export.tolerance
-        parity = {
+        parity: ParityReport = {
             "against": "the eval graph with the trained weights (onnxruntime.training)",
             "samples": int(len(probe["input_ids"])),
             "max_abs_diff": diff,

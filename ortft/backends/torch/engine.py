@@ -30,6 +30,7 @@ from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
 from ortft.checkpoint.store import TrainState
 from ortft.core.errors import InputError
+from ortft.core.reports import ExportReport
 from ortft.recipe.io import LoadedRecipe
 from ortft.tasks import Encoded, Task, protocols
 from ortft.tasks.protocols import pairs_of
@@ -410,7 +411,7 @@ class PyTorchEngine:
         if isinstance(self.task, protocols.WritesExtras):  # sentence-transformers' modules
             self.task.write_extras(folder, self.model)
 
-    def export(self, run_dir: Path, final_dir: Path, samples: Any) -> dict[str, Any] | None:
+    def export(self, run_dir: Path, final_dir: Path, samples: Any) -> ExportReport | None:
         spec, task = self.recipe.export, self.task
         if not spec.enabled:
             return None

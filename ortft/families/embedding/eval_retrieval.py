@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ortft import tasks
+from ortft.core.reports import EvalResult
 from ortft.families.embedding import predict as predict_embedding
 from ortft.families.embedding import task as sentence_embedding
 from ortft.inference import evaluate
@@ -58,7 +59,7 @@ def in_batch_loss(
     return total / max(len(a), 1)
 
 
-def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> dict[str, Any]:
+def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> EvalResult:
     t0 = time.perf_counter()
     folder, run_dir = predict_embedding.model_folder(Path(source))
     recipe_yaml = predict_embedding.recipe_of(folder, run_dir)

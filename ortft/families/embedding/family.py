@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ortft.core.reports import EvalResult, Prediction
 from ortft.families.embedding import pooling
 from ortft.families.embedding.task import FEATURE_EXTRACTION, Options, SentenceEmbedding
 from ortft.tasks.protocols import Builder
@@ -54,7 +55,7 @@ class Embedding(SentenceEmbedding):
 
     def evaluate_embeddings(
         self, source: Path, data_file: Path | None, batch_size: int
-    ) -> dict[str, Any]:
+    ) -> EvalResult:
         """Retrieval over the eval pairs and the in-batch loss (``eval_retrieval``)."""
         from ortft.families.embedding import eval_retrieval
 
@@ -70,7 +71,7 @@ class Embedding(SentenceEmbedding):
         top_k: int | None,
         max_length: int | None,
         batch_size: int,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """One embedding per text, or (``query``) the texts ranked (``predict.run``)."""
         from ortft.families.embedding import predict
 

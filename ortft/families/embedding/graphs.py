@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ortft.core.errors import InputError
+from ortft.core.reports import ExportReport, ParityReport
 from ortft.export import deploy, generation, layout, parity, rows
 from ortft.export import onnx_tools as tools
 from ortft.families.embedding.pooling import Pooling, pool_tokens
@@ -132,8 +133,8 @@ class EncoderGraph:
         self.wrapper = Pooled(model, self.pooling).eval()
 
     def build(
-        self, tmp: Path, runtimes: Callable[[Path, dict[str, Any]], dict[str, Any]]
-    ) -> dict[str, Any]:
+        self, tmp: Path, runtimes: Callable[[Path, ExportReport], ExportReport]
+    ) -> ExportReport:
         export_s = tools.torch_export(
             self.wrapper, self.example, tmp / MODEL, self.opset, INPUTS, OUTPUTS, AXES
         )
@@ -143,7 +144,7 @@ class EncoderGraph:
         got = parity.session(tmp / MODEL).run(list(OUTPUTS), inputs)
         self.tokenizer.save_pretrained(tmp)
         generation.save(self.model, tmp)  # config.json
-        result = {
+        result: ExportReport = {
             "format_version": parity.EXPORT_FORMAT_VERSION,
             "task": self.task,
             "model_type": getattr(self.model.config, "model_type", None),
@@ -158,7 +159,7 @@ class EncoderGraph:
         }
         return self.deployable(tmp, runtimes(tmp, result))
 
-    def parity(self, got: list[np.ndarray], want: list[np.ndarray]) -> dict[str, Any]:
+    def parity(self, got: list[np.ndarray], want: list[np.ndarray]) -> ParityReport:
         """export.json's ``parity``: each output's max |diff| (the largest is gated), the
         embeddings' lowest cosine with PyTorch's and, normalised, their largest |norm - 1|."""
         diffs = {
@@ -168,7 +169,7 @@ class EncoderGraph:
         cosine = (emb * ref).sum(1) / np.maximum(
             np.linalg.norm(emb, axis=1) * np.linalg.norm(ref, axis=1), 1e-12
         )
-        section: dict[str, Any] = {
+        section: ParityReport = {
             "samples": int(len(want[1])),
             "source": self.source,
             "against": f"PyTorch: the encoder, then {self.pooling.mode} pooling"
@@ -183,7 +184,7 @@ class EncoderGraph:
         section["passed"] = parity.passed("parity", section)
         return section
 
-    def deployable(self, tmp: Path, result: dict[str, Any]) -> dict[str, Any]:
+    def deployable(self, tmp: Path, result: ExportReport) -> ExportReport:
         """The folder made ready for clients, as ``exporter.deployable`` makes a task's: the IR
         version, the tokenizer without training's padding (truncating at ``max_seq_length``),
         the model card."""
@@ -232,7 +233,7 @@ def snippet(pad_id: int, pad_token: str, lowercase: bool) -> str:
     )
 
 
-def card(report: dict[str, Any], pad_id: int, pad_token: str) -> str:
+def card(report: ExportReport, pad_id: int, pad_token: str) -> str:
     """README.md of the export folder: what the graph gives and the usage snippet."""
     p = report["pooling"]
     how = {

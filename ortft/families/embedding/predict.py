@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ortft.core.errors import InputError
+from ortft.core.reports import Prediction
 from ortft.families.embedding.pooling import Pooling
 
 EMBEDDING = "sentence_embedding"  # the export's output (graphs.OUTPUTS)
@@ -226,7 +227,7 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 def rank(
     model: Embedder, texts: list[str], query: str, top_k: int | None, batch_size: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     """The texts by cosine similarity to ``query``, best first (ties: input order)."""
     scores = unit(model.embed(texts, batch_size)) @ unit(model.embed([query], 1))[0]
     order = np.argsort(-scores, kind="stable")[:top_k]
@@ -243,7 +244,7 @@ def run(
     top_k: int | None = None,
     max_length: int | None = None,
     batch_size: int = 16,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     """One embedding per text, or (``query``) the texts ranked; ``where`` names the input."""
     if not texts:
         raise InputError(f"{where}: no texts to embed (give one per line, or JSONL with 'text')")

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ortft.core.reports import ExportReport, Prediction
 from ortft.families.generation import causal_lm, instruction, seq2seq
 from ortft.tasks.base import Task
 from ortft.tasks.protocols import Builder
@@ -47,7 +48,7 @@ class DecoderHooks(TextPrompt, Task):
 
         return decoder_graph.generation_check(model, path, feeds, tolerance)
 
-    def snippet(self, tokenizer: Any, report: dict[str, Any]) -> str:
+    def snippet(self, tokenizer: Any, report: ExportReport) -> str:
         """The loop with the cache or without, on the example as the task's prompt."""
         from ortft.families.generation import card
 
@@ -60,7 +61,7 @@ class DecoderHooks(TextPrompt, Task):
         max_new_tokens: int,
         max_length: int | None,
         batch_size: int,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """Each text's continuation (``max_length``, ``batch_size``: not used: one prompt at a
         time, its end kept within the model's positions)."""
         from ortft.families.generation import predict
@@ -100,7 +101,7 @@ class Seq2SeqPair(seq2seq.Seq2Seq, TextPrompt):
         model = model.eval().to("cpu")
         feeds = parity_feeds(samples, processor, PARITY_SAMPLES)
 
-        def build(tmp: Path) -> dict[str, Any]:
+        def build(tmp: Path) -> ExportReport:
             try:
                 result = seq2seq_graphs.build_report(
                     model,
@@ -146,7 +147,7 @@ class Seq2SeqPair(seq2seq.Seq2Seq, TextPrompt):
             )
         return out.logits.float().numpy()
 
-    def snippet(self, tokenizer: Any, report: dict[str, Any]) -> str:
+    def snippet(self, tokenizer: Any, report: ExportReport) -> str:
         from ortft.families.generation import card
 
         return card.seq2seq()
@@ -158,7 +159,7 @@ class Seq2SeqPair(seq2seq.Seq2Seq, TextPrompt):
         max_new_tokens: int,
         max_length: int | None,
         batch_size: int,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """Each text's output, its source cut to ``max_length`` (else the training length)."""
         from ortft.families.generation import predict
         from ortft.inference.predict import input_length, input_texts

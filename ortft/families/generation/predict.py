@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ortft.core.errors import InputError
+from ortft.core.reports import Prediction
 from ortft.inference.evaluate import SavedModel
 
 
@@ -66,7 +67,7 @@ def _eos(gc: Any) -> set[int]:
     return {int(e) for e in np.atleast_1d(gc.eos_token_id if gc.eos_token_id is not None else [])}
 
 
-def decoder(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[dict[str, Any]]:
+def decoder(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[Prediction]:
     """A decoder's continuation of each text, as ``generate`` gives it with the model's
     generation config (greedy or beam search, its logits processors)."""
     from ortft.export import generation, parity
@@ -100,7 +101,7 @@ def decoder(m: SavedModel, texts: list[str], max_new_tokens: int) -> Iterator[di
 
 def seq2seq(
     m: SavedModel, texts: list[str], max_new_tokens: int, max_length: int, batch_size: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     """An encoder-decoder's output for each text, as ``generate`` gives it with the model's
     generation config: PyTorch's, or the export's encoder once and its decoder with the cache
     (``seq2seq_graphs.OnnxSeq2Seq.search``)."""

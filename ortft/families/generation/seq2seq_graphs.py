@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ortft.core.reports import ExportReport
 from ortft.export import decoder, parity
 
 ENCODER, DECODER = "encoder.onnx", "decoder.onnx"
@@ -262,7 +263,7 @@ def build_report(
     opset: int,
     tolerance: float,
     source: str,
-) -> dict[str, Any]:
+) -> ExportReport:
     """Export both graphs to ``folder``, check them, and return export.json's sections."""
     import time
 

@@ -9,7 +9,7 @@ language, transcribe, no-timestamps) with ``generation_config.json``'s suppresse
 
 from __future__ import annotations
 
-from typing import Any
+from ortft.core.reports import ExportReport
 
 CARD_AUDIO = "audio.flac"  # the snippet's input file (a user puts theirs there)
 NEW_TOKENS = 32  # tokens the snippet generates at most (as ortft predict's default)
@@ -73,7 +73,7 @@ def snippet(rate: int, language: str | None) -> str:
     return SNIPPET.format(audio=CARD_AUDIO, rate=rate, new_tokens=NEW_TOKENS, prompt=prompt)
 
 
-def card(report: dict[str, Any]) -> tuple[str, str, str, str]:
+def card(report: ExportReport) -> tuple[str, str, str, str]:
     """The card's (snippet, what else the folder holds, the preprocessing line, what the
     snippet needs): ``deploy.write_card``."""
     f = report["features"]

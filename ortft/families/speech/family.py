@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ortft.core.reports import ExportReport, Prediction
 from ortft.families.speech.task import Options, SpeechRecognition
 from ortft.tasks.protocols import Builder
 
@@ -88,7 +89,7 @@ class Speech(SpeechRecognition):
             n=PARITY_SAMPLES,
         )
 
-        def build(tmp: Path) -> dict[str, Any]:
+        def build(tmp: Path) -> ExportReport:
             try:
                 result = job.build(tmp)
             except RuntimeError as err:  # the tracer's failures
@@ -123,14 +124,14 @@ class Speech(SpeechRecognition):
             )
         return out.logits.float().numpy()
 
-    def card(self, report: dict[str, Any]) -> tuple[str, str, str, str]:
+    def card(self, report: ExportReport) -> tuple[str, str, str, str]:
         from ortft.families.speech import card
 
         return card.card(report)
 
     def predict_files(
         self, model: Any, input_path: str, batch_size: int, max_new_tokens: int
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """Each audio file's transcript (clips over the model's window are cut)."""
         from ortft.families.speech import predict
 

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ortft.core.constants import IGNORE_INDEX
+from ortft.core.reports import ExportReport, ParityReport
 from ortft.export import decoder, generation, parity
 from ortft.families.speech.runner import DECODER, ENCODER, FEATURES, OnnxWhisper, refuse
 from ortft.families.speech.task import PATH
@@ -160,7 +161,9 @@ def clips(
 # --------------------------------------------------------------------------- the checks
 
 
-def check_parity(model: Any, pair: OnnxWhisper, feeds: dict, tolerance: float, source: str):
+def check_parity(
+    model: Any, pair: OnnxWhisper, feeds: dict, tolerance: float, source: str
+) -> ParityReport:
     """export.json's ``parity``: teacher-forced logits against PyTorch's forward with labels
     (no decoder mask: the padded positions are compared too, and match as they are computed
     the same way on both sides)."""
@@ -317,7 +320,7 @@ class SpeechGraphs:
             "samples": self.decoded[0],
         }
 
-    def build(self, tmp: Path) -> dict[str, Any]:
+    def build(self, tmp: Path) -> ExportReport:
         model, feeds = self.model, self.feeds
         t0 = time.perf_counter()
         inputs, outputs = export_graphs(model, feeds["input_features"], tmp, self.opset)
@@ -327,7 +330,7 @@ class SpeechGraphs:
         pair = OnnxWhisper(tmp, model.config)
         features = check_features(tmp, self.processor.feature_extractor, self.decoded, self.source)
         files = {"encoder": ENCODER, "decoder": DECODER}
-        result: dict[str, Any] = {
+        result: ExportReport = {
             "format_version": parity.EXPORT_FORMAT_VERSION,
             "task": getattr(self.task, "name", "speech-recognition"),
             "model_type": getattr(model.config, "model_type", None),

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
 from ortft.core.errors import InputError
+from ortft.core.reports import Prediction
 from ortft.families.speech import audio
 from ortft.inference import input_files
 from ortft.inference.evaluate import SavedModel
@@ -75,7 +75,7 @@ def transcribe(m: SavedModel, clips: list[np.ndarray], max_new_tokens: int) -> l
 
 def run(
     m: SavedModel, input_path: str, batch_size: int, max_new_tokens: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     """One result per file ``--input`` names; every file checked first."""
     items = input_files.read(input_path, EXTENSIONS, "audio")
     infos = check(items)
@@ -95,7 +95,7 @@ def run(
     return _results(m, items, infos, batch_size, new, limit)
 
 
-def _results(m, items, infos, batch_size, new, limit) -> Iterator[dict[str, Any]]:
+def _results(m, items, infos, batch_size, new, limit) -> Iterator[Prediction]:
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         texts = transcribe(m, _clips(m, chunk), new)

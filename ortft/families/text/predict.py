@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ortft.core.errors import InputError
+from ortft.core.reports import Prediction
 from ortft.families.text.spans import best_span, context_char_spans
 from ortft.inference.evaluate import SavedModel
 from ortft.inference.predict import _chunks, _field, _softmax, input_length
@@ -21,7 +22,7 @@ TOP_K = 5  # fill-mask candidates per mask, as the transformers fill-mask pipeli
 
 def tags(
     m: SavedModel, inputs: list[tuple[str, dict[str, Any]]], max_length: int | None, batch_size: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     """Each input's words (its tokens list, else its text's) with their tags."""
     length = input_length(m, max_length)
     return tag(m, [_words(m, w, o) for w, o in inputs], length, batch_size)
@@ -29,7 +30,7 @@ def tags(
 
 def answers(
     m: SavedModel, inputs: list[tuple[str, dict[str, Any]]], max_length: int | None, batch_size: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     """Each JSON line's answer: a span of its context (the task's two columns)."""
     length = input_length(m, max_length)
     q, c = m.spec.question_column, m.spec.context_column
@@ -42,7 +43,7 @@ def answers(
 
 def filled(
     m: SavedModel, inputs: list[tuple[str, dict[str, Any]]], max_length: int | None, batch_size: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     """Each text with its mask tokens filled (a text without one is an error naming it)."""
     length = input_length(m, max_length)
     texts = [_field(o, "text", w) for w, o in inputs]
@@ -55,7 +56,7 @@ def filled(
 
 def tag(
     m: SavedModel, words: list[list[str]], max_length: int, batch_size: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     labels = m.labels() or []
     for start, chunk in _chunks(words, batch_size):
         enc = m.tokenizer(
@@ -77,7 +78,7 @@ def tag(
 
 def answer(
     m: SavedModel, pairs: list[tuple[str, str]], max_length: int, batch_size: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     for start, chunk in _chunks(pairs, batch_size):
         questions, contexts = [q for q, _ in chunk], [c for _, c in chunk]
         enc = m.spec.tokenize(questions, contexts, m.tokenizer, max_length)
@@ -97,7 +98,7 @@ def answer(
 
 def fill_mask(
     m: SavedModel, texts: list[str], max_length: int, batch_size: int
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Prediction]:
     tok = m.tokenizer
     for start, chunk in _chunks(texts, batch_size):
         enc = tok(chunk, max_length=max_length, truncation=True, padding=True, return_tensors="np")

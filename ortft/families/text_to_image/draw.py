@@ -18,6 +18,7 @@ from typing import Any
 
 from ortft.core import fsutil
 from ortft.core.errors import InputError
+from ortft.core.reports import Drawing
 from ortft.families.text_to_image import graphs as diffusion
 
 
@@ -53,7 +54,7 @@ def _size(options: DrawOptions, sample_size: int, scale: int) -> tuple[int, int]
     return height, width
 
 
-def draw(source: Path, options: DrawOptions, output: Path) -> dict[str, Any]:
+def draw(source: Path, options: DrawOptions, output: Path) -> Drawing:
     """One image for ``options.prompt`` written to ``output`` (PNG); what was drawn, as a dict."""
     found = model_folder(Path(source))
     if found is None:

@@ -35,6 +35,7 @@ import numpy as np
 
 from ortft import tasks
 from ortft.core.errors import InputError
+from ortft.core.reports import EvalResult
 from ortft.families.text_to_image import task as text_to_image
 from ortft.inference import evaluate
 from ortft.recipe.schema import TrainingSection
@@ -118,7 +119,7 @@ def _bind(folder: Path, task: Any) -> tuple[Any, Any]:
     return tok, unet
 
 
-def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> dict[str, Any]:
+def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> EvalResult:
     from ortft.run import loop
 
     t0 = time.perf_counter()

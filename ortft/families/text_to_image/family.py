@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ortft.core.reports import Drawing, EvalResult, ExportReport
 from ortft.families.text_to_image.task import Options, TextToImage
 
 ARCHITECTURE = "stable-diffusion"  # model.from_config.architecture (a tiny SD)
@@ -100,9 +101,7 @@ class StableDiffusion(TextToImage):
             "`ortft predict SOURCE --prompt TEXT -o out.png`; `ortft eval SOURCE` scores it"
         )
 
-    def evaluate_folder(
-        self, source: Path, data_file: Path | None, batch_size: int
-    ) -> dict[str, Any]:
+    def evaluate_folder(self, source: Path, data_file: Path | None, batch_size: int) -> EvalResult:
         """The diffusion eval loss (``eval_loss``)."""
         from ortft.families.text_to_image import eval_loss
 
@@ -116,7 +115,7 @@ class StableDiffusion(TextToImage):
         tolerance: float,
         weights: Path | None = None,
         flags: Sequence[str] = (),
-    ) -> dict[str, Any]:
+    ) -> ExportReport:
         """The four graphs of ``graphs`` from the folder, its LoRA fused. A checkpoint holds the
         UNet alone, and every flag is refused: the export is fp32 graphs, the LoRA always fused
         (a diffusers folder has no unmerged graph to write)."""
@@ -135,7 +134,7 @@ class StableDiffusion(TextToImage):
         pipe = graphs.load_pipeline(folder, fuse=True)
         return graphs.export(pipe, out_dir, opset, tolerance)
 
-    def draw(self, source: Path, options: dict[str, Any], output: Path) -> dict[str, Any]:
+    def draw(self, source: Path, options: dict[str, Any], output: Path) -> Drawing:
         """One image (``draw.draw``: diffusers' pipeline, or the export's numpy loop)."""
         from ortft.families.text_to_image import draw
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ortft.core.reports import ExportReport
 from ortft.export import onnx_tools, parity
 from ortft.families.text_to_image import runner
 
@@ -175,7 +176,7 @@ def _reference(name: str, module: Any, feeds: dict) -> list[np.ndarray]:
     return [o.float().numpy() for o in outs]
 
 
-def build(pipe: Any, folder: Path, opset: int, tolerance: float) -> dict[str, Any]:
+def build(pipe: Any, folder: Path, opset: int, tolerance: float) -> ExportReport:
     """The four graphs of ``pipe`` (a diffusers ``StableDiffusionPipeline`` on the CPU, in
     fp32, LoRA merged), with the tokenizer, scheduler and model_index.json, into ``folder``;
     the report (``parity.finish`` gives the verdict)."""
@@ -322,7 +323,7 @@ def load_pipeline(folder: Path, fuse: bool = False) -> Any:
     return pipe
 
 
-def export(pipe: Any, out_dir: Path, opset: int, tolerance: float) -> dict[str, Any]:
+def export(pipe: Any, out_dir: Path, opset: int, tolerance: float) -> ExportReport:
     """``build`` into a staging folder, published as ``out_dir`` when parity passed (else
     ``out_dir.failed``); the report."""
     shutil.rmtree(out_dir.with_name(out_dir.name + ".failed"), ignore_errors=True)

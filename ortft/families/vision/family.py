@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ortft.core.reports import ExportReport, Prediction
 from ortft.families.vision.task import ImageClassification, Options
 from ortft.tasks.protocols import Builder
 
@@ -73,7 +74,7 @@ class Vision(ImageClassification):
             n=PARITY_SAMPLES,
         )
 
-        def build(tmp: Path) -> dict[str, Any]:
+        def build(tmp: Path) -> ExportReport:
             result = job.build(tmp)
             feeds = job.runtime_feeds
             return finished(
@@ -92,14 +93,14 @@ class Vision(ImageClassification):
 
         return logits(model, runtime, batch["pixel_values"])
 
-    def card(self, report: dict[str, Any]) -> tuple[str, str, str, str]:
+    def card(self, report: ExportReport) -> tuple[str, str, str, str]:
         from ortft.families.vision import graphs
 
         return graphs.card(report)
 
     def predict_files(
         self, model: Any, input_path: str, batch_size: int, max_new_tokens: int
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """Each image file's label, its scores and top 5 (``max_new_tokens``: not used)."""
         from ortft.families.vision import predict
 

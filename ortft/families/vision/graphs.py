@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ortft.core.reports import ExportReport
 from ortft.data import images
 from ortft.export import generation, parity
 from ortft.families.vision import preprocess as image_preprocess
@@ -98,7 +99,7 @@ class ImageGraph:
         """What ``--check-runtime`` runs each graph on (``deploy.graph_feeds``)."""
         return {INPUT: self.feeds[INPUT], "image": self.images[0]}
 
-    def build(self, tmp: Path) -> dict[str, Any]:
+    def build(self, tmp: Path) -> ExportReport:
         pixel_values = self.feeds[INPUT]
         example = torch.from_numpy(pixel_values[:2])
         if len(example) < 2:  # a batch of 2 keeps the batch axis a variable in the graph
@@ -230,7 +231,7 @@ def snippet(with_preprocess: bool) -> str:
     return head + _PIXELS[with_preprocess] + _RUN
 
 
-def card(report: dict[str, Any]) -> tuple[str, str, str, str]:
+def card(report: ExportReport) -> tuple[str, str, str, str]:
     """The card's (snippet, what else the folder holds, the preprocessing line, what the
     snippet needs): ``deploy.write_card``."""
     pre = report["preprocess"]

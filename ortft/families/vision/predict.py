@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ortft.core.errors import InputError
+from ortft.core.reports import Prediction
 from ortft.data import images
 from ortft.inference.evaluate import SavedModel
 from ortft.inference.input_files import Item, read
@@ -98,7 +99,7 @@ def logits(model: Any, runtime: str, pixel_values: np.ndarray) -> np.ndarray:
     return out.logits.float().numpy()
 
 
-def classify(m: SavedModel, items: list[Item], batch_size: int) -> Iterator[dict[str, Any]]:
+def classify(m: SavedModel, items: list[Item], batch_size: int) -> Iterator[Prediction]:
     labels = m.labels() or []
     preprocess = preprocess_session(m)
     for start in range(0, len(items), batch_size):
@@ -117,7 +118,7 @@ def classify(m: SavedModel, items: list[Item], batch_size: int) -> Iterator[dict
             }
 
 
-def run(m: SavedModel, input_path: str, batch_size: int) -> Iterator[dict[str, Any]]:
+def run(m: SavedModel, input_path: str, batch_size: int) -> Iterator[Prediction]:
     """One result per image ``--input`` names; every file checked first."""
     items = read(input_path, EXTENSIONS, "image")
     check(items)
