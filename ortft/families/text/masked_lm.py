@@ -19,6 +19,7 @@ from pydantic import Field
 
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
+from ortft.core.reports import Prediction
 from ortft.tasks.base import Encoded, Task, TaskOptions
 
 EVAL_EPOCH = 1_000_003  # the fixed "epoch" of the eval masking
@@ -59,7 +60,7 @@ class MaskedLM(Task):
         max_new_tokens: int,
         max_length: int | None,
         batch_size: int,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """Each text with its masks filled (``ortft predict``)."""
         from ortft.families.text import predict
 

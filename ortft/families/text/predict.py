@@ -87,11 +87,11 @@ def answer(
         for i, context in enumerate(contexts):
             chars = context_char_spans(enc, i)
             span = best_span(logits[i, 0], logits[i, 1], chars[:, 0] >= 0)
-            out: dict[str, Any] = {"index": start + i, "answer": "", "start": None, "end": None}
+            out: Prediction = {"index": start + i, "answer": "", "start": None, "end": None}
             if span is not None:  # else the context was truncated away entirely
                 (s, e), p = span, _softmax(logits[i].astype(np.float64))
                 first, last = int(chars[s, 0]), int(chars[e, 1])
-                out.update(answer=context[first:last], start=first, end=last)
+                out["answer"], out["start"], out["end"] = context[first:last], first, last
                 out["score"] = float(p[0, s] * p[1, e])
             yield out
 

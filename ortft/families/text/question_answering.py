@@ -35,6 +35,8 @@ from ortft.tasks.base import Encoded, Task, TaskOptions
 if TYPE_CHECKING:
     import torch
 
+    from ortft.core.reports import Prediction
+
 
 class Options(TaskOptions):
     name: Literal["question-answering"] = "question-answering"
@@ -187,7 +189,7 @@ class QuestionAnswering(Task):
         max_new_tokens: int,
         max_length: int | None,
         batch_size: int,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """Each question's answer, read from its context (``ortft predict``)."""
         from ortft.families.text import predict
 

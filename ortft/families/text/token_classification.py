@@ -24,6 +24,7 @@ from pydantic import Field
 
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
+from ortft.core.reports import Prediction
 from ortft.tasks.base import Encoded, Task, TaskOptions
 from ortft.tasks.metrics import macro_f1
 
@@ -104,7 +105,7 @@ class TokenClassification(Task):
         max_new_tokens: int,
         max_length: int | None,
         batch_size: int,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Prediction]:
         """Each input's words with their tags (``ortft predict``)."""
         from ortft.families.text import predict
 
