@@ -4,7 +4,7 @@ ortft importable).
 
     python consumer_client.py ONNX_DIR INPUTS PREDICTS MAX_NEW
 
-PREDICTS is the task's ``Task.predicts`` (label, tags, answer, fill-mask, generate,
+PREDICTS is the task's ``traits.predicts`` (label, tags, answer, fill-mask, generate,
 image-label). One JSON line per input on stdout, with the fields ``ortft predict`` gives that a
 client can compute. Each text is tokenized alone with the folder's tokenizer.json and run with
 an all-ones mask; a sentence-pair input (``text`` and ``text_pair``) is tokenized as one pair,

@@ -42,6 +42,7 @@ from ortft.export import deploy
 from ortft.families.speech import card as speech_card
 from ortft.families.vision import graphs as image
 from ortft.inference.predict import format_line
+from ortft.tasks import traits
 
 pytestmark = pytest.mark.consumer
 
@@ -71,7 +72,7 @@ def _exports(task: str, m: Matrix, python: str) -> list[Path]:
     default) also ``ortft export --no-kv-cache``, checked in the consumer runtime too."""
     run = m.run(task)
     folders = [run / "onnx"]
-    if tasks.get(task).export_kind == "decoder":
+    if traits.export_kind(tasks.get(task)) == "decoder":
         folders.append(run / "onnx-nocache")
         if not folders[-1].exists():
             _export(run, folders[-1], "--no-kv-cache", "--check-runtime", python)
@@ -106,7 +107,7 @@ def _prompts(folder: Path, inputs: Path) -> Path:
     from ortft.inference.evaluate import open_model
 
     m = open_model(folder)
-    if m.spec.predicts != "generate":
+    if traits.predicts(m.spec) != "generate":
         return inputs
     lines = [x for x in inputs.read_text().splitlines() if x.strip()]
     texts = [json.loads(x)["text"] if x.startswith("{") else x for x in lines]
@@ -117,7 +118,7 @@ def _prompts(folder: Path, inputs: Path) -> Path:
     return out
 
 
-EXPORTED = [t for t in TASKS if not tasks.get(t).export_skip]
+EXPORTED = [t for t in TASKS if not traits.export_skip(tasks.get(t))]
 
 
 def _ids(task: str) -> str:
@@ -134,7 +135,7 @@ def _image_modes(run: Path) -> Path:
 
 @pytest.mark.parametrize("task", EXPORTED, ids=_ids)
 def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str) -> None:
-    kind = tasks.get(task).predicts
+    kind = traits.predicts(tasks.get(task))
     all_inputs = [_inputs(task, matrix.run(task).parent)]
     if kind == "image-label":
         all_inputs.append(_image_modes(matrix.run(task)))
@@ -166,17 +167,17 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
         code = deploy.card_snippet((folder / "README.md").read_text())
         inputs = folder.parent / f"card-{folder.name}.jsonl"
         inputs.write_text(json.dumps(deploy.example_input(spec, None)) + "\n")
-        if spec.predicts == "image-label":  # the snippet reads image.png: a copy beside it
+        if traits.predicts(spec) == "image-label":  # the snippet reads image.png: a copy beside it
             folder = shutil.copytree(folder, folder.parent / f"card-{folder.name}")
             shutil.copy(_image_modes(matrix.run(task)).parent / "modes" / "rgba.png",
                         folder / image.CARD_IMAGE)  # fmt: skip
             inputs = folder / image.CARD_IMAGE
-        if spec.predicts == "transcript":  # the snippet reads audio.flac: a held-out clip
+        if traits.predicts(spec) == "transcript":  # the snippet reads audio.flac: a held-out clip
             folder = shutil.copytree(folder, folder.parent / f"card-{folder.name}")
             clip = _inputs(task, matrix.run(task).parent).read_text().split()[0]
             shutil.copy(clip, folder / speech_card.CARD_AUDIO)
             inputs = folder / speech_card.CARD_AUDIO
-        if spec.predicts == "embedding":  # the card prints its two texts' cosine similarity
+        if traits.predicts(spec) == "embedding":  # the card prints its two texts' cosine similarity
             from ortft.families.embedding import graphs as embedding
 
             inputs.write_text("".join(t + "\n" for t in embedding.CARD_TEXTS))
@@ -196,7 +197,7 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
             "answer": lambda r: r["answer"],
             "fill-mask": lambda r: r["filled"],
             "generate": lambda r: r["generated"],
-        }.get(spec.predicts, format_line)(want)
+        }.get(traits.predicts(spec), format_line)(want)
         got = _consumer(consumer_python, "-I", "-c", code, cwd=folder)
         assert got.rstrip("\n") == expected, (folder.name, code)
 

@@ -5,7 +5,7 @@ An eval cell scores the run's eval split: the PyTorch numbers are the ones train
 summary.json (same eval variant, e.g. masked-lm's fixed masking; same metrics), the ONNX
 numbers the PyTorch ones. A predict cell checks the output has the task's shape (a label per
 text, a tag per word, an answer span of the context, filled masks, generated text), and the
-ONNX predictions equal the PyTorch ones. A task ortft does not export (Task.export_skip) has
+ONNX predictions equal the PyTorch ones. A task ortft does not export (traits.SkipsExport) has
 its ONNX cells skipped with that reason.
 
 speech-recognition reads audio files: 16 committed spoken-digit clips, its predict input a
@@ -42,6 +42,7 @@ from typer.testing import CliRunner
 
 from ortft import tasks
 from ortft.cli.app import app
+from ortft.tasks import traits
 
 TASKS = [
     "sequence-classification",
@@ -171,7 +172,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
     return Matrix(tmp_path_factory.mktemp("matrix"))
 
 
-# every task exports (none sets Task.export_skip), so every cell runs on ONNX too
+# every task exports (none implements traits.SkipsExport), so every cell runs on ONNX too
 CELLS = [
     pytest.param(t, op, rt, id=f"{t}-{op}-{rt}")
     for t in TASKS
@@ -203,7 +204,7 @@ def _check_eval(task: str, got: dict[str, Any], m: Matrix, runtime: str) -> None
 def _check_predict(task: str, got: list[dict[str, Any]], m: Matrix) -> None:
     inputs = [x for x in _inputs(task, m.run(task).parent).read_text().splitlines() if x]
     assert [r["index"] for r in got] == list(range(len(inputs)))
-    kind = tasks.get(task).predicts
+    kind = traits.predicts(tasks.get(task))
     config = json.loads((m.run(task) / "final" / "config.json").read_text())
     labels = set(config.get("id2label", {}).values())
     for line, r in zip(inputs, got, strict=True):

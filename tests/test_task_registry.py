@@ -12,9 +12,10 @@ import pytest
 from pydantic import Field
 
 from ortft import tasks
+from ortft.data import checks, rows
 from ortft.recipe import io as recipe_io
 from ortft.recipe.schema import Recipe
-from ortft.tasks import protocols
+from ortft.tasks import protocols, traits
 
 BASE = {
     "model": {
@@ -56,18 +57,24 @@ def test_a_registered_toy_task_is_built_and_accepted_by_the_recipe(toy) -> None:
     assert "toy-echo" in tasks.names()
     task = tasks.get("toy-echo", tasks.options("toy-echo", echo_column="words"))
     assert isinstance(task, ToyEcho) and task.column == "words"
-    # the base class's documented defaults, read as plain attributes
-    assert (task.is_decoder, task.shift_labels, task.export_skip, task.options_key) == (
+    # the documented defaults of a task that declares none of the traits
+    assert (
+        traits.decodes(task),
+        traits.shifts_labels(task),
+        traits.export_skip(task),
+        task.options_key,
+    ) == (
         False,
         False,
         None,
         "",
     )
-    assert task.export_kind == "encoder" and not task.ondevice and not task.own_columns
+    assert traits.export_kind(task) == "encoder" and not traits.ondevice(task)
+    assert not checks.own_columns(task)
     batch = {"input_ids": np.zeros((2, 4))}
     assert task.collate(batch, 0, 1) is batch
     assert protocols.generated_metrics(task, None, None, None) == {}  # it generates nothing
-    assert task.label_names([{"text": "a"}], None) is None
+    assert rows.labels_of(task, [{"text": "a"}], None) is None
 
     r = Recipe.model_validate({**BASE, "task": {"name": "toy-echo", "echo_column": "words"}})
     assert isinstance(r.task, ToyOptions) and r.task.echo_column == "words"
@@ -122,7 +129,7 @@ def test_register_checks_the_name_literal() -> None:
 
 
 def test_builtin_tasks_declare_export_kind_and_on_device_support() -> None:
-    kinds = {name: tasks.get(name).export_kind for name in tasks.names()}
+    kinds = {name: traits.export_kind(tasks.get(name)) for name in tasks.names()}
     assert kinds == {
         "sequence-classification": "encoder",
         "causal-lm": "decoder",
@@ -136,11 +143,13 @@ def test_builtin_tasks_declare_export_kind_and_on_device_support() -> None:
         "sentence-embedding": "embedding",
         "text-to-image": "text-to-image",
     }
-    assert [n for n in tasks.names() if tasks.get(n).ondevice] == [
+    assert [n for n in tasks.names() if traits.ondevice(tasks.get(n))] == [
         "sequence-classification",
         "causal-lm",
     ]
-    assert not any(tasks.get(n).export_skip for n in tasks.names())  # every built-in exports
+    assert not any(
+        traits.export_skip(tasks.get(n)) for n in tasks.names()
+    )  # every built-in exports
 
 
 def test_architecture_guess_is_only_a_fallback() -> None:

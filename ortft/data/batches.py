@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -76,6 +77,24 @@ def with_lengths(encoded: Encoded) -> Encoded:
     if LENGTH not in encoded.arrays:
         encoded.arrays[LENGTH] = lengths(encoded).astype(np.int32)
     return encoded
+
+
+# arrays with one value per input position: cut with input_ids when a batch is shortened
+ALIGNED = ("input_ids", "attention_mask", "token_type_ids", "labels")
+
+
+@runtime_checkable
+class AlignsKeys(Protocol):
+    """A task whose arrays along the input positions are not ``ALIGNED`` (question answering's
+    spans, seq2seq's source only, speech's labels, none for images)."""
+
+    @property
+    def aligned_keys(self) -> tuple[str, ...]: ...
+
+
+def aligned_keys(task: object) -> tuple[str, ...]:
+    """The arrays of ``task``'s batches cut with its longest row (``AlignsKeys``; ``ALIGNED``)."""
+    return task.aligned_keys if isinstance(task, AlignsKeys) else ALIGNED
 
 
 def cut(batch: dict[str, np.ndarray], padding: Padding, aligned: tuple[str, ...]) -> dict:

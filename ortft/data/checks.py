@@ -1,44 +1,120 @@
 """Row checks: what every row of a source must hold (its columns; its label, when
 ``data.label_names`` is given), checked as the rows stream past or column-wise on an Arrow table.
 
-Which columns those are comes from the task, through ``RowColumns``: the four members the checks
-read (``ortft.tasks.Task`` has them; data never imports ``ortft.tasks``).
+Which columns those are comes from the task, through the small protocols below, each read
+through the function beside it that gives the default for a task without it: most tasks read
+``data.text_column`` (with ``data.text_pair_column``, and ``data.label_column`` when they have
+labels). Data never imports ``ortft.tasks``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from ortft.core.errors import InputError
 from ortft.data.spec import DataSection
 
+# A task, as the row checks see it: any object, asked through the protocols below.
+RowColumns: TypeAlias = object
 
-class RowColumns(Protocol):
-    """Which columns a task reads of each row (``ortft.tasks.Task`` is one)."""
+
+@runtime_checkable
+class HasLabels(Protocol):
+    """A task whose rows carry labels (data.label_column), one per row or per word (sequence,
+    token and image classification), checked against data.label_names."""
 
     @property
-    def own_columns(self) -> bool:
-        """Rows are read through the task's own column options (task.*_column), not data.*."""
-        ...
+    def needs_labels(self) -> bool: ...
+
+
+def needs_labels(task: object) -> bool:
+    """Whether ``task``'s rows carry labels (``HasLabels``); False."""
+    return isinstance(task, HasLabels) and task.needs_labels
+
+
+@runtime_checkable
+class OwnColumns(Protocol):
+    """A task whose rows are read through its own column options (task.*_column), not data.*
+    (token classification, question answering, seq2seq, instruction, sentence embedding)."""
 
     @property
-    def needs_labels(self) -> bool:
-        """The rows carry labels (data.label_column), checked against data.label_names."""
-        ...
+    def own_columns(self) -> bool: ...
+
+
+def own_columns(task: object) -> bool:
+    """Whether ``task`` names its own columns (``OwnColumns``); False."""
+    return isinstance(task, OwnColumns) and task.own_columns
+
+
+@runtime_checkable
+class ReadsColumns(Protocol):
+    """A task whose rows hold other columns than data.text_column (+ pair, + label)."""
 
     def columns(self, data: DataSection) -> list[str]:
         """The columns every row must have."""
         ...
 
+
+def columns(task: object, data: DataSection) -> list[str]:
+    """The columns every row of ``task`` must have (``ReadsColumns``); by default
+    data.text_column, data.text_pair_column when set, data.label_column with labels."""
+    if isinstance(task, ReadsColumns):
+        return task.columns(data)
+    needed = [data.text_column]
+    if data.text_pair_column:
+        needed.append(data.text_pair_column)
+    if needs_labels(task):
+        needed.append(data.label_column)
+    return needed
+
+
+@runtime_checkable
+class KeepsColumns(Protocol):
+    """A task whose encode() reads columns that rows need not have (instruction's optional
+    input column)."""
+
     def read_columns(self, data: DataSection) -> list[str]:
         """The columns encode() reads (what is kept of each row)."""
         ...
 
+
+def read_columns(task: object, data: DataSection) -> list[str]:
+    """The columns ``task``'s encode() reads (``KeepsColumns``); by default ``columns``."""
+    return task.read_columns(data) if isinstance(task, KeepsColumns) else columns(task, data)
+
+
+@runtime_checkable
+class NamesFiles(Protocol):
+    """A task whose rows name files (images, audio, captioned images)."""
+
     def file_column(self, data: DataSection) -> str | None:
-        """The column holding a file path (an image), resolved against the folder of the file
-        that names it; None for text tasks. A folder source then lists files, not .txt texts."""
+        """The column holding a file path, resolved against the folder of the file that names
+        it; a folder source then lists files, not .txt texts."""
         ...
+
+
+def file_column(task: object, data: DataSection) -> str | None:
+    """The column of file paths ``task``'s rows name (``NamesFiles``); None: rows hold text."""
+    return task.file_column(data) if isinstance(task, NamesFiles) else None
+
+
+@runtime_checkable
+class GivesTexts(Protocol):
+    """A task whose tokenizer is trained on other texts than data.text_column (for a
+    from_config model without a tokenizer)."""
+
+    def texts(self, rows: list[dict[str, Any]], data: DataSection) -> list[str]:
+        """The texts a tokenizer is trained on."""
+        ...
+
+
+def texts(task: object, rows: list[dict[str, Any]], data: DataSection) -> list[str]:
+    """The texts a tokenizer for ``task`` is trained on (``GivesTexts``); by default each
+    row's data.text_column."""
+    if isinstance(task, GivesTexts):
+        return task.texts(rows, data)
+    return [str(row[data.text_column]) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -56,19 +132,19 @@ class RowCheck:
 
     @classmethod
     def of(cls, source: str, data: DataSection, task: RowColumns) -> RowCheck:
-        own = task.own_columns  # the task's task.*_column options, not data.*_column
+        own = own_columns(task)  # the task's task.*_column options, not data.*_column
         allowed = (
-            tuple(data.label_names) if task.needs_labels and data.label_names and not own else None
+            tuple(data.label_names) if needs_labels(task) and data.label_names and not own else None
         )
-        needed = tuple(task.columns(data))
+        needed = tuple(columns(task, data))
         return cls(
             source=source,
             needed=needed,
-            keep=tuple(dict.fromkeys([*needed, *task.read_columns(data)])),
+            keep=tuple(dict.fromkeys([*needed, *read_columns(task, data)])),
             label_column=data.label_column if allowed else None,
             allowed=allowed,
             hint="set the task's column options (task.*_column)" if own else cls.hint,
-            file_column=task.file_column(data),
+            file_column=file_column(task, data),
         )
 
     def __call__(self, n: int, row: Any) -> None:

@@ -8,7 +8,7 @@ this class).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,12 +44,6 @@ class Encoder(Protocol):
         """Part of the tokenized cache key, and recorded in each cache entry."""
         ...
 
-    @property
-    def row_local(self) -> bool:
-        """``encode`` treats each row on its own: rows may be tokenized in batches, and in
-        processes (False: every row in one call)."""
-        ...
-
     def encode(
         self,
         rows: list[dict[str, Any]],
@@ -60,6 +54,17 @@ class Encoder(Protocol):
         """Rows -> their arrays."""
         ...
 
-    def file_column(self, data: DataSection) -> str | None:
-        """The column of file paths the rows name (images, audio); None: rows hold text."""
-        ...
+
+@runtime_checkable
+class RowLocal(Protocol):
+    """A task whose ``encode`` treats each row on its own (classification, tagging, seq2seq,
+    sentence embedding, the file tasks): rows may be tokenized in batches, and in processes."""
+
+    @property
+    def row_local(self) -> bool: ...
+
+
+def row_local(task: object) -> bool:
+    """Whether ``task``'s rows may be encoded apart (``RowLocal``); False: every row in one
+    call, for a task that looks across rows (packing, masking seeded by row number)."""
+    return isinstance(task, RowLocal) and task.row_local

@@ -22,10 +22,10 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from ortft.core.errors import InputError, first_line
-from ortft.data.checks import RowCheck, RowColumns, check_table
+from ortft.data.checks import RowCheck, RowColumns, check_table, needs_labels
 from ortft.data.paths import looks_local, resolve_input_path
 from ortft.data.spec import DataSection
 
@@ -403,6 +403,24 @@ def as_dicts(batch: dict[str, list[Any]]) -> list[dict[str, Any]]:
         {k: v for k, v in zip(keys, values, strict=True) if v is not None}
         for values in zip(*batch.values(), strict=True)
     ]
+
+
+@runtime_checkable
+class NamesLabels(Protocol):
+    """A task whose label names are not the values of data.label_column (token
+    classification: the tags of its words)."""
+
+    def label_names(self, rows: Any, data: DataSection) -> list[str]:
+        """The label names in id order."""
+        ...
+
+
+def labels_of(task: object, rows: Any, data: DataSection) -> list[str] | None:
+    """``task``'s label names in id order (``NamesLabels``; by default data.label_names, or
+    the sorted values of data.label_column); None for a task without labels."""
+    if isinstance(task, NamesLabels):
+        return task.label_names(rows, data)
+    return label_names(rows, data) if needs_labels(task) else None
 
 
 def label_names(rows: Any, data: DataSection) -> list[str]:

@@ -3,8 +3,9 @@ held out, capped), then their token arrays (``encode_splits``: from the tokenize
 a stream tokenizes them).
 
 Rows are read by ``ortft/data/rows.py`` (a stream's by ``ortft/data/streaming.py``), tokenized
-by ``ortft/data/tokenized.py``. What these need of the task are the protocols ``RowColumns``
-(``ortft/data/checks.py``) and ``Encoder`` (``ortft/data/encoded.py``).
+by ``ortft/data/tokenized.py``. What these need of the task are the readers of
+``ortft/data/checks.py`` (its columns, labels and files) and ``Encoder``
+(``ortft/data/encoded.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ortft.data import streaming, tokenized
-from ortft.data.checks import RowColumns
+from ortft.data.checks import RowColumns, file_column
 from ortft.data.encoded import Encoded, Encoder
 from ortft.data.paths import resolve_input_path
 from ortft.data.rows import Rows, read_rows, stat_key
@@ -114,7 +115,7 @@ def encode_splits(
         else None
     )
     modality = getattr(task, "modality", "text")
-    text = task.file_column(spec) is None  # images and audio: files checked, not tokenized
+    text = file_column(task, spec) is None  # images and audio: files checked, not tokenized
     done = "tokenized" if text else "files checked"
     how = (
         "streamed: tokenized as read"

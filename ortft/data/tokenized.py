@@ -26,7 +26,7 @@ from ortft.core import fsutil
 from ortft.core.errors import InputError
 from ortft.data import batches
 from ortft.data import rows as data
-from ortft.data.encoded import Encoded, Encoder
+from ortft.data.encoded import Encoded, Encoder, row_local
 from ortft.data.spec import DataSection
 
 CACHE_VERSION = 2  # 1: .npz of int64 arrays; 2: Arrow files, int32 model columns
@@ -166,10 +166,10 @@ def _build(
             with_indices=True,
             batched=True,
             # a task whose encode looks across rows (packing, masking ids) gets them all at once
-            batch_size=ROW_BATCH if task.row_local else None,
+            batch_size=ROW_BATCH if row_local(task) else None,
             remove_columns=rows.dataset.column_names,
             fn_kwargs={"task": task, "tokenizer": tokenizer, "spec": spec, "label2id": label2id},
-            num_proc=num_proc if task.row_local else None,
+            num_proc=num_proc if row_local(task) else None,
             cache_file_name=str(tmp / "data.arrow"),
             load_from_cache_file=False,
             new_fingerprint=entry.name,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ortft.core.reports import ExportReport, RuntimeReport, TokenizerReport
-from ortft.tasks import protocols
+from ortft.tasks import protocols, traits
 
 CARD_FENCE = "```python"  # the snippet's opening line (tests/test_consumer.py finds it by this)
 
@@ -197,12 +197,12 @@ def head(sessions: str = _SESSION) -> str:
 def snippet(task: Any, tokenizer: Any, inputs: tuple[str, ...] | None = None) -> str:
     """The usage snippet for ``task`` (a ``tasks.Task``); ``inputs``: a sentence-pair
     classifier's graph inputs (None: not a pair model)."""
-    body = kind = task.predicts
+    body = kind = traits.predicts(task)
     text = EXAMPLE.get(kind or "label", "")
     if inputs is not None:
         body, text = "label-pair", PAIR_EXAMPLE[0]
     question, context = QA_EXAMPLE
-    code = _BODY[body].format(
+    code = _BODY[str(body)].format(
         run=_RUN_TYPES if "token_type_ids" in (inputs or ()) else _RUN,
         **{  # as JSON strings: valid Python literals, in double quotes
             k: json.dumps(v, ensure_ascii=False)
@@ -225,7 +225,7 @@ def example_input(task: Any, tokenizer: Any, pair: bool = False) -> dict[str, st
         return dict(zip(("text", "text_pair"), PAIR_EXAMPLE, strict=True))
     if isinstance(task, protocols.ReadsFields):  # question answering: its two columns
         return task.example_input()
-    return {"text": EXAMPLE.get(task.predicts or "label", "")}
+    return {"text": EXAMPLE.get(traits.predicts(task) or "label", "")}
 
 
 def write_card(folder: Path, task: Any, tokenizer: Any, report: ExportReport) -> None:

@@ -36,6 +36,7 @@ import torch
 
 from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport
+from ortft.data import checks
 from ortft.export import generation, layout, parity
 from ortft.export import onnx_tools as tools
 from ortft.export.parity import publish  # the folder: staged, then swapped in
@@ -106,7 +107,7 @@ def deployable(
     # a text model's tokenizer loses training's padding; a processor of files has none to lose
     if not isinstance(spec, protocols.ReadsFiles):
         result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)
-    if spec.needs_labels:
+    if checks.needs_labels(spec):
         deploy.label_names(folder, config)
     deploy.write_card(folder, spec, tokenizer, result)
     result["files"]["card"] = "README.md"

@@ -40,14 +40,14 @@ from ortft import tasks
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError, RecipeError
 from ortft.core.reports import EvalResult
+from ortft.data import checks, splits
 from ortft.data import rows as data_mod
-from ortft.data import splits
 from ortft.inference import pairs
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe, TrainingSection
 from ortft.recipe.task import read_task
 from ortft.run.summary import RunSummary
-from ortft.tasks import protocols
+from ortft.tasks import protocols, traits
 
 log = logging.getLogger("ortft")
 
@@ -87,7 +87,7 @@ class SavedModel:
             return self._model.run(["logits"], session_feeds(self._model, feeds))[0]
         import torch
 
-        kw: dict[str, Any] = {"use_cache": False} if self.spec.is_decoder else {}
+        kw: dict[str, Any] = {"use_cache": False} if traits.decodes(self.spec) else {}
         pair = isinstance(self.spec, protocols.ReadsPairs)
         if types and pair and self.spec.takes_segments(self._model, self.tokenizer):
             kw["token_type_ids"] = torch.from_numpy(types["token_type_ids"].astype(np.int64))
@@ -110,7 +110,7 @@ class SavedModel:
         return self.logits(ids, mask, batch["labels"], batch.get("token_type_ids"))
 
     def labels(self) -> list[str] | None:
-        if not self.spec.needs_labels:
+        if not checks.needs_labels(self.spec):
             return None
         id2label = self.config.id2label
         return [str(id2label[i]) for i in range(len(id2label))]
@@ -205,7 +205,7 @@ def open_model(source: Path) -> SavedModel:
     tokenizer = _preprocessor(source, task)
     text_pair = pairs.columns(source, recipe_yaml, task)
     # the model's label names, in id order (token classification's metrics read them)
-    if task.needs_labels and isinstance(task, protocols.ReadsLabelNames):
+    if checks.needs_labels(task) and isinstance(task, protocols.ReadsLabelNames):
         task.bind_labels([str(config.id2label[i]) for i in range(len(config.id2label))])
     common = dict(
         path=source,
@@ -321,9 +321,9 @@ def score(
         logits = m.batch_logits(batch)
         if isinstance(task, protocols.ShapesEval):  # question answering masks the padding
             logits = task.eval_logits(logits, batch)
-        s, n = cross_entropy_sum(logits, batch["labels"], causal=task.shift_labels)
+        s, n = cross_entropy_sum(logits, batch["labels"], causal=traits.shifts_labels(task))
         total, weight = total + s, weight + n
-        if task.needs_logits:
+        if traits.needs_logits(task):
             logits_all.append(logits)
             labels_all.append(protocols.metric_labels(task, batch, len(batch["labels"])))
     metrics = task.metrics(total / max(weight, 1), logits_all, labels_all)

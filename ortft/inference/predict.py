@@ -5,7 +5,7 @@ skipped. A JSON line gives its ``text`` field, token classification also takes a
 list (the task's tokens column), question answering needs ``question`` and ``context`` fields
 (the task's columns), a sentence-pair classifier ``text`` and ``text_pair`` (or its training
 columns; ``ortft.inference.pairs``). Output, one line per input, in order; what a task gives is its
-``Task.predicts``:
+``traits.Predicts``:
 
 - label (sequence classification): the label, with softmax scores over all labels;
 - tags (token classification): one tag per word (words: whitespace-separated, or the tokens
@@ -47,7 +47,7 @@ from ortft.core.errors import InputError
 from ortft.core.reports import Drawing, Prediction
 from ortft.inference import pairs
 from ortft.inference.evaluate import SavedModel, open_model, training_recipe
-from ortft.tasks import protocols
+from ortft.tasks import protocols, traits
 
 
 def read_inputs(stream: TextIO, name: str) -> list[tuple[str, dict[str, Any]]]:
@@ -180,7 +180,7 @@ def run(
             f"{source}: --query and --top-k rank texts by embedding, and {m.task} does not "
             "embed (a sentence-embedding run or an embedding export does)"
         )
-    kind = m.spec.predicts
+    kind = traits.predicts(m.spec)
     if kind is None:
         raise InputError(f"{source}: ortft predict has no output for {m.task} (use ortft eval)")
     if isinstance(m.spec, protocols.PredictsFiles):  # the family reads its own files

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from ortft import tasks
 from ortft.env import ort_training
+from ortft.tasks import traits
 
 # backend.* fields that configure ORTModule: set on another backend they would do nothing
 ORTMODULE_FIELDS = (
@@ -87,7 +88,7 @@ def unpad_problems(recipe: Any) -> list[str]:
         why.append("it is the torch backend's (set backend.name=torch, or unpad=auto)")
     if recipe.backend.compile is not False:
         why.append("a compiled forward would recompile for every batch (backend.compile=false)")
-    if not tasks.get(recipe.task.name).pads_unread:  # a class attribute: default options do
+    if not traits.pads_unread(tasks.get(recipe.task.name)):  # default options do
         why.append(f"task {recipe.task.name} reads padded positions")
     return [f"backend.unpad=true: {w}" for w in why]
 
@@ -140,8 +141,8 @@ def ort_problems(recipe: Any) -> list[str]:
 def ondevice_problems(r: Any) -> list[str]:
     """What backend.name=ort-ondevice supports; the rest is a recipe error, never a no-op."""
     problems = []
-    if not tasks.get(r.task.name, r.task).ondevice:
-        supported = [n for n in tasks.names() if tasks.get(n).ondevice]
+    if not traits.ondevice(tasks.get(r.task.name, r.task)):
+        supported = [n for n in tasks.names() if traits.ondevice(tasks.get(n))]
         problems.append(f"task {r.task.name} (supported: {', '.join(supported)})")
     if r.model.from_config and r.model.from_config.architecture == "t5":
         problems.append("model.from_config.architecture=t5 (bert and gpt2 are measured)")

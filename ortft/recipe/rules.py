@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ortft import tasks
+from ortft.data import checks, encoded
 from ortft.data.spec import DataSection
 from ortft.recipe import backends, hf_names
 from ortft.tasks import protocols
@@ -173,9 +174,9 @@ def streaming(r: Recipe) -> Iterator[str]:
             "data.streaming cannot hold out data.eval_fraction of a stream; "
             "give data.eval (read in full) or set data.eval_fraction: 0"
         )
-    if task.needs_labels and not d.label_names:
+    if checks.needs_labels(task) and not d.label_names:
         yield "data.streaming needs data.label_names (a stream is read once)"
-    if not task.row_local:
+    if not encoded.row_local(task):
         yield (
             f"data.streaming: {r.task.name} tokenizes across rows (packing or row ids); "
             "it needs stored data"

@@ -27,7 +27,7 @@ from ortft.core import devenv, fsutil
 from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, RunError, first_line
 from ortft.core.progress import Progress
 from ortft.core.reports import ExportReport
-from ortft.data import batches, splits, streaming
+from ortft.data import batches, rows, splits, streaming
 from ortft.recipe.io import LoadedRecipe, dump
 from ortft.run import final, gates, loop, provenance, report, rundir, trackers, tracking
 from ortft.run.early_stopping import Selector
@@ -136,7 +136,7 @@ class _Run:
         train and eval splits). Every input error surfaces here, before any training."""
         r = self.recipe
         raw = splits.load_splits(r.data, self.loaded.base_dir, task, seed=r.training.seed)
-        labels = task.label_names(raw.train, r.data)  # None for tasks without labels
+        labels = rows.labels_of(task, raw.train, r.data)  # None for tasks without labels
         tokenizer = self.engine.tokenizer(self.loaded, self.run_dir, task, raw.train, labels)
         if isinstance(task, protocols.ReadsFiles):  # its collate runs the processor
             task.bind(tokenizer)

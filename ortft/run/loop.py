@@ -21,7 +21,7 @@ from ortft.core.errors import RunError
 from ortft.core.progress import Progress
 from ortft.data import batches
 from ortft.data.batches import Padding  # the Loop's own `batches` field hides the module
-from ortft.tasks import Encoded, Task, protocols
+from ortft.tasks import Encoded, Task, protocols, traits
 
 if TYPE_CHECKING:
     from ortft.backends import Engine
@@ -264,7 +264,7 @@ def evaluate(
             loss, logits = engine.eval_batch(batch)
             total += loss * n
             weight += n
-            if task.needs_logits:
+            if traits.needs_logits(task):
                 logits_all.append(logits)
                 labels_all.append(protocols.metric_labels(task, batch, int(batch["_valid"])))
     finally:

@@ -196,10 +196,11 @@ def from_architecture(config: Any) -> str:
     run from a causal-lm one.
     """
     from ortft.core.errors import InputError
+    from ortft.tasks.traits import hf_architectures
 
     archs = " ".join(getattr(config, "architectures", None) or [])
     for name in _tasks:
-        if any(marker in archs for marker in get(name).hf_architectures):
+        if any(marker in archs for marker in hf_architectures(get(name))):
             return name
     raise InputError(
         f"unsupported model: cannot export a {archs or 'model without architectures'} "

@@ -10,7 +10,7 @@ A task file subclasses both: its options model (``name: Literal["<task>"]`` plus
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +18,7 @@ from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.data import batches
 from ortft.data.encoded import Encoded
+from ortft.tasks.traits import ExportKind, decodes, shifts_labels
 
 if TYPE_CHECKING:
     import numpy as np
@@ -25,22 +26,6 @@ if TYPE_CHECKING:
     from ortft.data.spec import DataSection
 
 __all__ = ["Encoded", "ExportKind", "Task", "TaskOptions", "skip_bad_file"]
-
-# How the ONNX export lays out its logits, and how parity compares them:
-#   encoder    one row of logits per example (classification; question answering's [2, seq])
-#   per-token  logits per position, compared where attention_mask is 1 (token-cls, masked-lm)
-#   decoder    per position, position t predicts t+1; called with use_cache=False (causal LMs)
-#   seq2seq    an encoder-decoder: encoder.onnx + decoder.onnx with its KV cache
-#   image      pixel_values -> one row of logits per image, plus preprocess.onnx (raw pixels in)
-#   speech     encoder.onnx + decoder.onnx (KV cache) on log-mel features, plus features.onnx
-#   embedding  a bare encoder: last_hidden_state and the pooled sentence_embedding, each compared
-#              (ortft.families.embedding; `ortft export` of a folder without a head gets it too)
-#   text-to-image  a Stable Diffusion: text_encoder, unet, vae_decoder and vae_encoder graphs in
-#              the layout of ONNX Stable Diffusion pipelines (ortft.families.text_to_image), and
-#              draw.py that draws with them
-ExportKind = Literal[
-    "encoder", "per-token", "decoder", "seq2seq", "image", "speech", "embedding", "text-to-image"
-]
 
 
 def skip_bad_file(data: DataSection, row: int, path: str, err: Exception) -> None:
@@ -63,10 +48,15 @@ class TaskOptions(BaseModel):
 
 
 class Task:
-    """A task: how rows become token arrays, how the model is called and scored, how it exports.
+    """A task: how rows become arrays, how the model is called and scored, how a batch is cut.
 
-    Subclasses set ``name`` and ``auto_class`` and write ``encode`` and ``metrics``; every other
-    member has the default below, so callers read them as plain attributes.
+    What every task has, and nothing more: subclasses set ``name`` and ``auto_class`` and write
+    ``encode`` and ``metrics``; the other members have the defaults below. What only some tasks
+    need (labels, their own columns, a decoder's shifted labels, an export kind, what predict
+    gives, ...) is a small protocol they implement (``ortft.tasks.traits``,
+    ``ortft.tasks.protocols``, and what data reads in ``ortft.data.checks``, ``.rows``,
+    ``.encoded`` and ``.batches``), read through a function beside it that gives the default
+    for a task without it.
     """
 
     name: str = ""
@@ -75,31 +65,7 @@ class Task:
     # feature extractor + tokenizer, where text loads a tokenizer)
     modality: str = "text"
     auto_class: str = ""  # transformers auto class that builds the model
-    needs_labels = False  # the data has one label per row (data.label_column) or per word
-    needs_logits = False  # eval keeps logits only where a metric needs them
-    is_decoder = False  # call the model with use_cache=False (causal / encoder-decoder models)
-    shift_labels = False  # the model predicts labels[:, 1:] (eval counts those positions)
-    # the loss reads no padded position of the encoder's output (the first token, labels -100
-    # at padding, or a masked pooling), so backend.unpad may skip them (backends/torch/unpad.py)
-    pads_unread = False
-    own_columns = False  # rows are read through the task's task.*_column options, not data.*
-    export_kind: ExportKind = "encoder"
-    # arrays with one value per input position: cut with input_ids when a batch is shortened
-    aligned_keys: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids", "labels")
-    # encode() treats each row on its own, so rows can be tokenized in batches (and processes):
-    # False for tasks that look across rows (packing, masking seeded by row number)
-    row_local = False
-    export_skip: str | None = None  # why `ortft train` cannot export this task (export skipped)
-    ondevice = False  # measured with backend.name=ort-ondevice / export --training-artifacts
     eval_metrics: tuple[str, ...] = ("eval_loss",)  # the summary.json names of its eval metrics
-    # substrings of a saved model's config.architectures that imply this task; only for a plain
-    # Hugging Face model without an ortft recipe (eval / predict / export SOURCE fall back to it)
-    hf_architectures: tuple[str, ...] = ()
-    # what `ortft predict` gives per input: "label" (with scores), "tags" (one per word),
-    # "answer" (a span of the context), "fill-mask" (each [MASK]'s token), "generate" (text),
-    # "image-label" (an image file's label, scores and top 5), "transcript" (an audio file's
-    # text); None: predict refuses the task
-    predicts: str | None = None
 
     @property
     def main_input(self) -> str:
@@ -126,40 +92,12 @@ class Task:
         and what ``metric_labels`` gave for it (default: the labels array)."""
         raise NotImplementedError
 
-    def columns(self, data: DataSection) -> list[str]:
-        """The columns every row must have."""
-        needed = [data.text_column]
-        if data.text_pair_column:
-            needed.append(data.text_pair_column)
-        if self.needs_labels:
-            needed.append(data.label_column)
-        return needed
-
-    def read_columns(self, data: DataSection) -> list[str]:
-        """The columns encode() reads (what is kept of each row; default: ``columns``)."""
-        return self.columns(data)
-
-    def file_column(self, data: DataSection) -> str | None:
-        """The column of file paths an image task reads (default: none, rows hold text)."""
-        return None
-
-    def texts(self, rows: list[dict[str, Any]], data: DataSection) -> list[str]:
-        """The texts a tokenizer is trained on."""
-        return [str(row[data.text_column]) for row in rows]
-
-    def label_names(self, rows: list[dict[str, Any]], data: DataSection) -> list[str] | None:
-        """The label names in id order (None: the task has no labels)."""
-        if not self.needs_labels:
-            return None
-        from ortft.data.rows import label_names
-
-        return label_names(rows, data)
-
     def forward(
         self, model: Any, input_ids: Any, attention_mask: Any, labels: Any, **extra: Any
     ) -> tuple[Any, Any]:
-        """How the model is called: (loss, logits). Default: the HF model with ``labels=``."""
-        kwargs: dict[str, Any] = {"use_cache": False} if self.is_decoder else {}
+        """How the model is called: (loss, logits). Default: the HF model with ``labels=``
+        (and ``use_cache=False`` for a decoder, ``protocols.Decodes``)."""
+        kwargs: dict[str, Any] = {"use_cache": False} if decodes(self) else {}
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -172,10 +110,11 @@ class Task:
 
     def counted(self, batch: dict[str, np.ndarray]) -> int:
         """How many positions the model's loss averages over in ``batch``: labels other than
-        -100 (from the second on for decoders). A step's micro-batches weigh by it, so the step
-        loss is a mean over its real tokens (``num_items_in_batch`` in transformers' Trainer)."""
+        -100 (from the second on where the labels shift, ``protocols.ShiftsLabels``). A step's
+        micro-batches weigh by it, so the step loss is a mean over its real tokens
+        (``num_items_in_batch`` in transformers' Trainer)."""
         labels = batch["labels"]
-        counted = labels[:, 1:] if self.shift_labels and labels.ndim > 1 else labels
+        counted = labels[:, 1:] if shifts_labels(self) and labels.ndim > 1 else labels
         return int((counted != IGNORE_INDEX).sum())
 
     def collate(
@@ -185,7 +124,7 @@ class Task:
         return batch
 
     def cut(self, batch: dict[str, np.ndarray], padding: Any) -> dict[str, np.ndarray]:
-        """The batch after ``collate``, its ``aligned_keys`` cut to the length ``padding``
-        (``ortft.data.batches.Padding``) gives its longest row (sentence-embedding cuts each
-        text's arrays to its own longest)."""
-        return batches.cut(batch, padding, self.aligned_keys)
+        """The batch after ``collate``, its aligned arrays (``batches.aligned_keys``) cut to the
+        length ``padding`` (``ortft.data.batches.Padding``) gives its longest row
+        (sentence-embedding cuts each text's arrays to its own longest)."""
+        return batches.cut(batch, padding, batches.aligned_keys(self))

@@ -18,6 +18,7 @@ from ortft.backends.ondevice import artifacts
 from ortft.backends.ondevice import reference as ondevice_reference
 from ortft.core.errors import GateError, InputError, first_line
 from ortft.core.reports import ExportReport
+from ortft.data import checks
 from ortft.export import deploy, parity
 from ortft.export.exporter import (
     PARITY_SAMPLES,
@@ -31,7 +32,7 @@ from ortft.export.exporter import (
 )
 from ortft.export.parity import check_output, publish
 from ortft.recipe.task import read_task
-from ortft.tasks import protocols
+from ortft.tasks import protocols, traits
 
 if TYPE_CHECKING:
     import torch
@@ -51,7 +52,7 @@ def task_of(config: Any, model_dir: Path | None = None) -> str:
     if family is not None:
         return family.plain_task().name
     task = recorded.name if recorded is not None else tasks.from_architecture(config)
-    skip = tasks.get(task).export_skip
+    skip = traits.export_skip(tasks.get(task))
     if skip:
         raise InputError(f"{model_dir}: cannot export {task}: {skip}")
     return task
@@ -75,7 +76,7 @@ def _recipe_samples(model_dir: Path, tokenizer: Any, task: str, config: Any) -> 
         seed = loaded.recipe.training.seed
         held_out = splits.load_splits(d, loaded.base_dir, t, seed=seed).eval
         rows = held_out[:PARITY_SAMPLES] if held_out is not None else []
-        label2id = dict(config.label2id) if t.needs_labels else None
+        label2id = dict(config.label2id) if checks.needs_labels(t) else None
         return t.encode(rows, tokenizer, loaded.recipe.data, label2id) if rows else None
     except Exception as err:  # noqa: BLE001 - any failure means: use synthetic samples
         log.info(

@@ -32,10 +32,12 @@ TRAINING_ARCHITECTURES = ("bert", "gpt2")  # measured; others may work but are n
 
 
 def training_tasks() -> list[str]:
-    """The tasks whose training artifacts are measured (Task.ondevice, from the task registry)."""
+    """The tasks whose training artifacts are measured (``traits.TrainsOnDevice``, from the
+    task registry)."""
     from ortft import tasks
+    from ortft.tasks import traits
 
-    return [name for name in tasks.names() if tasks.get(name).ondevice]
+    return [name for name in tasks.names() if traits.ondevice(tasks.get(name))]
 
 
 class _LossOnly(torch.nn.Module):

@@ -28,6 +28,7 @@ from ortft.backends.ondevice import artifacts
 from ortft.backends.torch import models
 from ortft.core import fsutil
 from ortft.core.constants import IGNORE_INDEX
+from ortft.data import checks
 from ortft.recipe.io import LoadedRecipe
 from ortft.tasks import protocols
 
@@ -94,12 +95,7 @@ def build(
     tokenizer = models.load_tokenizer(loaded, saved_dir=saved_tokenizer)
     if tokenizer is None:  # the recipe's rules: no tokenizer to load means train: is set
         spec: Any = r.model.tokenizer.train
-        texts = (
-            task.texts(train_rows, r.data)
-            if hasattr(task, "texts")
-            else [str(row[r.data.text_column]) for row in train_rows]
-        )
-        tokenizer = models.train_tokenizer(texts, spec)
+        tokenizer = models.train_tokenizer(checks.texts(task, train_rows, r.data), spec)
         log.info("trained a %s tokenizer: %d tokens", spec.kind, len(tokenizer))
     model: Any = models.build_model(loaded, task.auto_class, tokenizer, labels, attn="eager")
     if r.backend.trainable:

@@ -32,7 +32,7 @@ from ortft.checkpoint.store import TrainState
 from ortft.core.errors import InputError, RunError
 from ortft.core.reports import ExportReport, ParityReport
 from ortft.recipe.io import LoadedRecipe
-from ortft.tasks import Encoded, Task
+from ortft.tasks import Encoded, Task, traits
 
 log = logging.getLogger("ortft")
 
@@ -328,7 +328,9 @@ class OnDeviceEngine:
     def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[float, np.ndarray | None]:
         loss, logits = self.module(*_feeds(batch, 1.0 if self.scaled else None))
         valid = int(batch["_valid"])
-        out = np.asarray(logits[:valid], dtype=np.float32) if self.task.needs_logits else None
+        out = (
+            np.asarray(logits[:valid], dtype=np.float32) if traits.needs_logits(self.task) else None
+        )
         return float(loss), out
 
     def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:

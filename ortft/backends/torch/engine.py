@@ -31,8 +31,9 @@ from ortft.checkpoint import store as checkpoint
 from ortft.checkpoint.store import TrainState
 from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport
+from ortft.data import checks
 from ortft.recipe.io import LoadedRecipe
-from ortft.tasks import Encoded, Task, protocols
+from ortft.tasks import Encoded, Task, protocols, traits
 from ortft.tasks.protocols import pairs_of
 
 log = logging.getLogger("ortft")
@@ -141,11 +142,13 @@ class PyTorchEngine:
         if not distributed.is_main():
             distributed.barrier()
         saved = tok_dir if tok_dir.exists() else None
-        sample = task.texts(load_checks.sample_rows(train_rows), r.data) if not saved else []
+        sample = (
+            checks.texts(task, load_checks.sample_rows(train_rows), r.data) if not saved else []
+        )
         tokenizer = models.load_tokenizer(loaded, saved_dir=saved, sample_texts=sample)
         if tokenizer is None:  # the recipe's rules: no tokenizer to load means train: is set
             spec: Any = r.model.tokenizer.train
-            tokenizer = models.train_tokenizer(task.texts(train_rows, r.data), spec)
+            tokenizer = models.train_tokenizer(checks.texts(task, train_rows, r.data), spec)
             log.info("trained a %s tokenizer: %d tokens", spec.kind, len(tokenizer))
         if not tok_dir.exists():
             tokenizer.save_pretrained(tok_dir)
@@ -334,7 +337,7 @@ class PyTorchEngine:
         valid = int(batch["_valid"])
         with torch.no_grad():
             loss, logits = self.wrapped(**to_device(batch, self.device))
-        out = logits[:valid].float().cpu().numpy() if self.task.needs_logits else None
+        out = logits[:valid].float().cpu().numpy() if traits.needs_logits(self.task) else None
         return float(loss), out
 
     def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
@@ -417,9 +420,10 @@ class PyTorchEngine:
             return None
         if isinstance(task, protocols.OwnsFolders):  # exported from final/, its own folder
             return task.export_folder(final_dir, run_dir / "onnx", spec.opset, spec.tolerance)
-        if task.export_skip:  # a task the exporter cannot write: say so, do not fail
-            log.info("ONNX export skipped for %s: %s", task.name, task.export_skip)
-            return {"skipped": task.export_skip}
+        skip = traits.export_skip(task)
+        if skip:  # a task the exporter cannot write: say so, do not fail
+            log.info("ONNX export skipped for %s: %s", task.name, skip)
+            return {"skipped": skip}
         from ortft.export import exporter
 
         # a LoRA model is exported merged: the adapter folded into the base weights

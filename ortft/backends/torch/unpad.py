@@ -27,7 +27,7 @@ Where it applies (``plan``; ``auto`` picks it there, ``true`` elsewhere is an er
 - the encoder-only model types in ``MODEL_TYPES``, whose per-position blocks are known.
   DeBERTa-v2 is left out: it puts Linear layers on relative-position tables of shape
   [1, 2k, width], which a batch of one row at length 2k would take for hidden states.
-- tasks that read no padded position (``Task.pads_unread``): classification from the first
+- tasks that read no padded position (``traits.PadsUnread``): classification from the first
   token, token labels that are -100 at padding, masked-LM, pooled sentence embeddings. Question
   answering is left out, because its start/end logits over padded positions enter the softmax.
 
@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from ortft.core.errors import InputError
+from ortft.tasks import traits
 
 # encoder-only model types whose per-position blocks are checked equal to the padded forward
 # (tests/test_unpad.py: losses and gradients on tiny models of each)
@@ -218,7 +219,7 @@ def plan(
     kind = getattr(getattr(_inner(model), "config", None), "model_type", None)
     if compiled:
         why = "the forward is compiled (a new gather length every batch would recompile)"
-    elif not getattr(task, "pads_unread", False):
+    elif not traits.pads_unread(task):
         why = f"task {task.name} reads padded positions (or is not a text encoder task)"
     elif kind not in MODEL_TYPES:
         why = f"model type {kind} is not one of {', '.join(sorted(MODEL_TYPES))}"

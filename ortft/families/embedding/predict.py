@@ -116,10 +116,11 @@ def embeds(source: Path) -> bool:
     if recipe is not None:
         from ortft import tasks
         from ortft.recipe.task import read_task
+        from ortft.tasks import traits
 
         options = read_task(recipe)
         if options is not None:  # the run's own task decides (a masked-lm BERT does not embed)
-            return tasks.get(options.name, options).predicts == "embedding"
+            return traits.predicts(tasks.get(options.name, options)) == "embedding"
     from ortft.families.embedding import graphs
 
     return graphs.bare_encoder(_config(folder))

@@ -120,7 +120,6 @@ class SentenceEmbedding(Task):
     pads_unread = True  # backend.unpad applies
     auto_class = "AutoModel"  # the bare encoder: last_hidden_state, no head
     row_local = True  # each row tokenized on its own
-    needs_labels = False
     needs_logits = True  # the embeddings are eval's "logits": retrieval over the whole split
     own_columns = True
     export_kind = "embedding"
@@ -141,7 +140,7 @@ class SentenceEmbedding(Task):
         return ("", "positive_") + (("negative_",) if self.negative_column else ())
 
     @property
-    def aligned_keys(self) -> tuple[str, ...]:  # type: ignore[override]
+    def aligned_keys(self) -> tuple[str, ...]:
         # every text's ids and mask: one value per input position, cut with input_ids
         return tuple(f"{p}{k}" for p in self.texts_per_row for k in ("input_ids", "attention_mask"))
 

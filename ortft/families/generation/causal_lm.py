@@ -24,8 +24,6 @@ class Options(TaskOptions):
 class CausalLM(Task):
     name = "causal-lm"
     auto_class = "AutoModelForCausalLM"
-    needs_logits = False  # eval keeps logits only where a metric needs them
-    needs_labels = False
     is_decoder = True  # called with use_cache=False: ORTModule cannot flatten a KV cache
     shift_labels = True  # position t predicts labels[t + 1]
     export_kind = "decoder"

@@ -62,8 +62,6 @@ class Instruction(Task):
     template: str = "auto"
     name = "instruction"
     auto_class = "AutoModelForCausalLM"
-    needs_labels = False
-    needs_logits = False
     is_decoder = True
     shift_labels = True
     own_columns = True

@@ -53,8 +53,6 @@ class Seq2Seq(Task):
     name = "seq2seq"
     auto_class = "AutoModelForSeq2SeqLM"
     row_local = True  # each row tokenized on its own
-    needs_labels = False
-    needs_logits = False
     is_decoder = True  # use_cache=False: no past_key_values through ORTModule
     own_columns = True
     export_kind = "seq2seq"

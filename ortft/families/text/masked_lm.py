@@ -40,8 +40,6 @@ class MaskedLM(Task):
     name = "masked-lm"
     pads_unread = True  # backend.unpad applies
     auto_class = "AutoModelForMaskedLM"
-    needs_labels = False
-    needs_logits = False
     export_kind = "per-token"
     predicts = "fill-mask"  # each [MASK] of the input text
     eval_metrics = ("eval_loss", "eval_perplexity")

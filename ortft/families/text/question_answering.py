@@ -63,7 +63,6 @@ class QuestionAnswering(Task):
     answer_start_column: str = "answer_start"
     name = "question-answering"
     auto_class = "AutoModelForQuestionAnswering"
-    needs_labels = False
     needs_logits = True
     own_columns = True
     export_kind = "encoder"  # one [2, sequence] row of start/end logits per example
