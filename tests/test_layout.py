@@ -42,7 +42,7 @@ MAX_FUNCTION_LINES = 80
 MAX_FMT_SKIPS = 10
 # A task family is one package under ortft/families/, reached only through the task registry's
 # table (ortft.tasks.BUILTIN). The core asks a family through ortft.tasks.protocols and never
-# compares these attributes of a task (or _kind(), the exporter's reading of one) with a name.
+# compares these attributes of a task (or their readers in ortft.tasks.traits) with a name.
 FAMILIES = "ortft.families"
 REGISTRY = PACKAGE / "tasks" / "__init__.py"
 FAMILY_FIELDS = {"modality", "export_kind", "model_family", "predicts"}
@@ -338,7 +338,7 @@ def _is_names(node: ast.expr) -> bool:
 
 def family_branches(root: Path = PACKAGE) -> list[str]:
     """Each comparison, outside the families, of a task's modality, export kind, model family
-    or predict kind with a name (``task.modality == "audio"``, ``_kind(t) in (...)``)."""
+    or predict kind with a name (``task.modality == "audio"``, ``traits.predicts(t) in (...)``)."""
     found = []
     for name, path in modules(root).items():
         if _in(name, FAMILIES):

@@ -46,7 +46,7 @@ def _task_schemas(defs: dict[str, Any]) -> dict[str, Any]:
     return {
         "title": "Task",
         "description": "What the model learns: a task name, or a mapping with name: and that "
-        "task's options (ortft/tasks/).",
+        "task's options (each family's under ortft/families/).",
         "anyOf": [{"type": "string", "enum": names}, mapping],
         "allOf": branches,
     }

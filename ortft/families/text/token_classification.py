@@ -92,10 +92,6 @@ class TokenClassification(Task):
     def bind_labels(self, names: list[str]) -> None:
         self.id2label = list(names)
 
-    def words(self, text: str) -> list[str]:
-        """``ortft predict``: a plain text's words (whitespace-separated)."""
-        return text.split()
-
     positions = "token"  # parity compares each position the attention mask keeps
 
     def predict_lines(
