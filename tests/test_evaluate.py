@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
+    save_pretrained_classifier,
     tiny_causal_lm,
     tiny_classifier,
     write_classification_csv,
@@ -105,6 +106,22 @@ def test_eval_on_another_file(cls_run: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.stderr
     assert f"data      {other} (24 examples)" in res.stdout
     assert "accuracy" in res.stdout and "f1_macro" in res.stdout
+
+
+@pytest.mark.parametrize("exported", [False, True], ids=["pytorch", "onnx"])
+def test_eval_of_a_plain_folder_keeps_to_its_positions(tmp_path: Path, exported: bool) -> None:
+    """No recipe: --data's rows take the data section's 128 tokens, cut to the model's 64
+    positions (padded past them, ONNX Runtime failed on the position ids' shape)."""
+    texts = ["great fun movie loved it", "boring dull terrible plot"] * 10
+    folder = save_pretrained_classifier(tmp_path / "bert", texts, max_positions=64)
+    if exported:
+        assert invoke("export", folder, "-o", tmp_path / "onnx").exit_code == 0
+        folder = tmp_path / "onnx"
+    data = write_classification_csv(tmp_path / "eval.csv", n=16)
+    res = invoke("eval", folder, "--data", data, "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["examples"] == 16 and out["max_length"] == 64
 
 
 def test_predict_one_json_line_per_input(cls_run: Path, tmp_path: Path) -> None:

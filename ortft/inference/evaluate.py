@@ -42,6 +42,7 @@ from ortft.core.errors import InputError, RecipeError
 from ortft.core.reports import EvalResult
 from ortft.data import checks, splits
 from ortft.data import rows as data_mod
+from ortft.data.spec import DataSection
 from ortft.inference import pairs
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe, TrainingSection
@@ -272,12 +273,12 @@ def load_rows(
             raise InputError(f"{m.recipe_yaml}: the recipe has no eval data; pass --data FILE")
         return rows, loaded.recipe.data, f"the eval split of {m.recipe_yaml}"
     if loaded is None:  # no recipe: the data section's defaults (text/label columns, 128 tokens)
+        data: dict[str, Any] = {"train": str(data_file)}
+        limit = m.max_positions()
+        if limit is not None and limit < DataSection.model_fields["max_length"].default:
+            data["max_length"] = limit  # rows padded past the model's positions would not run
         recipe = Recipe.model_validate(
-            {
-                "model": {"name_or_path": str(m.path)},
-                "task": m.spec.name,
-                "data": {"train": str(data_file)},
-            }
+            {"model": {"name_or_path": str(m.path)}, "task": m.spec.name, "data": data}
         )
         loaded = LoadedRecipe(recipe=recipe, path=None, base_dir=Path.cwd(), raw={})
     spec = loaded.recipe.data.model_copy(update={"format": "auto", "max_eval_samples": None})
