@@ -43,6 +43,7 @@ from ortft.core.reports import EvalResult
 from ortft.data import checks, splits
 from ortft.data import rows as data_mod
 from ortft.data.spec import DataSection
+from ortft.export import deploy
 from ortft.inference import pairs
 from ortft.recipe.io import LoadedRecipe
 from ortft.recipe.schema import Recipe, TrainingSection
@@ -117,11 +118,7 @@ class SavedModel:
         return [str(id2label[i]) for i in range(len(id2label))]
 
     def max_positions(self) -> int | None:
-        for name in ("max_position_embeddings", "n_positions"):
-            value = getattr(self.config, name, None)
-            if isinstance(value, int):
-                return value
-        return None
+        return deploy.model_limit(self.config)
 
 
 def _task(source: Path, recipe_yaml: Path | None, config: Any) -> tasks.Task:

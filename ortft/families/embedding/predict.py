@@ -37,6 +37,7 @@ import numpy as np
 
 from ortft.core.errors import InputError
 from ortft.core.reports import Prediction
+from ortft.export import deploy
 from ortft.families.embedding.pooling import Pooling
 
 EMBEDDING = "sentence_embedding"  # the export's output (graphs.OUTPUTS)
@@ -197,14 +198,7 @@ def open_embedder(source: Path, max_length: int | None = None) -> Embedder:
     onnx = (folder / MODEL).exists()
     pooling, vectors = _onnx(folder) if onnx else _pytorch(folder)
     config = _config(folder)
-    limit = next(
-        (
-            getattr(config, k)
-            for k in ("max_position_embeddings", "n_positions")
-            if isinstance(getattr(config, k, None), int)
-        ),
-        FALLBACK_LENGTH,
-    )
+    limit = deploy.model_limit(config) or FALLBACK_LENGTH
     length = max_length or pooling.max_seq_length or _trained_length(recipe_of(folder, run))
     return Embedder(
         runtime="onnxruntime" if onnx else "pytorch",
