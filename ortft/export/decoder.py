@@ -121,3 +121,24 @@ def method(gc: Any, max_new_tokens: int) -> str:
         f"{how} with the model's generation config, up to {max_new_tokens} new tokens, against "
         f"transformers' generate; greedy steps compared until a top-2 margin < {MIN_MARGIN}"
     )
+
+
+def section(
+    head: dict[str, Any],
+    totals: tuple[int, int, int],
+    max_diff: float,
+    tolerance: float,
+    outputs_equal: bool | None = None,
+) -> dict[str, Any]:
+    """export.json's generation section: ``head`` (what ran: method, beams, inputs), then
+    ``totals`` (steps compared, rows that diverged, rows stopped at a tie, as ``compare``
+    counts them) and the verdict; ``outputs_equal``: whether the decoded outputs matched too,
+    where the check compared them (speech)."""
+    compared, mismatches, ties = totals
+    out = {**head, "steps_compared": compared, "stopped_at_ties": ties, "mismatches": mismatches}
+    if outputs_equal is not None:
+        out["outputs_equal"] = outputs_equal
+    passed = mismatches == 0 and compared > 0 and max_diff <= tolerance
+    out.update(max_abs_diff=max_diff, tolerance=tolerance)
+    out["passed"] = passed and (outputs_equal is None or bool(outputs_equal))
+    return out

@@ -169,16 +169,11 @@ def generation_check(
         eos = set() if p.eos is None else {int(e) for e in p.eos}
         *counts, diff = decoder.compare(ref, seq, raw, len(prompt), eos, p.num_beams)
         totals, max_diff = totals + counts, max(max_diff, diff)
-    compared, mismatches, ties = (int(n) for n in totals)
-    return {
+    head = {
         "method": decoder.method(gc, decoder.GENERATE_TOKENS)
         + f", after up to {PROMPT_TOKENS} prompt tokens",
         "num_beams": int(gc.num_beams or 1),
         "prompts": len([p for p in prompts if p]),
-        "steps_compared": compared,
-        "stopped_at_ties": ties,
-        "mismatches": mismatches,
-        "max_abs_diff": max_diff,
-        "tolerance": tolerance,
-        "passed": mismatches == 0 and compared > 0 and max_diff <= tolerance,
     }
+    compared, mismatches, ties = (int(n) for n in totals)
+    return decoder.section(head, (compared, mismatches, ties), max_diff, tolerance)

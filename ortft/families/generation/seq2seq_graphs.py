@@ -240,17 +240,12 @@ def check(
     compared, mismatches, ties, max_diff = decoder.compare(
         ref, seq, raw, 1, eos, int(gc.num_beams or 1)
     )
-    generation = {
+    head = {
         "method": decoder.method(gc, max_new_tokens),
         "num_beams": int(gc.num_beams or 1),
         "prompts": int(len(ref.sequences)),
-        "steps_compared": compared,
-        "stopped_at_ties": ties,
-        "mismatches": mismatches,
-        "max_abs_diff": max_diff,
-        "tolerance": tolerance,
-        "passed": mismatches == 0 and compared > 0 and max_diff <= tolerance,
     }
+    generation = decoder.section(head, (compared, mismatches, ties), max_diff, tolerance)
     return got.astype(np.float32), want, generation
 
 

@@ -214,20 +214,14 @@ def check_generation(model: Any, pair: OnnxWhisper, feats: np.ndarray, tolerance
         totals, max_diff = totals + counts, max(max_diff, diff)
         mine = runner.padded(runner.new_tokens(seq, k, gc), int(gc.pad_token_id or 0))
         outputs_equal &= mine.shape == plain.shape and bool(np.all(mine == plain))
-    compared, mismatches, ties = (int(x) for x in totals)
-    return {
+    head = {
         "method": decoder.method(gc, decoder.GENERATE_TOKENS)
         + ", after Whisper's init tokens and with its suppressors",
         "num_beams": beams,
         "clips": n,
-        "steps_compared": compared,
-        "stopped_at_ties": ties,
-        "mismatches": mismatches,
-        "outputs_equal": outputs_equal,
-        "max_abs_diff": max_diff,
-        "tolerance": tolerance,
-        "passed": mismatches == 0 and compared > 0 and outputs_equal and max_diff <= tolerance,
     }
+    compared, mismatches, ties = (int(x) for x in totals)
+    return decoder.section(head, (compared, mismatches, ties), max_diff, tolerance, outputs_equal)
 
 
 def check_features(folder: Path, fe: Any, decoded: list[np.ndarray], source: str):
