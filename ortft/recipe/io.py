@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,9 @@ class LoadedRecipe:
 
 
 # --------------------------------------------------------------------------- YAML with lines
+
+
+VALIDATOR_STEP = re.compile(r"function-(after|before|wrap|plain)\[")
 
 
 def _line_map(node: yaml.Node, prefix: tuple[str, ...] = (), out: dict | None = None) -> dict:
@@ -164,7 +168,8 @@ def format_errors(
 ) -> list[str]:
     problems = []
     for e in err.errors():
-        loc = tuple(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        # pydantic's validator steps (function-after[...]), not a user's key named so
+        loc = tuple(str(p) for p in e["loc"] if not VALIDATOR_STEP.match(str(p)))
         # pydantic adds the union member / model name to some locations; drop non-field parts
         loc = tuple(p for p in loc if p not in {"str", "dict[str,any]", "TrainTokenizer"})
         dotted = ".".join(loc)
