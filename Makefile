@@ -1,20 +1,26 @@
 # ortft: `make setup` once (idempotent), then `make demo` / `make test`.
 PYTHON ?= python3.11
-VENV := .venv
+# STACK=ort (default): torch 2.6 + ONNX Runtime training, the quickstart's ORTModule route;
+# STACK=current: today's torch and onnxruntime, every route but ORT's (docs/install.md). Each
+# stack has its own venv: onnxruntime and onnxruntime-training install the same folder.
+STACK ?= ort
+VENV := $(if $(filter current,$(STACK)),.venv-current,.venv)
 BIN := $(VENV)/bin
 # GPU=1: the GPU profile (CUDA 11.8 libraries for ORT's CUDA provider) even without a GPU;
 # GPU=0: never; unset: when nvidia-smi lists a GPU. See docs/gpu.md.
 GPU ?=
-export PYTHON VENV GPU
+export PYTHON VENV GPU STACK
 
-.PHONY: help setup demo doctor test test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-diffusion check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
+.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-diffusion check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
 	@echo "make setup GPU=1  also the GPU profile: CUDA 11.8 libraries for ORT's CUDA provider"
+	@echo "make setup STACK=current [PYTHON=python3.13]  .venv-current: today's torch and onnxruntime, no ORT training"
 	@echo "make demo       setup if needed, then train recipes/quickstart.yaml"
 	@echo "make test       setup if needed, then the fast tests (not slow, not gpu, not learn, not consumer, not archs)"
 	@echo "make test-py312 the fast tests on Python 3.12 (CPU), in .venv312 (not CI)"
+	@echo "make test-current  the current profile (.venv-current): task matrix, exports + consumer, extras in clean venvs, quickstart on auto"
 	@echo "make test-learn every shipped CPU recipe learns to its quality gate, end to end (minutes)"
 	@echo "make test-archs  36 model families (26 text from a tiny from_config, 10 vision from save_pretrained folders) train on ORT = torch, export (minutes)"
 	@echo "make test-archs-full  the same, plus the generation check and consumer load for every family"
@@ -58,7 +64,7 @@ TEST_JOBS ?= 2
 # --durations: the 25 slowest tests go to the log, so that CI time can be found where it goes;
 # --dist loadfile: a module's tests stay on one worker, so its module-scoped runs happen once
 test: setup
-	$(BIN)/pytest -m "not slow and not gpu and not learn and not consumer and not archs" \
+	$(BIN)/pytest -m "not slow and not gpu and not learn and not consumer and not archs and not profiles" \
 	  -n $(TEST_JOBS) --dist loadfile --durations=25
 
 # By hand, not in CI (.ci/run stays on 3.11): the same fast tests in a second venv on Python
@@ -87,6 +93,18 @@ test-archs-full: setup
 # in ~/.cache/ortft, keyed on that file: a second run downloads and installs nothing.
 test-consumer: setup
 	$(BIN)/pytest -m "consumer and not gpu" -n $(TEST_JOBS) --dist loadfile
+
+# The current profile (issue 48) from the same clone, in its own venv (.venv-current): every
+# task trains on the torch backend, evaluates and predicts on PyTorch and ONNX, and its export is
+# read by the clean consumer runtime; each package extra installs into a clean venv; the
+# quickstart learns to its gate on backend.name=auto. CI's tier; `make test STACK=current`
+# runs the whole fast suite there (ORTModule's tests skip, naming the ort profile).
+test-current:
+	$(MAKE) setup STACK=current
+	.venv-current/bin/pytest -m "not gpu and not ort" -n $(TEST_JOBS) --dist loadfile \
+	  tests/test_task_matrix.py tests/test_consumer.py tests/test_profiles.py
+	LEARN_OVERRIDES=backend.name=auto .venv-current/bin/pytest -m learn -n 0 \
+	  -k "quickstart.yaml" tests/test_shipped_recipes.py
 
 test-slow: setup
 	$(BIN)/pytest -m "slow and not gpu"

@@ -8,6 +8,9 @@
 # takes seconds.
 set -euo pipefail
 
+# STACK=ort (the default): torch 2.6 + onnxruntime-training 1.19.2, the last training release;
+# STACK=current: today's torch and ONNX Runtime (inference), every route but ORT's (issue 48)
+STACK="${STACK:-ort}"
 PYTHON="${PYTHON:-python3.11}"
 VENV="${VENV:-.venv}"
 
@@ -71,22 +74,53 @@ gpu_profile() {
 want_gpu=0
 if gpu_profile_wanted; then want_gpu=1; fi # before anything is installed: GPU=maybe fails now
 
-# 1. A Python with an ORT training wheel (Linux x86_64 only): 3.11 (onnxruntime-training
-#    1.19.2) or 3.12 (onnxruntime-training-cpu 1.19.2, CPU only; PyPI has no cp312 CUDA build).
-#    Each has its own lock; on 3.12 torch-ort is installed without its dependencies, because it
-#    declares onnxruntime-training, which would pull the CUDA build over the -cpu one.
+# 1. The stack's Python and machine. ort: a Python with an ORT training wheel (Linux x86_64
+#    only): 3.11 (onnxruntime-training 1.19.2) or 3.12 (onnxruntime-training-cpu 1.19.2, CPU
+#    only; PyPI has no cp312 CUDA build). Each has its own lock; on 3.12 torch-ort is installed
+#    without its dependencies, because it declares onnxruntime-training, which would pull the
+#    CUDA build over the -cpu one. current: one lock for 3.11 to 3.13, Linux x86_64 or aarch64.
+case "$STACK" in
+  ort | current) ;;
+  *) fail "STACK=$STACK is neither ort nor current" \
+       "make setup (the ort profile) or make setup STACK=current (today's torch, no ORT training)" ;;
+esac
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
-  fail "$PYTHON not found; ortft's pinned stack needs Python 3.11 or 3.12" \
+  fail "$PYTHON not found; ortft's $STACK stack needs Python 3.11$([ "$STACK" = current ] && echo " to 3.13" || echo " or 3.12")" \
     "install it (Debian/Ubuntu: apt-get install python3.11 python3.11-venv python3.11-dev, or pyenv install 3.11), or point to one: make setup PYTHON=/path/to/python3.11"
 fi
 version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-case "$version" in
-  3.11) LOCK=requirements/lock.txt NODEPS=(requirements/data.txt) ;;
-  3.12) LOCK=requirements/lock-py312.txt NODEPS=(requirements/data.txt requirements/torch-ort.txt) ;;
-  *) echo "make setup: $PYTHON is Python $version; ortft supports 3.11 and 3.12 (ORT training has wheels for those only): make setup PYTHON=python3.11" >&2
-     exit 1 ;;
-esac
+machine="$(uname -s)-$(uname -m)"
+if [ "$STACK" = current ]; then
+  case "$version" in
+    3.11 | 3.12 | 3.13) LOCK=requirements/lock-current.txt NODEPS=(requirements/data.txt) ;;
+    *) echo "make setup: $PYTHON is Python $version; the current profile supports 3.11 to 3.13: make setup STACK=current PYTHON=python3.13" >&2
+       exit 1 ;;
+  esac
+  case "$machine" in
+    Linux-x86_64 | Linux-aarch64) ;;
+    *) fail "this is $(uname -s) $(uname -m); the current profile supports Linux x86_64 and aarch64" \
+         "use a Linux machine (or container)" ;;
+  esac
+else
+  case "$version" in
+    3.11) LOCK=requirements/lock.txt NODEPS=(requirements/data.txt) ;;
+    3.12) LOCK=requirements/lock-py312.txt NODEPS=(requirements/data.txt requirements/torch-ort.txt) ;;
+    *) echo "make setup: $PYTHON is Python $version; the ort profile supports 3.11 and 3.12 (ORT training has wheels for those only): make setup PYTHON=python3.11, or make setup STACK=current PYTHON=python$version (no ORT training)" >&2
+       exit 1 ;;
+  esac
+  if [ "$machine" != "Linux-x86_64" ]; then
+    fail "this is $(uname -s) $(uname -m); onnxruntime-training 1.19.2 has wheels for Linux x86_64 only" \
+      "use a Linux x86_64 machine (or container), or make setup STACK=current (no ORT training)"
+  fi
+fi
 REQS=("$LOCK" requirements/dev.txt "${NODEPS[@]}" requirements/deepspeed.txt pyproject.toml)
+if [ "$want_gpu" = 1 ] && [ "$STACK" = current ]; then
+  case "${GPU:-}" in
+    "") want_gpu=0 ;;  # the CUDA 11.8 libraries serve ORT training's CUDA provider only
+    *) fail "GPU=$GPU: the GPU profile (CUDA 11.8 libraries for ORT training's CUDA provider) is the ort profile's" \
+         "make setup GPU=$GPU (the ort profile), or make setup STACK=current without GPU=" ;;
+  esac
+fi
 if [ "$want_gpu" = 1 ] && [ "$version" != 3.11 ]; then
   case "${GPU:-}" in
     "") step "a GPU is visible, but Python $version has only ORT training's CPU build: no GPU profile (make setup PYTHON=python3.11 for it)"
@@ -95,14 +129,16 @@ if [ "$want_gpu" = 1 ] && [ "$version" != 3.11 ]; then
          "make setup PYTHON=python3.11 GPU=1" ;;
   esac
 fi
-if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
-  fail "this is $(uname -s) $(uname -m); onnxruntime-training 1.19.2 has wheels for Linux x86_64 only" \
-    "use a Linux x86_64 machine (or container)"
-fi
 
-# 2. The virtual environment; recreated when it is broken or of another Python.
+# 2. The virtual environment; recreated when it is broken, of another Python or of the other
+#    stack (onnxruntime and onnxruntime-training install the same onnxruntime/ folder: one
+#    venv never holds both). A venv from before STACK has no mark: it is the ort stack's.
 if [ -e "$VENV" ] && [ "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$version" ]; then
   step "$VENV is broken or not Python $version: recreating it"
+  rm -rf "$VENV"
+fi
+if [ -e "$VENV" ] && [ "$(cat "$VENV/.ortft-stack" 2>/dev/null || echo ort)" != "$STACK" ]; then
+  step "$VENV holds the other stack: recreating it for STACK=$STACK"
   rm -rf "$VENV"
 fi
 if [ ! -x "$VENV/bin/python" ]; then
@@ -110,6 +146,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV" ||
     fail "could not create $VENV with $PYTHON" \
       "install the venv module (Debian/Ubuntu: apt-get install python$version-venv), then run make setup again"
+  echo "$STACK" >"$VENV/.ortft-stack"
 fi
 
 # 3. The pinned packages, only when the requirements changed. The wheels are kept in a
@@ -134,7 +171,7 @@ if [ -f "$stamp" ]; then
   step "packages up to date (requirements hash $hash)"
 else
   if [ ! -f "$wheels/.complete-$lock_hash" ]; then
-    step "downloading the pinned wheels into $wheels (first time: ~3 GB, a few minutes)"
+    step "downloading the pinned wheels into $wheels (first time: a few minutes; the ort stack ~3 GB)"
     mkdir -p "$wheels"
     "${pip[@]}" download -d "$wheels" -r "$LOCK" -r requirements/dev.txt ||
       fail "pip could not download $LOCK + requirements/dev.txt" "$pip_fix"
@@ -193,10 +230,13 @@ if [ "$want_gpu" = 1 ]; then
   gpu_profile
 fi
 
-# 5. ORTModule's C++ extensions: kept, restored from ~/.cache/ortft, or built (~5 min, 2 cores).
-step "ORTModule's C++ extensions"
-"$VENV/bin/python" -m ortft.env.extensions >/dev/null ||
-  fail "ORTModule's C++ extensions are not in place (the line starting with 'error:' above says why)" \
-    "fix that, then run make setup again (or $VENV/bin/ortft doctor --fix)"
+# 5. ORTModule's C++ extensions (the ort stack): kept, restored from ~/.cache/ortft, or built
+#    (~5 min, 2 cores).
+if [ "$STACK" = ort ]; then
+  step "ORTModule's C++ extensions"
+  "$VENV/bin/python" -m ortft.env.extensions >/dev/null ||
+    fail "ORTModule's C++ extensions are not in place (the line starting with 'error:' above says why)" \
+      "fix that, then run make setup again (or $VENV/bin/ortft doctor --fix)"
+fi
 
-step "ready: $VENV (check it with: $VENV/bin/ortft doctor)"
+step "ready: $VENV, the $STACK stack (check it with: $VENV/bin/ortft doctor)"

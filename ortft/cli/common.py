@@ -1,5 +1,5 @@
 """What every command module shares: the --debug switch, the guard that turns an ``OrtftError``
-(or Ctrl-C) into one error line and an exit code, the --json option, the trained-model argument
+(or Ctrl-C, or a missing optional package) into one error line and an exit code, the --json option, the trained-model argument
 and the backend's process environment.
 
 It sits below the command modules and ``app.py`` (which imports them all), so that none of them
@@ -15,7 +15,8 @@ from typing import Annotated, Any
 import typer
 
 from ortft.cli.output import err
-from ortft.core.errors import OrtftError
+from ortft.core.errors import EXIT_USAGE, OrtftError
+from ortft.env import extras
 
 # set by the app's callback from --debug before any command runs
 state = {"debug": False}
@@ -33,6 +34,12 @@ def guarded(fn, *args: Any, **kwargs: Any) -> Any:
     except KeyboardInterrupt:
         err("interrupted")
         raise typer.Exit(130) from None
+    except ModuleNotFoundError as error:  # an optional package (an extra) that is not installed
+        line = extras.missing_module_line(error)
+        if line is None or state["debug"]:
+            raise
+        err(line)
+        raise typer.Exit(EXIT_USAGE) from None
 
 
 # the argument `ortft eval` and `ortft predict` share
