@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortft.core.errors import UsageError
+from ortft.core.errors import RecipeError, UsageError
+from ortft.recipe.backends import check_installed
 from ortft.run.summary import BackendReport, RunSummary
 from ortft.tools import flops
 from ortft.tools.bench_report import plot, print_table
@@ -176,6 +177,11 @@ def run(
     variants = parse_variants(backends)
     # validate every variant's recipe here, so a typo is exit 2 before anything runs
     loaded = {v.label: recipe_io.load(recipe, _overrides(v, steps)) for v in variants}
+    for label, one in loaded.items():  # and a backend this install cannot train with too
+        try:
+            check_installed(one.recipe)
+        except RecipeError as err:
+            raise UsageError(f"--backends {label}: {err}") from None
     r = next(iter(loaded.values())).recipe
     import torch
 
