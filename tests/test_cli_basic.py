@@ -53,3 +53,18 @@ def test_version_from_a_fresh_process():
     out = run_cli("--version", timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"ortft {__version__}"
+
+
+def test_torch_cpp_extension_notices_are_quiet_unless_debug():
+    """A CUDA build of torch on a machine without a GPU logs "No CUDA runtime is found"
+    through this logger (older torch printed it): hidden like other library chatter."""
+    code = (
+        "import logging, sys\n"
+        "from ortft.cli.output import quiet_libraries\n"
+        "quiet_libraries(sys.argv[1] == 'debug')\n"
+        "logging.getLogger('torch.utils.cpp_extension').warning('No CUDA runtime is found')\n"
+    )
+    for mode, shown in (("quiet", False), ("debug", True)):
+        argv = [sys.executable, "-c", code, mode]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True)
+        assert ("No CUDA runtime is found" in out.stderr) is shown, (mode, out.stderr)

@@ -157,22 +157,6 @@ def test_validate_bad_recipe_lists_one_line_per_problem(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("backend", ["ort", "ort-ondevice", "auto"])
-def test_ort_backends_without_ort_training_are_a_usage_error(tmp_path, monkeypatch, backend):
-    """As on Python 3.13 (no ORT training wheel): injected here by hiding the installed one."""
-    from ortft.env import ort_training
-
-    monkeypatch.setattr(ort_training, "installed", lambda: None)
-    (tmp_path / "train.csv").write_text("text,label\na b,0\nc d,1\n")
-    path = write(tmp_path, "r.yaml", TINY.replace("name: torch", f"name: {backend}") % "train.csv")
-    stderr = assert_clean_usage_error(invoke("validate", path))
-    assert f"backend.name={backend} needs ONNX Runtime training" in stderr
-    assert "backend.name=torch trains without it" in stderr
-    assert invoke("validate", write(tmp_path, "t.yaml", TINY % "train.csv")).exit_code == 0
-    on_313 = ort_training.recipe_problem("ort", python=(3, 13))
-    assert on_313 and "wheels for Python 3.11 and 3.12 only, not 3.13" in on_313
-
-
 def test_validate_reports_missing_files_after_the_schema_passes(tmp_path):
     path = write(tmp_path, "r.yaml", TINY % "data/train.csv")
     stderr = assert_clean_usage_error(invoke("validate", path))

@@ -100,6 +100,7 @@ def _export(source: str, output: Path | None, as_json: bool, **options: Any) -> 
     ``options`` are ``export_source``'s keyword arguments, as the command line gave them."""
     from ortft.core.errors import UsageError
     from ortft.data.paths import PKG_PREFIX, resolve_input_path
+    from ortft.env import ort_training
     from ortft.tools.export_source import export_source
 
     if source.startswith(PKG_PREFIX) and output is None:  # SOURCE/onnx: inside site-packages
@@ -108,6 +109,12 @@ def _export(source: str, output: Path | None, as_json: bool, **options: Any) -> 
         raise UsageError("--trainable needs --training-artifacts")
     if options["quantize"] not in (None, "int8"):
         raise UsageError(f"--quantize {options['quantize']}: the choice is int8")
+    if options["training_artifacts"]:  # refused before the export, not after it
+        missing = ort_training.missing(
+            "--training-artifacts", "export without --training-artifacts"
+        )
+        if missing:
+            raise UsageError(missing)
     quiet_libraries(state["debug"])
     path = resolve_input_path(source, Path.cwd()) if source.startswith(PKG_PREFIX) else Path(source)
     report = export_source(path, output, **options)

@@ -80,7 +80,9 @@ def quiet_libraries(debug: bool, with_torch: bool = True) -> None:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()  # "Loading weights" bars; ortft shows its own
-            # torch's cpp_extension prints a CUDA_HOME notice on GPU-less machines at import
+            # torch's cpp_extension gives a CUDA_HOME notice on GPU-less machines at import:
+            # printed by older torch, logged as a warning by newer (and again when asked later)
+            logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
             with contextlib.redirect_stderr(io.StringIO()):
                 import torch.utils.cpp_extension  # noqa: F401
 

@@ -90,6 +90,7 @@ def _train(
 
     from ortft.core.errors import GateError
     from ortft.recipe import io as recipe_io
+    from ortft.recipe.backends import check_installed
     from ortft.run import gates
     from ortft.tools import ci_report
 
@@ -97,6 +98,7 @@ def _train(
     for text in gate:
         gates.parse(text)  # a malformed gate is a usage error before anything runs
     loaded = recipe_io.load(recipe, overrides)
+    check_installed(loaded.recipe)  # the run checks it too; here before torch's import
     thread_env(loaded.recipe.backend.name)
     # ort-ondevice trains without PyTorch (only building its artifacts imports it, lazily)
     quiet_libraries(state["debug"], with_torch=loaded.recipe.backend.name != "ort-ondevice")

@@ -1,5 +1,6 @@
 """What each backend accepts of a recipe: torch-free checks by ``backend.name``, run when the
-recipe is validated, before any framework is imported.
+recipe is validated, before any framework is imported. They never ask what is installed (a
+recipe means the same on every install): ``check_installed`` does that as a run starts.
 
 The engines themselves live in ``ortft.backends``; their names are listed here because the
 recipe chooses among them. ``ortft.backends.register`` adds a name (a plugin's engine, with no
@@ -14,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ortft import tasks
+from ortft.core.errors import RecipeError
 from ortft.env import ort_training
 from ortft.tasks import traits
 
@@ -115,8 +117,7 @@ def ort_problems(recipe: Any) -> list[str]:
     """What ORTModule (backend.name=ort, and auto, which may choose it) refuses; torch-free."""
 
     dtype, device, name = recipe.precision.dtype, recipe.hardware.device, recipe.backend.name
-    missing = ort_training.recipe_problem(name)
-    problems = [missing] if missing else []
+    problems = []
     if dtype == "bf16" and device == "cpu":
         problems.append(
             "precision.dtype=bf16 on cpu needs backend.name=torch: ONNX Runtime's CPU "
@@ -159,11 +160,9 @@ def ondevice_problems(r: Any) -> list[str]:
     problems += [f"{name} (an ORTModule setting)" for name in ortmodule_fields_set(r)]
     if r.deepspeed is not None:
         problems.append("deepspeed (one process, ORT's own optimizer)")
-    missing = ort_training.recipe_problem("ort-ondevice")
-    out = [missing] if missing else []
     if problems:
-        out.append("backend.name=ort-ondevice does not support " + "; ".join(problems))
-    return out
+        return ["backend.name=ort-ondevice does not support " + "; ".join(problems)]
+    return []
 
 
 # backend.name -> its checks; "auto" may choose ORTModule, so it gets ort's
@@ -174,6 +173,14 @@ RULES: dict[str, Callable[[Any], list[str]]] = {
     "ort-ondevice": ondevice_problems,
 }
 _REGISTERED: list[str] = []
+
+
+def check_installed(recipe: Any) -> None:
+    """Refuse a backend this install cannot train with (one line, exit 2): called as a run
+    starts, before any data is read or model built."""
+    problem = ort_training.backend_problem(recipe.backend.name)
+    if problem is not None:
+        raise RecipeError(problem)
 
 
 def allow(name: str) -> None:

@@ -28,6 +28,7 @@ from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, Ru
 from ortft.core.progress import Progress
 from ortft.core.reports import ExportReport
 from ortft.data import batches, rows, splits, streaming
+from ortft.recipe.backends import check_installed
 from ortft.recipe.io import LoadedRecipe, dump
 from ortft.run import final, gates, loop, provenance, report, rundir, trackers, tracking
 from ortft.run.early_stopping import Selector
@@ -62,6 +63,7 @@ def run(
     it may raise ``errors.Stopped`` to end the run, recorded as status "pruned");
     ``tracker_parent``: ortft hpo's study run, whose child this run's tracker runs are."""
     r = loaded.recipe
+    check_installed(r)  # backend.name=ort without ORT training: exit 2 before any work
     run_dir = rundir.resolve(loaded, output_dir)
     previous = RunSummary.read(run_dir / "summary.json")  # a foreign format_version: exit 2
     if previous and previous.status == "completed" and r.checkpoint.resume == "auto":

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortft.core.errors import UsageError
+from ortft.core.errors import RecipeError, UsageError
 from ortft.run.summary import BackendReport, RunSummary
 from ortft.tools import flops
 from ortft.tools.bench_report import plot, print_table
@@ -166,16 +166,28 @@ def _check_counts(steps: int, warmup: int, repeats: int) -> None:
         )
 
 
+def _load_all(recipe: Path, variants: list[Variant], steps: int) -> dict[str, Any]:
+    """Every variant's recipe, validated here so that a typo, or a backend this install cannot
+    train with, is exit 2 before anything runs."""
+    from ortft.recipe import io as recipe_io
+    from ortft.recipe.backends import check_installed
+
+    loaded = {v.label: recipe_io.load(recipe, _overrides(v, steps)) for v in variants}
+    for label, one in loaded.items():
+        try:
+            check_installed(one.recipe)
+        except RecipeError as err:
+            raise UsageError(f"--backends {label}: {err}") from None
+    return loaded
+
+
 def run(
     recipe: Path, backends: str, steps: int, warmup: int, repeats: int, timeout: float = 900.0
 ) -> dict[str, Any]:
     """``ortft bench``: every variant's runs, alternating, and the JSON the command prints."""
-    from ortft.recipe import io as recipe_io
-
     _check_counts(steps, warmup, repeats)
     variants = parse_variants(backends)
-    # validate every variant's recipe here, so a typo is exit 2 before anything runs
-    loaded = {v.label: recipe_io.load(recipe, _overrides(v, steps)) for v in variants}
+    loaded = _load_all(recipe, variants, steps)
     r = next(iter(loaded.values())).recipe
     import torch
 

@@ -28,6 +28,7 @@ import yaml
 
 from ortft.core.errors import GateError, InputError, Interrupted, RecipeError, RunError, Stopped
 from ortft.recipe import io as recipe_io
+from ortft.recipe.backends import check_installed
 from ortft.recipe.schema import HpoCategorical, HpoFloat, HpoSection, metric_mode
 from ortft.run import lifecycle as train
 from ortft.run.summary import RunSummary
@@ -59,12 +60,16 @@ def _extremes(space: Any) -> list[Any]:
 
 
 def check_space(path: Path, overrides: list[str], spec: HpoSection) -> None:
-    """Every bound and choice of the search space makes a valid recipe (all problems at once)."""
+    """Every bound and choice of the search space makes a valid recipe that this install can
+    train (all problems at once)."""
     problems = []
     for key, space in spec.params.items():
         for value in _extremes(space):
             try:
-                recipe_io.load(path, [*overrides, f"{key}={_literal(value)}"], check_files=False)
+                extreme = recipe_io.load(
+                    path, [*overrides, f"{key}={_literal(value)}"], check_files=False
+                )
+                check_installed(extreme.recipe)  # a backend.name choice ORT training lacks
             except RecipeError as err:
                 problems += [f"hpo.params.{key}: {value!r} gives: {p}" for p in err.problems]
     if problems:
@@ -112,6 +117,8 @@ def run(
             "no hpo section: add one with the search space (see docs/evaluate.md: ortft hpo)",
             source=str(recipe),
         )
+    if "backend.name" not in spec.params:  # else check_space checks each choice
+        check_installed(loaded.recipe)
     check_space(recipe, overrides, spec)
     base = output_dir or default_dir(loaded)
     base.mkdir(parents=True, exist_ok=True)

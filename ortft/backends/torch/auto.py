@@ -2,8 +2,9 @@
 recipe allows on its first batches, then train with the one whose whole run is estimated fastest.
 
 A route is (backend, compile, dtype): ``torch`` eager, ``torch`` compiled (``backend.compile``
-true: only compiled; auto: both; false: only eager), and ``ort`` under ``backend.name: auto``;
-each in the precision it runs natively when ``precision.dtype: auto`` (bf16 on torch where the
+true: only compiled; auto: both; false: only eager), and ``ort`` under ``backend.name: auto``
+where ONNX Runtime training is installed (else recorded as skipped, with why); each in the
+precision it runs natively when ``precision.dtype: auto`` (bf16 on torch where the
 hardware has it, fp32 on ORT's CPU provider: ``device.resolve_precision``).
 
 Each candidate gets its own freshly built model and optimizer, which are thrown away after
@@ -46,6 +47,7 @@ from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
 from ortft.core.errors import BackendError
 from ortft.data import batches
+from ortft.env import ort_training
 from ortft.recipe.io import LoadedRecipe
 from ortft.tasks import protocols
 
@@ -179,17 +181,24 @@ def compile_skip(eager: dict[str, Any] | None, known_s: float | None, steps: int
     )
 
 
+def _skip(route: Route, recipe: Any, result: dict[str, Any], steps: int, key: str) -> str | None:
+    """Why ``route`` is not probed: not installed, or a compile the run cannot pay back."""
+    if route.backend == "ort":
+        return ort_training.absent()
+    if route.compile and recipe.backend.compile == "auto":
+        known = compiled.known_compile_s(key)
+        return compile_skip(result["backends"].get("torch"), known, steps)
+    return None
+
+
 def _probe_one(route: Route, args: tuple, result: dict[str, Any], steps: int, key: str) -> None:
     """Time one route into ``result["backends"][label]`` (or record why it did not run)."""
-    loaded = args[0]
     entry = {"backend": route.backend, "compile": route.compile, "dtype": route.dtype}
-    if route.compile and loaded.recipe.backend.compile == "auto":
-        known = compiled.known_compile_s(key)
-        skip = compile_skip(result["backends"].get("torch"), known, steps)
-        if skip is not None:
-            result["backends"][route.label] = {**entry, "skipped": skip}
-            log.info("auto: %s not probed: %s", route.label, skip)
-            return
+    skip = _skip(route, args[0].recipe, result, steps, key)
+    if skip is not None:
+        result["backends"][route.label] = {**entry, "skipped": skip}
+        log.info("auto: %s not probed: %s", route.label, skip)
+        return
     widths: list[int] = []
     try:
         times = _time_route(route, *args, widths=widths)  # type: ignore[misc]  # args: 8 items
@@ -253,5 +262,7 @@ def _why(result: dict[str, Any], steps: int) -> str:
                 f"= {b['estimated_total_s']:.0f} s"
             )
         else:
-            parts.append(f"{label} {'not probed' if 'skipped' in b else 'failed'}")
+            parts.append(
+                f"{label} not probed ({b['skipped']})" if "skipped" in b else f"{label} failed"
+            )
     return f"probe, {PROBE_STEPS} steps each; estimated over {steps} steps: " + ", ".join(parts)
