@@ -45,7 +45,7 @@ def missing(what: str, instead: str, python: tuple[int, int] | None = None) -> s
     major, minor = python or tuple(sys.version_info[:2])
     if (major, minor) in PYTHONS:
         why = "which this install lacks (the current profile has none)"
-        how = f"install the ort profile (make setup; Python {pythons_text()})"
+        how = f"install the ort profile (make setup, or pip install 'ortft[ort]'; Python {pythons_text()})"
     else:  # no wheel at all: only a venv on another Python has it
         why = f"which has wheels for Python {pythons_text()} only, not {major}.{minor}"
         how = "install the ort profile on one of them (make setup)"
