@@ -48,7 +48,7 @@ def missing(what: str, instead: str, python: tuple[int, int] | None = None) -> s
         how = f"install the ort profile (make setup, or pip install 'ortft[ort]'; Python {pythons_text()})"
     else:  # no wheel at all: only a venv on another Python has it
         why = f"which has wheels for Python {pythons_text()} only, not {major}.{minor}"
-        how = "install the ort profile on one of them (make setup)"
+        how = "install the ort profile on one of them (make setup, or pip install 'ortft[ort]')"
     return f"{what} needs ONNX Runtime training, {why}: {how}, or {instead}"
 
 
