@@ -238,3 +238,48 @@ def test_the_ort_extra_resolves_to_the_training_build_alone(
     for name in ("torch", "onnx", "onnxruntime-training", "torch-ort"):
         assert chosen.get(name) == pins[name], (name, chosen.get(name))
     assert "onnxruntime" not in chosen
+
+
+# ------------------------------------------------- one run, both profiles (make test-current)
+
+VENVS = {"ort": ROOT / ".venv", "current": ROOT / ".venv-current"}
+
+
+def _ortft(profile: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    python = VENVS[profile] / "bin" / "python"
+    assert python.exists(), f"{VENVS[profile]} is missing: make setup STACK={profile} first"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run(
+        [str(python), "-m", "ortft", *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
+
+
+@pytest.mark.profiles
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("first", "then"), [("ort", "current"), ("current", "ort")])
+def test_a_run_moves_between_the_profiles(first: str, then: str, tmp_path: Path) -> None:
+    """Trained on one profile (torch 2.6, or today's torch): the other resumes its checkpoint,
+    evaluates its final/ and exports it with parity."""
+    from conftest import tiny_classifier, write_classification_csv, write_recipe
+
+    write_classification_csv(tmp_path / "train.csv", n=64)
+    recipe = tiny_classifier("train.csv", backend="torch", max_steps=4)
+    recipe["checkpoint"] = {"save_every": 2}
+    recipe["data"]["eval_fraction"] = 0.25
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    done = _ortft(first, "train", str(path), "-o", "run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-1500:]
+    resumed = _ortft(
+        then, "train", str(path), "training.max_steps=6", "-o", "resumed",
+        f"checkpoint.resume={tmp_path / 'run' / 'step-000004'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-1500:]
+    summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["resumed_from"].endswith("step-000004")
+    evaluated = _ortft(then, "eval", "run", "--json", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-1500:]
+    assert "accuracy" in json.loads(evaluated.stdout)["metrics"]
+    exported = _ortft(then, "export", "run", "-o", "exported", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr[-1500:]
+    report = json.loads((tmp_path / "exported" / "export.json").read_text())
+    assert report["parity"]["passed"], report["parity"]
