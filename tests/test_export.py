@@ -15,6 +15,7 @@ from helpers import run_cli
 from typer.testing import CliRunner
 
 from ortft.cli.app import app
+from ortft.env import ort_training
 
 TEXTS = [
     "the cat sat on a mat while dogs ran",
@@ -98,7 +99,9 @@ def exported(
         "--fp16",
         "--quantize",
         "int8",
-        "--training-artifacts",
+        # the training artifacts need onnxruntime.training (the ort profile); the rest of this
+        # export is checked on both profiles
+        *(["--training-artifacts"] if ort_training.installed() else []),
         "--json",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -207,6 +210,7 @@ def test_optimize_fp16_int8_are_valid_and_reported(exported):
     assert set(report["latency"]["ms"]) == {"fp32", "optimized", "fp16", "int8"}
 
 
+@pytest.mark.ort
 def test_training_artifacts_train_with_falling_loss(exported):
     out, report = exported
     t = report["training"]
@@ -218,6 +222,7 @@ def test_training_artifacts_train_with_falling_loss(exported):
     assert len(losses) == 3 and losses[0] > losses[1] > losses[2]
 
 
+@pytest.mark.ort
 def test_trainable_patterns_freeze_the_rest(tmp_path):
     """What the ort-ondevice backend will call: only the classifier head trains."""
     from onnxruntime.training import api
