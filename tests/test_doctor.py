@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ortft.cli.app import app
 from ortft.env import profiles
-from ortft.tools import doctor
+from ortft.tools import doctor, doctor_verdicts
 
 runner = CliRunner()
 ORT = doctor.load_stack(profiles.ORT, (3, 11))
@@ -120,7 +120,7 @@ def test_parse_reads_pins_and_skips_the_rest():
 
 @pytest.mark.parametrize("stack", [ORT, CURRENT], ids=["ort", "current"])
 def test_every_route_says_whether_it_runs_and_none_fails(stack):
-    torch_only = doctor.Routes(torch=True, inference=True)
+    torch_only = doctor_verdicts.Routes(torch=True, inference=True)
     rows = {c.name: c for c in doctor.route_checks(stack, torch_only)}
     assert set(rows) == {f"route: {r}" for r in ("ort", "ort-ondevice", "torch", "auto", "export")}
     assert {c.verdict for c in rows.values()} <= {doctor.OK, doctor.INFO}
@@ -131,7 +131,7 @@ def test_every_route_says_whether_it_runs_and_none_fails(stack):
     else:
         assert rows["route: ort"].value == "needs the ort profile (onnxruntime-training)"
         assert (rows["route: ort"].fix or "").startswith("make setup")
-    everything = doctor.Routes(torch=True, ortmodule=True, ondevice=True, inference=True)
+    everything = doctor_verdicts.Routes(torch=True, ortmodule=True, ondevice=True, inference=True)
     rows = {c.name: c for c in doctor.route_checks(stack, everything)}
     assert {c.verdict for c in rows.values()} == {doctor.OK}
     assert "times torch and ort" in rows["route: auto"].value

@@ -45,19 +45,21 @@ from ortft.tools.doctor_verdicts import (
     STACKS,
     WARN,
     Check,
-    Routes,
     Stack,
     bf16_check,
     check_platform,
     check_versions,
+    found_routes,
     fused_ops_check,
     gpu_allocator_check,
     gpu_verdict,
+    headline,
     load_stack,
     profile_check,
     provider_check,
     release,
     route_checks,
+    verdict_line,
 )
 
 # The providers ortft runs on; ORT lists others (Azure, TensorRT...) that it never asks for.
@@ -114,20 +116,8 @@ def probe_runtime(stack: Stack, fix: bool = False) -> list[Check]:
             checks += _probe_extensions(fix, stack)
             checks += _probe_cuda_extensions()
         checks += _probe_onnx(stack)
-        checks += route_checks(stack, _routes(checks))
+        checks += route_checks(stack, found_routes(checks))
     return checks
-
-
-def _routes(checks: list[Check]) -> Routes:
-    """What the probes above could import (a failed import is a FAIL line or no line)."""
-    verdicts = {c.name: c.verdict for c in checks}
-    providers = verdicts.get("CPU provider") == OK and verdicts.get("execution providers") == OK
-    return Routes(
-        torch="torch build" in verdicts,
-        ortmodule=verdicts.get("ORTModule import") == OK,
-        ondevice=verdicts.get("on-device training import") == OK,
-        inference=providers and verdicts.get("onnx IR", FAIL) != FAIL,
-    )
 
 
 def _quiet_cpp_extension_import() -> None:
@@ -211,18 +201,17 @@ def _probe_ort(stack: Stack | None = None) -> list[Check]:
 
 def _probe_ort_training(fix: str) -> list[Check]:
     """ORTModule (backend.name=ort) and the on-device API (ort-ondevice) import."""
-    checks = []
-    for name, module, attr in (
-        ("ORTModule import", "onnxruntime.training.ortmodule", "ORTModule"),
-        ("on-device training import", "onnxruntime.training.api", "Module"),
-    ):
-        try:
-            getattr(importlib.import_module(module), attr)
-        except Exception as err:
-            checks.append(Check(name, FAIL, _short(err), fix))
-        else:
-            checks.append(Check(name, OK, f"{module}.{attr}"))
-    return checks
+    try:
+        from onnxruntime.training.ortmodule import ORTModule  # noqa: F401
+    except Exception as err:
+        checks = [Check("ORTModule import", FAIL, _short(err), fix)]
+    else:
+        checks = [Check("ORTModule import", OK, "onnxruntime.training.ortmodule.ORTModule")]
+    try:
+        from onnxruntime.training.api import Module  # noqa: F401
+    except Exception as err:
+        return [*checks, Check("on-device training import", FAIL, _short(err), fix)]
+    return [*checks, Check("on-device training import", OK, "onnxruntime.training.api.Module")]
 
 
 # --------------------------------------------------------------------------- GPU pieces
@@ -407,19 +396,6 @@ def exit_code(checks: list[Check]) -> int:
 
 def summary(checks: list[Check]) -> dict[str, int]:
     return {v: sum(c.verdict == v for c in checks) for v in (OK, INFO, WARN, FAIL)}
-
-
-def headline(stack: Stack) -> str:
-    pins = ", ".join(f"{k}=={v}" for k, v in stack.known_good().items())
-    where = f"known-good from {stack.lock.name}: {pins}" if stack.lock else "no lock file found"
-    return f"ortft doctor (the {stack.profile} profile; {where})"
-
-
-def verdict_line(stack: Stack, failed: bool) -> str:
-    if stack.ort:
-        return "ORT training cannot work here" if failed else "ORT training should work here"
-    what = "the current profile (backend.name=torch, export, inference)"
-    return f"{what} cannot work here" if failed else f"{what} should work here"
 
 
 def render(checks: list[Check], stack: Stack | None = None) -> str:

@@ -341,6 +341,18 @@ class Routes:
     inference: bool = False
 
 
+def found_routes(checks: list[Check]) -> Routes:
+    """What the probes could import (a failed import is a FAIL line or no line)."""
+    verdicts = {c.name: c.verdict for c in checks}
+    providers = verdicts.get("CPU provider") == OK and verdicts.get("execution providers") == OK
+    return Routes(
+        torch="torch build" in verdicts,
+        ortmodule=verdicts.get("ORTModule import") == OK,
+        ondevice=verdicts.get("on-device training import") == OK,
+        inference=providers and verdicts.get("onnx IR", FAIL) != FAIL,
+    )
+
+
 def route_checks(stack: Stack, found: Routes) -> list[Check]:
     """Whether each backend and export/inference can run here, and what it needs. Context,
     never a failure: a missing route of the ort profile is a failure on its own line above."""
@@ -368,3 +380,19 @@ def _route(name: str, runs: bool, how: str, why: str, fix: str | None = None) ->
     if runs:
         return Check(f"route: {name}", OK, how)
     return Check(f"route: {name}", INFO, why, fix)
+
+
+# --------------------------------------------------------------------------- the report's frame
+
+
+def headline(stack: Stack) -> str:
+    pins = ", ".join(f"{k}=={v}" for k, v in stack.known_good().items())
+    where = f"known-good from {stack.lock.name}: {pins}" if stack.lock else "no lock file found"
+    return f"ortft doctor (the {stack.profile} profile; {where})"
+
+
+def verdict_line(stack: Stack, failed: bool) -> str:
+    if stack.ort:
+        return "ORT training cannot work here" if failed else "ORT training should work here"
+    what = "the current profile (backend.name=torch, export, inference)"
+    return f"{what} cannot work here" if failed else f"{what} should work here"
