@@ -1,8 +1,10 @@
 """Shared fixtures: tiny offline data and recipes (2 layers, hidden 32, tokenizers trained here).
 
 Also the suite's own rules, for every tier: the Hub is offline (each test process and every
-process it starts), property tests draw the same examples every run, and a skip fails the
-session unless its reason is one of ``ALLOWED_SKIPS`` (a GPU, a developer's opt-out).
+process it starts), property tests draw the same examples every run, a test marked ``ort``
+skips where ONNX Runtime training is not installed (the current profile) and runs wherever it
+is, and a skip fails the session unless its reason is one of ``ALLOWED_SKIPS`` (a GPU, a
+developer's opt-out, the ort profile).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 from hypothesis import settings
+
+from ortft.env import ort_training
 
 # Set before any test imports transformers, datasets or huggingface_hub (they read these once)
 # and inherited by every CLI process a test starts: nothing in the suite may reach the Hub.
@@ -34,6 +38,20 @@ ALLOWED_SKIPS = (
     "checks the CPU-only behaviour",  # the CPU-only paths, on a machine with a GPU
     "ORTFT_NO_NODE=1",  # a developer's opt-out of the transformers.js check (no Node.js)
 )
+# A test marked `ort` on the current profile. Allowed only there: on the ort profile nothing
+# may skip for want of ORT training (the CI tier of the current profile deselects them anyway).
+NO_ORT_TRAINING = "needs the ort profile: onnxruntime-training is not installed"
+if ort_training.installed() is None:
+    ALLOWED_SKIPS += (NO_ORT_TRAINING,)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if ort_training.installed() is not None:
+        return
+    skip = pytest.mark.skip(reason=NO_ORT_TRAINING)
+    for item in items:
+        if item.get_closest_marker("ort"):
+            item.add_marker(skip)
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

@@ -104,7 +104,7 @@ def test_a_saved_dataset_is_read_whole(torch_run) -> None:
     assert summary(run)["status"] == "completed"
 
 
-@pytest.mark.parametrize("which", ["ort_run", "torch_run"])
+@pytest.mark.parametrize("which", [pytest.param("ort_run", marks=pytest.mark.ort), "torch_run"])
 def test_saved_datasets_export_and_predict(which: str, request, tmp_path: Path) -> None:
     """final/ (PyTorch) and onnx/ (ONNX Runtime) give each text the same label and score."""
     run, _ = request.getfixturevalue(which)
@@ -181,6 +181,7 @@ def test_export_opset_is_the_files_opset(ort_run) -> None:
     assert json.loads((run / "onnx" / "export.json").read_text())["opset"] == 17
 
 
+@pytest.mark.ort
 def test_ortmodule_runs_with_the_log_level_and_memory_optimization_level(ort_run) -> None:
     """At WARNING ORTModule prints its feature banner (at the default ERROR, nothing); the
     banner names the memory optimizer's level ORTModule runs with."""

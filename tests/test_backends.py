@@ -46,6 +46,7 @@ def _step(backend, wrapped) -> None:
     backend.after_step(wrapped)
 
 
+@pytest.mark.ort
 def test_strict_policy_stops_instead_of_falling_back(tmp_path: Path) -> None:
     """ortft sets ORTMODULE_FALLBACK_POLICY=FALLBACK_DISABLE, so ORTModule itself raises on the
     first forward: it cannot flatten the DynamicCache output (ORT 1.19.2). No PyTorch step ran."""
@@ -58,6 +59,7 @@ def test_strict_policy_stops_instead_of_falling_back(tmp_path: Path) -> None:
     assert backend.report().fallback is False
 
 
+@pytest.mark.ort
 def test_strict_policy_stops_a_fallback_ortmodule_took_anyway(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -82,6 +84,7 @@ def test_strict_policy_stops_a_fallback_ortmodule_took_anyway(
         _step(backend, wrapped)
 
 
+@pytest.mark.ort
 def test_allowed_fallback_is_recorded(tmp_path: Path) -> None:
     backend = get("ort", BackendSection(name="ort", allow_fallback=True))
     wrapped = backend.wrap(_ReturnsCache(), tmp_path)

@@ -106,6 +106,7 @@ def test_every_padding_mode_resumes_exactly(tmp_path: Path, overrides: list[str]
     assert losses(run) == full  # the same batches, order and shapes: bit for bit
 
 
+@pytest.mark.ort
 def test_ort_exports_once_for_batches_of_every_length(tmp_path: Path) -> None:
     """ORTModule exports with dynamic batch and sequence axes: a new batch length is no new
     export. And the real tokens are the same whatever the padding: so are the losses."""

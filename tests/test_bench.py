@@ -22,6 +22,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return run_cli(*args, env={"NO_COLOR": "1"}, timeout=900)
 
 
+@pytest.mark.ort
 def test_bench_reports_every_field_and_ratio(cls_recipe: Path, tmp_path: Path) -> None:
     png = tmp_path / "bench.png"
     want_plot = importlib.util.find_spec("matplotlib") is not None
@@ -126,6 +127,7 @@ def test_bench_timeout_kills_a_run_that_takes_longer(cls_recipe: Path, monkeypat
     assert out["backends"]["torch"]["error"].startswith("timed out")
 
 
+@pytest.mark.ort
 def test_auto_picks_a_backend_and_trains_as_it_would(cls_recipe: Path, tmp_path: Path) -> None:
     res = cli(
         "train",
@@ -162,6 +164,7 @@ def test_auto_picks_a_backend_and_trains_as_it_would(cls_recipe: Path, tmp_path:
     assert losses(tmp_path / "auto") == pytest.approx(losses(tmp_path / "plain"), rel=1e-6)
 
 
+@pytest.mark.ort
 def test_ort_trains_with_the_compute_optimizer_off(cls_recipe: Path, tmp_path: Path) -> None:
     """ORT 1.19.2 crashes at export with it off ('NoneType' object is not iterable); ortft patches
     that, so the recipe option (and the bench lever) works and matches the default's losses."""

@@ -148,7 +148,11 @@ def one_process() -> dict[str, list[float]]:
     return {}
 
 
-@pytest.mark.parametrize("backend, stage", [("torch", 1), ("torch", 2), ("ort", 1), ("ort", 2)])
+@pytest.mark.parametrize(
+    "backend, stage",
+    [("torch", 1), ("torch", 2), pytest.param("ort", 1, marks=pytest.mark.ort),
+     pytest.param("ort", 2, marks=pytest.mark.ort)],
+)  # fmt: skip
 def test_zero_in_two_processes_matches_one_process(
     tmp_path: Path, one_process: dict[str, list[float]], backend: str, stage: int
 ) -> None:

@@ -1,4 +1,5 @@
-"""`ortft doctor`: verdicts against the known-good matrix (versions patched), and the real run."""
+"""`ortft doctor`: verdicts against each profile's known-good matrix (versions patched; the pins
+read from the profile's lock file), and the real run on whichever profile this venv is."""
 
 from __future__ import annotations
 
@@ -10,30 +11,130 @@ from helpers import run_cli
 from typer.testing import CliRunner
 
 from ortft.cli.app import app
-from ortft.tools import doctor
+from ortft.env import profiles
+from ortft.tools import doctor, doctor_verdicts
 
 runner = CliRunner()
+ORT = doctor.load_stack(profiles.ORT, (3, 11))
+CURRENT = doctor.load_stack(profiles.CURRENT, (3, 11))
 
 
-def good_versions(**changes: str | None) -> dict[str, str | None]:
-    versions: dict[str, str | None] = dict(doctor.KNOWN_GOOD)
+def good_versions(stack: doctor.Stack = ORT, **changes: str | None) -> dict[str, str | None]:
+    versions: dict[str, str | None] = dict(stack.known_good())
+    versions.update({name: stack.want(name) for name in doctor.LOCKED_FEATURES})
     versions.update({name: None for name in doctor.EXTRAS})
     versions.update({name: "1.0" for name in doctor.DATA_PACKAGES})
-    versions.update({name: None for name in doctor.CONFLICTING_ORT})
-    versions[doctor.ORT_CPU] = None
+    if stack.ort:
+        versions.update({name: None for name in doctor.CONFLICTING_ORT})
+        versions[doctor.ORT_CPU] = None
     versions.update(changes)
     return versions
 
 
-def verdicts(versions: dict[str, str | None]) -> dict[str, doctor.Check]:
-    return {check.name: check for check in doctor.check_versions(versions)}
+def verdicts(versions: dict[str, str | None], stack: doctor.Stack = ORT) -> dict[str, doctor.Check]:
+    return {check.name: check for check in doctor.check_versions(versions, stack)}
 
 
-def test_known_good_stack_is_ok():
-    checks = verdicts(good_versions())
-    for name in doctor.KNOWN_GOOD:
+@pytest.mark.parametrize("stack", [ORT, CURRENT], ids=["ort", "current"])
+def test_known_good_stack_is_ok(stack):
+    checks = verdicts(good_versions(stack), stack)
+    for name in stack.known_good():
         assert checks[name].verdict == doctor.OK, checks[name]
     assert doctor.exit_code(list(checks.values())) == 0
+
+
+def test_known_good_comes_from_each_profiles_lock():
+    """One source of truth: the versions doctor holds good are the lock files' pins."""
+    assert ORT.known_good() == {
+        "torch": "2.6.0", "onnxruntime-training": "1.19.2", "torch-ort": "1.19.2",
+        "onnx": "1.17.0", "transformers": "5.24.0",
+    }  # fmt: skip
+    assert CURRENT.known_good() == {name: profiles.pins(profiles.CURRENT)[name]
+                                    for name in ("torch", "onnxruntime", "onnx", "transformers")}  # fmt: skip
+    py312 = doctor.load_stack(profiles.ORT, (3, 12))
+    assert py312.lock is not None and py312.lock.name == "lock-py312.txt"
+    assert py312.known_good()["onnxruntime-training"] == "1.19.2"  # the -cpu build's pin
+    assert py312.known_good()["torch-ort"] == "1.19.2"  # from requirements/torch-ort.txt
+
+
+def test_the_current_profile_takes_its_own_torch_and_onnx():
+    """torch 2.13 and onnx 1.23 break ORTModule, but they are the current profile's stack."""
+    checks = verdicts(good_versions(CURRENT), CURRENT)
+    assert "onnxruntime-training" not in checks and "torch-ort" not in checks
+    assert verdicts(good_versions(ORT, torch=CURRENT.want("torch")))["torch"].verdict == doctor.FAIL
+    older = verdicts(good_versions(CURRENT, torch="2.12.0"), CURRENT)["torch"]
+    assert older.verdict == doctor.WARN
+    assert older.fix == f"pip install torch=={CURRENT.want('torch')}"
+    missing = verdicts(good_versions(CURRENT, onnxruntime=None), CURRENT)["onnxruntime"]
+    assert missing.verdict == doctor.FAIL
+
+
+def test_tensorboard_is_held_to_the_lock_that_installs_it():
+    for stack in (ORT, CURRENT):
+        check = verdicts(good_versions(stack, tensorboard=None), stack)["tensorboard"]
+        assert check.verdict == doctor.WARN and "the lock installs it" in check.value
+        assert check.fix == f"pip install tensorboard=={stack.want('tensorboard')}"
+        other = verdicts(good_versions(stack, tensorboard="2.0.0"), stack)["tensorboard"]
+        assert other.verdict == doctor.WARN
+
+
+def test_without_a_lock_file_doctor_says_it_cannot_check_pins(monkeypatch, tmp_path):
+    monkeypatch.setattr(profiles, "requirement_dirs", lambda: [tmp_path / "requirements"])
+    with pytest.raises(profiles.NoLockFile):
+        profiles.pins(profiles.CURRENT)
+    stack = doctor.load_stack(profiles.CURRENT, (3, 11))
+    assert stack.pins == {} and stack.lock is None
+    row = doctor.profile_check(stack, None)
+    assert row.verdict == doctor.WARN and "cannot check pins" in row.value
+    checks = verdicts(good_versions(CURRENT), stack)  # nothing to compare: no false warning
+    assert checks["torch"].verdict == doctor.OK
+    missing = verdicts(good_versions(CURRENT, torch=None), stack)["torch"]
+    assert missing.fix == "pip install torch"  # no version to name
+    assert doctor.headline(stack).endswith("no lock file found)")
+
+
+def test_the_lock_inside_the_package_comes_first(monkeypatch, tmp_path):
+    """A wheel carries the locks in ortft/requirements/; an editable install has the
+    checkout's requirements/ beside the package."""
+    inside, beside = tmp_path / "ortft" / "requirements", tmp_path / "requirements"
+    for folder, version in ((inside, "9.9.9"), (beside, "1.0.0")):
+        folder.mkdir(parents=True)
+        (folder / "lock-current.txt").write_text(f"# pins\ntorch=={version}  # why\n")
+    monkeypatch.setattr(profiles.ortft, "__file__", str(tmp_path / "ortft" / "__init__.py"))
+    assert profiles.pins(profiles.CURRENT) == {"torch": "9.9.9"}
+    (inside / "lock-current.txt").unlink()
+    assert profiles.pins(profiles.CURRENT) == {"torch": "1.0.0"}
+
+
+def test_the_active_profile_follows_ort_training(monkeypatch):
+    monkeypatch.setattr(profiles.ort_training, "installed", lambda: None)
+    assert profiles.active() == profiles.CURRENT
+    monkeypatch.setattr(profiles.ort_training, "installed", lambda: ("onnxruntime-training", "1"))
+    assert profiles.active() == profiles.ORT
+
+
+def test_parse_reads_pins_and_skips_the_rest():
+    text = "# c\n-r other.txt\nFoo_Bar==1.2  # x\nbaz[extra]==3.0; python_version<'4'\nqux>=1\n"
+    assert profiles.parse(text) == {"foo-bar": "1.2", "baz": "3.0"}
+
+
+@pytest.mark.parametrize("stack", [ORT, CURRENT], ids=["ort", "current"])
+def test_every_route_says_whether_it_runs_and_none_fails(stack):
+    torch_only = doctor_verdicts.Routes(torch=True, inference=True)
+    rows = {c.name: c for c in doctor.route_checks(stack, torch_only)}
+    assert set(rows) == {f"route: {r}" for r in ("ort", "ort-ondevice", "torch", "auto", "export")}
+    assert {c.verdict for c in rows.values()} <= {doctor.OK, doctor.INFO}
+    assert rows["route: torch"].verdict == rows["route: export"].verdict == doctor.OK
+    assert rows["route: ort"].verdict == doctor.INFO
+    if stack.ort:
+        assert "see the ORTModule lines" in rows["route: ort"].value
+    else:
+        assert rows["route: ort"].value == "needs the ort profile (onnxruntime-training)"
+        assert (rows["route: ort"].fix or "").startswith("make setup")
+    everything = doctor_verdicts.Routes(torch=True, ortmodule=True, ondevice=True, inference=True)
+    rows = {c.name: c for c in doctor.route_checks(stack, everything)}
+    assert {c.verdict for c in rows.values()} == {doctor.OK}
+    assert "times torch and ort" in rows["route: auto"].value
 
 
 def test_local_version_suffix_is_still_known_good():
@@ -118,8 +219,15 @@ def test_platform_checks():
     assert mac.verdict == doctor.FAIL
 
 
+def test_the_current_profile_runs_where_ort_training_has_no_wheel():
+    current = doctor.check_platform((3, 13), "Darwin", "arm64", profiles.CURRENT)
+    assert {c.verdict for c in current} == {doctor.OK}
+    py314 = doctor.check_platform((3, 14), "Linux", "x86_64", profiles.CURRENT)[0]
+    assert py314.verdict == doctor.WARN
+
+
 def test_render_puts_the_fix_under_the_line():
-    text = doctor.render(doctor.check_versions(good_versions(torch="2.7.0")))
+    text = doctor.render(doctor.check_versions(good_versions(torch="2.7.0"), ORT), ORT)
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("fail  torch"))
     assert lines[at + 1].strip() == "fix: pip install torch==2.6.0 && ortft doctor --fix"
@@ -128,9 +236,29 @@ def test_render_puts_the_fix_under_the_line():
 
 def test_a_missing_package_is_reported_not_raised(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnx", None)  # makes `import onnx` raise ImportError
-    checks = {c.name: c for c in doctor._probe_onnx()}
+    checks = {c.name: c for c in doctor._probe_onnx(ORT)}
     assert checks["onnx import"].verdict == doctor.FAIL
     assert checks["onnx import"].fix == "pip install onnx==1.17.0"
+    checks = {c.name: c for c in doctor._probe_onnx(CURRENT)}
+    assert checks["onnx import"].fix == f"pip install onnx=={CURRENT.want('onnx')}"
+
+
+def test_only_the_providers_ortft_uses_are_probed(monkeypatch):
+    """onnxruntime lists providers it was built with (Azure, TensorRT...); ortft runs on CPU
+    and CUDA only, so another provider's missing library is no finding."""
+    import onnxruntime
+
+    probed: list[str] = []
+    listed = ["AzureExecutionProvider", "TensorrtExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: listed)
+    monkeypatch.setattr(
+        doctor,
+        "_probe_provider",
+        lambda name, *a: probed.append(name) or doctor.Check(name, "ok", ""),
+    )
+    monkeypatch.setattr(doctor, "_gpu_visible", lambda: False)
+    doctor._probe_ort(CURRENT)
+    assert probed == ["CPUExecutionProvider"]
 
 
 # --------------------------------------------------------------------------- the real machine
@@ -150,15 +278,26 @@ def expected_warnings() -> set[str]:
     return {"CUDA extensions"} if cudalibs.installed() and not doctor._gpu_visible() else set()
 
 
+# what each profile's report must have: the ort profile probes ORTModule, the current one says
+# that the ort routes need the other profile
+PROFILE_ROWS = {
+    profiles.ORT: {"onnxruntime-training", "ORTModule import", "ORTModule extensions"},
+    profiles.CURRENT: {"onnxruntime", "route: ort", "route: ort-ondevice"},
+}
+
+
 def test_real_doctor_json_parses_and_passes(real_report):
     assert real_report.exit_code == 0, real_report.output
     report = json.loads(real_report.stdout)
     assert report["exit_code"] == 0
+    assert report["profile"] == profiles.active()
+    assert report["known_good"] == doctor.live_stack().known_good() != {}
     bad = [c for c in report["checks"] if c["verdict"] in (doctor.WARN, doctor.FAIL)]
     assert {c["name"] for c in bad} == expected_warnings(), bad
     assert all(c["verdict"] == doctor.WARN for c in bad), bad
     names = {c["name"] for c in report["checks"]}
-    assert {"torch", "onnxruntime-training", "ORTModule extensions", "onnx IR", "gpu"} <= names
+    assert {"profile", "torch", "onnx IR", "gpu", "route: torch"} <= names
+    assert PROFILE_ROWS[report["profile"]] <= names
 
 
 def test_real_doctor_text_has_no_warning_or_failure():
@@ -168,8 +307,11 @@ def test_real_doctor_text_has_no_warning_or_failure():
     warned = {line.split()[1] + " " + line.split()[2] for line in lines if line.startswith("warn")}
     assert warned == expected_warnings(), lines
     assert not [line for line in lines if line.startswith("fail")]
-    assert any(line.startswith("ok    ORTModule extensions") for line in lines)
-    assert lines[-1].endswith(f"{len(warned)} warn, 0 fail: ORT training should work here")
+    stack = doctor.live_stack()
+    assert lines[0] == doctor.headline(stack)
+    assert lines[-1].endswith(f"{len(warned)} warn, 0 fail: {doctor.verdict_line(stack, False)}")
+    ort_route = "ok    route: ort" if stack.ort else "info  route: ort"
+    assert any(line.startswith(ort_route) for line in lines)
 
 
 def test_real_doctor_prints_no_library_banner_on_stderr():
@@ -177,7 +319,7 @@ def test_real_doctor_prints_no_library_banner_on_stderr():
     found, using CUDA_HOME=..." at import on a machine without CUDA; doctor keeps it out."""
     res = run_cli("doctor", timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.startswith("ortft doctor (known-good:")
+    assert res.stdout.startswith(f"ortft doctor (the {profiles.active()} profile; known-good")
     assert not [line for line in res.stderr.splitlines() if "CUDA_HOME" in line], res.stderr
 
 
@@ -190,6 +332,7 @@ def test_broken_onnxruntime_fix_names_the_installed_ort_build(monkeypatch):
     assert check.fix == "pip install --force-reinstall onnxruntime-training-cpu==1.19.2"
 
 
+@pytest.mark.ort  # the extensions live inside onnxruntime.training
 def test_fix_builds_the_missing_extensions_and_plain_doctor_does_not(monkeypatch):
     """--fix reaches the build (ensure_built, patched here: a real one takes minutes) when
     the extensions are missing; without it doctor only reports them missing."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ortft.env import extensions
+from ortft.env import extensions, profiles
 
 SO = ".cpython-311-x86_64-linux-gnu.so"
 
@@ -62,8 +62,11 @@ def test_cache_key_changes_with_the_stack():
     key = extensions.cache_key(inputs)
     assert key == extensions.cache_key(dict(inputs))
     assert key != extensions.cache_key({**inputs, "torch": "2.7.0"})
-    # the allocator's own input: the CUDA runtime wheels it is built against
-    assert inputs["gpu-allocator"]["nvidia-cuda-runtime-cu12"] == "12.4.127"
+    # the allocator's own input: the CUDA runtime wheels it is built against, as the profile's
+    # lock installs them (12.4.127 beside the ort profile's torch 2.6; none beside a CPU torch)
+    lock = profiles.pins(profiles.active(), (sys.version_info.major, sys.version_info.minor))
+    runtime = inputs["gpu-allocator"]["nvidia-cuda-runtime-cu12"]
+    assert runtime == lock.get("nvidia-cuda-runtime-cu12")
     other = {"nvidia-cuda-runtime-cu12": "12.6.77", "nvidia-cuda-nvcc-cu12": "12.6.85"}
     assert key != extensions.cache_key({**inputs, "gpu-allocator": other})
     assert "cuda" not in inputs  # a visible GPU changes nothing that set-up builds

@@ -216,6 +216,7 @@ def _train_reporting_determinism(*args: str) -> tuple[subprocess.CompletedProces
     return res, flags[-1] if flags else "no DETERMINISTIC line"
 
 
+@pytest.mark.ort
 def test_deterministic_flag_reaches_torch_and_ortmodule(tmp_path: Path) -> None:
     """training.deterministic turns on torch's deterministic algorithms before the backend
     loads, so ORTModule copies the flag (its sessions then use deterministic compute); without

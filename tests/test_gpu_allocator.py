@@ -1,6 +1,7 @@
 """torch-ort's GPU allocator extension, on a CPU-only machine: built by set-up from PyPI's CUDA
 12.4 wheels (no nvcc), linked to torch's CUDA 12 runtime, importable, and the switch that turns
-its use off (``backend.gpu_allocator``); ``adamw_ort_fused`` refused where fused_ops is absent."""
+its use off (``backend.gpu_allocator``); ``adamw_ort_fused`` refused where fused_ops is absent.
+The extensions live inside onnxruntime.training: the tests that need them are marked ``ort``."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def built_allocator() -> Path:
     return found[0]
 
 
+@pytest.mark.ort
 def test_set_up_built_the_allocator_against_cuda_12():
     """readelf: it needs libcudart.so.12, not 13 (this machine's PATH nvcc is CUDA 13.0); ldd:
     libc10_cuda.so is torch's own; no path of a system CUDA toolkit went into it."""
@@ -38,6 +40,7 @@ def test_set_up_built_the_allocator_against_cuda_12():
     assert b"/usr/local/cuda" not in so.read_bytes()  # its debug info names every include dir
 
 
+@pytest.mark.ort
 def test_it_imports_after_torch_and_its_addresses_lie_inside_it():
     probe = cuda_extensions.probe_addresses()
     assert "error" not in probe, probe
@@ -47,6 +50,7 @@ def test_it_imports_after_torch_and_its_addresses_lie_inside_it():
     assert cuda_extensions.inspect(built_allocator()) == []
 
 
+@pytest.mark.ort
 def test_the_build_takes_the_wheel_tree_whatever_nvcc_the_path_holds(monkeypatch, tmp_path):
     """CUDA_HOME and CUDA_PATH point at the tree made from the wheels even when the caller's
     environment names CUDA 13's; the tree has crt/ and a libcudart link name."""
@@ -101,6 +105,7 @@ def _construct():
     return ORTModule(torch.nn.Linear(4, 2))
 
 
+@pytest.mark.ort
 def test_without_the_switch_ortmodule_on_a_gpu_needs_the_allocator(gpu_without_the_allocator):
     with pytest.raises(Exception, match="torch_gpu_allocator"):
         _construct()  # ORTModule's own constructor imports it: what every GPU run hits
@@ -110,6 +115,7 @@ def test_without_the_switch_ortmodule_on_a_gpu_needs_the_allocator(gpu_without_t
     assert "\n" not in message and "backend.gpu_allocator=ort" in message
 
 
+@pytest.mark.ort
 def test_the_switch_lets_ortmodule_start_with_orts_own_arena(gpu_without_the_allocator):
     notes = gpu_without_the_allocator.configure("ort", cuda=True)
     assert notes == ["gpu_allocator=ort (ORT's BFC arena beside torch's pool)"]
@@ -145,6 +151,7 @@ def test_adamw_ort_fused_is_refused_at_start_where_fused_ops_is_missing(monkeypa
     device.check_optimizer("adamw", torch.device("cpu"))
 
 
+@pytest.mark.ort
 def test_a_run_that_resolves_to_cpu_refuses_adamw_ort_fused_at_start(tmp_path):
     """hardware.device=auto passes validation (it may run on a GPU machine); the run's start
     on this CPU says why in one line, exit 2, before any model loads."""

@@ -1,5 +1,8 @@
 """The GPU profile without a GPU: ORT's CUDA provider libraries (ortft.env.cudalibs), doctor's GPU
-lines in both profiles (a visible GPU simulated), and `make gpu-check`'s plan and refusal."""
+lines in both profiles (a visible GPU simulated), and `make gpu-check`'s plan and refusal.
+
+The CUDA provider probed here is onnxruntime-training's (linked against CUDA 11.8): its tests
+are marked ``ort``; the current profile's onnxruntime has no CUDA provider to probe."""
 
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ def test_parse_ldd_names_the_missing_libraries():
     assert cudalibs.parse_ldd(LDD_OUTPUT) == ["libcublasLt.so.11", "libcuda.so.1"]
 
 
+@pytest.mark.ort
 def test_the_cpu_profile_misses_exactly_the_cuda_11_libraries(monkeypatch):
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     provider = cudalibs.provider_library()
@@ -124,6 +128,7 @@ def profile(monkeypatch, tmp_path, *, installed: bool, gpu: bool, missing: list[
     monkeypatch.setattr(cudalibs, "unresolved", lambda lib, dirs=None: list(missing))
 
 
+@pytest.mark.ort
 def test_doctor_gpu_profile_without_a_gpu_warns(monkeypatch, tmp_path):
     profile(monkeypatch, tmp_path, installed=True, gpu=False, missing=["libcudnn.so.8"])
     check = doctor._probe_provider("CUDAExecutionProvider", gpu_visible=False)
@@ -133,6 +138,7 @@ def test_doctor_gpu_profile_without_a_gpu_warns(monkeypatch, tmp_path):
     assert fused.verdict == doctor.INFO and "--fused-ops" in (fused.fix or "")
 
 
+@pytest.mark.ort
 def test_doctor_gpu_profile_that_resolves_but_was_not_preloaded(monkeypatch, tmp_path):
     profile(monkeypatch, tmp_path, installed=True, gpu=False, missing=[])
     monkeypatch.setattr(cudalibs, "_loaded", [])
@@ -143,6 +149,7 @@ def test_doctor_gpu_profile_that_resolves_but_was_not_preloaded(monkeypatch, tmp
     assert check.verdict == doctor.OK and str(tmp_path) in check.value
 
 
+@pytest.mark.ort
 def test_doctor_fails_with_a_visible_gpu_and_the_cpu_profile(monkeypatch, tmp_path):
     """The issue's case: a GPU machine, torch's CUDA 12.4 libraries only. Doctor used to say
     `ok execution providers CUDAExecutionProvider`; now the CUDA lines fail and so does doctor."""
@@ -156,6 +163,7 @@ def test_doctor_fails_with_a_visible_gpu_and_the_cpu_profile(monkeypatch, tmp_pa
     assert doctor.exit_code(list(checks.values())) == 1
 
 
+@pytest.mark.ort
 def test_doctor_cpu_profile_without_a_gpu_is_information(monkeypatch, tmp_path):
     monkeypatch.setenv(cudalibs.ENV_ROOT, str(tmp_path / "absent"))
     monkeypatch.setattr(doctor, "_gpu_visible", lambda: False)
@@ -246,6 +254,7 @@ def test_gpu_check_plan_is_valid_without_a_gpu(tmp_path, gpus):
 
 
 @pytest.mark.slow
+@pytest.mark.ort
 def test_the_gpu_lock_resolves_every_library_of_the_cuda_provider(tmp_path):
     """requirements/gpu-cu11.txt installed as setup.sh does (pip --target): ldd of ORT's CUDA
     provider finds everything but the driver, and `import onnxruntime` with the hook preloads
@@ -282,13 +291,18 @@ def test_the_gpu_lock_resolves_every_library_of_the_cuda_provider(tmp_path):
 
 def test_curand_comes_from_torch_when_torch_has_it(tmp_path, monkeypatch):
     """libcurand.so.10 is CUDA 11.8's and 12.4's soname alike; the process gets torch's newer
-    copy, which both can use, instead of whichever import came first."""
-    monkeypatch.setenv(cudalibs.ENV_ROOT, str(tmp_path))
-    site = Path(__import__("sysconfig").get_paths()["purelib"])
-    assert (site / "nvidia/curand/lib/libcurand.so.10").is_file()  # torch 2.6.0's cu12 wheel
-    assert cudalibs.library_path("curand/lib/libcurand.so.10").is_relative_to(site)
+    copy, which both can use, instead of whichever import came first. The site folder is made
+    here: torch's nvidia-curand-cu12 wheel is the ort profile's (a CPU torch has none)."""
+    profile_root, site = tmp_path / "cuda11", tmp_path / "site"
+    monkeypatch.setenv(cudalibs.ENV_ROOT, str(profile_root))
+    monkeypatch.setattr(cudalibs.sysconfig, "get_paths", lambda: {"purelib": str(site)})
+    curand = "curand/lib/libcurand.so.10"
+    assert cudalibs.library_path(curand) == profile_root / "nvidia" / curand  # torch has none
+    (site / "nvidia" / curand).parent.mkdir(parents=True)
+    (site / "nvidia" / curand).write_bytes(b"\0")
+    assert cudalibs.library_path(curand) == site / "nvidia" / curand
     assert cudalibs.library_path("cublas/lib/libcublas.so.11") == (
-        tmp_path / "nvidia/cublas/lib/libcublas.so.11"
+        profile_root / "nvidia/cublas/lib/libcublas.so.11"
     )
 
 

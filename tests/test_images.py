@@ -197,6 +197,7 @@ def test_an_augmented_run_resumes_exactly(tmp_path: Path) -> None:
     assert losses(run) == full  # the same crops and flips after the resume: bit for bit
 
 
+@pytest.mark.ort
 def test_ort_trains_a_vit_like_pytorch_with_the_patch_embedding_in_ort(tmp_path: Path) -> None:
     write_image_folder(tmp_path / "imgs")
     recipe = _recipe(tmp_path, "imgs", backend="ort", max_steps=4)

@@ -69,7 +69,11 @@ def wait_for(path: Path, proc: subprocess.Popen, err: Path, timeout: float = 300
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("backend, dropout", [("torch", 0.1), ("ort", 0.0), ("ort", 0.1)])
+@pytest.mark.parametrize(
+    "backend, dropout",
+    [("torch", 0.1), pytest.param("ort", 0.0, marks=pytest.mark.ort),
+     pytest.param("ort", 0.1, marks=pytest.mark.ort)],
+)  # fmt: skip
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(
     tmp_path: Path, backend: str, dropout: float
 ) -> None:

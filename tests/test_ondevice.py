@@ -24,6 +24,8 @@ from conftest import (
 )
 from helpers import run_cli
 
+pytestmark = pytest.mark.ort  # every test trains or runs on onnxruntime.training.api
+
 # torch poisoned before ortft loads: `import torch` fails, and transformers sees no torch
 NO_TORCH = (
     "import sys; sys.modules['torch'] = None; sys.argv = ['ortft', *sys.argv[1:]]\n"

@@ -117,6 +117,7 @@ class _ConvNet(torch.nn.Module):
         return self.out(h * torch.sigmoid(se))
 
 
+@pytest.mark.ort
 @pytest.mark.parametrize("kernels", [["conv"], []])
 def test_routed_conv_trains_as_pytorch_does(tmp_path: Path, monkeypatch, kernels) -> None:
     """ORTModule with convolutions routed to PyTorch's kernels ([conv]) and with ORT's ([]):
@@ -161,6 +162,7 @@ def test_dropout_masks_follow_the_seed_and_the_micro_step(ops) -> None:
     assert not torch.equal(ops.dropout(x, p)[1], mask)
 
 
+@pytest.mark.ort
 def test_dropout_runs_as_a_pytorch_kernel_only_when_it_drops(tmp_path: Path) -> None:
     """Dropout 0.1 in training: routed (ORT's CPU Dropout cost MiniLM 29% of a step); dropout
     0 keeps the export ORTModule always had. Two runs with the same seed: the same losses."""
@@ -209,6 +211,7 @@ def _train(*args: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(res.stdout)
 
 
+@pytest.mark.ort
 def test_routed_and_unrouted_runs_agree(tmp_path: Path) -> None:
     """The same GPT-2 run with ORT's kernels ([]) and with PyTorch's (auto): the same losses;
     the summary says which ops ran as PyTorch kernels and with which thread settings."""
@@ -233,6 +236,7 @@ def test_routed_and_unrouted_runs_agree(tmp_path: Path) -> None:
     assert losses(tmp_path / "a") == pytest.approx(losses(tmp_path / "b"), rel=1e-5)
 
 
+@pytest.mark.ort
 def test_frozen_layers_keep_ort_layer_norm(tmp_path: Path) -> None:
     """backend.trainable freezes the embeddings: a LayerNorm input may then need no gradient,
     which the routed LayerNorm gradient cannot express, so ORT keeps its own LayerNorm."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.ort  # ORTModule itself
 
 TOL = 1e-5
 

@@ -94,6 +94,7 @@ def test_a_torch_run_records_the_choice_and_trains_in_it(recipe, tmp_path, monke
     assert_falls_like(got["fp32"], got["bf16"], share=0.8)  # test_precision's bound
 
 
+@pytest.mark.ort
 def test_an_ort_run_on_cpu_stays_fp32_and_says_why(recipe, tmp_path):
     """In its own process (ORTModule in-process after other tests' exports misbehaves); on
     this CPU (avx512_bf16) the reason names ORT's missing bf16 kernels."""

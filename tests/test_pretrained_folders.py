@@ -284,6 +284,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 # --------------------------------------------------------------------------- train, export
 
 
+@pytest.mark.ort
 @pytest.mark.parametrize("kind", KINDS)
 def test_trains_on_ort_like_torch(kind: str, runs: Runs) -> None:
     ort, torch = runs.run(kind, "ort"), runs.run(kind, "torch")

@@ -323,6 +323,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.ort
 def test_trains_through_ort_with_fallback_off(runs):
     s = summary(runs["ort"])
     assert s["status"] == "completed" and s["task"] == "sentence-embedding"
@@ -330,7 +331,7 @@ def test_trains_through_ort_with_fallback_off(runs):
     assert s["backend"]["ort_exports"] >= 1  # ORTModule built its graph: ORT ran the steps
 
 
-@pytest.mark.parametrize("name", ["ort", "torch"])
+@pytest.mark.parametrize("name", [pytest.param("ort", marks=pytest.mark.ort), "torch"])
 def test_eval_reports_retrieval_metrics_and_the_loss_falls(runs, name):
     s = summary(runs[name])
     m = s["metrics"]

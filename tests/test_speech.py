@@ -354,6 +354,7 @@ def test_a_folder_with_a_metadata_file_names_its_clips(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.ort
 def test_backend_auto_probes_both_backends_on_audio_batches(tmp_path: Path) -> None:
     """backend.name=auto times torch and ort on the first collated audio batches (features,
     not input_ids) and trains on the faster; both probes ran (no error recorded)."""
@@ -367,6 +368,7 @@ def test_backend_auto_probes_both_backends_on_audio_batches(tmp_path: Path) -> N
     assert probe["chosen"] in ("torch", "ort")
 
 
+@pytest.mark.ort
 def test_ort_trains_whisper_like_pytorch_front_end_encoder_and_decoder_in_ort(
     tmp_path: Path,
 ) -> None:

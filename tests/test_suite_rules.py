@@ -40,19 +40,24 @@ def test_a_recipe_naming_a_hub_model_is_one_line_when_offline(tmp_path: Path) ->
     assert "Traceback" not in res.stderr and "Retrying" not in res.stderr
 
 
-def _inner_session(folder: Path, body: str) -> subprocess.CompletedProcess[str]:
+def _pythonpath() -> list[str]:
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+def _inner_session(folder: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
     """pytest on one test file holding ``body``, with this suite's conftest as a plugin."""
     (folder / "test_inner.py").write_text(body)
     plugins = ["-p", "conftest", "-p", "no:cacheprovider"]
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", *plugins, "--rootdir", str(folder), "-c", os.devnull]
-        + [str(folder / "test_inner.py")],
+        + [*args, str(folder / "test_inner.py")],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
         cwd=folder,
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        # the caller's PYTHONPATH too: it may be what makes ortft importable (conftest needs it)
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *_pythonpath()])},
     )
 
 
@@ -69,6 +74,26 @@ def test_a_skip_fails_the_session_unless_its_reason_is_allowed(tmp_path: Path) -
     assert res.returncode == 1, res.stdout[-2000:]
     assert "skips that are not allowed" in res.stdout
     assert "test_inner.py::test_install: could not import 'no_such_package_here'" in res.stdout
+
+
+def test_a_test_marked_ort_skips_without_ort_training_and_runs_with_it(tmp_path: Path) -> None:
+    """The current profile skips it, saying why (its CI tier deselects it with -m "not ort");
+    the ort profile runs it, and there no test may skip for want of ORT training."""
+    from conftest import NO_ORT_TRAINING
+
+    from ortft.env import ort_training
+
+    body = "import pytest\n@pytest.mark.ort\ndef test_ort():\n    open('ran', 'w').close()\n"
+    res = _inner_session(tmp_path, body, "-rs")
+    assert res.returncode == 0, res.stdout[-2000:]
+    if ort_training.installed() is None:
+        assert not (tmp_path / "ran").exists()
+        assert f"SKIPPED [1] test_inner.py:2: {NO_ORT_TRAINING}" in res.stdout, res.stdout
+        return
+    assert (tmp_path / "ran").is_file() and "skipped" not in res.stdout
+    skipping = f"import pytest\ndef test_ort():\n    pytest.skip({NO_ORT_TRAINING!r})\n"
+    res = _inner_session(tmp_path, skipping)
+    assert res.returncode == 1 and "skips that are not allowed" in res.stdout, res.stdout
 
 
 def test_property_tests_draw_the_same_examples_every_run(tmp_path: Path) -> None:

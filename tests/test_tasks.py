@@ -321,6 +321,7 @@ def test_shipped_task_recipes_validate() -> None:
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.ort
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_task_trains_on_both_backends(name: str, tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path / "r.yaml", RECIPES[name]())

@@ -29,6 +29,7 @@ def train(*args: str) -> tuple[int, str, str]:
     return res.returncode, res.stdout, res.stderr
 
 
+@pytest.mark.ort
 def test_ort_and_torch_agree_on_classification(cls_recipe: Path, tmp_path: Path) -> None:
     """Dropout off: ORTModule (eager attention) and PyTorch (sdpa) follow the same losses."""
     ort_dir, torch_dir = tmp_path / "ort", tmp_path / "torch"
@@ -181,6 +182,7 @@ def test_finished_run_is_not_retrained(cls_recipe: Path, tmp_path: Path) -> None
     assert (run / "summary.json").read_text() == before
 
 
+@pytest.mark.ort
 def test_causal_lm_on_ort(tmp_path: Path) -> None:
     write_corpus(tmp_path / "corpus.txt")
     path = write_recipe(tmp_path / "lm.yaml", tiny_causal_lm("corpus.txt"))
@@ -195,6 +197,7 @@ def test_causal_lm_on_ort(tmp_path: Path) -> None:
     assert (run / "final" / "tokenizer.json").exists()
 
 
+@pytest.mark.ort
 def test_causal_lm_backends_agree(tmp_path: Path) -> None:
     write_corpus(tmp_path / "corpus.txt")
     path = write_recipe(tmp_path / "lm.yaml", tiny_causal_lm("corpus.txt"))

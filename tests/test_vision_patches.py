@@ -16,6 +16,8 @@ from torch import nn
 
 from ortft.backends.ortmodule import patches
 
+pytestmark = pytest.mark.ort  # the patches make vision layers train through ORTModule
+
 TOL = 1e-5  # relative, of a gradient's largest element
 
 

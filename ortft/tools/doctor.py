@@ -1,9 +1,11 @@
 """``ortft doctor``: check this machine against the known-good stack; a report for bug reports.
 
-Each line is ok / info / warn / fail, and every line that is not ok or info carries the exact
-command that fixes it. ``fail`` means ONNX Runtime training cannot work here (exit code 1);
-``warn`` means it should work but the combination is untested; ``info`` is context (an absent
-optional extra, no GPU on a CPU machine).
+The stack is the active profile's (``ort`` where onnxruntime-training is installed, else
+``current``: ortft.env.profiles), its versions read from that profile's lock file. Each line is
+ok / info / warn / fail, and every line that is not ok or info carries the exact command that
+fixes it. ``fail`` means the profile cannot work here (exit code 1); ``warn`` means it should
+work but the combination is untested; ``info`` is context (an absent optional extra, no GPU on a
+CPU machine, a route the profile does not have: ``ort`` on the current profile).
 
 The verdicts are pure functions in ``doctor_verdicts.py`` (the version verdicts of a
 ``{distribution: version}`` dict, :func:`check_versions`, so tests can patch versions); this
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ortft import __version__
-from ortft.env import hardware, ort_training
+from ortft.env import hardware, ort_training, profiles
 from ortft.tools.doctor_verdicts import (
     CONFLICTING_ORT,
     DATA_PACKAGES,
@@ -36,27 +38,45 @@ from ortft.tools.doctor_verdicts import (
     FAIL,
     GPU_PROFILE_FIX,
     INFO,
-    KNOWN_GOOD,
+    LOCKED_FEATURES,
     OK,
     ORT_CPU,
     ORT_MAX_IR_VERSION,
+    STACKS,
     WARN,
     Check,
+    Stack,
     bf16_check,
     check_platform,
     check_versions,
+    found_routes,
     fused_ops_check,
     gpu_allocator_check,
     gpu_verdict,
-    pin,
+    headline,
+    load_stack,
+    profile_check,
     provider_check,
+    release,
+    route_checks,
+    verdict_line,
 )
+
+# The providers ortft runs on; ORT lists others (Azure, TensorRT...) that it never asks for.
+USED_PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
 
 # --------------------------------------------------------------------------- the live machine
 
 
+def live_stack() -> Stack:
+    """This machine's profile and its lock's pins."""
+    return load_stack(profiles.active(), (sys.version_info.major, sys.version_info.minor))
+
+
 def gather_versions() -> dict[str, str | None]:
-    names = [*KNOWN_GOOD, ORT_CPU, *CONFLICTING_ORT, *EXTRAS, *DATA_PACKAGES, "numpy", "protobuf"]
+    stacks = [name for names in STACKS.values() for name in names]
+    names = [*dict.fromkeys(stacks), ORT_CPU, *CONFLICTING_ORT, *LOCKED_FEATURES, *EXTRAS]
+    names += [*DATA_PACKAGES, "numpy", "protobuf"]
     found: dict[str, str | None] = {}
     for name in names:
         try:
@@ -82,18 +102,21 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[-1] if text else ''}"
 
 
-def probe_runtime(fix: bool = False) -> list[Check]:
-    """Import torch / onnxruntime / ORTModule and look at what they can do. Never raises."""
+def probe_runtime(stack: Stack, fix: bool = False) -> list[Check]:
+    """Import torch / onnxruntime / ORTModule and look at what they can do; then which routes
+    can run. Never raises."""
     checks: list[Check] = []
     # torch and onnxruntime print banners on import (CUDA_HOME, cudart); keep stdout clean.
     with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _quiet_cpp_extension_import()
-        checks += _probe_torch()
-        checks += _probe_ort()
-        checks += _probe_extensions(fix)
-        checks += _probe_cuda_extensions()
-        checks += _probe_onnx()
+        checks += _probe_torch(stack)
+        checks += _probe_ort(stack)
+        if stack.ort:  # torch-ort's extensions live inside onnxruntime.training
+            checks += _probe_extensions(fix, stack)
+            checks += _probe_cuda_extensions()
+        checks += _probe_onnx(stack)
+        checks += route_checks(stack, found_routes(checks))
     return checks
 
 
@@ -106,11 +129,12 @@ def _quiet_cpp_extension_import() -> None:
         import torch.utils.cpp_extension  # noqa: F401
 
 
-def _probe_torch() -> list[Check]:
+def _probe_torch(stack: Stack) -> list[Check]:
     try:
         import torch
     except Exception as err:
-        return [Check("torch import", FAIL, _short(err), f"{pin('torch')} && {EXT_FIX}")]
+        fix = f"{stack.pin('torch')} && {EXT_FIX}" if stack.ort else stack.pin("torch")
+        return [Check("torch import", FAIL, _short(err), fix)]
     if torch.version.hip:
         build = f"ROCm {torch.version.hip} build"
     elif torch.version.cuda:
@@ -141,9 +165,19 @@ def _gpu_visible() -> bool:
         return False
 
 
-def _probe_ort() -> list[Check]:
-    dist = (ort_training.installed() or ("onnxruntime-training",))[0]  # -cpu on Python 3.12
-    fix = f"pip install --force-reinstall {dist}=={KNOWN_GOOD['onnxruntime-training']}"
+def _reinstall_ort(stack: Stack) -> str:
+    """The command that puts the profile's onnxruntime back."""
+    if stack.ort:
+        dist = (ort_training.installed() or ("onnxruntime-training",))[0]  # -cpu on 3.12
+        want = stack.want("onnxruntime-training")
+    else:
+        dist, want = "onnxruntime", stack.want("onnxruntime")
+    return f"pip install --force-reinstall {dist}" + (f"=={want}" if want else "")
+
+
+def _probe_ort(stack: Stack | None = None) -> list[Check]:
+    stack = stack or live_stack()
+    fix = _reinstall_ort(stack)
     try:
         import onnxruntime as ort
     except Exception as err:
@@ -158,14 +192,26 @@ def _probe_ort() -> list[Check]:
     if _gpu_visible() and not gpu_providers & set(providers):
         value = "a GPU is visible but onnxruntime has no CUDA/ROCm provider: ORT would run on CPU"
         checks.append(Check("gpu provider", WARN, value, fix))
-    checks += [_probe_provider(name, _gpu_visible()) for name in providers]
+    # the CUDA provider's libraries are the ort profile's CUDA 11.8 ones (make setup GPU=1)
+    probed = USED_PROVIDERS if stack.ort else USED_PROVIDERS[:1]
+    gpu = _gpu_visible()
+    checks += [_probe_provider(n, gpu, stack) for n in providers if n in probed]
+    return checks + (_probe_ort_training(fix) if stack.ort else [])
+
+
+def _probe_ort_training(fix: str) -> list[Check]:
+    """ORTModule (backend.name=ort) and the on-device API (ort-ondevice) import."""
     try:
         from onnxruntime.training.ortmodule import ORTModule  # noqa: F401
     except Exception as err:
-        checks.append(Check("ORTModule import", FAIL, _short(err), fix))
+        checks = [Check("ORTModule import", FAIL, _short(err), fix)]
     else:
-        checks.append(Check("ORTModule import", OK, "onnxruntime.training.ortmodule.ORTModule"))
-    return checks
+        checks = [Check("ORTModule import", OK, "onnxruntime.training.ortmodule.ORTModule")]
+    try:
+        from onnxruntime.training.api import Module  # noqa: F401
+    except Exception as err:
+        return [*checks, Check("on-device training import", FAIL, _short(err), fix)]
+    return [*checks, Check("on-device training import", OK, "onnxruntime.training.api.Module")]
 
 
 # --------------------------------------------------------------------------- GPU pieces
@@ -188,7 +234,7 @@ def provider_library(provider: str) -> tuple[str, Any]:
     return f"{short} provider", cudalibs.provider_library(short.lower())
 
 
-def _probe_provider(provider: str, gpu_visible: bool) -> Check:
+def _probe_provider(provider: str, gpu_visible: bool, stack: Stack | None = None) -> Check:
     """Whether a listed provider can load here: ldd of its library, with the GPU profile's
     CUDA 11.8 folders first on the search path as the preload puts them in the process.
     (ORT lists every provider it was built with, whether it loads or not.)"""
@@ -196,14 +242,15 @@ def _probe_provider(provider: str, gpu_visible: bool) -> Check:
 
     profile = cudalibs.installed()
     name, library = provider_library(provider)
+    reinstall = _reinstall_ort(stack or live_stack())
     if library is None:
         value = f"{provider} is listed but its library is not in onnxruntime/capi"
-        return Check(name, FAIL, value, pin("onnxruntime-training"))
+        return Check(name, FAIL, value, reinstall)
     try:
         missing = cudalibs.unresolved(library, cudalibs.lib_dirs() if profile else [])
     except cudalibs.CudaLibsError as err:
         return Check(name, FAIL, str(err), "apt-get install libc-bin")
-    check = provider_check(name, library.name, missing, gpu_visible, profile)
+    check = provider_check(name, library.name, missing, gpu_visible, profile, reinstall)
     if check.verdict == OK and profile and provider == "CUDAExecutionProvider":
         check.value += f" (CUDA 11.8 from {cudalibs.root()})"
         if not cudalibs.loaded():  # doctor imported onnxruntime: the .pth hook should have run
@@ -237,7 +284,7 @@ def _probe_cuda_extensions() -> list[Check]:
     return [allocator, fused_ops_check(extensions.built_file("fused_ops") is not None)]
 
 
-def _probe_extensions(fix: bool) -> list[Check]:
+def _probe_extensions(fix: bool, stack: Stack) -> list[Check]:
     from ortft.env import extensions
 
     try:
@@ -251,7 +298,7 @@ def _probe_extensions(fix: bool) -> list[Check]:
     except Exception as err:
         return [Check("ORTModule extensions", FAIL, _short(err), EXT_FIX)]
     if state.problem:
-        lock = "pip install -r requirements/lock.txt"
+        lock = f"pip install -r {stack.lock or 'requirements/lock.txt'}"
         return [Check("ORTModule extensions", FAIL, state.problem, lock)]
     where = state.directory
     if state.stale:
@@ -263,34 +310,43 @@ def _probe_extensions(fix: bool) -> list[Check]:
     problem = extensions.check_loads()
     if problem:
         value = f"built in {where} but do not load: {problem}"
-        return [Check("ORTModule extensions", FAIL, value, f"{pin('torch')} && {EXT_FIX}")]
+        return [Check("ORTModule extensions", FAIL, value, f"{stack.pin('torch')} && {EXT_FIX}")]
     return [Check("ORTModule extensions", OK, f"{', '.join(state.present)} in {where}")]
 
 
-def _probe_onnx() -> list[Check]:
+def _probe_onnx(stack: Stack | None = None) -> list[Check]:
+    stack = stack or live_stack()
     try:
         import onnx
     except Exception as err:
-        return [Check("onnx import", FAIL, _short(err), pin("onnx"))]
+        return [Check("onnx import", FAIL, _short(err), stack.pin("onnx"))]
     ir = int(onnx.IR_VERSION)
-    opset = onnx.defs.onnx_opset_version()
-    value = f"writes IR {ir}; newest opset {opset} (onnxruntime 1.19 runs opsets <= 21)"
+    value = f"writes IR {ir}; newest opset {onnx.defs.onnx_opset_version()}"
+    if not stack.ort:  # the onnxruntime of the current lock reads what its onnx writes
+        return [Check("onnx IR", OK, value)]
+    ort = ".".join(str(n) for n in release(stack.want("onnxruntime-training"))[:2]) or "training"
+    value += f" (onnxruntime {ort} runs opsets <= 21)"
     if ir > ORT_MAX_IR_VERSION:
-        value += f"; onnxruntime 1.19 loads IR <= {ORT_MAX_IR_VERSION}"
-        return [Check("onnx IR", FAIL, value, pin("onnx"))]
+        value += f"; onnxruntime {ort} loads IR <= {ORT_MAX_IR_VERSION}"
+        return [Check("onnx IR", FAIL, value, stack.pin("onnx"))]
     return [Check("onnx IR", OK, value)]
 
 
 # --------------------------------------------------------------------------- report
 
 
-def collect(fix: bool = False, versions: dict[str, str | None] | None = None) -> list[Check]:
+def collect(
+    fix: bool = False, versions: dict[str, str | None] | None = None, stack: Stack | None = None
+) -> list[Check]:
     versions = gather_versions() if versions is None else versions
+    stack = stack or live_stack()
     checks = [Check("ortft", INFO, f"{__version__} ({sys.prefix})")]
-    checks += check_platform(sys.version_info[:2], platform.system(), platform.machine())
+    checks.append(profile_check(stack, ort_training.installed()))
+    python = (sys.version_info.major, sys.version_info.minor)
+    checks += check_platform(python, platform.system(), platform.machine(), stack.profile)
     checks.append(Check("cpu", INFO, _cpu()))
-    checks += check_versions(versions)
-    checks += probe_runtime(fix=fix)
+    checks += check_versions(versions, stack)
+    checks += probe_runtime(stack, fix=fix)
     for name in ("numpy", "protobuf"):
         checks.append(Check(name, INFO, versions.get(name) or "not installed"))
     return _in_report_order(checks)
@@ -298,6 +354,7 @@ def collect(fix: bool = False, versions: dict[str, str | None] | None = None) ->
 
 REPORT_ORDER = [
     "ortft",
+    "profile",
     "python",
     "os",
     "cpu",
@@ -305,6 +362,7 @@ REPORT_ORDER = [
     "torch import",
     "torch build",
     "gpu",
+    "onnxruntime",
     "onnxruntime-training",
     "onnxruntime import",
     "execution providers",
@@ -312,6 +370,7 @@ REPORT_ORDER = [
     "CPU provider",
     "CUDA provider",
     "ORTModule import",
+    "on-device training import",
     "ORTModule extensions",
     "CUDA extensions",
     "torch-ort",
@@ -319,6 +378,7 @@ REPORT_ORDER = [
     "onnx import",
     "onnx IR",
     "transformers",
+    "tensorboard",
     "numpy",
     "protobuf",
 ]
@@ -338,15 +398,16 @@ def summary(checks: list[Check]) -> dict[str, int]:
     return {v: sum(c.verdict == v for c in checks) for v in (OK, INFO, WARN, FAIL)}
 
 
-def render(checks: list[Check]) -> str:
+def render(checks: list[Check], stack: Stack | None = None) -> str:
+    stack = stack or live_stack()
     width = max(len(c.name) for c in checks) + 2
-    lines = [f"ortft doctor (known-good: {', '.join(f'{k}=={v}' for k, v in KNOWN_GOOD.items())})"]
+    lines = [headline(stack)]
     for c in checks:
         lines.append(f"{c.verdict:<5} {c.name:<{width}}{c.value}")
         if c.fix and c.verdict != OK:
             lines.append(f"{'':<6}{'':<{width}}fix: {c.fix}")
     counts = summary(checks)
-    verdict = "ORT training cannot work here" if counts[FAIL] else "ORT training should work here"
+    verdict = verdict_line(stack, bool(counts[FAIL]))
     lines.append(
         f"summary: {counts[OK]} ok, {counts[INFO]} info, {counts[WARN]} warn, "
         f"{counts[FAIL]} fail: {verdict}"
@@ -355,18 +416,21 @@ def render(checks: list[Check]) -> str:
 
 
 def main(as_json: bool = False, fix: bool = False) -> int:
-    checks = collect(fix=fix)
+    stack = live_stack()
+    checks = collect(fix=fix, stack=stack)
     code = exit_code(checks)
     if as_json:
         report: dict[str, Any] = {
             "ortft": __version__,
             "exit_code": code,
             "summary": summary(checks),
-            "known_good": KNOWN_GOOD,
+            "profile": stack.profile,
+            "lock": str(stack.lock) if stack.lock else None,
+            "known_good": stack.known_good(),
             "checks": [c.as_dict() for c in checks],
         }
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
-        sys.stdout.write(render(checks))
+        sys.stdout.write(render(checks, stack))
     sys.stdout.flush()
     return code
