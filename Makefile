@@ -97,11 +97,13 @@ test-consumer: setup
 # The current profile (issue 48) from the same clone, in its own venv (.venv-current): every
 # task trains on the torch backend, evaluates and predicts on PyTorch and ONNX, and its export is
 # read by the clean consumer runtime; each package extra installs into a clean venv; the
-# quickstart learns to its gate on backend.name=auto. CI's tier; `make test STACK=current`
+# quickstart learns to its gate on backend.name=auto. The matrix and consumer tests share one
+# process and its trained runs (--dist loadgroup); the clean venvs, which wait on the disk, take
+# the other worker. CI's tier; `make test STACK=current`
 # runs the whole fast suite there (ORTModule's tests skip, naming the ort profile).
 test-current:
 	$(MAKE) setup STACK=current
-	.venv-current/bin/pytest -m "not gpu and not ort" -n $(TEST_JOBS) --dist loadfile \
+	.venv-current/bin/pytest -m "not gpu and not ort" -n $(TEST_JOBS) --dist loadgroup \
 	  tests/test_task_matrix.py tests/test_consumer.py tests/test_profiles.py
 	LEARN_OVERRIDES=backend.name=auto .venv-current/bin/pytest -m learn -n 0 \
 	  -k "quickstart.yaml" tests/test_shipped_recipes.py

@@ -14,6 +14,7 @@ import json
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -122,6 +123,16 @@ WORDS = [
     "over",
     "trees",
 ]
+
+
+@pytest.fixture(scope="session")
+def task_matrix(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Every task trained once per test process (tests/test_task_matrix.py's Matrix): the task
+    matrix and the consumer tier share the runs where one process has both (`make
+    test-current` puts them in one xdist group)."""
+    from test_task_matrix import Matrix
+
+    return Matrix(tmp_path_factory.mktemp("matrix"))
 
 
 @pytest.fixture(autouse=True)

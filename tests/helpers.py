@@ -19,15 +19,21 @@ from typing import Any, Literal, overload
 DEFAULT_TIMEOUT = 600  # seconds; most runs are a tiny model for a few steps
 
 
-def cli_argv(*args: object, launcher: Sequence[str] = (), code: str | None = None) -> list[str]:
+def cli_argv(
+    *args: object,
+    launcher: Sequence[str] = (),
+    code: str | None = None,
+    python: str | Path | None = None,
+) -> list[str]:
     """``[python, *launcher, -m ortft, *args]``, each argument made a string.
 
     ``launcher``: what runs between the interpreter and ortft, e.g. ``("-m",
     "torch.distributed.run", "--standalone", "--nproc_per_node=2")``. ``code``: ``-c code``
     in place of ``-m ortft``, a wrapper that calls ortft's ``main`` (and reports on the way out).
+    ``python``: another venv's interpreter (default: this one's).
     """
     head = ["-c", code] if code is not None else ["-m", "ortft"]
-    return [sys.executable, *launcher, *head, *map(str, args)]
+    return [str(python or sys.executable), *launcher, *head, *map(str, args)]
 
 
 def cli_env(
@@ -50,16 +56,18 @@ def run_cli(
     input: str | None = None,
     launcher: Sequence[str] = (),
     code: str | None = None,
+    python: str | Path | None = None,
     **kw: Any,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m ortft ARGS`` to the end, text output captured.
 
     ``env``: variables set on top of ``base_env`` (default: the current ``os.environ``);
     neither given, the process inherits this one's environment. ``timeout=None``: no limit.
-    ``launcher`` and ``code`` as in :func:`cli_argv`; ``kw`` goes to ``subprocess.run``.
+    ``launcher``, ``code`` and ``python`` as in :func:`cli_argv`; ``kw`` goes to
+    ``subprocess.run``.
     """
     return subprocess.run(
-        cli_argv(*args, launcher=launcher, code=code),
+        cli_argv(*args, launcher=launcher, code=code, python=python),
         capture_output=True,
         text=True,
         timeout=timeout,

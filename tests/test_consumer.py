@@ -44,7 +44,9 @@ from ortft.families.vision import graphs as image
 from ortft.inference.predict import format_line
 from ortft.tasks import traits
 
-pytestmark = pytest.mark.consumer
+# one xdist group with tests/test_task_matrix.py: under --dist loadgroup (make test-current) one
+# process runs both, and they share the trained runs (conftest's task_matrix)
+pytestmark = [pytest.mark.consumer, pytest.mark.xdist_group("task-matrix")]
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = Path(__file__).resolve().parent / "consumer_client.py"
@@ -57,8 +59,8 @@ IMAGE_SCORE_TOLERANCE = 5e-3
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
-    return Matrix(tmp_path_factory.mktemp("consumer"))
+def matrix(task_matrix: Matrix) -> Matrix:
+    return task_matrix
 
 
 def _export(run: Path, out: Path, *args: str) -> dict[str, Any]:

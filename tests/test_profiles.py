@@ -246,12 +246,13 @@ VENVS = {"ort": ROOT / ".venv", "current": ROOT / ".venv-current"}
 
 
 def _ortft(profile: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``ortft ARGS`` in that profile's venv (its own packages: no PYTHONPATH from this one)."""
+    from helpers import run_cli
+
     python = VENVS[profile] / "bin" / "python"
     assert python.exists(), f"{VENVS[profile]} is missing: make setup STACK={profile} first"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return subprocess.run(
-        [str(python), "-m", "ortft", *args], cwd=cwd, env=env, capture_output=True, text=True
-    )
+    return run_cli(*args, python=python, base_env=env, cwd=cwd, timeout=300)
 
 
 @pytest.mark.profiles

@@ -56,6 +56,7 @@ TASKS = [
     "speech-recognition",
     "sentence-embedding",
 ]
+pytestmark = pytest.mark.xdist_group("task-matrix")  # see tests/test_consumer.py
 MAX_NEW = 4  # generated tokens per prompt
 IMAGE_CLASSES = tuple("abcdef")  # more than 5: eval scores top5_accuracy
 # preprocess.onnx may put a resized pixel one 8-bit step off PIL's fixed-point resize
@@ -168,8 +169,8 @@ class Matrix:
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> Matrix:
-    return Matrix(tmp_path_factory.mktemp("matrix"))
+def matrix(task_matrix: Matrix) -> Matrix:
+    return task_matrix
 
 
 # every task exports (none implements traits.SkipsExport), so every cell runs on ONNX too
