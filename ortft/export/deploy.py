@@ -107,7 +107,8 @@ def ir_version(path: Path) -> int:
 
 
 def checked_runtime(how: str) -> RuntimeReport:
-    """The onnxruntime this process ran the export's check in (the 1.19 training build)."""
+    """The onnxruntime this process ran the export's check in (the ort profile's training
+    build, or the current profile's plain one)."""
     import importlib.metadata
 
     import onnxruntime as ort
@@ -115,7 +116,12 @@ def checked_runtime(how: str) -> RuntimeReport:
     package = next(
         (
             p
-            for p in ("onnxruntime-training", "onnxruntime", "onnxruntime-gpu")
+            for p in (
+                "onnxruntime-training",
+                "onnxruntime-training-cpu",
+                "onnxruntime",
+                "onnxruntime-gpu",
+            )
             if _installed(importlib.metadata, p)
         ),
         "onnxruntime",
