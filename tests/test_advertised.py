@@ -1,11 +1,12 @@
 """Advertised paths no other test reached, each checked where the value lands, not by exit 0.
 
-`datasets` folders written by ``save_to_disk`` train, export and predict on ``ort`` and
-``torch``: a ``DatasetDict`` by ``data.split`` and ``data.eval_split``, a ``Dataset`` whole.
-The ort run also carries ``optimizer.betas`` (into the checkpoint's optimizer state),
-``export.opset`` (the file's ``opset_import``), ``backend.log_level`` and
-``backend.memory_optimization_level`` (ORTModule's banner on stderr names the level it runs);
-``ortft export --opset`` and ``ortft eval --batch-size`` are run on it in this process.
+`datasets` folders written by ``save_to_disk`` train, export and predict on the profile's
+default backend (``ort`` on the ort profile) and ``torch``: a ``DatasetDict`` by ``data.split``
+and ``data.eval_split``, a ``Dataset`` whole. The DatasetDict run also carries
+``optimizer.betas`` (into the checkpoint's optimizer state), ``export.opset`` (the file's
+``opset_import``) and, on ort, ``backend.log_level`` and ``backend.memory_optimization_level``
+(ORTModule's banner on stderr names the level it runs); ``ortft export --opset`` and
+``ortft eval --batch-size`` are run on it in this process.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import NEG, POS, tiny_classifier, write_recipe
+from conftest import DEFAULT_BACKEND, NEG, POS, tiny_classifier, write_recipe
 from helpers import run_cli, summary
 from typer.testing import CliRunner
 
@@ -52,11 +53,13 @@ def _save_dict(folder: Path) -> dict[str, dict[str, list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def ort_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """2 steps on ort from a saved DatasetDict, with the recipe fields checked below."""
-    tmp = tmp_path_factory.mktemp("ort-dict")
+def dict_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """2 steps on the default backend from a saved DatasetDict, with the recipe fields checked
+    below (ORTModule's own fields on ort only)."""
+    tmp = tmp_path_factory.mktemp("dataset-dict")
     _save_dict(tmp / "saved")
-    recipe = tiny_classifier("saved", backend="ort", max_steps=2)
+    recipe = tiny_classifier("saved", max_steps=2)
+    ortmodule = ["backend.log_level=WARNING", "backend.memory_optimization_level=1"]
     return _train(
         tmp,
         recipe,
@@ -65,8 +68,7 @@ def ort_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         "optimizer.betas=[0.8,0.95]",
         "export.opset=17",
         "checkpoint.save_every=2",
-        "backend.log_level=WARNING",
-        "backend.memory_optimization_level=1",
+        *(ortmodule if DEFAULT_BACKEND == "ort" else []),
     )
 
 
@@ -91,11 +93,11 @@ def _invoke(*args: object) -> str:
 # --------------------------------------------------------------------------- datasets folders
 
 
-def test_a_saved_datasetdict_trains_on_data_split_and_evaluates_on_eval_split(ort_run) -> None:
-    run, stderr = ort_run
+def test_a_saved_datasetdict_trains_on_data_split_and_evaluates_on_eval_split(dict_run) -> None:
+    run, stderr = dict_run
     assert f"data: {FIT} train / {HELDOUT} eval examples" in stderr
     s = summary(run)
-    assert s["status"] == "completed" and s["backend"]["used"] == "ort"
+    assert s["status"] == "completed" and s["backend"]["used"] == DEFAULT_BACKEND
 
 
 def test_a_saved_dataset_is_read_whole(torch_run) -> None:
@@ -104,7 +106,7 @@ def test_a_saved_dataset_is_read_whole(torch_run) -> None:
     assert summary(run)["status"] == "completed"
 
 
-@pytest.mark.parametrize("which", [pytest.param("ort_run", marks=pytest.mark.ort), "torch_run"])
+@pytest.mark.parametrize("which", ["dict_run", "torch_run"])
 def test_saved_datasets_export_and_predict(which: str, request, tmp_path: Path) -> None:
     """final/ (PyTorch) and onnx/ (ONNX Runtime) give each text the same label and score."""
     run, _ = request.getfixturevalue(which)
@@ -160,10 +162,10 @@ def test_eval_split_needs_a_source_with_splits(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- recipe fields
 
 
-def test_optimizer_betas_are_the_optimizers(ort_run) -> None:
+def test_optimizer_betas_are_the_optimizers(dict_run) -> None:
     import torch
 
-    run, _ = ort_run
+    run, _ = dict_run
     state = torch.load(run / "step-000002" / "optimizer.pt", weights_only=True)
     assert [tuple(g["betas"]) for g in state["param_groups"]] == [(0.8, 0.95)] * 2
 
@@ -175,17 +177,17 @@ def _opset(path: Path) -> int:
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def test_export_opset_is_the_files_opset(ort_run) -> None:
-    run, _ = ort_run
+def test_export_opset_is_the_files_opset(dict_run) -> None:
+    run, _ = dict_run
     assert _opset(run / "onnx" / "model.onnx") == 17
     assert json.loads((run / "onnx" / "export.json").read_text())["opset"] == 17
 
 
 @pytest.mark.ort
-def test_ortmodule_runs_with_the_log_level_and_memory_optimization_level(ort_run) -> None:
+def test_ortmodule_runs_with_the_log_level_and_memory_optimization_level(dict_run) -> None:
     """At WARNING ORTModule prints its feature banner (at the default ERROR, nothing); the
     banner names the memory optimizer's level ORTModule runs with."""
-    _, stderr = ort_run
+    _, stderr = dict_run
     assert "ORTModule) is accelerating your model" in stderr
     assert "Memory Optimization Level: [TRANSFORMER_LAYERWISE_RECOMPUTE]" in stderr
 
@@ -193,13 +195,13 @@ def test_ortmodule_runs_with_the_log_level_and_memory_optimization_level(ort_run
 # --------------------------------------------------------------------------- CLI options
 
 
-def test_export_cli_opset(ort_run, tmp_path: Path) -> None:
-    run, _ = ort_run
+def test_export_cli_opset(dict_run, tmp_path: Path) -> None:
+    run, _ = dict_run
     _invoke("export", run, "-o", tmp_path / "onnx", "--opset", "16")
     assert _opset(tmp_path / "onnx" / "model.onnx") == 16
 
 
-def test_eval_batch_size(ort_run, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_eval_batch_size(dict_run, monkeypatch: pytest.MonkeyPatch) -> None:
     """The forwards are --batch-size rows each, over the run's eval split (data.eval_split)."""
     from ortft.inference import evaluate
 
@@ -211,6 +213,6 @@ def test_eval_batch_size(ort_run, monkeypatch: pytest.MonkeyPatch) -> None:
         return forward(self, batch)
 
     monkeypatch.setattr(evaluate.SavedModel, "batch_logits", counted)
-    run, _ = ort_run
+    run, _ = dict_run
     result = json.loads(_invoke("eval", run, "--batch-size", "5", "--json"))
     assert result["examples"] == HELDOUT and sizes == [5, 5, 2]

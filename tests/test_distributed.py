@@ -37,6 +37,7 @@ def recipe(tmp_path: Path) -> Path:
     return write_recipe(tmp_path / "r.yaml", r)
 
 
+@pytest.mark.ort
 def test_two_processes_match_one_with_the_same_global_batch(recipe: Path, tmp_path: Path) -> None:
     """ORT backend: ORTModule wrapped in DDP, 2 x 8 rows per step vs one process with 16 rows."""
     ddp, single = tmp_path / "ddp", tmp_path / "single"

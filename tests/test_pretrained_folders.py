@@ -7,7 +7,8 @@ preprocessor_config.json beside the tokenizer files), what ``SentenceTransformer
 (cls pooling, normalised: the folder's pooling must reach training and the export), what
 ``StableDiffusionPipeline.save_pretrained`` writes (PNDM, a feature extractor, no safety
 checker), and ortft's own final/ of a ViT run. Each trains 2 steps in this process
-(``lifecycle.run``): ORT with the export on, torch with it off; the losses must agree. The
+(``lifecycle.run``): on the profile's default backend (ORT on the ort profile) with the export
+on, and on torch with it off; on the ort profile the losses must agree. The
 vision families' folders are the archs tier's (tests/test_archs.py, ``save_pretrained_image``).
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import (
+    DEFAULT_BACKEND,
     WORDS,
     save_pretrained_classifier,
     tiny_encoder,
@@ -194,8 +196,8 @@ def _write_data(root: Path) -> list[str]:
     return [json.loads(x)["text"] for x in speech.read_text().splitlines()]
 
 
-def recipe(kind: str, backend: str, folder: Path) -> dict[str, Any]:
-    """2 steps of ``kind`` on ``folder``; the export on ORT only."""
+def recipe(kind: str, backend: str, folder: Path, export: bool = False) -> dict[str, Any]:
+    """2 steps of ``kind`` on ``folder``; the exported run has no eval."""
     task: dict[str, Any]
     if kind == "whisper":
         task = {"name": "speech-recognition", "max_target_length": 24, "generate_samples": 2}
@@ -211,7 +213,7 @@ def recipe(kind: str, backend: str, folder: Path) -> dict[str, Any]:
         }
         # an eval on ORT is a second ORTModule export of the UNet: torch's run evaluates
         data = {"train": "digits-train.csv", "eval_fraction": 0.0}
-        if backend == "torch":
+        if not export:
             data["eval"] = "digits-eval.csv"
     else:
         task = {"name": "image-classification"}
@@ -225,13 +227,18 @@ def recipe(kind: str, backend: str, folder: Path) -> dict[str, Any]:
         "data": data,
         "training": {"max_steps": STEPS, "batch_size": 4, "lr": 1e-3, "log_every": 1},
         "backend": {"name": backend},
-        "export": {"enabled": backend == "ort"},
+        "export": {"enabled": export},
     }
 
 
+# the run each kind exports: on the default backend (ort on the ort profile); the other run
+# trains on torch with the export off
+EXPORTED = "exported"
+
+
 class Runs:
-    """Each folder built and each (kind, backend) trained once, in this process, when a test
-    first asks for it."""
+    """Each folder built and each (kind, EXPORTED or "torch") trained once, in this process,
+    when a test first asks for it."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -254,17 +261,20 @@ class Runs:
             self.folders[name] = where
         return self.folders[name]
 
-    def run(self, kind: str, backend: str) -> Path:
-        """The run dir; Whisper's torch run reads the Hub layout, its ORT run the other."""
-        key = (kind, backend)
+    def run(self, kind: str, which: str) -> Path:
+        """The run dir; Whisper's torch run reads the Hub layout, its exported run the other."""
+        key = (kind, which)
         if key in self.errors:  # failed once: the kind's other tests fail without retraining
             pytest.fail(self.errors[key])
         if key not in self.runs:
             name = "whisper-hub" if key == ("whisper", "torch") else kind
-            out = self.root / f"{kind}-{backend}"
+            out = self.root / f"{kind}-{which}"
+            exported = which == EXPORTED
+            backend = DEFAULT_BACKEND if exported else "torch"
             try:
                 path = write_recipe(
-                    self.root / f"{kind}-{backend}.yaml", recipe(kind, backend, self.folder(name))
+                    self.root / f"{kind}-{which}.yaml",
+                    recipe(kind, backend, self.folder(name), export=exported),
                 )
                 # a failed parity gate ends a finished run: test_export_passes_parity says which
                 with contextlib.suppress(GateError):
@@ -287,7 +297,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 @pytest.mark.ort
 @pytest.mark.parametrize("kind", KINDS)
 def test_trains_on_ort_like_torch(kind: str, runs: Runs) -> None:
-    ort, torch = runs.run(kind, "ort"), runs.run(kind, "torch")
+    ort, torch = runs.run(kind, EXPORTED), runs.run(kind, "torch")
     got = summary(ort)
     assert got["status"] == "completed" and got["steps"] == STEPS, got["error"]
     assert got["backend"]["used"] == "ort" and not got["backend"]["fallback"], got["backend"]
@@ -297,7 +307,7 @@ def test_trains_on_ort_like_torch(kind: str, runs: Runs) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_export_passes_parity(kind: str, runs: Runs) -> None:
-    report = summary(runs.run(kind, "ort"))["export"]
+    report = summary(runs.run(kind, EXPORTED))["export"]
     assert report is not None and report["passed"], report and report.get("failures")
 
 
@@ -305,7 +315,7 @@ def test_the_sentence_transformers_pooling_reaches_training_export_and_final(run
     """The folder's cls pooling, normalised, 24 tokens: not ortft's default (mean, plain)."""
     from ortft.families.embedding import pooling
 
-    run = runs.run("sentence-transformers", "ort")
+    run = runs.run("sentence-transformers", EXPORTED)
     report = json.loads((run / "onnx" / "export.json").read_text())
     assert (report["pooling"]["mode"], report["pooling"]["normalize"]) == ("cls", True)
     got = pooling.read(run / "final")
@@ -314,7 +324,7 @@ def test_the_sentence_transformers_pooling_reaches_training_export_and_final(run
 
 def test_own_final_keeps_its_head(runs: Runs) -> None:
     """final/ of an image run holds the data's labels: the head is kept, not started afresh."""
-    head = summary(runs.run("own-final", "ort"))["backend"]["head"]
+    head = summary(runs.run("own-final", EXPORTED))["backend"]["head"]
     assert head["action"] == "kept" and head["new_labels"] == ["cat", "dog", "fox"], head
 
 
@@ -331,7 +341,7 @@ def test_whisper_predicts_the_same_transcripts_on_both_runtimes(runs: Runs) -> N
     clips = runs.root / "clips.txt"
     rows = (runs.root / "speech.jsonl").read_text().splitlines()[:3]
     clips.write_text("".join(json.loads(r)["audio"] + "\n" for r in rows))
-    run = runs.run("whisper", "ort")
+    run = runs.run("whisper", EXPORTED)
     final = _predict(run / "final", clips, max_new_tokens=6)
     export = _predict(run / "onnx", clips, max_new_tokens=6)
     assert [r["text"] for r in export] == [r["text"] for r in final] and len(final) == 3
@@ -342,7 +352,7 @@ def test_whisper_predicts_the_same_transcripts_on_both_runtimes(runs: Runs) -> N
 def test_sentence_transformers_predicts_the_same_embeddings(runs: Runs) -> None:
     texts = runs.root / "texts.txt"
     texts.write_text("the cat sat\ndogs ran in parks\nbirds sang\n")
-    run = runs.run("sentence-transformers", "ort")
+    run = runs.run("sentence-transformers", EXPORTED)
     final = np.array([r["embedding"] for r in _predict(run / "final", texts)])
     export = np.array([r["embedding"] for r in _predict(run / "onnx", texts)])
     assert final.shape == (3, 32)
@@ -353,7 +363,7 @@ def test_sentence_transformers_predicts_the_same_embeddings(runs: Runs) -> None:
 
 
 def test_own_final_predicts_the_same_labels(runs: Runs) -> None:
-    run, images = runs.run("own-final", "ort"), runs.root / "imgs"
+    run, images = runs.run("own-final", EXPORTED), runs.root / "imgs"
     final, export = _predict(run / "final", images), _predict(run / "onnx", images)
     assert len(final) == 18 and [r["label"] for r in export] == [r["label"] for r in final]
     for got, want in zip(export, final, strict=True):
@@ -373,9 +383,12 @@ def test_diffusers_folder_draws_on_both_runtimes(runs: Runs) -> None:
     latents: tests/test_text_to_image.py)."""
     from PIL import Image
 
-    for backend, folder, runtime in (("ort", "onnx", "onnxruntime"), ("torch", "final", "pytorch")):
-        out = runs.root / f"diffusers-{backend}-{folder}.png"
-        source = runs.run("diffusers", backend) / folder
+    for which, folder, runtime in (
+        (EXPORTED, "onnx", "onnxruntime"),
+        ("torch", "final", "pytorch"),
+    ):
+        out = runs.root / f"diffusers-{which}-{folder}.png"
+        source = runs.run("diffusers", which) / folder
         res = _cli("predict", source, "--prompt", "a digit 3", "--steps", 2, "-o", out, "--json")
         assert res.exit_code == 0, res.stderr[-2000:]
         drawn = json.loads(res.stdout)

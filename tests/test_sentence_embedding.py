@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import WORDS, tiny_classifier, write_recipe
+from conftest import DEFAULT_BACKEND, WORDS, tiny_classifier, write_recipe
 from helpers import run_cli, summary
 
 from ortft import tasks
@@ -301,8 +301,9 @@ def _recipe(backend: str, **task: object) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Triplets through ORT (max pooling, normalised, group_by_length, exported); pairs through
-    torch (the default pooling, no export)."""
+    """Triplets through the profile's default backend, ORT on the ort profile (max pooling,
+    normalised, group_by_length, exported); pairs through torch (the default pooling, no
+    export)."""
     root = tmp_path_factory.mktemp("sentence-embedding")
     _write_jsonl(root / "train.jsonl", _rows(64, seed=0))
     _write_jsonl(root / "eval.jsonl", _rows(20, seed=1))
@@ -310,8 +311,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
     for name, recipe, extra in (
         (
-            "ort",
-            _recipe("ort", negative_column="negative", pooling="max", normalize=True),
+            "triplets",
+            _recipe(DEFAULT_BACKEND, negative_column="negative", pooling="max", normalize=True),
             ["data.group_by_length=true"],
         ),
         ("torch", _recipe("torch"), ["export.enabled=false"]),
@@ -325,13 +326,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.ort
 def test_trains_through_ort_with_fallback_off(runs):
-    s = summary(runs["ort"])
+    s = summary(runs["triplets"])
     assert s["status"] == "completed" and s["task"] == "sentence-embedding"
     assert s["backend"]["used"] == "ort" and s["backend"]["fallback"] is False
     assert s["backend"]["ort_exports"] >= 1  # ORTModule built its graph: ORT ran the steps
 
 
-@pytest.mark.parametrize("name", [pytest.param("ort", marks=pytest.mark.ort), "torch"])
+@pytest.mark.parametrize("name", ["triplets", "torch"])
 def test_eval_reports_retrieval_metrics_and_the_loss_falls(runs, name):
     s = summary(runs[name])
     m = s["metrics"]
@@ -344,7 +345,7 @@ def test_eval_reports_retrieval_metrics_and_the_loss_falls(runs, name):
 
 
 def test_final_is_a_sentence_transformers_folder(runs):
-    final = runs["ort"] / "final"  # task.pooling=max, task.normalize=true
+    final = runs["triplets"] / "final"  # task.pooling=max, task.normalize=true
     modules = json.loads((final / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == [
         "Transformer",
@@ -362,7 +363,7 @@ def test_final_is_a_sentence_transformers_folder(runs):
 
 
 def test_the_export_is_an_embedding_with_parity_checked(runs):
-    report = json.loads((runs["ort"] / "onnx" / "export.json").read_text())
+    report = json.loads((runs["triplets"] / "onnx" / "export.json").read_text())
     assert report["passed"] is True and report["task"] == "sentence-embedding"
     assert set(report["parity"]["outputs"]) == {"last_hidden_state", "sentence_embedding"}
     # the run's own pooling (task.pooling=max, task.normalize=true), not the plain default
@@ -373,7 +374,7 @@ def test_the_export_is_an_embedding_with_parity_checked(runs):
 def test_ortft_export_of_the_run_keeps_its_pooling(runs, tmp_path):
     """`ortft export RUN` reads the pooling from final/'s sentence-transformers files, as the
     export at the end of training took it from the task (max, normalised), not the default."""
-    res = run_cli("export", runs["ort"], "-o", tmp_path / "again", cwd=runs["ort"].parent)
+    res = run_cli("export", runs["triplets"], "-o", tmp_path / "again", cwd=runs["triplets"].parent)
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((tmp_path / "again" / "export.json").read_text())
     assert report["task"] == "sentence-embedding" and report["passed"] is True
@@ -384,12 +385,12 @@ def test_ortft_export_of_the_run_keeps_its_pooling(runs, tmp_path):
 def test_ortft_eval_repeats_the_runs_retrieval_figures(runs, folder):
     """`ortft eval RUN` (PyTorch, final/) and `ortft eval RUN/onnx` (ONNX Runtime) score the
     run's eval split by retrieval, as training's eval did."""
-    res = run_cli("eval", runs["ort"] / folder, "--json", cwd=runs["ort"].parent)
+    res = run_cli("eval", runs["triplets"] / folder, "--json", cwd=runs["triplets"].parent)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout)
     assert out["runtime"] == ("onnxruntime" if folder else "pytorch")
     assert out["examples"] == 20
-    trained = summary(runs["ort"])["metrics"]
+    trained = summary(runs["triplets"])["metrics"]
     for key in ("accuracy_at_1", "mrr_at_10", "recall_at_10"):
         assert out["metrics"][key] == pytest.approx(trained[f"eval_{key}"], abs=1e-6), key
     assert 0.0 < out["metrics"]["loss"] < math.inf

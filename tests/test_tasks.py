@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_classification_csv, write_recipe
+from conftest import DEFAULT_BACKEND, write_classification_csv, write_recipe
 from helpers import losses, run_cli
 
 from ortft import tasks
@@ -371,13 +371,14 @@ def test_lora_trains_only_the_adapter_and_exports_merged(tmp_path: Path) -> None
     recipe["checkpoint"] = {"save_every": 3}
     recipe["training"]["lr"] = 1e-2
     path = write_recipe(tmp_path / "lora.yaml", recipe)
-    for backend in ("torch", "ort"):
+    for backend in dict.fromkeys(("torch", DEFAULT_BACKEND)):  # torch once where it is both
         code, _, err = cli(
             "train", str(path), f"backend.name={backend}", "-o", str(tmp_path / backend)
         )
         assert code == 0, err[-3000:]
-    assert losses(tmp_path / "ort") == pytest.approx(losses(tmp_path / "torch"), rel=1e-4)
-    run = tmp_path / "ort"
+    if DEFAULT_BACKEND == "ort":  # the adapter trains on ORT as on torch
+        assert losses(tmp_path / "ort") == pytest.approx(losses(tmp_path / "torch"), rel=1e-4)
+    run = tmp_path / DEFAULT_BACKEND
     # checkpoints hold the adapter only
     ckpt = load_file(str(run / "step-000003" / "adapter.safetensors"))
     assert ckpt and all("lora_" in k for k in ckpt)

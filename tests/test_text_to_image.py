@@ -1,6 +1,6 @@
 """text-to-image (Stable Diffusion): the task's collate (targets, min-SNR, caption dropout,
 crop and flip, seeded per row) on stand-in encoders, and end-to-end runs of a tiny SD from a
-config through the CLI on ORT: final/ loads in diffusers and draws, `ortft eval` repeats a run's
+config through the CLI on the profile's default backend (ORT on the ort profile): final/ loads in diffusers and draws, `ortft eval` repeats a run's
 eval loss, a run resumes exactly after kill -9, bad model folders are one line, final/lora/
 keeps its alpha. Both shipped recipes (full and LoRA, whose weights
 diffusers loads) train in the recipes tier (tests/test_shipped_recipes.py)."""
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DEFAULT_BACKEND
 from helpers import losses, run_cli
 
 from ortft import tasks
@@ -210,7 +211,8 @@ def train(recipe: str, out: Path, *overrides: str):
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    """4 steps on ort, a checkpoint every 2 (the uninterrupted run of the resume test)."""
+    """4 steps on the default backend (ort on the ort profile), a checkpoint every 2 (the
+    uninterrupted run of the resume test)."""
     out = tmp_path_factory.mktemp("t2i") / "full"
     prompts = 'task.validation_prompts=["a handwritten digit 1", "a handwritten digit 7"]'
     res = train("text-to-image.yaml", out, *RESUME, prompts, "task.validation_every=3")
@@ -223,9 +225,11 @@ RESUME = (
     "checkpoint.save_every=2",
     "training.seed=3",
     "task.ema_decay=0.9",
+    f"backend.name={DEFAULT_BACKEND}",
 )
 
 
+@pytest.mark.ort
 def test_full_run_trains_the_unet_on_ort_and_final_draws(full_run, tmp_path):
     import torch
     from diffusers import StableDiffusionPipeline
@@ -395,7 +399,8 @@ def test_full_run_resumes_exactly_after_kill_9(full_run, tmp_path):
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((cut / "summary.json").read_text())
-    assert summary["resumed_from"].endswith("step-000002") and summary["backend"]["used"] == "ort"
+    assert summary["resumed_from"].endswith("step-000002")
+    assert summary["backend"]["used"] == DEFAULT_BACKEND  # the full run's backend
     want, got = losses(full_run, by_step=True), losses(cut, by_step=True)
     assert [got[s] for s in (3, 4)] == pytest.approx([want[s] for s in (3, 4)], abs=1e-6)
     from safetensors.torch import load_file
@@ -542,7 +547,8 @@ def test_final_lora_keeps_its_alpha(tmp_path):
 
 def test_a_folder_that_is_not_a_diffusers_model_is_one_line(tmp_path):
     res = run_cli("train", ROOT / "recipes" / "text-to-image.yaml", "model.from_config=null",
-                  f"model.name_or_path={tmp_path}", "--output-dir", tmp_path / "run")  # fmt: skip
+                  f"model.name_or_path={tmp_path}", f"backend.name={DEFAULT_BACKEND}",
+                  "--output-dir", tmp_path / "run")  # fmt: skip
     assert res.returncode == 2, res.stderr[-2000:]
     assert "model_index.json" in res.stderr and "Traceback" not in res.stderr
     from ortft.core.errors import InputError
