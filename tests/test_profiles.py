@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ortft.env import extras
+from ortft.env import extras, profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "requirements"
@@ -33,17 +33,11 @@ def _pyproject() -> dict:
 
 
 def _lock(name: str) -> dict[str, str]:
-    pins = {}
-    for line in (REQUIREMENTS / name).read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line:
-            package, version = line.split("==")
-            pins[_normal(package)] = version.strip()
-    return pins
+    return profiles.parse((REQUIREMENTS / name).read_text())
 
 
 def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return profiles.normalise(name)
 
 
 def _requirement(text: str) -> tuple[str, str, str]:
