@@ -179,7 +179,8 @@ else
       "${pip[@]}" download --no-deps -d "$wheels" -r "$f" ||
         fail "pip could not download $f" "$pip_fix"
     done
-    rm -rf "$wheels"/deepspeed-*/
+    # every lock keeps its own DeepSpeed folder (a few MB): the two stacks share this
+    # wheelhouse, and pruning the others' would leave the ort stack's set-up without its sdist
     "${pip[@]}" download --no-deps -d "$ds_dir" -r requirements/deepspeed.txt ||
       fail "pip could not download requirements/deepspeed.txt" "$pip_fix"
     # A pin with no wheel on PyPI (seqeval 1.2.2) arrives as an sdist, which the offline
