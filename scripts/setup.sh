@@ -204,6 +204,12 @@ else
   #     DS_ACCELERATOR=cpu makes the wheel the same on every machine: built where a GPU is
   #     visible, its metadata would add nvidia-ml-py, which is not pinned (DeepSpeed's CUDA
   #     accelerator imports it only if present); the accelerator is chosen again at run time.
+  if [ ! -f "$ds_dir/deepspeed-$ds_version-py3-none-any.whl" ] && [ ! -f "$ds_dir/deepspeed-$ds_version.tar.gz" ]; then
+    # a wheelhouse whose DeepSpeed folder an older set-up pruned (it pruned every lock's)
+    step "downloading DeepSpeed $ds_version's sdist into $ds_dir again"
+    "${pip[@]}" download --no-deps -d "$ds_dir" -r requirements/deepspeed.txt ||
+      fail "pip could not download requirements/deepspeed.txt" "$pip_fix"
+  fi
   if [ ! -f "$ds_dir/deepspeed-$ds_version-py3-none-any.whl" ]; then
     step "building DeepSpeed $ds_version's wheel into $ds_dir (no ops compiled)"
     DS_BUILD_OPS=0 DS_ACCELERATOR=cpu "${pip[@]}" wheel --no-deps --no-build-isolation --no-index -w "$ds_dir" \
