@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tomllib
@@ -40,13 +39,6 @@ def _normal(name: str) -> str:
     return profiles.normalise(name)
 
 
-def _requirement(text: str) -> tuple[str, str, str]:
-    """(name, specifier, marker) of a pyproject requirement line."""
-    spec, _, marker = text.partition(";")
-    name = re.split(r"[<>=!~\[ ]", spec.strip(), maxsplit=1)[0]
-    return _normal(name), spec.strip()[len(name) :].strip(), marker.strip()
-
-
 def test_every_extra_is_known_to_the_error_lines() -> None:
     """An extra the CLI cannot name in its missing-package line would leave users guessing."""
     declared = set(_pyproject()["optional-dependencies"]) - {"dev"}
@@ -54,16 +46,18 @@ def test_every_extra_is_known_to_the_error_lines() -> None:
 
 
 def test_the_ort_extra_pins_what_the_ort_locks_pin() -> None:
-    pinned = {}
+    from packaging.requirements import Requirement
+
+    pinned: dict[str, list[str]] = {}
     for line in _pyproject()["optional-dependencies"]["ort"]:
-        name, spec, marker = _requirement(line)
-        pinned.setdefault(name, []).append((spec, marker))
+        requirement = Requirement(line)
+        pinned.setdefault(_normal(requirement.name), []).append(str(requirement.specifier))
     for lock in ORT_LOCKS:
         pins = _lock(lock)
         for name in ("torch", "onnx"):
-            assert [s for s, _ in pinned[name]] == [f"=={pins[name]}"], (lock, name)
+            assert pinned[name] == [f"=={pins[name]}"], (lock, name)
         training = pins.get("onnxruntime-training") or pins.get("onnxruntime-training-cpu")
-        assert any(s == f"=={training}" for s, _ in pinned["onnxruntime-training"])
+        assert f"=={training}" in pinned["onnxruntime-training"]
         assert "onnxruntime" not in pins, (
             f"{lock} holds plain onnxruntime beside the training build"
         )
