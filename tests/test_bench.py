@@ -101,6 +101,17 @@ def test_parse_variants() -> None:
     assert v[0].env == {"ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER": "0"}
 
 
+def test_default_backends_are_routes_this_install_trains_on(monkeypatch) -> None:
+    from ortft.tools import bench_variants
+
+    monkeypatch.setattr(bench_variants.ort_training, "installed", lambda: None)
+    assert [v.label for v in bench.parse_variants(None)] == ["torch", "torch-compile"]
+    monkeypatch.setattr(
+        bench_variants.ort_training, "installed", lambda: ("onnxruntime-training", "1")
+    )
+    assert [v.label for v in bench.parse_variants(None)] == ["ort", "torch"]
+
+
 def test_bench_usage_errors_exit_2(cls_recipe: Path) -> None:
     runner = CliRunner()
     for args in (

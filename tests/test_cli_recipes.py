@@ -295,6 +295,22 @@ def test_init_writes_a_recipe_that_validates_once_its_paths_exist(tmp_path, task
     assert result.exit_code == 0, result.stderr
 
 
+def test_init_starters_come_from_their_families_and_name_a_route_this_install_has(monkeypatch):
+    assert list(starter.starters()) == [
+        "sequence-classification",
+        "causal-lm",
+        "image-classification",
+        "speech-recognition",
+    ]
+    for task in starter.starters():
+        monkeypatch.setattr(starter.ort_training, "installed", lambda: None)
+        assert "\n  name: auto " in starter.recipe_text(task)
+        monkeypatch.setattr(
+            starter.ort_training, "installed", lambda: ("onnxruntime-training", "1")
+        )
+        assert "\n  name: ort " in starter.recipe_text(task)
+
+
 def test_init_refuses_to_overwrite_without_force(tmp_path):
     out = tmp_path / "r.yaml"
     out.write_text("keep me\n")

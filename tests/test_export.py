@@ -125,6 +125,14 @@ def test_parity_within_tolerance(exported):
         "card": "README.md",
     }
     assert on_disk["ir_version"] >= 7
+    import torch
+    from packaging.version import Version
+
+    # the exporter is recorded with the torch that ran it, and why it was the one used
+    assert on_disk["exporter"]["name"] == "torchscript"
+    assert on_disk["exporter"]["torch"] == torch.__version__.split("+")[0]
+    dynamo_default = Version(torch.__version__).release >= (2, 9)  # torch 2.9 made it the default
+    assert ("defaults to its dynamo exporter" in on_disk["exporter"]["why"]) == dynamo_default
     runtime = "onnxruntime-training" if ort_training.installed() else "onnxruntime"
     assert on_disk["runtimes"][0]["package"] == runtime
     assert not list(out.parent.glob(".out.tmp-*")) and not (out.parent / "out.failed").exists()

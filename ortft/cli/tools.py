@@ -17,13 +17,15 @@ from ortft.cli.output import echo_json, quiet_libraries
 def bench(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)],
     backends: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--backends",
             help="Comma-separated: ort, torch, torch-eager-attn, torch-compile; "
-            "each may add +key=value (a recipe key or an ORTFT_* variable).",
+            "each may add +key=value (a recipe key or an ORTFT_* variable). "
+            "Default: ort,torch where ONNX Runtime training is installed, else torch,torch-compile.",
+            show_default=False,
         ),
-    ] = "ort,torch",
+    ] = None,
     steps: Annotated[int, typer.Option("--steps", help="Training steps per run.")] = 20,
     warmup: Annotated[
         int, typer.Option("--warmup", help="First steps of each run left untimed.")
@@ -59,7 +61,7 @@ def init(
         str,
         typer.Option(
             "--task",
-            help="sequence-classification, causal-lm, image-classification or speech-recognition.",
+            help="A task whose family has a starter recipe (another name lists them).",
         ),
     ] = "sequence-classification",
     output: Annotated[

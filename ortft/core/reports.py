@@ -85,6 +85,7 @@ class ExportReport(TypedDict, total=False):
     training: Section
     text_pair: dict[str, str]
     ir_version: int
+    exporter: dict[str, str]  # which torch.onnx exporter wrote the graphs, on which torch, why
     tokenizer: TokenizerReport
     runtimes: list[RuntimeReport]
     links: dict[str, str]

@@ -104,6 +104,7 @@ def deployable(
     if text_pair is not None:  # ortft predict / eval of this folder alone read pairs
         result["text_pair"] = {"text_column": text_pair[0], "text_pair_column": text_pair[1]}
     result["ir_version"] = deploy.ir_version(folder / next(iter(result["files"].values())))
+    result.setdefault("exporter", tools.exporter())
     # a text model's tokenizer loses training's padding; a processor of files has none to lose
     if not isinstance(spec, protocols.ReadsFiles):
         result["tokenizer"] = deploy.clean_tokenizer(folder, deploy.model_limit(config), max_length)

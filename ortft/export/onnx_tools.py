@@ -174,6 +174,28 @@ def check_portable(path: Path) -> None:
         )
 
 
+def exporter() -> dict[str, str]:
+    """export.json's ``exporter``: which torch.onnx exporter wrote the graphs, and why. ortft
+    passes ``dynamo=False`` on every torch: on torch 2.6 (the ort profile) it is the default; a
+    newer torch defaults to its dynamo exporter, but every graph ortft writes (decoder caches,
+    speech, diffusion, preprocess) and every consumer check was built and checked on the
+    TorchScript one (docs/install.md)."""
+    import inspect
+
+    import torch
+
+    version = torch.__version__.split("+")[0]
+    default = inspect.signature(torch.onnx.export).parameters["dynamo"].default
+    if default is True:
+        why = (
+            f"torch {version} defaults to its dynamo exporter; ortft keeps the TorchScript one, "
+            "on which every graph it writes and every consumer check was built and checked"
+        )
+    else:
+        why = f"torch {version}'s default exporter"
+    return {"name": "torchscript", "torch": version, "why": why}
+
+
 def torch_export(
     module: Any,
     example: tuple[Any, ...],

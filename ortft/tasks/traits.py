@@ -11,23 +11,13 @@ as the ``Task`` base once did. The hooks a family implements with code are in
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-# How the ONNX export lays out its logits, and how parity compares them:
-#   encoder    one row of logits per example (classification; question answering's [2, seq])
-#   per-token  logits per position, compared where attention_mask is 1 (token-cls, masked-lm)
-#   decoder    per position, position t predicts t+1; called with use_cache=False (causal LMs)
-#   seq2seq    an encoder-decoder: encoder.onnx + decoder.onnx with its KV cache
-#   image      pixel_values -> one row of logits per image, plus preprocess.onnx (raw pixels in)
-#   speech     encoder.onnx + decoder.onnx (KV cache) on log-mel features, plus features.onnx
-#   embedding  a bare encoder: last_hidden_state and the pooled sentence_embedding, each compared
-#              (ortft.families.embedding; `ortft export` of a folder without a head gets it too)
-#   text-to-image  a Stable Diffusion: text_encoder, unet, vae_decoder and vae_encoder graphs in
-#              the layout of ONNX Stable Diffusion pipelines (ortft.families.text_to_image), and
-#              draw.py that draws with them
-ExportKind = Literal[
-    "encoder", "per-token", "decoder", "seq2seq", "image", "speech", "embedding", "text-to-image"
-]
+# How a task's ONNX export is laid out, named by its family: ``encoder`` (one row of logits per
+# example, the default), ``per-token``, ``decoder`` and the families' own layouts. The core reads
+# no kind: each family's hooks (``ortft.tasks.protocols``) build and check its graphs, so a new
+# family names its own without touching this module.
+ExportKind = str
 
 
 @runtime_checkable
@@ -157,3 +147,17 @@ class KnowsArchitectures(Protocol):
 def hf_architectures(task: object) -> tuple[str, ...]:
     """The architecture substrings that imply ``task`` (``KnowsArchitectures``); none."""
     return task.hf_architectures if isinstance(task, KnowsArchitectures) else ()
+
+
+@runtime_checkable
+class Starts(Protocol):
+    """A task ``ortft init --task`` writes a commented starter recipe for: the recipe's text,
+    with ``{name}`` where the file's name goes and ``{backend}`` where the route does."""
+
+    @property
+    def starter(self) -> str: ...
+
+
+def starter(task: object) -> str | None:
+    """``task``'s starter recipe (``Starts``); None: ``ortft init`` has none for it."""
+    return task.starter if isinstance(task, Starts) else None

@@ -182,7 +182,12 @@ def _load_all(recipe: Path, variants: list[Variant], steps: int) -> dict[str, An
 
 
 def run(
-    recipe: Path, backends: str, steps: int, warmup: int, repeats: int, timeout: float = 900.0
+    recipe: Path,
+    backends: str | None,
+    steps: int,
+    warmup: int,
+    repeats: int,
+    timeout: float = 900.0,
 ) -> dict[str, Any]:
     """``ortft bench``: every variant's runs, alternating, and the JSON the command prints."""
     _check_counts(steps, warmup, repeats)

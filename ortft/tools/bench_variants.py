@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from ortft.core.errors import UsageError
+from ortft.env import ort_training
 
 # bench-only variants: (recipe overrides, environment for the worker process)
 # "torch", the baseline, is plain PyTorch: what a PyTorch user would run, so backend.unpad is
@@ -28,6 +29,13 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
 OPTIONAL = {"torch-compile"}
 # environment a variant may set: ortft's and ORTModule's own knobs, the thread runtimes' (OpenMP, MKL)
 _ENV_KEY = re.compile(r"^(ORTFT|ORTMODULE|OMP|GOMP|MKL)_[A-Z0-9_]+$")
+
+
+def default_spec() -> str:
+    """``--backends`` when none is given: ORTModule against plain PyTorch where ONNX Runtime's
+    training build is installed (the ort profile), else the two routes the current profile
+    trains on: plain PyTorch and compiled."""
+    return "ort,torch" if ort_training.installed() is not None else "torch,torch-compile"
 
 
 @dataclass
@@ -50,8 +58,9 @@ def _split_top(spec: str) -> list[str]:
     return [*items, current]
 
 
-def parse_variants(spec: str) -> list[Variant]:
+def parse_variants(spec: str | None) -> list[Variant]:
     out = []
+    spec = default_spec() if spec is None else spec
     for item in [s.strip() for s in _split_top(spec) if s.strip()]:
         base, *settings = item.split("+")
         if base not in VARIANTS:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
+from ortft.families.generation.starter import STARTER
 from ortft.tasks.base import Encoded, Task, TaskOptions
 
 
@@ -27,6 +28,7 @@ class CausalLM(Task):
     is_decoder = True  # called with use_cache=False: ORTModule cannot flatten a KV cache
     shift_labels = True  # position t predicts labels[t + 1]
     export_kind = "decoder"
+    starter = STARTER  # ortft init --task
     predicts = "generate"
     ondevice = True
     eval_metrics = ("eval_loss", "eval_perplexity")

@@ -35,6 +35,7 @@ from pydantic import Field
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.families.speech import audio
+from ortft.families.speech.starter import STARTER
 from ortft.tasks.base import Encoded, Task, TaskOptions, skip_bad_file
 
 log = logging.getLogger("ortft")
@@ -131,6 +132,7 @@ class SpeechRecognition(Task):
     row_local = True  # each file checked on its own
     is_decoder = True
     export_kind = "speech"
+    starter = STARTER  # ortft init --task
     # cut to the batch's longest transcript (collate may run before the cut)
     aligned_keys = ("labels", "decoder_attention_mask")
     predicts = "transcript"

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ortft.core.errors import InputError
+from ortft.families.text.starter import STARTER
 from ortft.tasks.base import Encoded, Task, TaskOptions
 from ortft.tasks.metrics import macro_f1
 
@@ -24,6 +25,7 @@ class Options(TaskOptions):
 
 class SequenceClassification(Task):
     name = "sequence-classification"
+    starter = STARTER  # ortft init --task
     pads_unread = True  # backend.unpad applies
     auto_class = "AutoModelForSequenceClassification"
     row_local = True  # each row tokenized on its own

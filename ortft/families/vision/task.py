@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 
 from ortft.core.errors import InputError
 from ortft.data import images
+from ortft.families.vision.starter import STARTER
 from ortft.tasks.base import Encoded, Task, TaskOptions, skip_bad_file
 from ortft.tasks.metrics import macro_f1
 
@@ -63,6 +64,7 @@ class ImageClassification(Task):
     needs_logits = True
     needs_labels = True
     export_kind = "image"
+    starter = STARTER  # ortft init --task
     aligned_keys = ()  # nothing has a sequence axis to cut
     predicts = "image-label"
     eval_metrics = ("eval_loss", "eval_accuracy", "eval_f1_macro", "eval_top5_accuracy")
