@@ -29,6 +29,7 @@ def assert_genai_agrees(folder: Path, model_type: str, python: str, max_new: int
     the folder's tokenizer.json does."""
     report = json.loads((folder / "export.json").read_text())
     assert report["genai"] == {"config": genai.FILE, "model_type": model_type}, report["genai"]
+    assert f"`{genai.FILE}` (model type {model_type})" in (folder / "README.md").read_text()
     inputs = folder.parent / "genai-inputs.txt"
     inputs.write_text("".join(t + "\n" for t in TEXTS))
     prompts = folder.parent / "genai-prompts.jsonl"

@@ -51,8 +51,8 @@ def write(folder: Path, config: Any, result: ExportReport) -> Section:
         }
     if not result.get("kv_cache"):
         return {
-            "skipped": "the graph has no KV cache (--no-kv-cache): onnxruntime-genai feeds "
-            "past_key_values and reads present"
+            "skipped": "the graph has no KV cache (--no-kv-cache, or an ONNX final/): "
+            "onnxruntime-genai feeds past_key_values and reads present"
         }
     layers, kv_heads, head_size = _cache_dims(folder / result["files"]["model"])
     body = _config(folder, config, MODEL_TYPES[model_type], layers, kv_heads, head_size)
