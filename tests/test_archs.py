@@ -30,8 +30,12 @@ clean venv of scripts/consumer-env.sh, against ``ortft predict``) run for one fa
 in CI (``CHECKED``); ``make test-archs-full`` (ORTFT_ARCHS_FULL=1) runs them for every family.
 Other decoders export without the cache (export.kv_cache=false), which skips that check.
 
+onnxruntime-genai opens the export of each decoder family it runs (``genai.MODEL_TYPES``) and
+generates ``ortft predict``'s tokens (tests/test_consumer_genai.py's check), for the families of
+``DEEP``.
+
 The closing table (family x trains on ORT x max loss diff vs torch x export parity x generation
-x consumer load) prints at the end of the session, and goes to ORTFT_ARCHS_TABLE when set
+x consumer load x genai) prints at the end of the session, and goes to ORTFT_ARCHS_TABLE when set
 (JSON when the path ends in .json, else Markdown).
 """
 
@@ -49,10 +53,12 @@ import pytest
 from conftest import WORDS, write_classification_csv, write_image_folder, write_recipe
 from helpers import losses, summary
 from test_consumer import CLIENT, ROOT, _consumer, _predict, _prompts
+from test_consumer_genai import assert_genai_agrees
 from test_golden_losses import REL
 from test_task_matrix import _close
 
 from ortft.core.errors import GateError
+from ortft.families.generation import genai
 from ortft.recipe import io as recipe_io
 from ortft.run import lifecycle
 
@@ -330,9 +336,11 @@ class Tier:
 
     def row(self, name: str) -> dict[str, Any]:
         blank = dict.fromkeys(("trains_on_ort", "max_loss_diff", "export_parity"))
-        blank.update(generation="not run (CI)", consumer="not run (CI)")
+        blank.update(generation="not run (CI)", consumer="not run (CI)", genai="not run (CI)")
         if BY_NAME[name].kind in ("encoder", "image"):
             blank["generation"] = "n/a"
+        if name not in genai.MODEL_TYPES:
+            blank["genai"] = "n/a"
         if BY_NAME[name].kind == "image":
             blank["consumer"] = "test_consumer"
         return self.rows.setdefault(name, {"family": name, "kind": BY_NAME[name].kind, **blank})
@@ -346,6 +354,7 @@ COLUMNS = [
     "export_parity",
     "generation",
     "consumer",
+    "genai",
 ]
 
 
@@ -489,3 +498,15 @@ def test_consumer_loads_the_export(name: str, tier: Tier, consumer_python: str) 
     for g, w in zip(got, want, strict=True):
         assert _close(g, {k: w[k] for k in g}), (g, w)
     tier.row(name)["consumer"] = "passed"
+
+
+@pytest.mark.parametrize("name", [n for n in DEEP if n in genai.MODEL_TYPES], ids=_ids)
+def test_genai_generates_what_predict_generates(
+    name: str, tier: Tier, consumer_python: str
+) -> None:
+    """onnxruntime-genai opens the export (its genai_config.json) and generates ``ortft
+    predict``'s tokens (tests/test_consumer_genai.py)."""
+    folder = tier.run(name, "ort") / "onnx"
+    tier.row(name)["genai"] = "FAILED"
+    assert_genai_agrees(folder, genai.MODEL_TYPES[name], consumer_python, MAX_NEW)
+    tier.row(name)["genai"] = "passed"

@@ -70,6 +70,7 @@ class ExportReport(TypedDict, total=False):
     inputs: list[str] | dict[str, list[str]]
     outputs: list[str] | dict[str, list[str]]
     kv_cache: bool
+    genai: Section  # a decoder's genai_config.json (onnxruntime-genai), or why not
     language: str | None
     pooling: Section
     parity: ParityReport

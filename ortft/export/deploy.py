@@ -261,7 +261,7 @@ tags: [ortft, onnx, {task.name}]
 - **Task:** {task.name}{f"; {graph}" if graph else ""}
 - **Files:** {files}, {holds}, `config.json`, `export.json` (checks)
 - **ONNX:** opset {report["opset"]}, IR version {report["ir_version"]}
-- **Checked in:** {runtimes}
+- **Checked in:** {runtimes}{_genai_line(report)}
 {inputs}
 
 Usage with {usage} only, run from this folder:
@@ -269,6 +269,17 @@ Usage with {usage} only, run from this folder:
 {CARD_FENCE}
 {code}```
 """
+    )
+
+
+def _genai_line(report: ExportReport) -> str:
+    """The card's line on onnxruntime-genai where the export holds its config."""
+    genai = report.get("genai") or {}
+    if not genai.get("config"):
+        return ""
+    return (
+        f"\n- **onnxruntime-genai:** `{genai['config']}` (model type {genai['model_type']}): "
+        '`og.Model(".")` opens this folder'
     )
 
 

@@ -101,6 +101,7 @@ def deployable(
     spec = _task_of(task, task_options)
     if isinstance(spec, protocols.ExportsDecoder):
         result.setdefault("kv_cache", False)  # an ONNX final/ (ort-ondevice) has no cache
+        result["genai"] = spec.genai_config(folder, config, result)
     if text_pair is not None:  # ortft predict / eval of this folder alone read pairs
         result["text_pair"] = {"text_column": text_pair[0], "text_pair_column": text_pair[1]}
     result["ir_version"] = deploy.ir_version(folder / next(iter(result["files"].values())))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ortft.core.reports import Drawing, EvalResult, ExportReport, Prediction
+from ortft.core.reports import Drawing, EvalResult, ExportReport, Prediction, Section
 
 if TYPE_CHECKING:
     from ortft.tasks.base import Task
@@ -396,6 +396,12 @@ class ExportsDecoder(Protocol):
     ) -> dict[str, Any]:
         """export.json's ``generation``: the graph with its cache (``path``) generating as
         PyTorch's ``generate`` does, on prompts from the parity ``feeds``."""
+        ...
+
+    def genai_config(self, folder: Path, config: Any, report: ExportReport) -> Section:
+        """Writes onnxruntime-genai's config into the export's ``folder`` where genai runs the
+        graph as written (the model's ``config``, export.json's ``report`` so far); returns
+        export.json's ``genai``: what was written, or why not."""
         ...
 
 

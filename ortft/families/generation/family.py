@@ -48,6 +48,12 @@ class DecoderHooks(TextPrompt, Task):
 
         return decoder_graph.generation_check(model, path, feeds, tolerance)
 
+    def genai_config(self, folder: Path, config: Any, report: ExportReport) -> dict[str, Any]:
+        """genai_config.json where onnxruntime-genai runs the export (``genai``)."""
+        from ortft.families.generation import genai
+
+        return genai.write(folder, config, report)
+
     def snippet(self, tokenizer: Any, report: ExportReport) -> str:
         """The loop with the cache or without, on the example as the task's prompt."""
         from ortft.families.generation import card
