@@ -13,6 +13,7 @@ import csv
 import json
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +130,32 @@ WORDS = [
 def task_matrix(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Every task trained once per test process (tests/test_task_matrix.py's Matrix): the task
     matrix and the consumer tier share the runs where one process has both (`make
-    test-current` puts them in one xdist group)."""
+    test-current` puts them in one xdist group). With ORTFT_TEST_MATRIX_DIR (.ci/run sets it),
+    once per code and venv: `make test-consumer` reuses the runs `make test` trained, in a
+    folder named by ``matrix_key``, so a change to the code or another venv trains anew."""
     from test_task_matrix import Matrix
 
-    return Matrix(tmp_path_factory.mktemp("matrix"))
+    shared = os.environ.get("ORTFT_TEST_MATRIX_DIR")
+    if not shared:
+        return Matrix(tmp_path_factory.mktemp("matrix"))
+    root = Path(shared) / matrix_key()
+    root.mkdir(parents=True, exist_ok=True)
+    return Matrix(root)
+
+
+def matrix_key() -> str:
+    """The venv (``sys.prefix``), every source file of ortft and its tests, and the data they
+    train on, hashed: what the matrix's runs depend on."""
+    import hashlib
+
+    digest = hashlib.sha256(sys.prefix.encode())
+    top = Path(__file__).resolve().parent.parent
+    files = sorted([*(top / "ortft").rglob("*.py"), *(top / "tests").glob("*.py")])
+    data = [*(top / "tests" / "data").rglob("*"), *(top / "recipes" / "data").rglob("*")]
+    for path in [*files, *sorted(data)]:
+        if path.is_file():
+            digest.update(str(path.relative_to(top)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @pytest.fixture(autouse=True)

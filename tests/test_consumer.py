@@ -31,7 +31,6 @@ from test_task_matrix import (
     TASKS,
     Matrix,
     _close,
-    _inputs,
     _near_predictions,
 )
 from typer.testing import CliRunner
@@ -139,7 +138,7 @@ def _image_modes(run: Path) -> Path:
 @pytest.mark.parametrize("task", EXPORTED, ids=_ids)
 def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str) -> None:
     kind = traits.predicts(tasks.get(task))
-    all_inputs = [_inputs(task, matrix.run(task).parent)]
+    all_inputs = [matrix.inputs(task)]
     if kind == "image-label":
         all_inputs.append(_image_modes(matrix.run(task)))
     for folder in _exports(task, matrix, consumer_python):
@@ -177,7 +176,7 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
             inputs = folder / image.CARD_IMAGE
         if traits.predicts(spec) == "transcript":  # the snippet reads audio.flac: a held-out clip
             folder = shutil.copytree(folder, folder.parent / f"card-{folder.name}")
-            clip = _inputs(task, matrix.run(task).parent).read_text().split()[0]
+            clip = matrix.inputs(task).read_text().split()[0]
             shutil.copy(clip, folder / speech_card.CARD_AUDIO)
             inputs = folder / speech_card.CARD_AUDIO
         if traits.predicts(spec) == "embedding":  # the card prints its two texts' cosine similarity

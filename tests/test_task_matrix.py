@@ -18,7 +18,11 @@ model.onnx, as a client does: the cell checks it equals the two graphs run by ha
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +68,20 @@ IMAGE_CLASSES = tuple("abcdef")  # more than 5: eval scores top5_accuracy
 # ViT's logits by 1.2e-4 and its probabilities by 3.9e-5 at most (this run's 36 images,
 # 10x12 -> 8x8; 3 classes, 6 steps: 1.7e-4 and 4.8e-5)
 IMAGE_ONNX_TOLERANCE = 1e-3
+
+
+TRAINED, INPUTS = ".trained", ".inputs"  # Matrix's marks: a task's run, its predict inputs
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` across test processes (fcntl; released on exit)."""
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _recipe(task: str, tmp: Path) -> dict[str, Any]:
@@ -128,7 +146,12 @@ def _inputs(task: str, tmp: Path) -> Path:
 
 
 class Matrix:
-    """Trains each task once and runs each (op, runtime) once; tests read the results."""
+    """Trains each task once and runs each (op, runtime) once; tests read the results.
+
+    ``shared``: ``root`` outlives the session (conftest's ``task_matrix`` under
+    ORTFT_TEST_MATRIX_DIR), so a later session on the same code reuses a run an earlier one
+    trained, and test processes of one session may ask for the same task at once: each task's
+    training and predict inputs are written once, under a lock, and marked complete last."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -138,14 +161,32 @@ class Matrix:
     def run(self, task: str) -> Path:
         if task not in self.runs:
             tmp = self.root / task
-            tmp.mkdir()
-            recipe = write_recipe(tmp / "r.yaml", _recipe(task, tmp))
-            res = run_cli(
-                "train", str(recipe), "-o", str(tmp / "run"), timeout=600, env={"NO_COLOR": "1"}
-            )
-            assert res.returncode == 0, res.stderr[-3000:]
+            with _locked(self.root / f"{task}.lock"):
+                if not (tmp / TRAINED).exists():
+                    shutil.rmtree(tmp, ignore_errors=True)  # a session stopped mid-training
+                    tmp.mkdir()
+                    recipe = write_recipe(tmp / "r.yaml", _recipe(task, tmp))
+                    res = run_cli(
+                        "train",
+                        str(recipe),
+                        "-o",
+                        str(tmp / "run"),
+                        timeout=600,
+                        env={"NO_COLOR": "1"},
+                    )
+                    assert res.returncode == 0, res.stderr[-3000:]
+                    (tmp / TRAINED).touch()
             self.runs[task] = tmp / "run"
         return self.runs[task]
+
+    def inputs(self, task: str) -> Path:
+        """The task's predict inputs (``_inputs``), beside its run; written once."""
+        tmp = self.run(task).parent
+        with _locked(self.root / f"{task}.lock"):
+            marker = tmp / INPUTS
+            if not marker.exists():
+                marker.write_text(str(_inputs(task, tmp)))
+            return Path(marker.read_text())
 
     def summary(self, task: str) -> dict[str, Any]:
         return summary(self.run(task))
@@ -157,7 +198,7 @@ class Matrix:
             source = run / "onnx" if runtime == "onnx" else run
             args = ["eval", str(source), "--json"]
             if op == "predict":
-                inputs = _inputs(task, run.parent)
+                inputs = self.inputs(task)
                 args = ["predict", str(source), "-i", str(inputs), "--json"]
                 args += ["--max-new-tokens", str(MAX_NEW)]
             res = CliRunner().invoke(app, args)
@@ -204,7 +245,7 @@ def _check_eval(task: str, got: dict[str, Any], m: Matrix, runtime: str) -> None
 
 
 def _check_predict(task: str, got: list[dict[str, Any]], m: Matrix) -> None:
-    inputs = [x for x in _inputs(task, m.run(task).parent).read_text().splitlines() if x]
+    inputs = [x for x in m.inputs(task).read_text().splitlines() if x]
     assert [r["index"] for r in got] == list(range(len(inputs)))
     kind = traits.predicts(tasks.get(task))
     config = json.loads((m.run(task) / "final" / "config.json").read_text())
