@@ -229,7 +229,15 @@ class ReadsOutput(Protocol):
     """A task whose model gives no ``logits`` (question answering: start and end logits)."""
 
     def output_logits(self, out: Any) -> Any:
-        """``out`` (the model's output) as the one tensor the loss, the export and eval read."""
+        """``out`` (the model's output) as the one tensor the loss, parity and eval read: its
+        ``output_names`` fields stacked on axis 1."""
+        ...
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The export's outputs, each [batch, sequence]: the model output's fields of these
+        names, as Optimum's exports and transformers.js name them (``start_logits``,
+        ``end_logits``); ``ortft.export.parity.graph_logits`` stacks them back."""
         ...
 
 
