@@ -9,7 +9,9 @@ at a time; for images, Pillow's decoding (files of every mode ortft converts: al
 16 kHz samples, features.onnx, the encoder, then the decoder with its KV cache. Its outputs must equal ``ortft predict`` on
 the same export. The folder's model card snippet is run there too, verbatim, and must print what
 ``ortft predict`` gives for its input. This is the contract that an export is usable outside
-ortft.
+ortft. transformers.js (Node, tests/node/) opens each export it has a pipeline for, and its
+dtypes the fp16 and int8 variants, as ortft wrote the folder, and must agree with ``ortft
+predict`` too.
 """
 
 from __future__ import annotations
@@ -539,8 +541,10 @@ def test_transformers_js_dtypes_open_the_variants(matrix: Matrix, node_modules: 
     ``"fp16"`` model.fp16.onnx, each giving that file's scores (run here by hand)."""
     run = matrix.run("sequence-classification")
     folder = run / "onnx-variants"
-    if not folder.exists():
-        _export(run, folder, "--fp16", "--quantize", "int8")
+    if not folder.exists():  # ortft export RUN --fp16 --quantize int8, in this process
+        from ortft.tools.export_source import export_source
+
+        export_source(run, folder, opset=20, tolerance=1e-4, fp16=True, quantize="int8")
     tok = _tokenizer(folder)
     labels = json.loads((folder / "config.json").read_text())["id2label"]
     texts = NODE_TEXTS[:3]

@@ -11,8 +11,9 @@ The model returns start and end logits; ortft stacks them as ``logits`` of shape
 [batch, 2, sequence] for the loss, parity and eval. The ONNX graph gives them apart, as
 ``start_logits`` and ``end_logits`` (each [batch, sequence]: what Optimum's exports give and
 transformers.js's question-answering pipeline reads); an export of format 2 gave the stacked
-``logits``, which ortft still reads (``ortft.export.parity.graph_logits``). The predicted span is the best start + end score
-over context tokens (end >= start, at most 30 tokens), read back as the context's characters.
+``logits``, which ortft still reads (``ortft.export.parity.graph_logits``). The predicted span
+is the best start + end score over context tokens (end >= start, at most 30 tokens), read back
+as the context's characters.
 Metrics: ``exact_match`` and ``f1`` of that text against the answer text, with the official
 SQuAD v1.1 normalization (``ortft/tasks/squad.py``); an answer truncated away is a miss. To score
 text, each encoded row carries the context part its window covers (``_window``, UTF-8), each
