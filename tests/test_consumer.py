@@ -45,7 +45,7 @@ from ortft.export import deploy
 from ortft.families.speech import card as speech_card
 from ortft.families.vision import graphs as image
 from ortft.inference.predict import format_line
-from ortft.tasks import traits
+from ortft.tasks import protocols, traits
 
 # one xdist group with tests/test_task_matrix.py: under --dist loadgroup (make test-current) one
 # process runs both, and they share the trained runs (conftest's task_matrix)
@@ -573,3 +573,42 @@ def ort_session(path: Path) -> Any:
     import onnxruntime as ort
 
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("task", list(JS_PIPELINES), ids=_ids)
+def test_card_transformers_js_snippet_runs_verbatim(
+    task: str, matrix: Matrix, node_modules: str
+) -> None:
+    """The card's transformers.js snippet, run from the folder with Node (transformers.js
+    found beside it), prints what tests/node/pipeline.mjs gets for the same call."""
+    from transformers import AutoTokenizer
+
+    from ortft.export import js_card
+
+    folder = matrix.run(task) / "onnx"
+    report = json.loads((folder / "export.json").read_text())
+    spec = tasks.get(task)  # the task matrix's runs take their task's default options
+    assert isinstance(spec, protocols.OpensInTransformersJs)
+    reads_files = traits.predicts(spec) == "image-label"
+    call = spec.js_call(None if reads_files else AutoTokenizer.from_pretrained(folder), report)
+    assert call is not None, task
+    pipe, args, options = call
+    if traits.predicts(spec) == "image-label":  # the snippet reads image.png: a copy beside it
+        folder = shutil.copytree(folder, folder.parent / "card-js-onnx", symlinks=True,
+                                 dirs_exist_ok=True)  # fmt: skip
+        shutil.copy(_image_modes(matrix.run(task)).parent / "modes" / "rgba.png",
+                    folder / image.CARD_IMAGE)  # fmt: skip
+        args = [str(folder / image.CARD_IMAGE)]
+    modules = folder.parent / "node_modules"  # where Node looks from the folder
+    if not modules.exists():
+        modules.symlink_to(node_modules)
+    code = js_card.card_js((folder / "README.md").read_text())
+    res = subprocess.run(
+        ["node", "--input-type=module", "-e", code],
+        capture_output=True, text=True, timeout=300, check=False, cwd=folder,
+    )  # fmt: skip
+    assert res.returncode == 0, (res.stderr[-3000:], code)
+    inputs = [dict(zip(("question", "context"), args, strict=True))] if len(args) == 2 else args
+    job = {"task": pipe, "folder": str(folder), "options": options, "inputs": inputs}
+    (want,) = _node(node_modules, job, folder.parent.parent)
+    assert _close(json.loads(res.stdout), want["output"]), (res.stdout, want["output"])

@@ -254,6 +254,14 @@ def write_card(folder: Path, task: Any, tokenizer: Any, report: ExportReport) ->
         code, holds, inputs, usage = task.card(report)
     else:
         code, holds, inputs, usage = _text_card(task, tokenizer, report)
+    call = None
+    if isinstance(task, protocols.OpensInTransformersJs):
+        call = task.js_call(tokenizer, report)
+    js = ""
+    if call is not None:  # the transformers.js pipeline that opens the folder
+        from ortft.export import js_card
+
+        js = js_card.section(*call)
     (folder / "README.md").write_text(
         f"""---
 library_name: onnxruntime
@@ -271,7 +279,7 @@ Usage with {usage} only, run from this folder:
 
 {CARD_FENCE}
 {code}```
-"""
+{js}"""
     )
 
 

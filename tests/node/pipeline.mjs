@@ -10,7 +10,7 @@
 // onnx/model_<suffix>.onnx), "options": the pipeline call's options, "inputs": [...]}. An input
 // is what the pipeline takes: a text, an image path, or {"question", "context"} for
 // question-answering. One JSON line per input on stdout: {"input", "output": the pipeline's
-// answer, "input_ids": the tokens the pipeline's tokenizer gave (text pipelines)}.
+// answer, "input_ids": the tokens the pipeline's tokenizer gives a text input}.
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -47,6 +47,6 @@ for (const input of job.inputs) {
     if (job.task === "image-classification") text = null;
   }
   const row = { input, output: plain(output) };
-  if (text !== null) row.input_ids = plain(run.tokenizer(text).input_ids)[0];
+  if (typeof text === "string") row.input_ids = plain(run.tokenizer(text).input_ids)[0];
   console.log(JSON.stringify(row));
 }

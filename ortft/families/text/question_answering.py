@@ -32,9 +32,11 @@ import numpy as np
 from pydantic import Field
 
 from ortft.core.errors import InputError
+from ortft.core.reports import ExportReport
 from ortft.families.text.spans import OUTPUTS, best_span, context_char_spans, span_logits
 from ortft.tasks import squad
 from ortft.tasks.base import Encoded, Task, TaskOptions
+from ortft.tasks.protocols import JsCall
 
 if TYPE_CHECKING:
     import torch
@@ -74,6 +76,12 @@ class QuestionAnswering(Task):
     predicts = "answer"
     eval_metrics = ("eval_loss", "eval_exact_match", "eval_f1")
     hf_architectures = ("QuestionAnswering",)
+
+    def js_call(self, tokenizer: Any, report: ExportReport) -> JsCall | None:
+        """transformers.js's ``question-answering`` pipeline on the card's example (model card)."""
+        from ortft.export import deploy
+
+        return "question-answering", list(deploy.QA_EXAMPLE), {}
 
     @property
     def options_key(self) -> str:
