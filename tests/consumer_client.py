@@ -129,8 +129,10 @@ def predict(folder: Path, obj: dict, kind: str, max_new: int) -> dict:
     if kind == "answer":
         q, c = obj["question"], obj["context"]
         enc = tok.encode(q, c)
-        logits = run(sess, enc.ids)[0].astype(np.float64)
-        score = logits[0][:, None] + logits[1][None, :]
+        x = np.array([enc.ids], dtype=np.int64)
+        feeds = {"input_ids": x, "attention_mask": np.ones_like(x)}
+        start, end = sess.run(["start_logits", "end_logits"], feeds)
+        score = start[0].astype(np.float64)[:, None] + end[0].astype(np.float64)[None, :]
         ok = np.array(enc.sequence_ids) == 1
         i, j = np.indices(score.shape)
         score[~((j >= i) & (j - i < 30) & ok[:, None] & ok[None, :])] = -np.inf

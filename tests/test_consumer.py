@@ -9,7 +9,9 @@ at a time; for images, Pillow's decoding (files of every mode ortft converts: al
 16 kHz samples, features.onnx, the encoder, then the decoder with its KV cache. Its outputs must equal ``ortft predict`` on
 the same export. The folder's model card snippet is run there too, verbatim, and must print what
 ``ortft predict`` gives for its input. This is the contract that an export is usable outside
-ortft.
+ortft. transformers.js (Node, tests/node/) opens each export it has a pipeline for, and its
+dtypes the fp16 and int8 variants, as ortft wrote the folder, and must agree with ``ortft
+predict`` too.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ortft.export import deploy
 from ortft.families.speech import card as speech_card
 from ortft.families.vision import graphs as image
 from ortft.inference.predict import format_line
-from ortft.tasks import traits
+from ortft.tasks import protocols, traits
 
 # one xdist group with tests/test_task_matrix.py: under --dist loadgroup (make test-current) one
 # process runs both, and they share the trained runs (conftest's task_matrix)
@@ -419,3 +421,193 @@ def test_transformers_js_matches_predict(matrix: Matrix, node_modules: str) -> N
         assert g["label"] == w["label"], (g, w)
         assert set(g["scores"]) == set(w["scores"])
         assert all(abs(g["scores"][k] - v) <= NODE_SCORE_TOLERANCE for k, v in w["scores"].items())
+
+
+# --------------------------------------------------------------------------- every pipeline
+
+# the transformers.js pipeline that opens each task's export (its README's table, docs/export.md)
+JS_PIPELINES = {
+    "token-classification": "token-classification",
+    "masked-lm": "fill-mask",
+    "question-answering": "question-answering",
+    "sentence-embedding": "feature-extraction",
+    "image-classification": "image-classification",
+    "causal-lm": "text-generation",
+    "instruction": "text-generation",
+}
+# transformers.js decodes and resizes an image itself (sharp), ortft predict through
+# preprocess.onnx (PIL's resize): the same labels, probabilities up to the resize's step apart
+JS_IMAGE_TOLERANCE = IMAGE_SCORE_TOLERANCE
+JS_SCORE_TOLERANCE = 1e-4  # issue 49's "agrees": scores within 1e-4
+JS_COSINE = 0.9999  # embeddings: cosine to ortft predict's
+
+
+def _node(node_modules: str, job: dict[str, Any], where: Path) -> list[dict[str, Any]]:
+    """tests/node/pipeline.mjs on ``job`` (one Node process): one row per input."""
+    path = where / f"job-{job['task']}-{job.get('dtype', 'fp32')}.json"
+    path.write_text(json.dumps(job))
+    out = subprocess.run(
+        ["node", str(NODE / "pipeline.mjs"), node_modules, str(path)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(x) for x in out.stdout.splitlines()]
+    assert [r["input"] for r in rows] == job["inputs"]
+    return rows
+
+
+def _js_inputs(task: str, folder: Path, inputs: Path) -> list[Any]:
+    """The predict inputs as the pipeline takes them: a text (token classification: the words
+    joined), {question, context}, an image's path, a decoder's prompt as the model sees it."""
+    lines = [x.strip() for x in _prompts(folder, inputs).read_text().splitlines() if x.strip()]
+    objs = [json.loads(x) if x.startswith("{") else {"text": x} for x in lines]
+    if task == "image-classification":
+        return [str(inputs.parent / x) for x in lines]
+    if task == "question-answering":
+        return [{"question": o["question"], "context": o["context"]} for o in objs]
+    return [" ".join(o["tokens"]) if "tokens" in o else o["text"] for o in objs]
+
+
+@pytest.mark.parametrize("task", list(JS_PIPELINES), ids=_ids)
+def test_transformers_js_pipelines_match_predict(
+    task: str, matrix: Matrix, node_modules: str
+) -> None:
+    """transformers.js's pipeline for the task opens the export folder as ortft wrote it and
+    agrees with ``ortft predict`` on the same folder: tags and answers equal, fill-mask's
+    candidates and scores, embeddings (the export's pooling) to cosine 0.9999, image labels,
+    greedy text token for token (``MAX_NEW`` new tokens)."""
+    folder = matrix.run(task) / "onnx"
+    inputs = _inputs(task, matrix.run(task).parent)
+    report = json.loads((folder / "export.json").read_text())
+    limit = report.get("tokenizer", {}).get("truncation")  # the tokenizer's, not training's
+    want = _predict(folder, inputs, MAX_NEW, *(("--max-length", str(limit)) if limit else ()))
+    job: dict[str, Any] = {"task": JS_PIPELINES[task], "folder": str(folder), "options": {}}
+    job["inputs"] = _js_inputs(task, folder, inputs)
+    if task == "token-classification":
+        job["options"] = {"ignore_labels": []}  # every token's tag, "O" too
+    elif task == "sentence-embedding":
+        pooling = report["pooling"]
+        job["options"] = {"pooling": pooling["mode"], "normalize": pooling["normalize"]}
+    elif task == "image-classification":
+        job["options"] = {"top_k": len(want[0]["scores"])}
+    elif JS_PIPELINES[task] == "text-generation":
+        job["options"] = {"max_new_tokens": MAX_NEW, "do_sample": False}
+        job["options"].update(return_full_text=False, add_special_tokens=False)
+    got = _node(node_modules, job, folder.parent.parent)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        _agrees(task, folder, g, w)
+
+
+def _agrees(task: str, folder: Path, got: dict[str, Any], want: dict[str, Any]) -> None:
+    from tokenizers import Tokenizer
+
+    out = got["output"]
+    if task == "image-classification":
+        scores = {r["label"]: r["score"] for r in out}
+        assert out[0]["label"] == want["label"], (got, want)
+        assert all(abs(scores[k] - v) <= JS_IMAGE_TOLERANCE for k, v in want["scores"].items())
+    elif task == "sentence-embedding":
+        (vec,), ref = np.array(out), np.array(want["embedding"])
+        assert vec @ ref / (np.linalg.norm(vec) * np.linalg.norm(ref)) >= JS_COSINE, got["input"]
+    elif JS_PIPELINES[task] == "text-generation":
+        assert out[0]["generated_text"] == want["generated"], (got, want)
+    elif task == "masked-lm":  # the pipeline fills the first mask: its top 5, best first
+        cands = want["masks"][0]["candidates"]
+        assert [c["token_str"].strip() for c in out] == [c["token"] for c in cands], (got, want)
+        assert all(
+            abs(c["score"] - w["score"]) <= JS_SCORE_TOLERANCE
+            for c, w in zip(out, cands, strict=True)
+        )
+    elif task == "token-classification":  # each word's tag is its first sub-token's
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        enc = tok.encode(want["tokens"], is_pretokenized=True)
+        assert got["input_ids"] == enc.ids, (got, want)
+        tags = {r["index"]: r["entity"] for r in out}
+        first = {w: p for p, w in reversed(list(enumerate(enc.word_ids))) if w is not None}
+        assert [tags[first[i]] for i in range(len(want["tokens"]))] == want["tags"], (got, want)
+    else:  # question answering: the same span, as the pipeline decodes its tokens
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        enc = tok.encode(got["input"]["question"], got["input"]["context"])
+        parts = zip(enc.ids, enc.sequence_ids, enc.offsets, strict=True)
+        span = [t for t, s, (a, b) in parts if s == 1 and want["start"] <= a and b <= want["end"]]
+        assert out["answer"] == tok.decode(span), (got, want)
+
+
+def test_transformers_js_dtypes_open_the_variants(matrix: Matrix, node_modules: str) -> None:
+    """``ortft export --fp16 --quantize int8`` links each variant under the name
+    transformers.js's dtype picks: ``dtype: "q8"`` and ``"int8"`` open model.int8.onnx,
+    ``"fp16"`` model.fp16.onnx, each giving that file's scores (run here by hand)."""
+    run = matrix.run("sequence-classification")
+    folder = run / "onnx-variants"
+    if not folder.exists():  # ortft export RUN --fp16 --quantize int8, in this process
+        from ortft.tools.export_source import export_source
+
+        export_source(run, folder, opset=20, tolerance=1e-4, fp16=True, quantize="int8")
+    tok = _tokenizer(folder)
+    labels = json.loads((folder / "config.json").read_text())["id2label"]
+    texts = NODE_TEXTS[:3]
+    for dtype, file in (("q8", "model.int8.onnx"), ("int8", "model.int8.onnx"),
+                        ("fp16", "model.fp16.onnx")):  # fmt: skip
+        job = {"task": "text-classification", "folder": str(folder), "dtype": dtype}
+        job.update(options={"top_k": len(labels)}, inputs=texts)
+        got = _node(node_modules, job, run.parent)
+        sess = ort_session(folder / file)
+        for row in got:
+            ids = np.array([tok.encode(row["input"]).ids], dtype=np.int64)
+            logits = sess.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+            p = np.exp(logits[0][0]) / np.exp(logits[0][0]).sum()
+            want = {labels[str(i)]: float(v) for i, v in enumerate(p)}
+            scores = {r["label"]: r["score"] for r in row["output"]}
+            assert scores == pytest.approx(want, abs=JS_SCORE_TOLERANCE), (dtype, row, want)
+
+
+def _tokenizer(folder: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+def ort_session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("task", list(JS_PIPELINES), ids=_ids)
+def test_card_transformers_js_snippet_runs_verbatim(
+    task: str, matrix: Matrix, node_modules: str
+) -> None:
+    """The card's transformers.js snippet, run from the folder with Node (transformers.js
+    found beside it), prints what tests/node/pipeline.mjs gets for the same call."""
+    from transformers import AutoTokenizer
+
+    from ortft.export import js_card
+
+    folder = matrix.run(task) / "onnx"
+    report = json.loads((folder / "export.json").read_text())
+    spec = tasks.get(task)  # the task matrix's runs take their task's default options
+    assert isinstance(spec, protocols.OpensInTransformersJs)
+    reads_files = traits.predicts(spec) == "image-label"
+    call = spec.js_call(None if reads_files else AutoTokenizer.from_pretrained(folder), report)
+    assert call is not None, task
+    pipe, args, options = call
+    if traits.predicts(spec) == "image-label":  # the snippet reads image.png: a copy beside it
+        folder = shutil.copytree(folder, folder.parent / "card-js-onnx", symlinks=True,
+                                 dirs_exist_ok=True)  # fmt: skip
+        shutil.copy(_image_modes(matrix.run(task)).parent / "modes" / "rgba.png",
+                    folder / image.CARD_IMAGE)  # fmt: skip
+        args = [str(folder / image.CARD_IMAGE)]
+    modules = folder.parent / "node_modules"  # where Node looks from the folder
+    if not modules.exists():
+        modules.symlink_to(node_modules)
+    code = js_card.card_js((folder / "README.md").read_text())
+    res = subprocess.run(
+        ["node", "--input-type=module", "-e", code],
+        capture_output=True, text=True, timeout=300, check=False, cwd=folder,
+    )  # fmt: skip
+    assert res.returncode == 0, (res.stderr[-3000:], code)
+    inputs = [dict(zip(("question", "context"), args, strict=True))] if len(args) == 2 else args
+    job = {"task": pipe, "folder": str(folder), "options": options, "inputs": inputs}
+    (want,) = _node(node_modules, job, folder.parent.parent)
+    assert _close(json.loads(res.stdout), want["output"]), (res.stdout, want["output"])

@@ -106,3 +106,37 @@ def test_no_links_where_the_file_system_has_none(
     assert layout.hub_links(tmp_path) == {}
     assert not (tmp_path / "onnx").exists() and _logits(tmp_path / "model.onnx").shape == (1, 2)
     assert layout.hub_links(tmp_path / "onnx") == {}  # no model.onnx there
+
+
+def test_variants_are_linked_under_transformers_js_names(tiny: Path) -> None:
+    """``--fp16 --quantize int8``: each variant is linked in onnx/ under the file name
+    transformers.js's dtype picks (fp16 -> model_fp16.onnx; q8 -> model_quantized.onnx, int8 ->
+    model_int8.onnx), relative to the root file, listed in ``links`` and not in ``files``."""
+    out = tiny.parent / "variants"
+    export_source(tiny, out, opset=20, tolerance=1e-4, fp16=True, quantize="int8")
+    report = json.loads((out / "export.json").read_text())
+    want = {
+        "onnx/model.onnx": "model.onnx",
+        "onnx/model_fp16.onnx": "model.fp16.onnx",
+        "onnx/model_quantized.onnx": "model.int8.onnx",
+        "onnx/model_int8.onnx": "model.int8.onnx",
+    }
+    assert report["links"] == want
+    assert not set(report["files"].values()) & {
+        Path(k).name for k in want if k != "onnx/model.onnx"
+    }
+    for link, target in want.items():
+        assert os.readlink(out / link) == f"../{target}", link
+        np.testing.assert_array_equal(_logits(out / link), _logits(out / target))
+
+
+def test_an_int4_root_file_is_linked_as_q4(
+    exported: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """``model.int4.onnx`` at the root (``--quantize int4``) is transformers.js's "q4"."""
+    out, _ = exported
+    for name in ("model.onnx", "model.int4.onnx"):
+        (tmp_path / name).write_bytes((out / "model.onnx").read_bytes())
+    links = layout.hub_links(tmp_path)
+    assert links == {"onnx/model.onnx": "model.onnx", "onnx/model_q4.onnx": "model.int4.onnx"}
+    assert os.readlink(tmp_path / "onnx" / "model_q4.onnx") == "../model.int4.onnx"

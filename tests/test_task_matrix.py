@@ -341,3 +341,63 @@ def _near_predictions(got: list[dict[str, Any]], want: list[dict[str, Any]], tol
         assert all(abs(g["scores"][k] - v) <= tol for k, v in w["scores"].items()), (g, w)
         (_, p1), (_, p2) = w["top_k"][:2]
         assert g["label"] == w["label"] or p1 - p2 <= 2 * tol, (g, w)
+
+
+def _as_format_2(folder: Path, out: Path, output: str = "logits") -> Path:
+    """A copy of a question-answering export as ortft wrote it before format 3: one output
+    ``output``, start and end logits stacked [batch, 2, sequence]."""
+    import shutil
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    shutil.copytree(folder, out, symlinks=True)
+    model = onnx.load(str(out / "model.onnx"))
+    g = model.graph
+    g.initializer.append(numpy_helper.from_array(np.array([1], np.int64), "stack_axis"))
+    g.node.extend(
+        [
+            helper.make_node("Unsqueeze", ["start_logits", "stack_axis"], ["start_1"]),
+            helper.make_node("Unsqueeze", ["end_logits", "stack_axis"], ["end_1"]),
+            helper.make_node("Concat", ["start_1", "end_1"], [output], axis=1),
+        ]
+    )
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", 2, "seq"]))
+    onnx.save(model, str(out / "model.onnx"))
+    report = json.loads((out / "export.json").read_text())
+    report.update(format_version=2, outputs=[output])
+    (out / "export.json").write_text(json.dumps(report))
+    return out
+
+
+def test_question_answering_export_of_format_2_still_reads(matrix: Matrix) -> None:
+    """An export written before the split outputs (format 2: one stacked ``logits``) gives the
+    same answers, scores and eval metrics as today's; a graph with neither is refused in one
+    line that says to re-export."""
+    run = matrix.run("question-answering")
+    assert json.loads((run / "onnx" / "export.json").read_text())["outputs"] == [
+        "start_logits",
+        "end_logits",
+    ]
+    inputs = _inputs("question-answering", run.parent)
+    want = matrix.result("question-answering", "predict", "onnx")
+    # in the run, and outside it: padded to the tokenizer's 512, not the run's 64 (the score
+    # leaves padding out, so it is the same)
+    for old in (run / "onnx-format-2", run.parent / "onnx-format-2"):
+        _as_format_2(run / "onnx", old)
+        args = ["predict", str(old), "-i", str(inputs), "--json"]
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 0, res.stderr + str(res.exception)
+        _same_predictions([json.loads(x) for x in res.stdout.splitlines()], want)
+    res = CliRunner().invoke(app, ["eval", str(run / "onnx-format-2"), "--json"])
+    assert res.exit_code == 0, res.stderr + str(res.exception)
+    metrics = matrix.result("question-answering", "eval", "onnx")["metrics"]
+    assert json.loads(res.stdout)["metrics"] == pytest.approx(metrics, rel=1e-5)
+    other = _as_format_2(run / "onnx", run / "onnx-other", output="scores")
+    res = CliRunner().invoke(app, ["predict", str(other), "-i", str(inputs)])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("error: ")
+    assert "gives scores, not start_logits, end_logits" in res.stderr
+    assert "re-export it with `ortft export RUN`" in res.stderr

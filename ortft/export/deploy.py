@@ -177,7 +177,10 @@ print(" ".join(f"{{w}}/{{tags.get(i, '-')}}" for i, w in enumerate(words)))
 """,
     "answer": """question, context = {question}, {context}
 enc = tok.encode(question, context)
-{run}score = logits[0, 0][:, None] + logits[0, 1][None, :]  # start + end, [seq, seq]
+ids = np.array([enc.ids], dtype=np.int64)
+feeds = {{"input_ids": ids, "attention_mask": np.ones_like(ids)}}
+start_logits, end_logits = session.run(["start_logits", "end_logits"], feeds)
+score = start_logits[0][:, None] + end_logits[0][None, :]  # start + end, [seq, seq]
 in_context = np.array(enc.sequence_ids) == 1
 i, j = np.indices(score.shape)
 score[~((j >= i) & (j - i < 30) & in_context[:, None] & in_context[None, :])] = -np.inf
@@ -251,6 +254,14 @@ def write_card(folder: Path, task: Any, tokenizer: Any, report: ExportReport) ->
         code, holds, inputs, usage = task.card(report)
     else:
         code, holds, inputs, usage = _text_card(task, tokenizer, report)
+    call = None
+    if isinstance(task, protocols.OpensInTransformersJs):
+        call = task.js_call(tokenizer, report)
+    js = ""
+    if call is not None:  # the transformers.js pipeline that opens the folder
+        from ortft.export import js_card
+
+        js = js_card.section(*call)
     (folder / "README.md").write_text(
         f"""---
 library_name: onnxruntime
@@ -268,7 +279,7 @@ Usage with {usage} only, run from this folder:
 
 {CARD_FENCE}
 {code}```
-"""
+{js}"""
     )
 
 

@@ -2,7 +2,8 @@
 
 The folder it writes is self-contained: ``model.onnx`` (inputs ``input_ids`` and
 ``attention_mask``, and a sentence-pair model's ``token_type_ids`` where it has segment
-embeddings, with dynamic batch and sequence axes, output ``logits``), the tokenizer,
+embeddings, with dynamic batch and sequence axes, output ``logits``, or a task's own:
+question answering's ``start_logits`` and ``end_logits``), the tokenizer,
 the model config and ``export.json`` (the reports). On request it also holds
 ``model.opt.onnx`` (ORT graph optimization), ``model.fp16.onnx``, ``model.int8.onnx`` and
 ``training/`` (on-device training artifacts, built by the caller's ``TrainingStep``); see
@@ -61,10 +62,15 @@ def _task_of(task: str, task_options: Any) -> Any:
 
 
 class _LogitsOnly(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module, is_decoder: bool, spec: Any = None):
+    """The model's logits: the graph's outputs (``split``: a task's own, ``output_names``),
+    else as one tensor, the reference parity compares them with."""
+
+    def __init__(
+        self, model: torch.nn.Module, is_decoder: bool, spec: Any = None, split: bool = False
+    ):
         super().__init__()
-        self.model, self.is_decoder = model, is_decoder
-        # a task whose model gives no logits (question answering: [batch, 2 (start, end), seq])
+        self.model, self.is_decoder, self.split = model, is_decoder, split
+        # a task whose model gives no logits (question answering: start and end logits)
         self.output = spec if isinstance(spec, protocols.ReadsOutput) else None
 
     def forward(
@@ -72,14 +78,22 @@ class _LogitsOnly(torch.nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         kw: dict[str, Any] = {"use_cache": False} if self.is_decoder else {}
         if token_type_ids is not None:  # a sentence-pair model's segments
             kw["token_type_ids"] = token_type_ids
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kw)
+        if self.output is not None and self.split:
+            return tuple(getattr(out, name) for name in self.output.output_names)
         if self.output is not None:
             return self.output.output_logits(out)
         return out.logits
+
+
+def output_names(spec: Any) -> tuple[str, ...]:
+    """The outputs of ``spec``'s single graph: ``logits``, or a task's own
+    (``protocols.ReadsOutput``: question answering's start_logits and end_logits)."""
+    return spec.output_names if isinstance(spec, protocols.ReadsOutput) else ("logits",)
 
 
 def deployable(
@@ -302,10 +316,12 @@ class _SingleGraph:
         graph = _graph(model, self.spec, self.example, self.names, self.decoder, self.cache)
         export_s = _torch_export(graph, tmp / "model.onnx", self.opset)
         with torch.no_grad():
-            want = self.wrapper(*(torch.from_numpy(feeds[k]) for k in self.names)).numpy()
+            want = self.wrapper(*(torch.from_numpy(feeds[k]) for k in self.names))
         source = samples_source(self.samples)
+        positions = prediction_positions(task)
+        outputs = output_names(self.spec)  # a decoder's graph gives its cache too
         ref = parity.Reference(
-            feeds, want, prediction_positions(task), self.tolerance, source, self.names
+            feeds, want.numpy(), positions, self.tolerance, source, self.names, outputs
         )
         self.tokenizer.save_pretrained(tmp)
         generation.save(model, tmp)  # config.json, generation_config.json
@@ -358,12 +374,14 @@ def _graph(
     if cache is not None:
         return cache.cached_graph(model, example)
     axes = {k: {0: "batch", 1: "sequence"} for k in names}
-    per_position = isinstance(spec, protocols.LogitsPerPosition)
-    axes["logits"] = {0: "batch", 1: "sequence"} if per_position else {0: "batch"}
+    outputs = output_names(spec)
+    per_position = isinstance(spec, protocols.LogitsPerPosition) or outputs != ("logits",)
+    for name in outputs:  # a task's own outputs are per position (start and end logits)
+        axes[name] = {0: "batch", 1: "sequence"} if per_position else {0: "batch"}
     # eval() on the wrapper itself: torch.onnx.export restores the wrapper's own mode after
     # exporting, and a wrapper left in training mode would switch dropout back on.
-    module = _LogitsOnly(model, decoder is not None, spec).eval()
-    return Graph(module, example, list(names), ["logits"], axes)
+    module = _LogitsOnly(model, decoder is not None, spec, split=True).eval()
+    return Graph(module, example, list(names), list(outputs), axes)
 
 
 def _published(out_dir: Path, build: Callable[[Path], ExportReport]) -> ExportReport:

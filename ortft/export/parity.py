@@ -43,7 +43,8 @@ from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport, ParityReport, Section
 from ortft.export import onnx_tools as tools  # the converters
 
-EXPORT_FORMAT_VERSION = 2
+# 3: a question-answering graph gives start_logits and end_logits (2: one stacked logits)
+EXPORT_FORMAT_VERSION = 3
 THRESHOLDS = {
     "fp16": {"min_agreement": 0.99, "max_accuracy_drop": 0.01},
     "int8": {"min_agreement": 0.90, "max_accuracy_drop": 0.02},
@@ -87,9 +88,32 @@ def session_feeds(sess: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarr
     return {**out, **empty_past(sess, len(next(iter(out.values()))))}
 
 
-def run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    sess = session(path)
-    return sess.run(["logits"], session_feeds(sess, feeds))[0].astype(np.float32)
+def run(
+    path: Path, feeds: dict[str, np.ndarray], outputs: Sequence[str] = ("logits",)
+) -> np.ndarray:
+    return graph_logits(session(path), feeds, outputs, str(path)).astype(np.float32)
+
+
+def graph_logits(
+    sess: Any,
+    feeds: dict[str, np.ndarray],
+    outputs: Sequence[str] = ("logits",),
+    where: str = "the ONNX graph",
+) -> np.ndarray:
+    """A graph's logits: its ``outputs``, several stacked on axis 1 (a question-answering
+    export's start_logits and end_logits: [batch, 2, sequence], as ``protocols.ReadsOutput``
+    stacks the model's). A graph of format 2 gave that stack as one ``logits`` output: it is
+    read as it is. A graph with neither is an input error (``where``: the graph's file)."""
+    have = [o.name for o in sess.get_outputs()]
+    if not set(outputs) <= set(have) and "logits" in have:  # format 2: stacked in the graph
+        outputs = ("logits",)
+    if not set(outputs) <= set(have):
+        raise InputError(
+            f"{where} gives {', '.join(have)}, not {', '.join(outputs)}: "
+            "re-export it with `ortft export RUN`"
+        )
+    got = sess.run(list(outputs), session_feeds(sess, feeds))
+    return got[0] if len(got) == 1 else np.stack(got, axis=1)
 
 
 def predictions(
@@ -184,13 +208,15 @@ class Reference:
         "input_ids",
         "attention_mask",
     )  # the graph's inputs (images: pixel_values)
+    outputs: tuple[str, ...] = ("logits",)  # the graph's, stacked as ``logits`` (graph_logits)
 
     @property
     def inputs(self) -> dict[str, np.ndarray]:
         return {k: self.feeds[k] for k in self.names}
 
     def judge(self, path: Path) -> dict[str, Any]:
-        return judge(run(path, self.inputs), self.logits, self.feeds, self.positions)
+        got = run(path, self.inputs, self.outputs)
+        return judge(got, self.logits, self.feeds, self.positions)
 
 
 def wanted(optimize: bool, fp16: bool, quantize: str | None) -> list[str]:
@@ -323,7 +349,8 @@ def build_report(
     }
     if export_s is not None:
         result["export_s"] = round(export_s, 3)
-    result["inputs"], result["outputs"], result["parity"] = list(ref.names), ["logits"], parity
+    result["inputs"], result["outputs"] = list(ref.names), list(ref.outputs)
+    result["parity"] = parity
     files = {kind: _variant(kind, folder, ref, result["bytes"]) for kind in kinds}
     for kind, file in files.items():
         cast("dict[str, Section]", result)[kind] = file.pop("report")  # a VARIANTS key

@@ -82,11 +82,13 @@ class SavedModel:
         model takes them, as in training."""
         types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         if self.runtime == "onnxruntime":
-            from ortft.export.parity import session_feeds
+            from ortft.export.parity import graph_logits
 
             feeds = {"input_ids": input_ids, "attention_mask": attention_mask, **types}
             feeds = {k: v.astype(np.int64) for k, v in feeds.items()}
-            return self._model.run(["logits"], session_feeds(self._model, feeds))[0]
+            own = isinstance(self.spec, protocols.ReadsOutput)  # question answering: two outputs
+            outputs = self.spec.output_names if own else ("logits",)
+            return graph_logits(self._model, feeds, outputs, str(self.path / "model.onnx"))
         import torch
 
         kw: dict[str, Any] = {"use_cache": False} if traits.decodes(self.spec) else {}

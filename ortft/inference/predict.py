@@ -11,7 +11,7 @@ columns; ``ortft.inference.pairs``). Output, one line per input, in order; what 
 - tags (token classification): one tag per word (words: whitespace-separated, or the tokens
   list), from the word's first sub-token as in training; a word cut off by max_length: null;
 - answer (question answering): the best span of the context (as eval picks it), its character
-  offsets and score (start probability x end probability);
+  offsets and score (start probability x end probability, over the unpadded positions);
 - fill-mask (masked LM): each mask token's best token with its top-5 candidates, and the text
   with the masks filled;
   (tags, answer and fill-mask: the text family answers each line itself, as generation does:

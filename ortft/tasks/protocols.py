@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 # A staged export's builder: fills the staging folder, returns the export's report
 # (``ortft.export.parity.publish`` swaps the folder in).
 Builder = Callable[[Path], ExportReport]
+# A transformers.js pipeline call: (the pipeline, its arguments, its options)
+JsCall = tuple[str, list[Any], dict[str, Any]]
 
 
 @runtime_checkable
@@ -229,7 +231,15 @@ class ReadsOutput(Protocol):
     """A task whose model gives no ``logits`` (question answering: start and end logits)."""
 
     def output_logits(self, out: Any) -> Any:
-        """``out`` (the model's output) as the one tensor the loss, the export and eval read."""
+        """``out`` (the model's output) as the one tensor the loss, parity and eval read: its
+        ``output_names`` fields stacked on axis 1."""
+        ...
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The export's outputs, each [batch, sequence]: the model output's fields of these
+        names, as Optimum's exports and transformers.js name them (``start_logits``,
+        ``end_logits``); ``ortft.export.parity.graph_logits`` stacks them back."""
         ...
 
 
@@ -432,6 +442,17 @@ class WritesSnippet(Protocol):
 
     def snippet(self, tokenizer: Any, report: ExportReport) -> str:
         """The card's code (``report``: export.json's sections)."""
+        ...
+
+
+@runtime_checkable
+class OpensInTransformersJs(Protocol):
+    """A family whose export a transformers.js pipeline opens as ortft writes it: its model card
+    shows the call (``ortft.export.js_card``), which the consumer tier runs."""
+
+    def js_call(self, tokenizer: Any, report: ExportReport) -> JsCall | None:
+        """(the pipeline, the card example's arguments, the call's options); None where the
+        pipeline cannot read this export as ortft does (a text pair, max pooling)."""
         ...
 
 

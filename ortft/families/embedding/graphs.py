@@ -31,10 +31,10 @@ import torch
 
 from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport, ParityReport
-from ortft.export import deploy, generation, layout, parity, rows
+from ortft.export import deploy, generation, js_card, layout, parity, rows
 from ortft.export import onnx_tools as tools
 from ortft.families.embedding.pooling import Pooling, pool_tokens
-from ortft.families.embedding.task import FEATURE_EXTRACTION
+from ortft.families.embedding.task import CARD_TEXTS, FEATURE_EXTRACTION, js_call
 
 # export.json's task for an encoder exported without a task (a task that trains embeddings
 # passes its own name, with export kind "embedding")
@@ -48,7 +48,6 @@ AXES = {
     "last_hidden_state": {0: "batch", 1: "sequence"},
     "sentence_embedding": {0: "batch"},
 }
-CARD_TEXTS = ("A man is eating food.", "A man is eating a piece of bread.")
 
 
 def bare_encoder(config: Any) -> bool:
@@ -246,6 +245,8 @@ def card(report: ExportReport, pad_id: int, pad_token: str) -> str:
     )
     truncation = report["tokenizer"]["truncation"] or "no limit"
     code = snippet(pad_id, pad_token, p["lowercase"])
+    call = js_call(report)
+    js = js_card.section(*call) if call is not None else ""
     source = p["source"] if p["source"].startswith("default") else f"from {p['source']}"
     return f"""---
 library_name: onnxruntime
@@ -266,4 +267,4 @@ Usage with `onnxruntime` and `tokenizers` only, run from this folder:
 
 {deploy.CARD_FENCE}
 {code}```
-"""
+{js}"""

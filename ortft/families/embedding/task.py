@@ -44,9 +44,14 @@ from ortft.tasks.base import Encoded, Task, TaskOptions
 if TYPE_CHECKING:
     import torch
 
+    from ortft.core.reports import ExportReport
+    from ortft.tasks.protocols import JsCall
+
 log = logging.getLogger("ortft")
 
 TOP_K = 10  # mrr_at_10, recall_at_10
+# the texts the model card's snippets embed (ortft.families.embedding.graphs)
+CARD_TEXTS = ("A man is eating food.", "A man is eating a piece of bread.")
 # export.json's task for a text encoder without a head that no recipe describes, which
 # `ortft export` writes as this family's export (family.FeatureExtraction); a run's export is
 # named for the run's task
@@ -125,6 +130,10 @@ class SentenceEmbedding(Task):
     export_kind = "embedding"
     predicts = "embedding"
     eval_metrics = ("eval_loss", "eval_accuracy_at_1", "eval_mrr_at_10", "eval_recall_at_10")
+
+    def js_call(self, tokenizer: Any, report: ExportReport) -> JsCall | None:
+        """transformers.js's ``feature-extraction`` pipeline, pooled as the export pools."""
+        return js_call(report)
 
     def __post_init__(self) -> None:
         mode = "mean" if self.pooling_option == "auto" else self.pooling_option
@@ -258,3 +267,13 @@ class SentenceEmbedding(Task):
     def write_extras(self, folder: Path, model: Any) -> None:
         """final/ as a sentence-transformers folder: modules.json, 1_Pooling/, ..."""
         pooling_files.write(folder, self.pooling, int(model.config.hidden_size))
+
+
+def js_call(report: ExportReport) -> JsCall | None:
+    """transformers.js's ``feature-extraction`` pipeline on the card's texts, pooled as the
+    export pools; None where it cannot (max pooling, or lowercasing its tokenizer does not do)."""
+    p = report["pooling"]
+    if p["mode"] not in ("mean", "cls") or p["lowercase"]:
+        return None
+    options = {"pooling": p["mode"], "normalize": p["normalize"]}
+    return "feature-extraction", [list(CARD_TEXTS)], options

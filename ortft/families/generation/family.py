@@ -19,7 +19,7 @@ import numpy as np
 from ortft.core.reports import ExportReport, Prediction
 from ortft.families.generation import causal_lm, instruction, seq2seq
 from ortft.tasks.base import Task
-from ortft.tasks.protocols import Builder
+from ortft.tasks.protocols import Builder, JsCall
 
 
 class TextPrompt:
@@ -59,6 +59,15 @@ class DecoderHooks(TextPrompt, Task):
         from ortft.families.generation import card
 
         return card.decoder(self.prompt(card.example(), tokenizer), report.get("kv_cache"))
+
+    def js_call(self, tokenizer: Any, report: ExportReport) -> JsCall | None:
+        """transformers.js's ``text-generation`` pipeline, greedy, on the card's prompt as the
+        task formats it, without special tokens (as ``ortft predict`` encodes it)."""
+        from ortft.families.generation import card
+
+        options = {"max_new_tokens": 32, "do_sample": False, "return_full_text": False}
+        options["add_special_tokens"] = False
+        return "text-generation", [self.prompt(card.example(), tokenizer)], options
 
     def predict_lines(
         self,

@@ -14,9 +14,11 @@ from typing import Any, Literal
 import numpy as np
 
 from ortft.core.errors import InputError
+from ortft.core.reports import ExportReport
 from ortft.families.text.starter import STARTER
 from ortft.tasks.base import Encoded, Task, TaskOptions
 from ortft.tasks.metrics import macro_f1
+from ortft.tasks.protocols import JsCall
 
 
 class Options(TaskOptions):
@@ -37,6 +39,14 @@ class SequenceClassification(Task):
     hf_architectures = ("SequenceClassification",)
     # a pair's token_type_ids reach the model (``token_types``; set by prepare_model)
     segments = True
+
+    def js_call(self, tokenizer: Any, report: ExportReport) -> JsCall | None:
+        """transformers.js's ``text-classification`` pipeline on the card's example (model card)."""
+        from ortft.export import deploy
+
+        if report.get("text_pair"):  # the card encodes a pair; the pipeline's call is one text
+            return None
+        return "text-classification", [deploy.EXAMPLE["label"]], {}
 
     def pair_columns(self, data: Any) -> tuple[str, str] | None:
         return (data.text_column, data.text_pair_column) if data.text_pair_column else None

@@ -19,8 +19,9 @@ from pydantic import Field
 
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
-from ortft.core.reports import Prediction
+from ortft.core.reports import ExportReport, Prediction
 from ortft.tasks.base import Encoded, Task, TaskOptions
+from ortft.tasks.protocols import JsCall
 
 EVAL_EPOCH = 1_000_003  # the fixed "epoch" of the eval masking
 
@@ -44,6 +45,13 @@ class MaskedLM(Task):
     predicts = "fill-mask"  # each [MASK] of the input text
     eval_metrics = ("eval_loss", "eval_perplexity")
     hf_architectures = ("MaskedLM",)
+
+    def js_call(self, tokenizer: Any, report: ExportReport) -> JsCall | None:
+        """transformers.js's ``fill-mask`` pipeline on the card's example (model card)."""
+        from ortft.export import deploy
+
+        mask = getattr(tokenizer, "mask_token", None) or "[MASK]"
+        return "fill-mask", [deploy.EXAMPLE["fill-mask"].replace("[MASK]", mask)], {}
 
     @property
     def options_key(self) -> str:

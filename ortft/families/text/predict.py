@@ -83,13 +83,16 @@ def answer(
         questions, contexts = [q for q, _ in chunk], [c for _, c in chunk]
         enc = m.spec.tokenize(questions, contexts, m.tokenizer, max_length)
         ids = np.asarray(enc["input_ids"], dtype=np.int64)
-        logits = m.logits(ids, np.asarray(enc["attention_mask"], dtype=np.int64))
+        mask = np.asarray(enc["attention_mask"], dtype=np.int64)
+        logits = m.logits(ids, mask)
         for i, context in enumerate(contexts):
             chars = context_char_spans(enc, i)
             span = best_span(logits[i, 0], logits[i, 1], chars[:, 0] >= 0)
             out: Prediction = {"index": start + i, "answer": "", "start": None, "end": None}
             if span is not None:  # else the context was truncated away entirely
-                (s, e), p = span, _softmax(logits[i].astype(np.float64))
+                # padding is no position: the score does not depend on the padded length
+                real = np.where(mask[i] == 1, logits[i].astype(np.float64), -np.inf)
+                (s, e), p = span, _softmax(real)
                 first, last = int(chars[s, 0]), int(chars[e, 1])
                 out["answer"], out["start"], out["end"] = context[first:last], first, last
                 out["score"] = float(p[0, s] * p[1, e])

@@ -8,8 +8,12 @@ the tokenizer's offsets map the answer's characters to its first and last token,
 convention for "no answer here".
 
 The model returns start and end logits; ortft stacks them as ``logits`` of shape
-[batch, 2, sequence] (also the ONNX output). The predicted span is the best start + end score
-over context tokens (end >= start, at most 30 tokens), read back as the context's characters.
+[batch, 2, sequence] for the loss, parity and eval. The ONNX graph gives them apart, as
+``start_logits`` and ``end_logits`` (each [batch, sequence]: what Optimum's exports give and
+transformers.js's question-answering pipeline reads); an export of format 2 gave the stacked
+``logits``, which ortft still reads (``ortft.export.parity.graph_logits``). The predicted span
+is the best start + end score over context tokens (end >= start, at most 30 tokens), read back
+as the context's characters.
 Metrics: ``exact_match`` and ``f1`` of that text against the answer text, with the official
 SQuAD v1.1 normalization (``ortft/tasks/squad.py``); an answer truncated away is a miss. To score
 text, each encoded row carries the context part its window covers (``_window``, UTF-8), each
@@ -28,9 +32,11 @@ import numpy as np
 from pydantic import Field
 
 from ortft.core.errors import InputError
-from ortft.families.text.spans import best_span, context_char_spans, span_logits
+from ortft.core.reports import ExportReport
+from ortft.families.text.spans import OUTPUTS, best_span, context_char_spans, span_logits
 from ortft.tasks import squad
 from ortft.tasks.base import Encoded, Task, TaskOptions
+from ortft.tasks.protocols import JsCall
 
 if TYPE_CHECKING:
     import torch
@@ -66,9 +72,16 @@ class QuestionAnswering(Task):
     needs_logits = True
     own_columns = True
     export_kind = "encoder"  # one [2, sequence] row of start/end logits per example
+    output_names = OUTPUTS  # the export's two outputs (protocols.ReadsOutput)
     predicts = "answer"
     eval_metrics = ("eval_loss", "eval_exact_match", "eval_f1")
     hf_architectures = ("QuestionAnswering",)
+
+    def js_call(self, tokenizer: Any, report: ExportReport) -> JsCall | None:
+        """transformers.js's ``question-answering`` pipeline on the card's example (model card)."""
+        from ortft.export import deploy
+
+        return "question-answering", list(deploy.QA_EXAMPLE), {}
 
     @property
     def options_key(self) -> str:

@@ -8,6 +8,9 @@ from typing import Any
 import numpy as np
 
 MAX_ANSWER_TOKENS = 30
+# the model's fields and the export's outputs, as Optimum's question-answering exports name
+# them and transformers.js's pipeline reads them (each [batch, sequence])
+OUTPUTS = ("start_logits", "end_logits")
 
 
 def context_char_spans(enc: Any, i: int) -> np.ndarray:
@@ -23,10 +26,10 @@ def context_char_spans(enc: Any, i: int) -> np.ndarray:
 
 def span_logits(out: Any) -> Any:
     """A question-answering model's output as one tensor, [batch, 2 (start, end), sequence]: what
-    the loss, the ONNX graph (``logits``) and ``ortft eval`` read."""
+    the loss, parity and ``ortft eval`` read. The export keeps the two apart (``OUTPUTS``)."""
     import torch
 
-    return torch.stack([out.start_logits, out.end_logits], dim=1)
+    return torch.stack([getattr(out, name) for name in OUTPUTS], dim=1)
 
 
 def best_span(

@@ -24,9 +24,10 @@ from pydantic import Field
 
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
-from ortft.core.reports import Prediction
+from ortft.core.reports import ExportReport, Prediction
 from ortft.tasks.base import Encoded, Task, TaskOptions
 from ortft.tasks.metrics import macro_f1
+from ortft.tasks.protocols import JsCall
 
 
 class Options(TaskOptions):
@@ -56,6 +57,12 @@ class TokenClassification(Task):
     predicts = "tags"
     eval_metrics = ("eval_loss", "eval_accuracy", "eval_f1", "eval_f1_macro")
     hf_architectures = ("TokenClassification",)
+
+    def js_call(self, tokenizer: Any, report: ExportReport) -> JsCall | None:
+        """transformers.js's ``token-classification`` pipeline on the card's example (model card)."""
+        from ortft.export import deploy
+
+        return "token-classification", [deploy.EXAMPLE["tags"]], {}
 
     @property
     def options_key(self) -> str:

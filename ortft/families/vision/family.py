@@ -13,7 +13,7 @@ import numpy as np
 
 from ortft.core.reports import ExportReport, Prediction
 from ortft.families.vision.task import ImageClassification, Options
-from ortft.tasks.protocols import Builder
+from ortft.tasks.protocols import Builder, JsCall
 
 
 class Vision(ImageClassification):
@@ -97,6 +97,13 @@ class Vision(ImageClassification):
         from ortft.families.vision import graphs
 
         return graphs.card(report)
+
+    def js_call(self, processor: Any, report: ExportReport) -> JsCall | None:
+        """transformers.js's ``image-classification`` pipeline on the card's image (it decodes
+        and resizes the file itself)."""
+        from ortft.families.vision import graphs
+
+        return "image-classification", [graphs.CARD_IMAGE], {}
 
     def predict_files(
         self, model: Any, input_path: str, batch_size: int, max_new_tokens: int
