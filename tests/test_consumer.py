@@ -172,12 +172,16 @@ def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: 
         inputs = folder.parent / f"card-{folder.name}.jsonl"
         inputs.write_text(json.dumps(deploy.example_input(spec, None)) + "\n")
         if traits.predicts(spec) == "image-label":  # the snippet reads image.png: a copy beside it
-            folder = shutil.copytree(folder, folder.parent / f"card-{folder.name}")
+            folder = shutil.copytree(
+                folder, folder.parent / f"card-{folder.name}", dirs_exist_ok=True
+            )
             shutil.copy(_image_modes(matrix.run(task)).parent / "modes" / "rgba.png",
                         folder / image.CARD_IMAGE)  # fmt: skip
             inputs = folder / image.CARD_IMAGE
         if traits.predicts(spec) == "transcript":  # the snippet reads audio.flac: a held-out clip
-            folder = shutil.copytree(folder, folder.parent / f"card-{folder.name}")
+            folder = shutil.copytree(
+                folder, folder.parent / f"card-{folder.name}", dirs_exist_ok=True
+            )
             clip = matrix.inputs(task).read_text().split()[0]
             shutil.copy(clip, folder / speech_card.CARD_AUDIO)
             inputs = folder / speech_card.CARD_AUDIO
@@ -477,7 +481,7 @@ def test_transformers_js_pipelines_match_predict(
     candidates and scores, embeddings (the export's pooling) to cosine 0.9999, image labels,
     greedy text token for token (``MAX_NEW`` new tokens)."""
     folder = matrix.run(task) / "onnx"
-    inputs = _inputs(task, matrix.run(task).parent)
+    inputs = matrix.inputs(task)
     report = json.loads((folder / "export.json").read_text())
     limit = report.get("tokenizer", {}).get("truncation")  # the tokenizer's, not training's
     want = _predict(folder, inputs, MAX_NEW, *(("--max-length", str(limit)) if limit else ()))
