@@ -115,7 +115,7 @@ def test_parity_within_tolerance(exported):
         report["parity"]["max_abs_diff"] <= 1e-4 and report["parity"]["prediction_agreement"] == 1.0
     )
     on_disk = json.loads((out / "export.json").read_text())
-    assert on_disk["format_version"] == 2 and on_disk["opset"] == 20
+    assert on_disk["format_version"] == 3 and on_disk["opset"] == 20
     assert on_disk["files"] == {
         "model": "model.onnx",
         "optimized": "model.opt.onnx",

@@ -12,9 +12,9 @@ root is canonical. export.json lists the links under ``links`` ({link: the file 
 both relative to the folder), not under ``files``: a reader that copies or hashes ``files``
 sees each file once.
 
-Only the fp32 ``model.onnx`` is linked (transformers.js's ``dtype: "fp32"``); a seq2seq or
-speech export has no root ``model.onnx`` and no links: transformers.js wants other graphs there
-(``encoder_model.onnx``, ``decoder_model_merged.onnx``), which ortft does not write.
+Only the fp32 graphs are linked (transformers.js's ``dtype: "fp32"``): ``model.onnx``, or an
+encoder-decoder's (seq2seq, speech) ``encoder_model.onnx`` and ``decoder_model_merged.onnx``,
+the names transformers.js's encoder-decoder pipelines open.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ log = logging.getLogger("ortft")
 
 HUB_DIR = "onnx"  # transformers.js: <model>/onnx/model.onnx for dtype "fp32"
 MODEL = "model.onnx"
+GRAPHS = (MODEL, "encoder_model.onnx", "decoder_model_merged.onnx")  # linked where at the root
 
 
 def external_files(path: Path) -> list[str]:
@@ -51,13 +52,16 @@ def external_files(path: Path) -> list[str]:
 
 
 def hub_links(folder: Path) -> dict[str, str]:
-    """Link ``folder/onnx/model.onnx`` (and its external data) to the root files; returns
-    export.json's ``links``. {} when the folder has no ``model.onnx`` or its file system makes
-    no links (a one-line warning; the root files are all a consumer of ``model.onnx`` needs)."""
-    if not (folder / MODEL).is_file():
+    """Link ``folder/onnx/model.onnx`` (or an encoder-decoder's two graphs) and its external
+    data to the root files; returns export.json's ``links``. {} when the folder has none of
+    ``GRAPHS`` or its file system makes no links (a one-line warning; the root files are all a
+    consumer of the root graphs needs)."""
+    graphs = [g for g in GRAPHS if (folder / g).is_file()]
+    if not graphs:
         return {}
     hub = folder / HUB_DIR
-    links = {f"{HUB_DIR}/{name}": name for name in [MODEL, *external_files(folder / MODEL)]}
+    names = [n for g in graphs for n in [g, *external_files(folder / g)]]
+    links = {f"{HUB_DIR}/{name}": name for name in names}
     try:
         hub.mkdir(exist_ok=True)
         for link, target in links.items():
@@ -70,7 +74,7 @@ def hub_links(folder: Path) -> dict[str, str]:
             folder,
             HUB_DIR,
             err.strerror or err,
-            MODEL,
+            " and ".join(graphs),
         )
         shutil.rmtree(hub, ignore_errors=True)  # the links only: never their targets
         return {}

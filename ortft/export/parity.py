@@ -43,7 +43,7 @@ from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport, ParityReport, Section
 from ortft.export import onnx_tools as tools  # the converters
 
-EXPORT_FORMAT_VERSION = 2
+EXPORT_FORMAT_VERSION = 3  # 3: encoder-decoders as encoder_model.onnx + decoder_model_merged.onnx
 THRESHOLDS = {
     "fp16": {"min_agreement": 0.99, "max_accuracy_drop": 0.01},
     "int8": {"min_agreement": 0.90, "max_accuracy_drop": 0.02},
