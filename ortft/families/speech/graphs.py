@@ -307,6 +307,8 @@ class SpeechGraphs:
         inputs, outputs = export_graphs(model, feeds["input_features"], tmp, self.opset)
         export_s = time.perf_counter() - t0
         self.processor.save_pretrained(tmp)  # processor_config.json (the extractor), tokenizer
+        # transformers.js reads the feature extractor from preprocessor_config.json alone
+        self.processor.feature_extractor.save_pretrained(tmp)
         generation.save(model, tmp)  # config.json, generation_config.json
         pair = OnnxWhisper(tmp, model.config)
         features = check_features(tmp, self.processor.feature_extractor, self.decoded, self.source)
