@@ -9,7 +9,8 @@ own steps (``runner._Steps``, what ``ortft predict`` runs): the first step (4 in
 the caches, then ``--past`` single-token steps grow the self-attention cache, and the next
 ``--runs`` single-token steps are timed. PyTorch runs the same steps with its
 ``EncoderDecoderCache`` (the cross-attention keys and values computed once, at the first step).
-Both on ``--threads`` intra-op threads, one clip; the median ms of a step is printed as JSON.
+The two alternate step by step, so that both see the same load on a shared machine. Both on
+``--threads`` intra-op threads, one clip; the median ms of a step is printed as JSON.
 """
 
 from __future__ import annotations
@@ -46,36 +47,29 @@ def _model():
     return WhisperForConditionalGeneration(config).eval()
 
 
-def _onnx_steps(model, feats: np.ndarray, past: int, runs: int, threads: int) -> list[float]:
+def _onnx_step(model, feats: np.ndarray, folder: Path, threads: int):
+    """The runner's step function after the first step (4 init tokens): one token a call."""
     from ortft.families.speech import graphs, runner
 
-    with tempfile.TemporaryDirectory() as tmp:
-        graphs.export_graphs(model, feats, Path(tmp), 20)
-        pair = runner.OnnxWhisper(Path(tmp), model.config, threads)
-        steps = runner._Steps(pair, pair.encode(feats))
-        steps(np.full((1, 4), model.config.decoder_start_token_id, dtype=np.int64))
-        token = np.ones((1, 1), dtype=np.int64)
-        for _ in range(past):
-            steps(token)
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            steps(token)
-            times.append(time.perf_counter() - t0)
-    return times
+    graphs.export_graphs(model, feats, folder, 20)
+    pair = runner.OnnxWhisper(folder, model.config, threads)
+    steps = runner._Steps(pair, pair.encode(feats))
+    steps(np.full((1, 4), model.config.decoder_start_token_id, dtype=np.int64))
+    token = np.ones((1, 1), dtype=np.int64)
+    return lambda: steps(token)
 
 
-def _torch_steps(model, feats: np.ndarray, past: int, runs: int) -> list[float]:
+def _torch_step(model, feats: np.ndarray):
+    """PyTorch's cached step after the first step (4 init tokens): one token a call."""
     import torch
     from transformers import DynamicCache, EncoderDecoderCache
 
     with torch.no_grad():
         hidden = model.get_encoder()(torch.from_numpy(feats)).last_hidden_state
-        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        ids = torch.full((1, 4), model.config.decoder_start_token_id, dtype=torch.long)
-        token = torch.ones((1, 1), dtype=torch.long)
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
 
-        def step(tokens):
+    def step(tokens):
+        with torch.no_grad():
             model(
                 decoder_input_ids=tokens,
                 encoder_outputs=(hidden,),
@@ -83,15 +77,15 @@ def _torch_steps(model, feats: np.ndarray, past: int, runs: int) -> list[float]:
                 use_cache=True,
             )
 
-        step(ids)
-        for _ in range(past):
-            step(token)
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            step(token)
-            times.append(time.perf_counter() - t0)
-    return times
+    step(torch.full((1, 4), model.config.decoder_start_token_id, dtype=torch.long))
+    token = torch.ones((1, 1), dtype=torch.long)
+    return lambda: step(token)
+
+
+def _timed(step) -> float:
+    t0 = time.perf_counter()
+    step()
+    return time.perf_counter() - t0
 
 
 def main(argv: list[str]) -> int:
@@ -105,10 +99,18 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(args.threads)
     model = _model()
     feats = np.random.default_rng(0).normal(0, 1, (1, 80, 3000)).astype(np.float32)
-    onnx_ms = 1000 * statistics.median(
-        _onnx_steps(model, feats, args.past, args.runs, args.threads)
-    )
-    torch_ms = 1000 * statistics.median(_torch_steps(model, feats, args.past, args.runs))
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = {"onnx": _onnx_step(model, feats, Path(tmp), args.threads)}
+        steps["torch"] = _torch_step(model, feats)
+        for _ in range(args.past):  # the self-attention caches grow to --past positions
+            for step in steps.values():
+                step()
+        times: dict[str, list[float]] = {"onnx": [], "torch": []}
+        for _ in range(args.runs):  # alternated: both see the same load on a shared machine
+            for name, step in steps.items():
+                times[name].append(_timed(step))
+    onnx_ms = 1000 * statistics.median(times["onnx"])
+    torch_ms = 1000 * statistics.median(times["torch"])
     out = {
         "threads": args.threads,
         "past": args.past,
