@@ -94,10 +94,8 @@ def export(
     names, values = list(head), list(head.values())
     batch = len(values[0])
     gen = torch.Generator().manual_seed(0)
-    own = [
-        torch.randn(batch, *self_shape[:1], 3, self_shape[1], generator=gen)
-        for _ in range(2 * n_layers)
-    ]
+    heads, dim = self_shape
+    own = [torch.randn(batch, heads, 3, dim, generator=gen) for _ in range(2 * n_layers)]
     first_in = names + cache_names(n_layers, cross=False)
     first_out = ["logits", *cache_names(n_layers, "present")]
     later_in = names + cache_names(n_layers)
