@@ -426,7 +426,7 @@ def test_transformers_js_matches_predict(matrix: Matrix, node_modules: str) -> N
     [("seq2seq", "text2text-generation"), ("speech-recognition", "automatic-speech-recognition")],
 )
 def test_transformers_js_generates_as_predict(
-    task: str, pipeline: str, matrix: Matrix, node_modules: str
+    task: str, pipeline: str, matrix: Matrix, node_modules: str, tmp_path: Path
 ) -> None:
     """transformers.js's encoder-decoder models open the export folder as ortft wrote it
     (onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx, the cross-attention cache fed
@@ -437,7 +437,7 @@ def test_transformers_js_generates_as_predict(
     from ortft.inference.evaluate import open_model
 
     run = matrix.run(task)
-    folder, inputs = run / "onnx", _inputs(task, run.parent)
+    folder, inputs = run / "onnx", matrix.inputs(task)
     want_text = [r.get("text", r.get("generated")) for r in _predict(folder, inputs, MAX_NEW)]
     lines = [x.strip() for x in inputs.read_text().splitlines() if x.strip()]
     from ortft.families.generation.seq2seq_graphs import OnnxSeq2Seq
@@ -449,7 +449,7 @@ def test_transformers_js_generates_as_predict(
     if task == "speech-recognition":  # raw samples: Node has no FLAC decoder
         for i, clip in enumerate(lines):
             samples, _ = soundfile.read(clip, dtype="float32", always_2d=True)
-            lines[i] = str(run.parent / f"node-clip-{i}.f32")
+            lines[i] = str(tmp_path / f"clip-{i}.f32")
             Path(lines[i]).write_bytes(samples.mean(axis=1).astype("<f4").tobytes())
             seq, _, _ = pair.search(pair.features(samples.mean(axis=1)), pair.config_for(MAX_NEW))
             want.append(seq[0].tolist())
@@ -459,7 +459,7 @@ def test_transformers_js_generates_as_predict(
             enc = m.tokenizer([text], return_tensors="np")
             seq, _ = pair.generate(enc["input_ids"], enc["attention_mask"], MAX_NEW, None)
             want.append(seq[0].tolist())
-    node_inputs = run.parent / f"node-{task}.txt"
+    node_inputs = tmp_path / "inputs.txt"
     node_inputs.write_text("".join(x + "\n" for x in lines))
     args = [str(NODE / "generate.mjs"), node_modules, str(folder), pipeline, str(node_inputs)]
     out = subprocess.run(
