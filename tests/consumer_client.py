@@ -11,8 +11,8 @@ an all-ones mask; a sentence-pair input (``text`` and ``text_pair``) is tokenize
 its type ids fed as ``token_type_ids`` when the graph takes them. For image-label, INPUTS lists
 image files (one path a line, relative to it): each is decoded with Pillow, made 8-bit RGB
 (alpha over white), run through preprocess.onnx, then model.onnx alone. For transcript, INPUTS lists 16 kHz audio files: each is decoded with
-soundfile, down-mixed to mono, run through features.onnx, encoder.onnx, then decoder.onnx
-greedily with generation_config.json's prompt and suppressed tokens. For embedding (a bare
+soundfile, down-mixed to mono, run through features.onnx, encoder_model.onnx, then
+decoder_model_merged.onnx greedily with generation_config.json's prompt and suppressed tokens. For embedding (a bare
 encoder's export), INPUTS lists texts (one a line), run as one batch padded to its longest text
 with its attention mask; one ``sentence_embedding`` line per text.
 """
@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
+
+ENCODER, DECODER = "encoder_model.onnx", "decoder_model_merged.onnx"  # Optimum's names
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -56,7 +58,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 def greedy(folder: Path, tok: Tokenizer, config: dict, text: str, max_new: int) -> list[int]:
     """Greedy decoding: with the KV cache when the graph has one, else the whole sequence."""
-    if (folder / "encoder.onnx").exists():
+    if (folder / ENCODER).exists():
         return greedy_seq2seq(folder, tok, config, text, max_new)
     sess = session(folder / "model.onnx")
     ids = tok.encode(text, add_special_tokens=False).ids
@@ -81,21 +83,29 @@ def greedy(folder: Path, tok: Tokenizer, config: dict, text: str, max_new: int) 
 
 
 def greedy_seq2seq(folder: Path, tok: Tokenizer, config: dict, text: str, max_new: int):
-    encoder, decoder = session(folder / "encoder.onnx"), session(folder / "decoder.onnx")
+    encoder, decoder = session(folder / ENCODER), session(folder / DECODER)
     ids = np.array([tok.encode(text).ids], dtype=np.int64)
     mask = np.ones_like(ids)
     hidden = encoder.run(None, {"input_ids": ids, "attention_mask": mask})[0]
     past, token, new = empty_past(decoder), config["decoder_start_token_id"], []
-    for _ in range(max_new):
-        feeds = {"input_ids": np.array([[token]], dtype=np.int64)}
-        feeds.update(encoder_hidden_states=hidden, encoder_attention_mask=mask, **past)
-        out = decoder.run(None, feeds)
+    for step in range(max_new):
+        feeds = {"input_ids": np.array([[token]], dtype=np.int64), **past}
+        feeds.update(encoder_hidden_states=hidden, encoder_attention_mask=mask)
+        out = decoder.run(None, {**feeds, "use_cache_branch": np.array([step > 0])})
         token = int(out[0][0, -1].argmax())
         if token == config["eos_token_id"]:
             break
         new.append(token)
-        past = dict(zip(past, out[1:], strict=True))
+        past = next_past(decoder, out, past, step)
     return new
+
+
+def next_past(decoder: ort.InferenceSession, out: list, past: dict, step: int) -> dict:
+    """The presents as the next step's past; the cross-attention's kept from the first step,
+    as transformers.js keeps them (later steps only pass them through)."""
+    names = [o.name.replace("present", "past_key_values", 1) for o in decoder.get_outputs()]
+    new = dict(zip(names[1:], out[1:], strict=True))
+    return {k: past[k] if step > 0 and ".encoder." in k else v for k, v in new.items()}
 
 
 def predict(folder: Path, obj: dict, kind: str, max_new: int) -> dict:
@@ -104,7 +114,7 @@ def predict(folder: Path, obj: dict, kind: str, max_new: int) -> dict:
     labels = config.get("id2label", {})
     if kind == "generate":
         new = greedy(folder, tok, config, obj["text"], max_new)
-        if (folder / "encoder.onnx").exists():  # as ortft predict counts a seq2seq output
+        if (folder / ENCODER).exists():  # as ortft predict counts a seq2seq output
             spec = json.loads((folder / "tokenizer.json").read_text())
             special = {t["id"] for t in spec["added_tokens"] if t["special"]}
             return {"generated": tok.decode(new), "new_tokens": sum(t not in special for t in new)}
@@ -203,16 +213,16 @@ def whisper_prompt(gen: dict) -> list[int]:
 
 
 def transcribe(folder: Path, samples: np.ndarray, gen: dict, max_new: int) -> list[int]:
-    """features.onnx on the raw 16 kHz samples, the encoder once, then the decoder with its KV
-    cache, greedy, with generation_config.json's suppressed tokens (begin_suppress_tokens at
+    """features.onnx on the raw 16 kHz samples, the encoder once, then the merged decoder with
+    its caches, greedy, with generation_config.json's suppressed tokens (begin_suppress_tokens at
     the first generated position only)."""
     features = session(folder / "features.onnx").run(None, {"samples": samples})[0]
-    hidden = session(folder / "encoder.onnx").run(None, {"input_features": features})[0]
-    decoder = session(folder / "decoder.onnx")
+    hidden = session(folder / ENCODER).run(None, {"input_features": features})[0]
+    decoder = session(folder / DECODER)
     past, step, new = empty_past(decoder), whisper_prompt(gen), []
     for i in range(max_new):
         feeds = {"input_ids": np.array([step], dtype=np.int64), "encoder_hidden_states": hidden}
-        out = decoder.run(None, {**feeds, **past})
+        out = decoder.run(None, {**feeds, **past, "use_cache_branch": np.array([i > 0])})
         logits = out[0][0, -1].astype(np.float64)
         logits[gen.get("suppress_tokens") or []] = -np.inf
         if i == 0:
@@ -221,7 +231,7 @@ def transcribe(folder: Path, samples: np.ndarray, gen: dict, max_new: int) -> li
         if token == gen["eos_token_id"]:
             break
         new.append(token)
-        past, step = dict(zip(past, out[1:], strict=True)), [token]
+        past, step = next_past(decoder, out, past, i), [token]
     return new
 
 

@@ -615,3 +615,53 @@ def test_card_transformers_js_snippet_runs_verbatim(
     job = {"task": pipe, "folder": str(folder), "options": options, "inputs": inputs}
     (want,) = _node(node_modules, job, folder.parent.parent)
     assert _close(json.loads(res.stdout), want["output"]), (res.stdout, want["output"])
+
+
+@pytest.mark.parametrize(
+    ("task", "pipeline"),
+    [("seq2seq", "text2text-generation"), ("speech-recognition", "automatic-speech-recognition")],
+)
+def test_transformers_js_generates_as_predict(
+    task: str, pipeline: str, matrix: Matrix, node_modules: str, tmp_path: Path
+) -> None:
+    """transformers.js's encoder-decoder models open the export folder as ortft wrote it
+    (onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx, the cross-attention cache fed
+    back as transformers.js feeds it) and generate the token ids ``ortft predict``'s runner
+    generates, greedy; the texts equal ``ortft predict``'s."""
+    import soundfile
+
+    from ortft.inference.evaluate import open_model
+
+    run = matrix.run(task)
+    folder, inputs = run / "onnx", matrix.inputs(task)
+    want_text = [r.get("text", r.get("generated")) for r in _predict(folder, inputs, MAX_NEW)]
+    lines = [x.strip() for x in inputs.read_text().splitlines() if x.strip()]
+    from ortft.families.generation.seq2seq_graphs import OnnxSeq2Seq
+    from ortft.families.speech.runner import OnnxWhisper
+
+    m, want = open_model(folder), []
+    runner = OnnxWhisper if task == "speech-recognition" else OnnxSeq2Seq
+    pair = runner(folder, m.config)  # what ortft predict runs on the export
+    if task == "speech-recognition":  # raw samples: Node has no FLAC decoder
+        for i, clip in enumerate(lines):
+            samples, _ = soundfile.read(clip, dtype="float32", always_2d=True)
+            lines[i] = str(tmp_path / f"clip-{i}.f32")
+            Path(lines[i]).write_bytes(samples.mean(axis=1).astype("<f4").tobytes())
+            seq, _, _ = pair.search(pair.features(samples.mean(axis=1)), pair.config_for(MAX_NEW))
+            want.append(seq[0].tolist())
+    else:
+        lines = [json.loads(x)["text"] if x.startswith("{") else x for x in lines]
+        for text in lines:
+            enc = m.tokenizer([text], return_tensors="np")
+            seq, _ = pair.generate(enc["input_ids"], enc["attention_mask"], MAX_NEW, None)
+            want.append(seq[0].tolist())
+    node_inputs = tmp_path / "inputs.txt"
+    node_inputs.write_text("".join(x + "\n" for x in lines))
+    args = [str(NODE / "generate.mjs"), node_modules, str(folder), pipeline, str(node_inputs)]
+    out = subprocess.run(
+        ["node", *args, str(MAX_NEW)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = [json.loads(x) for x in out.stdout.splitlines()]
+    assert [g["ids"] for g in got] == want and len(want) == len(want_text)
+    assert [g["text"].strip() for g in got] == [w.strip() for w in want_text], (got, want_text)

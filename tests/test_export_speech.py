@@ -1,5 +1,5 @@
-"""The Whisper export (ortft.families.speech: graphs, runner): encoder.onnx, decoder.onnx with its
-KV cache and features.onnx, checked against PyTorch, and the ONNX runner generating token for
+"""The Whisper export (ortft.families.speech: graphs, runner): encoder_model.onnx,
+decoder_model_merged.onnx with both caches and features.onnx, checked against PyTorch, and the ONNX runner generating token for
 token as transformers' Whisper ``generate`` does.
 
 The model is a tiny random Whisper (2+2 layers, d_model 64, 4 s windows) with a byte-BPE
@@ -23,7 +23,7 @@ import torch
 from ortft.core.errors import InputError, RunError
 from ortft.families.speech import graphs as speech
 from ortft.families.speech import runner as speech_runner
-from ortft.families.speech.runner import OnnxWhisper
+from ortft.families.speech.runner import DECODER, ENCODER, OnnxWhisper
 
 SPEECH = Path(__file__).resolve().parent.parent / "recipes" / "data" / "speech"
 CLIPS, NEW_TOKENS = 6, 16
@@ -118,17 +118,50 @@ def exported(whisper, tmp_path_factory):
 
 def test_export_checks_pass(exported):
     folder, report, _ = exported
-    for name in ("encoder.onnx", "decoder.onnx", "features.onnx", "generation_config.json"):
+    for name in (ENCODER, DECODER, "features.onnx", "generation_config.json"):
         assert (folder / name).is_file(), name
-    assert report["files"] == {"encoder": "encoder.onnx", "decoder": "decoder.onnx",
-                               "features": "features.onnx"}  # fmt: skip
-    assert report["inputs"]["decoder"][:2] == ["input_ids", "encoder_hidden_states"]
+    assert report["files"] == {"encoder": ENCODER, "decoder": DECODER, "features": "features.onnx"}
+    inputs = report["inputs"]["decoder"]
+    assert inputs[:2] == ["input_ids", "encoder_hidden_states"]
+    assert inputs[2:6] == [f"past_key_values.0.{s}.{kv}" for s in ("decoder", "encoder")
+                           for kv in ("key", "value")] and inputs[-1] == "use_cache_branch"  # fmt: skip
+    assert report["outputs"]["decoder"][1] == "present.0.decoder.key"
     p, g, f = report["parity"], report["generation"], report["features"]
     assert p["passed"] and p["source"] == "eval data" and p["samples"] == CLIPS, p
     assert g["passed"] and g["steps_compared"] > 0 and g["mismatches"] == 0, g
     assert g["outputs_equal"], g
     assert f["passed"] and f["max_abs_diff"] <= f["tolerance"], f
     assert report["end_to_end"]["transcripts_equal"] == report["end_to_end"]["clips"]
+
+
+def test_merged_decoder_reads_the_cross_cache(exported, whisper):
+    """The later steps read the cross-attention's keys and values from the past: fed a changed
+    ``encoder_hidden_states`` they give the same logits, fed a changed past they do not; the
+    merged file holds one copy of the weights."""
+    import onnx
+
+    from ortft.export import cross_cache
+
+    folder, _, job = exported
+    model = whisper[0]
+    pair = OnnxWhisper(folder, model.config)
+    hidden = pair.encode(job.feeds["input_features"][:2])
+    start = np.full((2, 4), model.config.decoder_start_token_id, dtype=np.int64)
+    past = cross_cache.Past(pair.decoder, 2)
+    pair._decode(start, hidden, past)
+    token = np.ones((2, 1), dtype=np.int64)
+    kept = {k: v.copy() for k, v in past.past.items()}
+    want = pair._decode(token, hidden, past)
+    past.past = dict(kept)
+    assert np.array_equal(pair._decode(token, hidden * 0 + 1, past), want)
+    past.past = {k: v * 0.5 if ".encoder." in k else v for k, v in kept.items()}
+    assert not np.allclose(pair._decode(token, hidden, past), want, atol=1e-3)
+    graph = onnx.load(str(folder / DECODER), load_external_data=False).graph
+    assert [n.op_type for n in graph.node] == ["If"]
+    weight = model.model.decoder.layers[0].fc1.weight.detach().numpy()
+    copies = [t for t in graph.initializer if t.dims == list(weight.shape)
+              or t.dims == list(weight.shape[::-1])]  # fmt: skip
+    assert len(copies) == len(model.model.decoder.layers) * 2  # fc1 and fc2 of each layer, once
 
 
 def _gc(model, **fields):
@@ -214,3 +247,30 @@ def test_synthetic_clips(whisper):
     assert source == "synthetic" and len(decoded) == 3
     assert feeds["input_features"].shape == (3, 80, 400)
     assert feeds["labels"].shape == (3, speech.SYNTHETIC_LABELS)
+
+
+def test_older_export_is_refused_naming_the_re_export(exported, tmp_path):
+    """An export of format_version 2 (encoder.onnx + decoder.onnx, no cross cache): ortft
+    predict stops in one line that names ``ortft export RUN``, exit 2."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from ortft.cli.app import app
+
+    folder, _, _ = exported
+    old = shutil.copytree(folder, tmp_path / "old")
+    config = json.loads((old / "config.json").read_text())  # as a run's final/ saves it
+    config["architectures"] = ["WhisperForConditionalGeneration"]
+    (old / "config.json").write_text(json.dumps(config))
+    row = json.loads((SPEECH / "eval.jsonl").read_text().splitlines()[0])
+    clips = tmp_path / "clips.txt"
+    clips.write_text(str(SPEECH / row["audio"]) + "\n")
+    args = ["predict", str(old), "-i", str(clips), "--max-new-tokens", "4"]
+    assert CliRunner().invoke(app, args).exit_code == 0  # the folder as exported: read
+    (old / ENCODER).rename(old / "encoder.onnx")
+    (old / DECODER).rename(old / "decoder.onnx")
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "re-export it with `ortft export RUN`" in lines[0], lines

@@ -217,6 +217,13 @@ def test_seq2seq_onnx_predict_equals_pytorch(kind: str, tmp_path: Path) -> None:
     assert report["passed"] and report["generation"]["num_beams"] == 1, report["failures"]
     want = _predict(_save(model, tok, tmp_path / "model1", "seq2seq"), tmp_path)
     assert _predict(tmp_path / "onnx1", tmp_path) == want
+    # an older export's names (format_version 2, no cross cache): refused, naming the re-export
+    from ortft.core.errors import InputError
+
+    (out / "encoder_model.onnx").rename(out / "encoder.onnx")
+    (out / "decoder_model_merged.onnx").rename(out / "decoder.onnx")
+    with pytest.raises(InputError, match="re-export it with `ortft export RUN`"):
+        _predict(out, tmp_path)
 
 
 @pytest.mark.parametrize("beams", [1, 2])

@@ -75,7 +75,7 @@ def test_speech_recipe_trains_through_ort_to_its_stated_wer(tmp_path: Path) -> N
     export = json.loads((run / "onnx" / "export.json").read_text())
     assert export["passed"] and export["parity"]["passed"] and export["generation"]["passed"]
     assert export["features"]["passed"]
-    for graph in ("features.onnx", "encoder.onnx", "decoder.onnx"):
+    for graph in ("features.onnx", "encoder_model.onnx", "decoder_model_merged.onnx"):
         assert (run / "onnx" / graph).exists()
     # final/ in transformers' pipeline transcribes as ortft predict does (PyTorch and ONNX)
     import soundfile as sf

@@ -223,7 +223,7 @@ GPU_ONLY = ["bench/bert-cls-gpu.yaml", "bench/gpt2-clm-gpu.yaml"]
 # Trained by their own tests below, with their own gates: torchrun, DeepSpeed, Optuna.
 OWN_TEST = ["ddp.yaml", "deepspeed-zero2.yaml", "quickstart-hpo.yaml"]
 
-# encoder-decoder models export two graphs (encoder.onnx + decoder.onnx), no model.onnx
+# encoder-decoder models export two graphs (encoder_model.onnx + decoder_model_merged.onnx), no model.onnx
 TWO_GRAPH_TASKS = {"seq2seq", "speech-recognition"}
 
 
@@ -312,7 +312,7 @@ def assert_final_and_export(recipe: Any, run: Path, summary: dict[str, Any]) -> 
     else:
         report = json.loads((run / "onnx" / "export.json").read_text())
         graphs = (
-            ("encoder.onnx", "decoder.onnx")
+            ("encoder_model.onnx", "decoder_model_merged.onnx")
             if recipe.task.name in TWO_GRAPH_TASKS
             else ("model.onnx",)
         )

@@ -374,7 +374,9 @@ def graph_feeds(folder: Path, files: dict[str, str], feeds: dict[str, Any]) -> d
             given["encoder_hidden_states"] = hidden
             if "encoder_attention_mask" in takes:
                 given["encoder_attention_mask"] = rows["attention_mask"]
-        if name == "encoder.onnx":
+        if "use_cache_branch" in takes:  # a merged decoder's first step (the empty past)
+            given["use_cache_branch"] = np.array([False])
+        if name.startswith("encoder"):
             hidden = sess.run(None, given)[0]
         out.update({f"{name}/{k}": v for k, v in given.items()})
     return out

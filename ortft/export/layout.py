@@ -12,14 +12,14 @@ root is canonical. export.json lists the links under ``links`` ({link: the file 
 both relative to the folder), not under ``files``: a reader that copies or hashes ``files``
 sees each file once.
 
-Each variant at the root is linked under the name transformers.js's ``dtype`` picks
-(``HUB_NAMES``: its DEFAULT_DTYPE_SUFFIX_MAPPING, transformers.js 4.3): ``model.fp16.onnx`` as
+Each graph at the root is linked under the names transformers.js opens (``HUB_NAMES``): the
+fp32 ``model.onnx`` (``dtype: "fp32"``), or an encoder-decoder's (seq2seq, speech)
+``encoder_model.onnx`` and ``decoder_model_merged.onnx``; and each variant under the name its
+``dtype`` picks (its DEFAULT_DTYPE_SUFFIX_MAPPING, transformers.js 4.3): ``model.fp16.onnx`` as
 ``model_fp16.onnx`` ("fp16"), ``model.int8.onnx`` (dynamic quantization, int8 weights) as
 ``model_quantized.onnx`` ("q8", the quantized default) and ``model_int8.onnx`` ("int8"),
 ``model.int4.onnx`` (weight-only 4-bit) as ``model_q4.onnx`` ("q4"). ``model.opt.onnx`` has no
-such name: it is ORT's own CPU graph. A seq2seq or speech export has no root ``model.onnx`` and
-no links: transformers.js wants other graphs there (``encoder_model.onnx``,
-``decoder_model_merged.onnx``), which ortft does not write.
+such name: it is ORT's own CPU graph.
 """
 
 from __future__ import annotations
@@ -35,9 +35,12 @@ log = logging.getLogger("ortft")
 
 HUB_DIR = "onnx"  # transformers.js: <model>/onnx/model.onnx for dtype "fp32"
 MODEL = "model.onnx"
-# a root file -> its names in onnx/, for transformers.js's dtype of the same precision
+# a root file -> its names in onnx/: transformers.js's fp32 graphs, and each variant under the
+# name of its dtype of the same precision
 HUB_NAMES = {
     MODEL: ("model.onnx",),  # "fp32"
+    "encoder_model.onnx": ("encoder_model.onnx",),  # an encoder-decoder's, "fp32"
+    "decoder_model_merged.onnx": ("decoder_model_merged.onnx",),
     "model.fp16.onnx": ("model_fp16.onnx",),  # "fp16"
     "model.int8.onnx": ("model_quantized.onnx", "model_int8.onnx"),  # "q8", "int8"
     "model.int4.onnx": ("model_q4.onnx",),  # "q4"
@@ -64,17 +67,17 @@ def external_files(path: Path) -> list[str]:
 
 def hub_links(folder: Path) -> dict[str, str]:
     """Link each root graph of ``HUB_NAMES`` (and its external data) under its names in
-    ``folder/onnx/``; returns export.json's ``links``. {} when the folder has no ``model.onnx``
-    or its file system makes no links (a one-line warning; the root files are all a consumer of
-    ``model.onnx`` needs)."""
-    if not (folder / MODEL).is_file():
-        return {}
+    ``folder/onnx/``; returns export.json's ``links``. {} when the folder has none of them or
+    its file system makes no links (a one-line warning; the root files are all a consumer of
+    the root graphs needs)."""
     hub = folder / HUB_DIR
     links: dict[str, str] = {}
     for root, names in HUB_NAMES.items():
         if (folder / root).is_file():
             links.update({f"{HUB_DIR}/{name}": root for name in names})
             links.update({f"{HUB_DIR}/{f}": f for f in external_files(folder / root)})
+    if not links:
+        return {}
     try:
         hub.mkdir(exist_ok=True)
         for link, target in links.items():
@@ -87,7 +90,7 @@ def hub_links(folder: Path) -> dict[str, str]:
             folder,
             HUB_DIR,
             err.strerror or err,
-            MODEL,
+            " and ".join(dict.fromkeys(links.values())),
         )
         shutil.rmtree(hub, ignore_errors=True)  # the links only: never their targets
         return {}

@@ -43,7 +43,8 @@ from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport, ParityReport, Section
 from ortft.export import onnx_tools as tools  # the converters
 
-# 3: a question-answering graph gives start_logits and end_logits (2: one stacked logits)
+# 3: a question-answering graph gives start_logits and end_logits (2: one stacked logits), and
+# encoder-decoders are encoder_model.onnx + decoder_model_merged.onnx with a cross-attention cache
 EXPORT_FORMAT_VERSION = 3
 THRESHOLDS = {
     "fp16": {"min_agreement": 0.99, "max_accuracy_drop": 0.01},

@@ -1,7 +1,7 @@
 """``ortft eval``: score a saved model on a dataset with the metrics training reports.
 
 The model is a run directory (its ``final/``), a saved Hugging Face model directory, or an
-ONNX export folder (``model.onnx``, or a seq2seq's ``encoder.onnx`` + ``decoder.onnx``, with the
+ONNX export folder (``model.onnx``, or a seq2seq's ``encoder_model.onnx`` + ``decoder_model_merged.onnx``, with the
 tokenizer and config; an image export: ``model.onnx`` with the image processor's
 ``preprocessor_config.json``), which runs in an onnxruntime ``InferenceSession``. Both kinds go
 through the same code: the model gives logits, and the loss and metrics are computed from them
@@ -179,8 +179,9 @@ def open_model(source: Path) -> SavedModel:
     elif (source.parent / "summary.json").exists():
         run_dir = source.parent  # <run>/final or <run>/onnx
     onnx_file = source / "model.onnx"
-    if (source / "encoder.onnx").exists():  # a seq2seq export: encoder.onnx + decoder.onnx
-        onnx_file = source / "encoder.onnx"
+    for encoder in ("encoder_model.onnx", "encoder.onnx"):  # an encoder-decoder's (older) export
+        if (source / encoder).exists():
+            onnx_file = source / encoder
     if not onnx_file.exists() and not (source / "config.json").exists():
         raise InputError(
             f"{source}: no final/, config.json or model.onnx here "

@@ -45,8 +45,9 @@ hidden = encoder.run(None, {{"input_ids": ids, "attention_mask": mask}})[0]
 past = {{i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
         for i in decoder.get_inputs() if i.name.startswith("past_key_values")}}
 token, new = config["decoder_start_token_id"], []
-for _ in range(32):
+for step in range(32):  # the first step computes the cross-attention cache, later ones read it
     feeds = {{"input_ids": np.array([[token]], dtype=np.int64), "encoder_hidden_states": hidden}}
+    feeds["use_cache_branch"] = np.array([step > 0])
     out = decoder.run(None, {{**feeds, "encoder_attention_mask": mask, **past}})
     token = int(out[0][0, -1].argmax())
     if token == config["eos_token_id"]:
@@ -56,8 +57,8 @@ for _ in range(32):
 print(tok.decode(new))
 """
 SEQ2SEQ_SESSIONS = (
-    'encoder = ort.InferenceSession("encoder.onnx", providers=["CPUExecutionProvider"])\n'
-    'decoder = ort.InferenceSession("decoder.onnx", providers=["CPUExecutionProvider"])'
+    'encoder = ort.InferenceSession("encoder_model.onnx", providers=["CPUExecutionProvider"])\n'
+    'decoder = ort.InferenceSession("decoder_model_merged.onnx", providers=["CPUExecutionProvider"])'
 )
 
 
@@ -74,6 +75,7 @@ def decoder(prompt: str, cache: bool | None) -> str:
 
 
 def seq2seq() -> str:
-    """A seq2seq export's snippet: encoder.onnx once, then decoder.onnx with its cache."""
+    """A seq2seq export's snippet: encoder_model.onnx once, then decoder_model_merged.onnx
+    with its caches."""
     text = json.dumps(example(), ensure_ascii=False)
     return deploy.head(SEQ2SEQ_SESSIONS) + SEQ2SEQ.format(text=text)

@@ -99,7 +99,7 @@ class Seq2SeqPair(seq2seq.Seq2Seq, TextPrompt):
     def export_builder(
         self, model: Any, processor: Any, opset: int, tolerance: float, samples: Any, options: Any
     ) -> Builder:
-        """encoder.onnx and decoder.onnx (``seq2seq_graphs``), checked against PyTorch, then in
+        """encoder_model.onnx and decoder_model_merged.onnx (``seq2seq_graphs``), checked against PyTorch, then in
         the other runtimes the options name (``processor``: the tokenizer)."""
         from ortft.core.errors import InputError, RunError, first_line
         from ortft.export import generation
@@ -139,10 +139,12 @@ class Seq2SeqPair(seq2seq.Seq2Seq, TextPrompt):
         return build
 
     def open_export(self, folder: Path, config: Any) -> Any:
-        """``OnnxSeq2Seq`` over the export's encoder.onnx and decoder.onnx."""
-        from ortft.families.generation.seq2seq_graphs import OnnxSeq2Seq
+        """``OnnxSeq2Seq`` over the export's encoder_model.onnx and decoder_model_merged.onnx
+        (an older export's encoder.onnx: refused, naming the re-export)."""
+        from ortft.families.generation.seq2seq_graphs import ENCODER, OLD_ENCODER, OnnxSeq2Seq
 
-        return OnnxSeq2Seq(folder, config) if (folder / "encoder.onnx").exists() else None
+        found = (folder / ENCODER).exists() or (folder / OLD_ENCODER).exists()
+        return OnnxSeq2Seq(folder, config) if found else None
 
     def batch_logits(self, model: Any, runtime: str, batch: dict[str, np.ndarray]) -> np.ndarray:
         """The teacher-forced logits of a collated batch: the decoder fed its labels, shifted

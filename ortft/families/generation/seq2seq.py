@@ -12,7 +12,7 @@ runs outside ORTModule) on the first ``task.generate_samples`` rows. ``exact_mat
 no punctuation, no articles a/an/the, collapsed whitespace) of the decoded output against the
 decoded target. ``ortft eval`` reports the same on a saved model; ``ortft predict`` generates.
 
-ONNX: exported as two graphs, ``encoder.onnx`` and ``decoder.onnx`` with its KV cache
+ONNX: exported as two graphs, ``encoder_model.onnx`` and ``decoder_model_merged.onnx`` with both caches
 (``ortft.families.generation.seq2seq_graphs``); ``ortft eval`` / ``predict`` run them as they
 run PyTorch.
 """

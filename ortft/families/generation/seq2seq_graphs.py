@@ -1,18 +1,16 @@
-"""Encoder-decoder (T5) export: ``encoder.onnx`` and ``decoder.onnx`` with its KV cache.
+"""Encoder-decoder (T5) export: ``encoder_model.onnx`` and ``decoder_model_merged.onnx`` with
+both caches, in Optimum's layout (what transformers.js's ``text2text-generation`` opens).
 
-- ``encoder.onnx``: ``input_ids``, ``attention_mask`` [batch, source] -> ``last_hidden_state``.
-- ``decoder.onnx``: ``input_ids`` [batch, target], ``encoder_hidden_states``,
-  ``encoder_attention_mask``, ``past_key_values.<layer>.key|value`` (self-attention,
-  [batch, heads, past, head_dim]) -> ``logits`` and ``present.<layer>.key|value``. The first
-  step feeds the decoder start token and an empty past.
+- ``encoder_model.onnx``: ``input_ids``, ``attention_mask`` [batch, source] ->
+  ``last_hidden_state``.
+- ``decoder_model_merged.onnx`` (``ortft.export.cross_cache``): ``input_ids`` [batch, target],
+  ``encoder_attention_mask``, ``encoder_hidden_states``, the self-attention past
+  ``past_key_values.<layer>.decoder.key|value`` and the cross-attention's
+  ``past_key_values.<layer>.encoder.key|value``, ``use_cache_branch`` -> ``logits`` and the
+  ``present.*``. The first step (``use_cache_branch`` false) feeds the decoder start token and
+  empty pasts and computes the cross-attention's keys and values; later steps read them.
 
-Only the self-attention cache crosses the graph boundary: the cross-attention keys and values
-are recomputed from ``encoder_hidden_states`` at each step. Handing them over too would need a
-graph for the first step (which computes them) and one for the later steps (which read them),
-as Optimum does, because the choice is a Python branch in T5's attention (``is_updated``) that
-tracing fixes. One decoder graph costs two projections of the encoder states per layer and
-step (small next to the rest for short sources). The same flat-tensor wrapper as a decoder's
-(``decoder_graph``) carries the cache (TorchScript cannot take ``Cache`` objects).
+The flat-tensor wrapper carries the caches (TorchScript cannot take ``Cache`` objects).
 
 The checks (export.json): ``parity`` compares the teacher-forced logits (decoder fed the
 shifted targets, empty past) with PyTorch's; ``generation`` the tokens the pair generates with the
@@ -28,10 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport
-from ortft.export import decoder, parity
+from ortft.export import cross_cache, decoder, parity
 
-ENCODER, DECODER = "encoder.onnx", "decoder.onnx"
+ENCODER, DECODER = "encoder_model.onnx", "decoder_model_merged.onnx"
+OLD_ENCODER, OLD_DECODER = "encoder.onnx", "decoder.onnx"  # format_version 2: no cross cache
 
 
 class _Encoder(torch.nn.Module):
@@ -44,24 +44,23 @@ class _Encoder(torch.nn.Module):
 
 
 class _Decoder(torch.nn.Module):
-    def __init__(self, model: Any, n_layers: int):
+    """``cross`` False: the first step (the cross-attention computed and returned); True: the
+    later ones (read from the past)."""
+
+    def __init__(self, model: Any, n_layers: int, cross: bool):
         super().__init__()
-        self.model, self.n_layers = model, n_layers
+        self.model, self.n_layers, self.cross = model, n_layers, cross
 
-    def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, *past):
-        from transformers import DynamicCache, EncoderDecoderCache
-
-        own = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(self.n_layers)])
+    def forward(self, input_ids, encoder_attention_mask, encoder_hidden_states, *past):
         out = self.model(
             decoder_input_ids=input_ids,
             encoder_outputs=(encoder_hidden_states,),
             attention_mask=encoder_attention_mask,
-            past_key_values=EncoderDecoderCache(own, DynamicCache()),
+            past_key_values=cross_cache.cache(past, self.n_layers),
             use_cache=True,
             return_dict=True,
         )
-        cache = out.past_key_values.self_attention_cache
-        return (out.logits, *[t for layer in cache.layers for t in (layer.keys, layer.values)])
+        return (out.logits, *cross_cache.presents(out.past_key_values, not self.cross))
 
 
 def _export(module, example, path: Path, inputs, outputs, axes, opset: int) -> None:
@@ -89,7 +88,7 @@ def export_graphs(model: Any, feeds: dict[str, np.ndarray], folder: Path, opset:
     ids = torch.from_numpy(feeds["input_ids"][:2])
     mask = torch.from_numpy(feeds["attention_mask"][:2]).clone()
     mask[1, max(1, mask.shape[1] // 2) :] = 0  # a padded row keeps the mask in the graphs
-    batch = {0: "batch", 1: "source"}
+    batch = {0: cross_cache.BATCH, 1: "encoder_sequence_length"}
     _export(
         _Encoder(model).eval(),
         (ids, mask),
@@ -105,23 +104,17 @@ def export_graphs(model: Any, feeds: dict[str, np.ndarray], folder: Path, opset:
             input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :2], use_cache=True
         ).past_key_values.self_attention_cache
     layers, (_, heads, _, dim) = len(own.layers), own.layers[0].keys.shape
-    gen = torch.Generator().manual_seed(0)
-    past = [torch.randn(len(ids), heads, 3, dim, generator=gen) for _ in range(2 * layers)]
-    inputs = ["input_ids", "encoder_hidden_states", "encoder_attention_mask"]
-    inputs += decoder.past_names(layers)
-    outputs = ["logits", *decoder.past_names(layers, "present")]
-    axes: dict[str, dict[int, str]] = {
-        "input_ids": {0: "batch", 1: "target"},
-        "encoder_hidden_states": batch,
-        "encoder_attention_mask": batch,
-        "logits": {0: "batch", 1: "target"},
+    head = {
+        "input_ids": ids[:, :2],
+        "encoder_attention_mask": mask,
+        "encoder_hidden_states": hidden,
     }
-    axes.update({n: {0: "batch", 2: "past_target"} for n in inputs[3:]})
-    axes.update({n: {0: "batch", 2: "total_target"} for n in outputs[1:]})
-    example = (ids[:, :2], hidden, mask, *past)
-    _export(_Decoder(model, layers).eval(), example, folder / DECODER, inputs, outputs, axes, opset)
-    for name in (ENCODER, DECODER):
-        onnx.checker.check_model(str(folder / name))
+
+    def make(cross: bool) -> torch.nn.Module:
+        return _Decoder(model, layers, cross).eval()
+
+    inputs, outputs = cross_cache.export(make, head, (heads, dim), layers, folder / DECODER, opset)
+    onnx.checker.check_model(str(folder / ENCODER))
     return inputs, outputs
 
 
@@ -129,23 +122,32 @@ def export_graphs(model: Any, feeds: dict[str, np.ndarray], folder: Path, opset:
 
 
 class _Steps:
-    """``generation.Steps`` of the decoder graph: the encoder's states, the self-attention cache."""
+    """``generation.Steps`` of the merged decoder: the encoder's states, both caches."""
 
     def __init__(self, pair: OnnxSeq2Seq, hidden: np.ndarray, mask: np.ndarray):
         self.pair, self.hidden, self.mask = pair, hidden, mask
-        self.past: dict[str, np.ndarray] | None = None
+        self.past: cross_cache.Past | None = None
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         if self.past is None:  # beams: each input's states repeated for its beams, as generate
             k = len(tokens) // len(self.hidden)
             self.hidden, self.mask = (np.repeat(x, k, axis=0) for x in (self.hidden, self.mask))
-            self.past = parity.empty_past(self.pair.decoder, len(tokens))
-        out = self.pair._decode(tokens.astype(np.int64), self.hidden, self.mask, self.past)
-        self.past = dict(zip(self.past, out[1:], strict=True))
-        return out[0][:, -1]
+            self.past = cross_cache.Past(self.pair.decoder, len(tokens))
+        return self.pair._decode(tokens.astype(np.int64), self.hidden, self.mask, self.past)[:, -1]
 
     def reorder(self, rows: np.ndarray) -> None:
-        self.past = {k: v[rows] for k, v in (self.past or {}).items()}
+        if self.past is not None:
+            self.past.reorder(rows)
+
+
+def refuse_old(folder: Path) -> None:
+    """An InputError for an export of an older ortft (its decoder.onnx recomputes the
+    cross-attention at each step): re-export it."""
+    if (folder / OLD_DECODER).exists() and not (folder / DECODER).exists():
+        raise InputError(
+            f"{folder}: an export of an older ortft ({OLD_DECODER}, export.json format_version "
+            f"2); re-export it with `ortft export RUN` ({ENCODER} + {DECODER})"
+        )
 
 
 class OnnxSeq2Seq:
@@ -154,6 +156,7 @@ class OnnxSeq2Seq:
     def __init__(self, folder: Path, config: Any, threads: int = 0):
         from ortft.export import generation
 
+        refuse_old(Path(folder))
         self.encoder = parity.session(folder / ENCODER, threads)
         self.decoder = parity.session(folder / DECODER, threads)
         self.config = config
@@ -162,9 +165,12 @@ class OnnxSeq2Seq:
         self.pad = int(config.pad_token_id)
         self.eos = config.eos_token_id
 
-    def _decode(self, tokens, hidden, mask, past) -> list[np.ndarray]:
-        feeds = {"input_ids": tokens, "encoder_hidden_states": hidden}
-        return self.decoder.run(None, {**feeds, "encoder_attention_mask": mask, **past})
+    def _decode(self, tokens, hidden, mask, past: cross_cache.Past) -> np.ndarray:
+        """One step's logits; ``past`` takes the step's caches."""
+        feeds = {"input_ids": tokens, "encoder_hidden_states": hidden, **past.feeds()}
+        out = self.decoder.run(None, {**feeds, "encoder_attention_mask": mask})
+        past.update(out)
+        return out[0]
 
     def _encode(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         feeds = {"input_ids": input_ids.astype(np.int64), "attention_mask": mask}
@@ -176,9 +182,8 @@ class OnnxSeq2Seq:
         dec = decoder.shift_right(labels, self.pad, self.start, self.config.model_type)
         mask = attention_mask.astype(np.int64)
         hidden = self._encode(input_ids, mask)
-        return self._decode(
-            dec.astype(np.int64), hidden, mask, parity.empty_past(self.decoder, len(dec))
-        )[0]
+        past = cross_cache.Past(self.decoder, len(dec))
+        return self._decode(dec.astype(np.int64), hidden, mask, past)
 
     def generate(
         self,

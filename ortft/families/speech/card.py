@@ -3,7 +3,8 @@
 The snippet is what a deployment runs, with onnxruntime, numpy, soundfile and tokenizers only
 (``make test-consumer`` runs it verbatim and compares its output with ``ortft predict``):
 decode the file, down-mix to mono, ``features.onnx`` on the raw 16 kHz samples, the encoder
-once, then the decoder with its KV cache, greedy, from Whisper's prompt (start-of-transcript,
+once, then the merged decoder with its caches (the cross-attention's computed at the first
+step, read after), greedy, from Whisper's prompt (start-of-transcript,
 language, transcribe, no-timestamps) with ``generation_config.json``'s suppressed tokens.
 """
 
@@ -32,8 +33,8 @@ limit = min({new_tokens}, json.load(open("config.json"))["max_target_positions"]
 samples, rate = soundfile.read("{audio}", dtype="float32", always_2d=True)
 assert rate == {rate}, "resample to {rate} Hz first (e.g. scipy.signal.resample_poly)"
 features = session("features.onnx").run(None, {{"samples": samples.mean(axis=1)}})[0]
-hidden = session("encoder.onnx").run(None, {{"input_features": features}})[0]
-decoder = session("decoder.onnx")
+hidden = session("encoder_model.onnx").run(None, {{"input_features": features}})[0]
+decoder = session("decoder_model_merged.onnx")
 past = {{
     i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
     for i in decoder.get_inputs()
@@ -43,6 +44,7 @@ past = {{
 new = []
 for i in range(limit):
     feeds = {{"input_ids": np.array([step], dtype=np.int64), "encoder_hidden_states": hidden}}
+    feeds["use_cache_branch"] = np.array([i > 0])  # the first step computes the cross cache
     out = decoder.run(None, {{**feeds, **past}})
     logits = out[0][0, -1].astype(np.float64)
     logits[gen["suppress_tokens"] or []] = -np.inf

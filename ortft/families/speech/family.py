@@ -66,7 +66,7 @@ class Speech(SpeechRecognition):
     def export_builder(
         self, model: Any, processor: Any, opset: int, tolerance: float, samples: Any, options: Any
     ) -> Builder:
-        """features.onnx, encoder.onnx and decoder.onnx (``graphs.SpeechGraphs``), each checked
+        """features.onnx, encoder_model.onnx and decoder_model_merged.onnx (``graphs.SpeechGraphs``), each checked
         against PyTorch, then in the other runtimes the options name."""
         from ortft.core.errors import InputError, RunError, first_line
         from ortft.export.exporter import PARITY_SAMPLES, finished
@@ -102,10 +102,12 @@ class Speech(SpeechRecognition):
         return build
 
     def open_export(self, folder: Path, config: Any) -> Any:
-        """``OnnxWhisper`` over the export's encoder.onnx and decoder.onnx."""
-        from ortft.families.speech.runner import OnnxWhisper
+        """``OnnxWhisper`` over the export's encoder_model.onnx and decoder_model_merged.onnx
+        (an older export's encoder.onnx: refused, naming the re-export)."""
+        from ortft.families.speech.runner import ENCODER, OLD_ENCODER, OnnxWhisper
 
-        return OnnxWhisper(folder, config) if (folder / "encoder.onnx").exists() else None
+        found = (folder / ENCODER).exists() or (folder / OLD_ENCODER).exists()
+        return OnnxWhisper(folder, config) if found else None
 
     def batch_logits(self, model: Any, runtime: str, batch: dict[str, np.ndarray]) -> np.ndarray:
         """The teacher-forced logits of a collated batch (its features, its labels)."""

@@ -1,24 +1,20 @@
-"""Speech recognition (Whisper) export: ``encoder.onnx``, ``decoder.onnx`` with its KV cache and
-``features.onnx``, each checked against PyTorch; run by ``ortft.families.speech.runner``.
+"""Speech recognition (Whisper) export: ``encoder_model.onnx``, ``decoder_model_merged.onnx``
+with both caches and ``features.onnx``, each checked against PyTorch; run by
+``ortft.families.speech.runner``. The two graphs are Optimum's layout, which transformers.js's
+``automatic-speech-recognition`` pipeline opens.
 
-- ``encoder.onnx``: ``input_features`` float32 [batch, mel, frames] (frames fixed: Whisper's
-  encoder refuses any other length) -> ``last_hidden_state``.
-- ``decoder.onnx``: ``input_ids`` [batch, target], ``encoder_hidden_states``,
-  ``past_key_values.<layer>.key|value`` (self-attention, [batch, heads, past, head_dim]) ->
-  ``logits`` and ``present.<layer>.key|value``. Whisper's decoder has no encoder attention
-  mask (every frame is real: the features are padded with silence). The first step feeds the
-  init tokens (``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>``) and an empty past.
+- ``encoder_model.onnx``: ``input_features`` float32 [batch, mel, frames] (frames fixed:
+  Whisper's encoder refuses any other length) -> ``last_hidden_state``.
+- ``decoder_model_merged.onnx`` (``ortft.export.cross_cache``): ``input_ids`` [batch, target],
+  ``encoder_hidden_states``, ``past_key_values.<layer>.decoder|encoder.key|value``,
+  ``use_cache_branch`` -> ``logits`` and the ``present.*``. Whisper's decoder has no encoder
+  attention mask (every frame is real: the features are padded with silence). The first step
+  (``use_cache_branch`` false) feeds the init tokens
+  (``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>``) and empty pasts, and computes
+  the cross-attention's keys and values from the encoder's states; later steps read them, which
+  saves two projections of Whisper's 1500 frames per layer and step (docs/speech.md has the
+  step times).
 - ``features.onnx`` (``ortft.families.speech.features``): the raw clip -> ``input_features``.
-
-As in seq2seq's export (``ortft.families.generation.seq2seq_graphs``), only the self-attention
-cache crosses the graph boundary: the cross-attention keys and values are recomputed from
-``encoder_hidden_states`` at each step (Whisper's attention picks "reuse" or "compute" with the
-Python branch ``is_updated``, which tracing fixes; one graph needs the compute path). That costs
-two projections of the encoder's states per layer and step, most of a step's work for Whisper's
-1500 frames: measured on a random whisper-base-sized model (d_model 512, 6+6 layers, one
-thread), a decoder step took 106 ms against PyTorch's cached 27 ms (the encoder 1.0 s a clip).
-Cross keys and values given to the decoder graph (computed once, e.g. as encoder outputs) would
-remove that.
 
 The decoder is traced with a cache (3 random past positions, 2 tokens). Without one,
 transformers 5.24's mask code calls ``torch.diff`` (``find_packed_sequence_indices``: no
@@ -45,7 +41,7 @@ import torch
 
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.reports import ExportReport, ParityReport
-from ortft.export import decoder, generation, parity
+from ortft.export import cross_cache, decoder, generation, parity
 from ortft.families.speech.runner import DECODER, ENCODER, FEATURES, OnnxWhisper, refuse
 from ortft.families.speech.task import PATH
 
@@ -66,35 +62,34 @@ class _Encoder(torch.nn.Module):
 
 
 class _Decoder(torch.nn.Module):
-    """(input_ids, encoder_hidden_states, *flat past) -> (logits, *flat present)."""
+    """(input_ids, encoder_hidden_states, *flat past) -> (logits, *flat present): ``cross``
+    False, the first step (the cross-attention computed from the states and returned), True,
+    the later ones (it is read from the past): ``ortft.export.cross_cache``."""
 
-    def __init__(self, model: Any, n_layers: int):
+    def __init__(self, model: Any, n_layers: int, cross: bool):
         super().__init__()
-        self.model, self.n_layers = model, n_layers
+        self.model, self.n_layers, self.cross = model, n_layers, cross
 
     def forward(self, input_ids, encoder_hidden_states, *past):
-        from transformers import DynamicCache, EncoderDecoderCache
-
-        own = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(self.n_layers)])
         out = self.model(
             decoder_input_ids=input_ids,
             encoder_outputs=(encoder_hidden_states,),
-            cache=EncoderDecoderCache(own, DynamicCache()),  # an empty cross cache: computed
+            cache=cross_cache.cache(past, self.n_layers),
             use_cache=True,
             return_dict=True,
         )
-        cache = out.cache.self_attention_cache
-        return (out.logits, *[t for layer in cache.layers for t in (layer.keys, layer.values)])
+        return (out.logits, *cross_cache.presents(out.cache, not self.cross))
 
 
 def export_graphs(model: Any, input_features: np.ndarray, folder: Path, opset: int):
-    """Write encoder.onnx and decoder.onnx to ``folder``; (decoder inputs, decoder outputs)."""
+    """Write encoder_model.onnx and decoder_model_merged.onnx to ``folder``; (decoder inputs,
+    decoder outputs)."""
     from ortft.export import onnx_tools as tools
 
     feats = torch.from_numpy(np.ascontiguousarray(input_features[:2], dtype=np.float32))
     if len(feats) < 2:  # a batch of 2 keeps the batch axis a variable
         feats = torch.cat([feats, feats])
-    batch = {0: "batch"}
+    batch = {0: cross_cache.BATCH}
     enc = _Encoder(model).eval()
     enc_axes = {"input_features": batch, "last_hidden_state": batch}
     names = (["input_features"], ["last_hidden_state"])
@@ -103,22 +98,14 @@ def export_graphs(model: Any, input_features: np.ndarray, folder: Path, opset: i
     layers, heads = int(c.decoder_layers), int(c.decoder_attention_heads)
     with torch.no_grad():
         hidden = enc(feats)
-    gen = torch.Generator().manual_seed(0)
-    dim = int(c.d_model) // heads
-    past = [torch.randn(2, heads, 3, dim, generator=gen) for _ in range(2 * layers)]
     ids = torch.full((2, 2), int(c.decoder_start_token_id), dtype=torch.long)
-    inputs = ["input_ids", "encoder_hidden_states", *decoder.past_names(layers)]
-    outputs = ["logits", *decoder.past_names(layers, "present")]
-    axes: dict[str, dict[int, str]] = {
-        "input_ids": {0: "batch", 1: "target"},
-        "encoder_hidden_states": batch,
-        "logits": {0: "batch", 1: "target"},
-    }
-    axes.update({n: {0: "batch", 2: "past_target"} for n in inputs[2:]})
-    axes.update({n: {0: "batch", 2: "total_target"} for n in outputs[1:]})
-    module = _Decoder(model, layers).eval()
-    tools.torch_export(module, (ids, hidden, *past), folder / DECODER, opset, inputs, outputs, axes)
-    return inputs, outputs
+    head = {"input_ids": ids, "encoder_hidden_states": hidden}
+    shape = (heads, int(c.d_model) // heads)
+
+    def make(cross: bool) -> torch.nn.Module:
+        return _Decoder(model, layers, cross).eval()
+
+    return cross_cache.export(make, head, shape, layers, folder / DECODER, opset)
 
 
 # --------------------------------------------------------------------------- the clips
@@ -275,7 +262,7 @@ def end_to_end(model: Any, pair: OnnxWhisper, processor: Any, decoded: list[np.n
 
 
 class SpeechGraphs:
-    """``build`` fills the staging folder: encoder.onnx, decoder.onnx, features.onnx, the
+    """``build`` fills the staging folder: the encoder, the merged decoder, features.onnx, the
     processor, config and generation config, and returns export.json's sections (the caller
     adds the runtimes and the card: ``exporter.deployable``)."""
 
@@ -320,6 +307,8 @@ class SpeechGraphs:
         inputs, outputs = export_graphs(model, feeds["input_features"], tmp, self.opset)
         export_s = time.perf_counter() - t0
         self.processor.save_pretrained(tmp)  # processor_config.json (the extractor), tokenizer
+        # transformers.js reads the feature extractor from preprocessor_config.json alone
+        self.processor.feature_extractor.save_pretrained(tmp)
         generation.save(model, tmp)  # config.json, generation_config.json
         pair = OnnxWhisper(tmp, model.config)
         features = check_features(tmp, self.processor.feature_extractor, self.decoded, self.source)

@@ -1,5 +1,5 @@
-"""Running a Whisper export (``ortft.families.speech.graphs``): ``OnnxWhisper`` over encoder.onnx,
-decoder.onnx and features.onnx, generating as transformers' Whisper ``generate`` does.
+"""Running a Whisper export (``ortft.families.speech.graphs``): ``OnnxWhisper`` over
+encoder_model.onnx, decoder_model_merged.onnx and features.onnx, generating as transformers' Whisper ``generate`` does.
 
 What ``WhisperForConditionalGeneration.generate(input_features)`` does for short-form audio
 (transformers 5.24, ``models/whisper/generation_whisper.py``), and the port here:
@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 
 from ortft.core.errors import InputError, RunError
-from ortft.export import generation, parity
+from ortft.export import cross_cache, generation, parity
 
-ENCODER, DECODER, FEATURES = "encoder.onnx", "decoder.onnx", "features.onnx"
+ENCODER, DECODER, FEATURES = "encoder_model.onnx", "decoder_model_merged.onnx", "features.onnx"
+OLD_ENCODER, OLD_DECODER = "encoder.onnx", "decoder.onnx"  # format_version 2: no cross cache
 DEFAULT_MAX_LENGTH = 20  # GenerationConfig's global default, which Whisper counts as new tokens
 TASK_IDS = ("translate", "transcribe")  # transformers' whisper TASK_IDS
 
@@ -208,22 +209,31 @@ def _check_segments(rows: list[np.ndarray], gc: Any) -> None:
 
 
 class _Steps:
-    """``generation.Steps`` of decoder.onnx: the encoder's states, the self-attention cache."""
+    """``generation.Steps`` of the merged decoder: the encoder's states, both caches."""
 
     def __init__(self, pair: OnnxWhisper, hidden: np.ndarray):
         self.pair, self.hidden = pair, hidden
-        self.past: dict[str, np.ndarray] | None = None
+        self.past: cross_cache.Past | None = None
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         if self.past is None:  # beams: each clip's states repeated for its beams, as generate
             self.hidden = np.repeat(self.hidden, len(tokens) // len(self.hidden), axis=0)
-            self.past = parity.empty_past(self.pair.decoder, len(tokens))
-        out = self.pair._decode(tokens.astype(np.int64), self.hidden, self.past)
-        self.past = dict(zip(self.past, out[1:], strict=True))
-        return out[0][:, -1]
+            self.past = cross_cache.Past(self.pair.decoder, len(tokens))
+        return self.pair._decode(tokens.astype(np.int64), self.hidden, self.past)[:, -1]
 
     def reorder(self, rows: np.ndarray) -> None:
-        self.past = {k: v[rows] for k, v in (self.past or {}).items()}
+        if self.past is not None:
+            self.past.reorder(rows)
+
+
+def refuse_old(folder: Path) -> None:
+    """An InputError for an export of an older ortft (its decoder.onnx recomputes the
+    cross-attention at each step): re-export it."""
+    if (folder / OLD_DECODER).exists() and not (folder / DECODER).exists():
+        raise InputError(
+            f"{folder}: an export of an older ortft ({OLD_DECODER}, export.json format_version "
+            f"2); re-export it with `ortft export RUN` ({ENCODER} + {DECODER})"
+        )
 
 
 class OnnxWhisper:
@@ -231,6 +241,7 @@ class OnnxWhisper:
 
     def __init__(self, folder: Path, config: Any, threads: int = 0):
         self.folder = Path(folder)
+        refuse_old(self.folder)
         self.encoder = parity.session(self.folder / ENCODER, threads)
         self.decoder = parity.session(self.folder / DECODER, threads)
         self.features_path = self.folder / FEATURES
@@ -239,10 +250,12 @@ class OnnxWhisper:
         self.generation_config = generation.load(self.folder, config)
         self._extractor: Any = None  # the saved feature extractor, for an export without features
 
-    def _decode(self, tokens, hidden, past) -> list[np.ndarray]:
-        return self.decoder.run(
-            None, {"input_ids": tokens, "encoder_hidden_states": hidden, **past}
-        )
+    def _decode(self, tokens, hidden, past: cross_cache.Past) -> np.ndarray:
+        """One step's logits; ``past`` takes the step's caches."""
+        feeds = {"input_ids": tokens, "encoder_hidden_states": hidden, **past.feeds()}
+        out = self.decoder.run(None, feeds)
+        past.update(out)
+        return out[0]
 
     def encode(self, input_features: np.ndarray) -> np.ndarray:
         feats = np.ascontiguousarray(input_features, dtype=np.float32)
@@ -256,13 +269,13 @@ class OnnxWhisper:
         c = self.config
         dec = shift_right(labels, int(c.pad_token_id), int(c.decoder_start_token_id), "whisper")
         hidden = self.encode(input_features)
-        return self._decode(dec, hidden, parity.empty_past(self.decoder, len(dec)))[0]
+        return self._decode(dec, hidden, cross_cache.Past(self.decoder, len(dec)))
 
     def detect_language(self, hidden: np.ndarray, gc: Any) -> np.ndarray:
         """``detect_language``: one step from the start token, argmax over the language ids
         (in id order, so a tie goes to the lowest id as torch's argmax gives it)."""
         start = np.full((len(hidden), 1), int(gc.decoder_start_token_id), dtype=np.int64)
-        logits = self._decode(start, hidden, parity.empty_past(self.decoder, len(hidden)))[0]
+        logits = self._decode(start, hidden, cross_cache.Past(self.decoder, len(hidden)))
         ids = np.array(sorted(int(i) for i in gc.lang_to_id.values()))
         return ids[np.argmax(logits[:, -1][:, ids], axis=-1)]
 

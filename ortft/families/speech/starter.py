@@ -40,5 +40,5 @@ backend:
   name: {backend:<24}# ort (ORTModule: the ort profile), torch, or auto (probes them)
 
 export:
-  enabled: true                 # features.onnx + encoder.onnx + decoder.onnx in <run>/onnx/
+  enabled: true                 # features.onnx + encoder_model.onnx + decoder_model_merged.onnx
 """
