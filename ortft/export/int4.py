@@ -10,14 +10,14 @@ onnxruntime's own quantizer cannot run in the ort profile: its module
 the C++ bindings, which onnxruntime-training 1.19.2 does not build (ImportError at import);
 onnxruntime 1.32 has it (the module is ``matmul_nbits_quantizer`` there). So the blocks are
 computed here in numpy: scales, zero points and every nibble MatMulNBits reads equal that
-function's (tests/test_int4.py compares them in the current profile's Python), and both
-profiles write the same file.
+function's (tests/test_int4.py compares them in the consumer runtime's onnxruntime 1.32), and
+both profiles write the same file.
 
-Block 32: the smallest block onnxruntime's CPU kernels take (16 is accepted too, 32 is
-onnxruntime-genai's and transformers.js's q4 default), the most scales per weight and so the
-closest to fp32; 128 (the quantizer's default) makes the file ~6 % smaller. ``accuracy_level``
-is left unset (0: fp32 compute of the dequantized blocks), the closest to the fp32 export; 4
-(int8 activations) is what runtimes may pick for speed (docs/export.md measures both).
+Block 32: four times the scales of the quantizer's default 128, so closer to fp32, at 5.125
+bits a weight (16 bytes of nibbles, a 4-byte scale and half a byte of zero point per 32
+values) against 4.28. ``accuracy_level`` is left unset (0: the blocks dequantized and
+multiplied in fp32), the closest to the fp32 export; 4 (int8 activations) is faster on CPUs
+with int8 dot products and a runtime's choice (docs/export.md measures both).
 """
 
 from __future__ import annotations
