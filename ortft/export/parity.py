@@ -47,7 +47,9 @@ EXPORT_FORMAT_VERSION = 2
 THRESHOLDS = {
     "fp16": {"min_agreement": 0.99, "max_accuracy_drop": 0.01},
     "int8": {"min_agreement": 0.90, "max_accuracy_drop": 0.02},
-    "int4": {"min_agreement": 0.90, "max_accuracy_drop": 0.02},
+    # int4 moves near-tied logits further: 0.875 on the task matrix's 2-step tiny Llama, 0.98
+    # on a 29.3M one (docs/export.md); swapped nibbles gave 0.012
+    "int4": {"min_agreement": 0.80, "max_accuracy_drop": 0.02},
 }
 QUANTIZE_CHOICES = ("int8", "int4")
 # kind: (file, export.json "files" key); the order is the report's and the latency table's
