@@ -327,8 +327,8 @@ def test_unsupported_architecture(tmp_path):
 
 def test_option_mistakes_are_usage_errors(tmp_path):
     assert _invoke(tmp_path, "--trainable", "classifier.*").exit_code == 2
-    res = _invoke(tmp_path, "--quantize", "int4")
-    assert res.exit_code == 2 and "int8" in res.stderr
+    res = _invoke(tmp_path, "--quantize", "int2")
+    assert res.exit_code == 2 and "choose int8 or int4" in res.stderr
 
 
 def test_parity_failure_leaves_nothing_under_the_final_name(tmp_path):

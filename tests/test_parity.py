@@ -56,8 +56,9 @@ def test_failures_name_every_failed_section_in_report_order() -> None:
 def test_wanted_variants_and_the_one_quantize_check() -> None:
     assert parity.wanted(True, True, "int8") == ["optimize", "fp16", "int8"]
     assert parity.wanted(False, False, None) == []
-    with pytest.raises(InputError, match="--quantize int4: choose one of int8"):
-        parity.wanted(False, False, "int4")
+    assert parity.wanted(False, False, "int4") == ["int4"]
+    with pytest.raises(InputError, match="--quantize int2: choose one of int8, int4"):
+        parity.wanted(False, False, "int2")
 
 
 def test_judge_counts_next_token_predictions() -> None:

@@ -400,3 +400,61 @@ def test_question_answering_export_of_format_2_still_reads(matrix: Matrix) -> No
     assert res.stderr.startswith("error: ")
     assert "gives scores, not start_logits, end_logits" in res.stderr
     assert "re-export it with `ortft export RUN`" in res.stderr
+
+
+def test_int4_export_of_a_decoder(matrix: Matrix, tmp_path: Path) -> None:
+    """The task matrix's causal-lm (a Llama) exported with --quantize int4: MatMulNBits in place
+    of every MatMul of a weight, export.json's int4 section with its settings, quality and size
+    (GPT-2's Gemm layers: tests/test_int4.py)."""
+    from collections import Counter
+
+    import numpy as np
+    import onnx
+
+    out = tmp_path / "exp"
+    res = CliRunner().invoke(
+        app, ["export", str(matrix.run("causal-lm")), "-o", str(out), "--quantize", "int4"]
+    )
+    assert res.exit_code == 0, res.stderr + str(res.exception)
+    report = json.loads((out / "export.json").read_text())
+    assert report["passed"] is True and report["files"]["int4"] == "model.int4.onnx"
+
+    def weighted(path: Path) -> Counter[str]:  # nodes of each kind, and MatMuls of a weight
+        graph = onnx.load(str(path)).graph
+        weights = {t.name for t in graph.initializer}
+        kinds = Counter(n.op_type for n in graph.node)
+        kinds["of a weight"] = sum(
+            n.op_type in ("MatMul", "Gemm") and n.input[1] in weights for n in graph.node
+        )
+        return kinds
+
+    fp32, ops = weighted(out / "model.onnx"), weighted(out / "model.int4.onnx")
+    assert ops["MatMulNBits"] == fp32["of a weight"] > 0 and ops["of a weight"] == 0
+    q = report["int4"]
+    assert (q["algorithm"], q["bits"], q["block_size"], q["symmetric"]) == ("RTN", 4, 32, False)
+    assert sum(q["nodes_quantized"].values()) == fp32["of a weight"]
+    assert q["bytes"] < report["bytes"] and q["size_ratio"] < 0.8
+    greedy, ppl = q["quality"]["greedy"], q["quality"]["perplexity"]
+    assert greedy["prompts"] > 0 and greedy["new_tokens"] >= greedy["prompts"]
+    # recorded, not gated: the 2-step model's logits are near ties (0.36 of the tokens equal)
+    assert 0 <= greedy["tokens_equal"] <= 1 and greedy["new_tokens"] <= 16 * greedy["prompts"]
+    assert len(greedy["first_difference"]) == greedy["prompts"]
+    assert greedy["first_difference"].count(None) == greedy["identical_prompts"]
+    assert ppl["rows"] > 0 and ppl["fp32"] > 1
+    assert ppl["int4"] != ppl["fp32"] and abs(ppl["relative_change"]) < 0.05
+    assert np.isclose(ppl["int4"] / ppl["fp32"] - 1, ppl["relative_change"], atol=1e-3)
+    assert report["latency"]["ms"].keys() == {"fp32", "int4"}
+
+
+def test_int4_is_refused_for_a_model_that_does_not_generate(matrix: Matrix, tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app,
+        ["export", str(matrix.run("sequence-classification")), "-o", str(tmp_path / "x"),
+         "--quantize", "int4"],
+    )  # fmt: skip
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines() == [
+        "error: --quantize int4 is weight-only int4 for decoders (causal-lm, instruction), not "
+        "sequence-classification: use --quantize int8"
+    ]
+    assert not (tmp_path / "x").exists()

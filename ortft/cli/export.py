@@ -11,6 +11,11 @@ import typer
 from ortft.cli.common import guarded, json_option, state
 from ortft.cli.output import quiet_libraries
 
+QUANTIZE_HELP = (
+    "Also write model.int8.onnx (int8: dynamic quantization) or, for decoders, "
+    "model.int4.onnx (int4: weight-only, MatMulNBits)."
+)
+
 
 def export(
     source: Annotated[
@@ -33,7 +38,7 @@ def export(
     fp16: Annotated[bool, typer.Option("--fp16", help="Also write model.fp16.onnx.")] = False,
     quantize: Annotated[
         str | None,
-        typer.Option("--quantize", help="Also write model.int8.onnx (dynamic quantization): int8."),
+        typer.Option("--quantize", help=QUANTIZE_HELP),
     ] = None,
     training_artifacts: Annotated[
         bool,
@@ -107,8 +112,8 @@ def _export(source: str, output: Path | None, as_json: bool, **options: Any) -> 
         raise UsageError(f"{source} is inside an installed package: pass -o OUT")
     if options["trainable"] and not options["training_artifacts"]:
         raise UsageError("--trainable needs --training-artifacts")
-    if options["quantize"] not in (None, "int8"):
-        raise UsageError(f"--quantize {options['quantize']}: the choice is int8")
+    if options["quantize"] not in (None, "int8", "int4"):
+        raise UsageError(f"--quantize {options['quantize']}: choose int8 or int4")
     if options["training_artifacts"]:  # refused before the export, not after it
         missing = ort_training.missing(
             "--training-artifacts", "export without --training-artifacts"

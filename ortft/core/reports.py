@@ -77,6 +77,7 @@ class ExportReport(TypedDict, total=False):
     optimize: Section
     fp16: Section
     int8: Section
+    int4: Section
     latency: Section
     generation: Section
     features: Section

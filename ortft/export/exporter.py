@@ -5,7 +5,8 @@ The folder it writes is self-contained: ``model.onnx`` (inputs ``input_ids`` and
 embeddings, with dynamic batch and sequence axes, output ``logits``, or a task's own:
 question answering's ``start_logits`` and ``end_logits``), the tokenizer,
 the model config and ``export.json`` (the reports). On request it also holds
-``model.opt.onnx`` (ORT graph optimization), ``model.fp16.onnx``, ``model.int8.onnx`` and
+``model.opt.onnx`` (ORT graph optimization), ``model.fp16.onnx``, ``model.int8.onnx``,
+a decoder's ``model.int4.onnx`` (``ortft.export.int4``) and
 ``training/`` (on-device training artifacts, built by the caller's ``TrainingStep``); see
 ``ortft.export.onnx_tools`` and ``ortft.backends.ondevice.artifacts`` for what was measured.
 
@@ -202,7 +203,8 @@ class TrainingStep(Protocol):
 class ExportOptions:
     """What ``export_model`` writes and checks besides ``model.onnx`` and its parity.
 
-    ``optimize``, ``fp16``, ``quantize`` ("int8"): also write that variant (``parity.wanted``).
+    ``optimize``, ``fp16``, ``quantize`` ("int8", or "int4" for a decoder): also write that
+    variant (``parity.wanted``, ``variants``).
     ``training``: also write ``training/`` (``TrainingStep``); None: no training artifacts.
     ``max_length``: the length the model was trained with (recorded with the tokenizer, which
     itself truncates at the model's position limit: see ``ortft.export.deploy``).
@@ -252,7 +254,7 @@ def export_model(
     if isinstance(spec, protocols.ExportsGraphs):  # the family's own graphs and checks
         build = spec.export_builder(model, tokenizer, opset, tolerance, samples, options)
         return _published(out_dir, build)
-    kinds = parity.wanted(options.optimize, options.fp16, options.quantize)
+    kinds = variants(spec, task, options)
     training = options.training
     if training is not None and task not in training.tasks:
         raise InputError(
@@ -275,6 +277,17 @@ def export_model(
         "" if result["passed"] else f"; FAILED: {'; '.join(result['failures'])}",
     )
     return result
+
+
+def variants(spec: Any, task: str, options: ExportOptions) -> list[str]:
+    """The variants ``options`` ask for (``parity.wanted``); int4 only for a decoder."""
+    kinds = parity.wanted(options.optimize, options.fp16, options.quantize)
+    if "int4" in kinds and not isinstance(spec, protocols.ExportsDecoder):
+        raise InputError(
+            f"--quantize int4 is weight-only int4 for decoders (causal-lm, instruction), not "
+            f"{task}: use --quantize int8"
+        )
+    return kinds
 
 
 class _SingleGraph:
@@ -340,6 +353,10 @@ class _SingleGraph:
         if self.cache is not None:  # the cache over several steps, against PyTorch's generate
             result["generation"] = self.cache.generation_check(
                 model, tmp / "model.onnx", feeds, self.tolerance
+            )
+        if self.decoder is not None and "int4" in self.kinds:  # its generations against fp32
+            result["int4"]["quality"] = self.decoder.quantized_check(
+                model, tmp / "model.onnx", tmp / "model.int4.onnx", feeds, self.cache is not None
             )
         if o.training is not None:
             result["training"] = o.training(model, task, tmp / "training", feeds, self.example)

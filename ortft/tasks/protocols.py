@@ -414,6 +414,15 @@ class ExportsDecoder(Protocol):
         export.json's ``genai``: what was written, or why not."""
         ...
 
+    def quantized_check(
+        self, model: Any, fp32: Path, variant: Path, feeds: dict[str, np.ndarray], cache: bool
+    ) -> dict[str, Any]:
+        """export.json's ``int4.quality`` (``--quantize int4``, decoders only): the weight-only
+        int4 file (``variant``) against the fp32 one: greedy generations on prompts from the
+        parity ``feeds`` and the teacher-forced perplexity on them (``cache``: the graphs take
+        their KV cache)."""
+        ...
+
 
 @runtime_checkable
 class PredictsLines(Protocol):

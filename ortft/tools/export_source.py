@@ -296,6 +296,11 @@ def _export_onnx_source(
             f"--training-artifacts: {model_dir} was trained on device; its training "
             "artifacts are in the run's ondevice/artifacts/"
         )
+    if options.quantize == "int4":  # its check generates with the PyTorch model's config
+        raise InputError(
+            f"--quantize int4: {model_dir} was trained on device (an ONNX final/); int4 "
+            "exports a PyTorch decoder: use --quantize int8"
+        )
     kinds = parity.wanted(options.optimize, options.fp16, options.quantize)
     try:
         config, tokenizer = (

@@ -54,6 +54,13 @@ class DecoderHooks(TextPrompt, Task):
 
         return genai.write(folder, config, report)
 
+    def quantized_check(
+        self, model: Any, fp32: Path, variant: Path, feeds: dict[str, np.ndarray], cache: bool
+    ) -> dict[str, Any]:
+        from ortft.families.generation import quantized
+
+        return quantized.quality(model, fp32, variant, feeds, cache)
+
     def snippet(self, tokenizer: Any, report: ExportReport) -> str:
         """The loop with the cache or without, on the example as the task's prompt."""
         from ortft.families.generation import card
