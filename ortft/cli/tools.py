@@ -22,7 +22,8 @@ def bench(
             "--backends",
             help="Comma-separated: ort, torch, torch-eager-attn, torch-compile; "
             "each may add +key=value (a recipe key or an ORTFT_* variable). "
-            "Default: ort,torch where ONNX Runtime training is installed, else torch,torch-compile.",
+            "Default: ort,torch where ONNX Runtime training is installed, "
+            "else torch,torch-compile.",
             show_default=False,
         ),
     ] = None,

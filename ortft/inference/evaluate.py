@@ -1,9 +1,9 @@
 """``ortft eval``: score a saved model on a dataset with the metrics training reports.
 
 The model is a run directory (its ``final/``), a saved Hugging Face model directory, or an
-ONNX export folder (``model.onnx``, or a seq2seq's ``encoder_model.onnx`` + ``decoder_model_merged.onnx``, with the
-tokenizer and config; an image export: ``model.onnx`` with the image processor's
-``preprocessor_config.json``), which runs in an onnxruntime ``InferenceSession``. Both kinds go
+ONNX export folder (``model.onnx``, or a seq2seq's ``encoder_model.onnx`` +
+``decoder_model_merged.onnx``, with the tokenizer and config; an image export: ``model.onnx``
+with the image processor's ``preprocessor_config.json``), which runs in an onnxruntime ``InferenceSession``. Both kinds go
 through the same code: the model gives logits, and the loss and metrics are computed from them
 here, so a PyTorch model and its ONNX export report the same numbers (to float rounding).
 Batches get the task's fixed eval variant first, as in training's eval (masked-lm: the eval
