@@ -32,6 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from ortft.core.errors import InputError
+
+# the files of an encoder-decoder's export (Optimum's names), and before format_version 3
+ENCODER, DECODER = "encoder_model.onnx", "decoder_model_merged.onnx"
+OLD_ENCODER, OLD_DECODER = "encoder.onnx", "decoder.onnx"  # format_version 2: no cross cache
 USE_CACHE = "use_cache_branch"
 BATCH = "batch_size"
 EXTERNAL_OVER = 1_800_000_000  # bytes of weights above which the merged graph's go to a .data file
@@ -254,3 +259,34 @@ class Past:
 
     def reorder(self, rows: np.ndarray) -> None:
         self.past = {k: v[rows] for k, v in self.past.items()}
+
+
+class Steps:
+    """``generation.Steps`` of a merged decoder: ``decode(tokens, *states, past)`` gives one
+    step's logits; ``states`` are the encoder's per-input arrays (its hidden states, a mask),
+    repeated for each input's beams at the first step, as ``generate`` does."""
+
+    def __init__(self, session: Any, decode: Callable[..., np.ndarray], *states: np.ndarray):
+        self.session, self.decode, self.states = session, decode, states
+        self.past: Past | None = None
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        if self.past is None:
+            beams = len(tokens) // len(self.states[0])
+            self.states = tuple(np.repeat(x, beams, axis=0) for x in self.states)
+            self.past = Past(self.session, len(tokens))
+        return self.decode(tokens.astype(np.int64), *self.states, self.past)[:, -1]
+
+    def reorder(self, rows: np.ndarray) -> None:
+        if self.past is not None:
+            self.past.reorder(rows)
+
+
+def refuse_old(folder: Path) -> None:
+    """An InputError for an export of an older ortft (its decoder.onnx recomputes the
+    cross-attention at each step): re-export it."""
+    if (folder / OLD_DECODER).exists() and not (folder / DECODER).exists():
+        raise InputError(
+            f"{folder}: an export of an older ortft ({OLD_DECODER}, export.json format_version "
+            f"2); re-export it with `ortft export RUN` ({ENCODER} + {DECODER})"
+        )

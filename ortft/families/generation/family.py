@@ -148,7 +148,8 @@ class Seq2SeqPair(seq2seq.Seq2Seq, TextPrompt):
     def open_export(self, folder: Path, config: Any) -> Any:
         """``OnnxSeq2Seq`` over the export's encoder_model.onnx and decoder_model_merged.onnx
         (an older export's encoder.onnx: refused, naming the re-export)."""
-        from ortft.families.generation.seq2seq_graphs import ENCODER, OLD_ENCODER, OnnxSeq2Seq
+        from ortft.export.cross_cache import ENCODER, OLD_ENCODER
+        from ortft.families.generation.seq2seq_graphs import OnnxSeq2Seq
 
         found = (folder / ENCODER).exists() or (folder / OLD_ENCODER).exists()
         return OnnxSeq2Seq(folder, config) if found else None

@@ -26,12 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport
 from ortft.export import cross_cache, decoder, parity
 
-ENCODER, DECODER = "encoder_model.onnx", "decoder_model_merged.onnx"
-OLD_ENCODER, OLD_DECODER = "encoder.onnx", "decoder.onnx"  # format_version 2: no cross cache
+ENCODER, DECODER = cross_cache.ENCODER, cross_cache.DECODER
 
 
 class _Encoder(torch.nn.Module):
@@ -121,42 +119,13 @@ def export_graphs(model: Any, feeds: dict[str, np.ndarray], folder: Path, opset:
 # --------------------------------------------------------------------------- running the pair
 
 
-class _Steps:
-    """``generation.Steps`` of the merged decoder: the encoder's states, both caches."""
-
-    def __init__(self, pair: OnnxSeq2Seq, hidden: np.ndarray, mask: np.ndarray):
-        self.pair, self.hidden, self.mask = pair, hidden, mask
-        self.past: cross_cache.Past | None = None
-
-    def __call__(self, tokens: np.ndarray) -> np.ndarray:
-        if self.past is None:  # beams: each input's states repeated for its beams, as generate
-            k = len(tokens) // len(self.hidden)
-            self.hidden, self.mask = (np.repeat(x, k, axis=0) for x in (self.hidden, self.mask))
-            self.past = cross_cache.Past(self.pair.decoder, len(tokens))
-        return self.pair._decode(tokens.astype(np.int64), self.hidden, self.mask, self.past)[:, -1]
-
-    def reorder(self, rows: np.ndarray) -> None:
-        if self.past is not None:
-            self.past.reorder(rows)
-
-
-def refuse_old(folder: Path) -> None:
-    """An InputError for an export of an older ortft (its decoder.onnx recomputes the
-    cross-attention at each step): re-export it."""
-    if (folder / OLD_DECODER).exists() and not (folder / DECODER).exists():
-        raise InputError(
-            f"{folder}: an export of an older ortft ({OLD_DECODER}, export.json format_version "
-            f"2); re-export it with `ortft export RUN` ({ENCODER} + {DECODER})"
-        )
-
-
 class OnnxSeq2Seq:
     """The two sessions of a seq2seq export, run as ``ortft eval`` / ``predict`` need them."""
 
     def __init__(self, folder: Path, config: Any, threads: int = 0):
         from ortft.export import generation
 
-        refuse_old(Path(folder))
+        cross_cache.refuse_old(Path(folder))
         self.encoder = parity.session(folder / ENCODER, threads)
         self.decoder = parity.session(folder / DECODER, threads)
         self.config = config
@@ -214,7 +183,7 @@ class OnnxSeq2Seq:
         positions = getattr(self.config, "max_position_embeddings", None)
         p = generation.plan(gc, 1, encoder_decoder=True, max_positions=positions)
         mask = attention_mask.astype(np.int64)
-        steps = _Steps(self, self._encode(input_ids, mask), mask)
+        steps = cross_cache.Steps(self.decoder, self._decode, self._encode(input_ids, mask), mask)
         first = np.full((len(mask), 1), int(start), dtype=np.int64)
         return generation.generate(steps, first, p)
 

@@ -104,7 +104,8 @@ class Speech(SpeechRecognition):
     def open_export(self, folder: Path, config: Any) -> Any:
         """``OnnxWhisper`` over the export's encoder_model.onnx and decoder_model_merged.onnx
         (an older export's encoder.onnx: refused, naming the re-export)."""
-        from ortft.families.speech.runner import ENCODER, OLD_ENCODER, OnnxWhisper
+        from ortft.export.cross_cache import ENCODER, OLD_ENCODER
+        from ortft.families.speech.runner import OnnxWhisper
 
         found = (folder / ENCODER).exists() or (folder / OLD_ENCODER).exists()
         return OnnxWhisper(folder, config) if found else None

@@ -36,8 +36,8 @@ import numpy as np
 from ortft.core.errors import InputError, RunError
 from ortft.export import cross_cache, generation, parity
 
-ENCODER, DECODER, FEATURES = "encoder_model.onnx", "decoder_model_merged.onnx", "features.onnx"
-OLD_ENCODER, OLD_DECODER = "encoder.onnx", "decoder.onnx"  # format_version 2: no cross cache
+ENCODER, DECODER = cross_cache.ENCODER, cross_cache.DECODER
+FEATURES = "features.onnx"
 DEFAULT_MAX_LENGTH = 20  # GenerationConfig's global default, which Whisper counts as new tokens
 TASK_IDS = ("translate", "transcribe")  # transformers' whisper TASK_IDS
 
@@ -208,40 +208,12 @@ def _check_segments(rows: list[np.ndarray], gc: Any) -> None:
             )
 
 
-class _Steps:
-    """``generation.Steps`` of the merged decoder: the encoder's states, both caches."""
-
-    def __init__(self, pair: OnnxWhisper, hidden: np.ndarray):
-        self.pair, self.hidden = pair, hidden
-        self.past: cross_cache.Past | None = None
-
-    def __call__(self, tokens: np.ndarray) -> np.ndarray:
-        if self.past is None:  # beams: each clip's states repeated for its beams, as generate
-            self.hidden = np.repeat(self.hidden, len(tokens) // len(self.hidden), axis=0)
-            self.past = cross_cache.Past(self.pair.decoder, len(tokens))
-        return self.pair._decode(tokens.astype(np.int64), self.hidden, self.past)[:, -1]
-
-    def reorder(self, rows: np.ndarray) -> None:
-        if self.past is not None:
-            self.past.reorder(rows)
-
-
-def refuse_old(folder: Path) -> None:
-    """An InputError for an export of an older ortft (its decoder.onnx recomputes the
-    cross-attention at each step): re-export it."""
-    if (folder / OLD_DECODER).exists() and not (folder / DECODER).exists():
-        raise InputError(
-            f"{folder}: an export of an older ortft ({OLD_DECODER}, export.json format_version "
-            f"2); re-export it with `ortft export RUN` ({ENCODER} + {DECODER})"
-        )
-
-
 class OnnxWhisper:
     """The sessions of a speech export, run as ``ortft eval`` / ``predict`` need them."""
 
     def __init__(self, folder: Path, config: Any, threads: int = 0):
         self.folder = Path(folder)
-        refuse_old(self.folder)
+        cross_cache.refuse_old(self.folder)
         self.encoder = parity.session(self.folder / ENCODER, threads)
         self.decoder = parity.session(self.folder / DECODER, threads)
         self.features_path = self.folder / FEATURES
@@ -298,7 +270,9 @@ class OnnxWhisper:
         hidden = self.encode(input_features)
         init = init_tokens(gc, self.config, len(hidden), lambda: self.detect_language(hidden, gc))
         p = plan(gc, self.config, init.shape[1])
-        seq, raw = generation.generate(_Steps(self, hidden), init, p)
+        seq, raw = generation.generate(
+            cross_cache.Steps(self.decoder, self._decode, hidden), init, p
+        )
         return seq, raw, init.shape[1]
 
     def rows(self, input_features: np.ndarray, gc: Any) -> list[np.ndarray]:
