@@ -424,3 +424,25 @@ def consumer_python() -> str:
     )
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def node_modules() -> str:
+    """transformers.js, installed by scripts/node-consumer-env.sh (cached). Node is part of the
+    tier: missing, the test fails, unless ORTFT_NO_NODE=1 asks to skip it."""
+    if os.environ.get("ORTFT_NO_NODE") == "1":
+        pytest.skip("ORTFT_NO_NODE=1: the transformers.js check is skipped")
+    import shutil
+    import subprocess
+
+    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
+    assert not missing, (
+        f"{' and '.join(missing)} not found: the consumer tier runs transformers.js on Node 20 "
+        "(install it, or set ORTFT_NO_NODE=1 to skip this check)"
+    )
+    res = subprocess.run(
+        [str(Path(__file__).resolve().parent.parent / "scripts" / "node-consumer-env.sh")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout.strip()

@@ -381,27 +381,6 @@ NODE_TEXTS = [
 NODE_SCORE_TOLERANCE = 1e-5
 
 
-@pytest.fixture(scope="module")
-def node_modules() -> str:
-    """transformers.js, installed by scripts/node-consumer-env.sh (cached). Node is part of the
-    tier: missing, the test fails, unless ORTFT_NO_NODE=1 asks to skip it."""
-    import os
-
-    if os.environ.get("ORTFT_NO_NODE") == "1":
-        pytest.skip("ORTFT_NO_NODE=1: the transformers.js check is skipped")
-    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
-    assert not missing, (
-        f"{' and '.join(missing)} not found: the consumer tier runs transformers.js on Node 20 "
-        "(install it, or set ORTFT_NO_NODE=1 to skip this check)"
-    )
-    res = subprocess.run(
-        [str(ROOT / "scripts" / "node-consumer-env.sh")],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    return res.stdout.strip()
-
-
 def test_transformers_js_matches_predict(matrix: Matrix, node_modules: str) -> None:
     """transformers.js's ``pipeline("text-classification")`` opens the export folder as ortft
     wrote it (onnx/model.onnx, its link to the root file) and gives ``ortft predict``'s labels

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from ortft.families.generation import genai
@@ -58,3 +59,43 @@ def test_writes_none_for_other_models_or_without_the_cache(tmp_path: Path) -> No
     out = genai.write(tmp_path, _config("llama"), {**cached, "kv_cache": False})
     assert "no KV cache" in out["skipped"]
     assert not (tmp_path / genai.FILE).exists()
+
+
+def test_int4_gets_its_own_folder_of_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With model.int4.onnx, ``int4/`` holds a config naming it and links to the root's int4
+    and tokenizer files (in export.json's links); where the file system makes no links, no
+    folder, and ``int4.skipped`` says why."""
+    import os
+
+    _graph(tmp_path, layers=1, kv_heads=1, head=8)
+    (tmp_path / "m.onnx").rename(tmp_path / "model.onnx")
+    _graph(tmp_path, layers=1, kv_heads=1, head=8)
+    (tmp_path / "m.onnx").rename(tmp_path / "model.int4.onnx")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_text("{}")
+    files = {"model": "model.onnx", "int4": "model.int4.onnx"}
+    report: dict = {"kv_cache": True, "files": files, "links": {"onnx/model.onnx": "model.onnx"}}
+    out = genai.write(tmp_path, _config("llama"), report)
+    assert out["int4"] == {
+        "folder": "int4", "config": "int4/genai_config.json", "filename": "model.int4.onnx"
+    }  # fmt: skip
+    links = {f"int4/{f}": f for f in ("model.int4.onnx", "tokenizer.json", "tokenizer_config.json")}
+    assert report["links"] == {"onnx/model.onnx": "model.onnx", **links}
+    for link, target in links.items():
+        assert os.readlink(tmp_path / link) == f"../{target}"
+    body = json.loads((tmp_path / "int4" / genai.FILE).read_text())
+    assert body["model"]["decoder"]["filename"] == "model.int4.onnx"
+
+    def no_links(*args: object) -> None:
+        raise OSError(1, "Operation not permitted")
+
+    folder = tmp_path / "nolinks"
+    folder.mkdir()
+    for f in ("model.onnx", "model.int4.onnx", "tokenizer.json"):
+        (folder / f).write_bytes((tmp_path / f).read_bytes())
+    monkeypatch.setattr(os, "symlink", no_links)
+    report = {"kv_cache": True, "files": files}
+    out = genai.write(folder, _config("llama"), report)
+    assert out["config"] == genai.FILE and "links" not in report
+    assert out["int4"]["skipped"].startswith("no int4/ folder for onnxruntime-genai")
+    assert not (folder / "int4").exists()

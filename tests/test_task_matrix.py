@@ -191,6 +191,17 @@ class Matrix:
     def summary(self, task: str) -> dict[str, Any]:
         return summary(self.run(task))
 
+    def int4(self, task: str = "causal-lm") -> Path:
+        """``ortft export RUN -o RUN/onnx-int4 --quantize int4`` of the task's run, once (the
+        int4 checks here and the consumer tier's clients of the int4 file share it)."""
+        out = self.run(task) / "onnx-int4"
+        with _locked(self.root / f"{task}.lock"):
+            if not (out / "export.json").exists():
+                args = ["export", str(self.run(task)), "-o", str(out), "--quantize", "int4"]
+                res = CliRunner().invoke(app, args)
+                assert res.exit_code == 0, res.stderr + str(res.exception)
+        return out
+
     def result(self, task: str, op: str, runtime: str) -> Any:
         key = (task, op, runtime)
         if key not in self.results:
@@ -402,21 +413,20 @@ def test_question_answering_export_of_format_2_still_reads(matrix: Matrix) -> No
     assert "re-export it with `ortft export RUN`" in res.stderr
 
 
-def test_int4_export_of_a_decoder(matrix: Matrix, tmp_path: Path) -> None:
+def test_int4_export_of_a_decoder(matrix: Matrix) -> None:
     """The task matrix's causal-lm (a Llama) exported with --quantize int4: MatMulNBits in place
     of every MatMul of a weight, export.json's int4 section with its settings, quality and size
-    (GPT-2's Gemm layers: tests/test_int4.py)."""
+    (GPT-2's Gemm layers: tests/test_int4.py); the int4 file linked for transformers.js's
+    ``dtype: "q4"`` and in onnxruntime-genai's ``int4/`` folder (their clients open them in
+    tests/test_consumer_int4.py)."""
     from collections import Counter
 
     import numpy as np
     import onnx
 
-    out = tmp_path / "exp"
-    res = CliRunner().invoke(
-        app, ["export", str(matrix.run("causal-lm")), "-o", str(out), "--quantize", "int4"]
-    )
-    assert res.exit_code == 0, res.stderr + str(res.exception)
+    out = matrix.int4("causal-lm")
     report = json.loads((out / "export.json").read_text())
+    _assert_int4_links(out, report)
     assert report["passed"] is True and report["files"]["int4"] == "model.int4.onnx"
 
     def weighted(path: Path) -> Counter[str]:  # nodes of each kind, and MatMuls of a weight
@@ -444,6 +454,31 @@ def test_int4_export_of_a_decoder(matrix: Matrix, tmp_path: Path) -> None:
     assert ppl["int4"] != ppl["fp32"] and abs(ppl["relative_change"]) < 0.05
     assert np.isclose(ppl["int4"] / ppl["fp32"] - 1, ppl["relative_change"], atol=1e-3)
     assert report["latency"]["ms"].keys() == {"fp32", "int4"}
+
+
+def _assert_int4_links(out: Path, report: dict[str, Any]) -> None:
+    """transformers.js's q4 name, and genai's int4/ folder: a genai_config.json naming the int4
+    file, which is the fp32 one's but for the file, and links to the root's int4 and tokenizer
+    files, all in export.json's links and named by the card."""
+    from ortft.families.generation import genai
+
+    int4 = {"folder": "int4", "config": "int4/genai_config.json", "filename": "model.int4.onnx"}
+    assert report["genai"] == {"config": genai.FILE, "model_type": "llama", "int4": int4}
+    links = {f"int4/{f}": f for f in ("model.int4.onnx", "tokenizer.json", "tokenizer_config.json")}
+    assert report["links"] == {
+        **links, "onnx/model.onnx": "model.onnx", "onnx/model_q4.onnx": "model.int4.onnx"
+    }  # fmt: skip
+    for link, target in report["links"].items():
+        assert (out / link).is_symlink() and (out / link).resolve() == (out / target).resolve()
+    assert sorted(p.name for p in (out / "int4").iterdir()) == sorted(
+        [genai.FILE, *(Path(x).name for x in links)]
+    )
+    fp32, q4 = (json.loads((out / f).read_text()) for f in (genai.FILE, int4["config"]))
+    assert q4["model"]["decoder"].pop("filename") == "model.int4.onnx"
+    assert fp32["model"]["decoder"].pop("filename") == "model.onnx" and q4 == fp32
+    card = (out / "README.md").read_text()
+    assert '`og.Model("int4")` opens the int4 weights (`model.int4.onnx`' in card
+    assert '{ dtype: "q4" }' in card
 
 
 def test_int4_is_refused_for_a_model_that_does_not_generate(matrix: Matrix, tmp_path: Path) -> None:

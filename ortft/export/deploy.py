@@ -261,7 +261,7 @@ def write_card(folder: Path, task: Any, tokenizer: Any, report: ExportReport) ->
     if call is not None:  # the transformers.js pipeline that opens the folder
         from ortft.export import js_card
 
-        js = js_card.section(*call)
+        js = js_card.section(*call, q4=bool(report["files"].get("int4")))
     (folder / "README.md").write_text(
         f"""---
 library_name: onnxruntime
@@ -288,10 +288,17 @@ def _genai_line(report: ExportReport) -> str:
     genai = report.get("genai") or {}
     if not genai.get("config"):
         return ""
-    return (
+    line = (
         f"\n- **onnxruntime-genai:** `{genai['config']}` (model type {genai['model_type']}): "
         '`og.Model(".")` opens this folder'
     )
+    int4 = genai.get("int4") or {}
+    if int4.get("folder"):  # genai opens one graph a folder: the int4 one has its own
+        line += (
+            f'; `og.Model("{int4["folder"]}")` opens the int4 weights (`{int4["filename"]}`, '
+            f"through `{int4['config']}`)"
+        )
+    return line
 
 
 def _text_card(task: Any, tokenizer: Any, report: ExportReport) -> tuple[str, str, str, str]:

@@ -17,22 +17,34 @@ import {{ pipeline, env }} from "@huggingface/transformers";
 
 env.allowRemoteModels = false; // this folder only, never the Hub
 env.localModelPath = path.dirname(process.cwd()) + path.sep; // the folder that holds this one
-const run = await pipeline({pipeline}, path.basename(process.cwd()), {{ dtype: "fp32" }});
+const run = await pipeline({pipeline}, path.basename(process.cwd()), {{ dtype: {dtype} }});
 const out = await run({args});
 console.log(JSON.stringify(out?.tolist ? out.tolist() : out));
 """
 
 
-def snippet(pipeline: str, args: list[Any], options: dict[str, Any]) -> str:
-    """The code: ``pipeline`` called on ``args``, then ``options`` (as JSON literals)."""
+def snippet(pipeline: str, args: list[Any], options: dict[str, Any], dtype: str = "fp32") -> str:
+    """The code: ``pipeline`` on the folder's ``dtype`` file, called on ``args``, then
+    ``options`` (as JSON literals)."""
     call = [json.dumps(a, ensure_ascii=False) for a in args]
     if options:
         call.append(json.dumps(options, ensure_ascii=False))
-    return _CODE.format(pipeline=json.dumps(pipeline), args=", ".join(call))
+    return _CODE.format(
+        pipeline=json.dumps(pipeline), dtype=json.dumps(dtype), args=", ".join(call)
+    )
 
 
-def section(pipeline: str, args: list[Any], options: dict[str, Any]) -> str:
-    """The card's transformers.js part: the install line and the snippet."""
+def section(pipeline: str, args: list[Any], options: dict[str, Any], q4: bool = False) -> str:
+    """The card's transformers.js part: the install line and the snippet; ``q4``: the folder
+    holds model.int4.onnx (``--quantize int4``), and a second snippet opens it."""
+    q4_part = ""
+    if q4:  # the int4 weights under the name dtype "q4" picks (onnx/model_q4.onnx)
+        q4_part = f"""
+The int4 weights (`model.int4.onnx`, linked as `onnx/model_q4.onnx`) open with `dtype: "q4"`:
+
+{JS_FENCE}
+{snippet(pipeline, args, options, "q4")}```
+"""
     return f"""
 Usage with transformers.js (Node 20), run from this folder (`dtype: "fp16"` or `"q8"` opens an
 `--fp16` or `--quantize int8` variant, linked in `onnx/`):
@@ -43,10 +55,14 @@ npm install --ignore-scripts @huggingface/transformers@{VERSION}
 
 {JS_FENCE}
 {snippet(pipeline, args, options)}```
-"""
+{q4_part}"""
 
 
-def card_js(readme: str) -> str:
-    """The transformers.js snippet of a model card (its js block)."""
-    start = readme.index(JS_FENCE) + len(JS_FENCE) + 1
-    return readme[start : readme.index("```", start)]
+def card_js(readme: str, dtype: str = "fp32") -> str:
+    """The transformers.js snippet of a model card that opens the ``dtype`` file (a js block)."""
+    blocks = readme.split(JS_FENCE + "\n")[1:]
+    codes = [b[: b.index("```")] for b in blocks]
+    found = [c for c in codes if f"{{ dtype: {json.dumps(dtype)} }}" in c]
+    if len(found) != 1:
+        raise ValueError(f"the card has {len(found)} transformers.js snippets of dtype {dtype}")
+    return found[0]

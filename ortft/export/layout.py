@@ -79,11 +79,7 @@ def hub_links(folder: Path) -> dict[str, str]:
     if not links:
         return {}
     try:
-        hub.mkdir(exist_ok=True)
-        for link, target in links.items():
-            (folder / link).parent.mkdir(parents=True, exist_ok=True)
-            up = "../" * link.count("/")  # a tensor file may sit in a subfolder of its own
-            os.symlink(up + target, folder / link)
+        make_links(folder, links)
     except OSError as err:
         log.warning(
             "%s: no %s/ links for transformers.js (%s); the root %s is complete",
@@ -97,10 +93,20 @@ def hub_links(folder: Path) -> dict[str, str]:
     return links
 
 
+def make_links(folder: Path, links: dict[str, str]) -> None:
+    """Each ``link`` of ``links`` ({link: target}, both relative to ``folder``) as a relative
+    symbolic link to its target; OSError where the file system makes none."""
+    for link, target in links.items():
+        (folder / link).parent.mkdir(parents=True, exist_ok=True)
+        up = "../" * link.count("/")  # a tensor file may sit in a subfolder of its own
+        os.symlink(up + target, folder / link)
+
+
 def with_links(folder: Path, result: ExportReport) -> ExportReport:
-    """``result`` (export.json) after :func:`hub_links`: the last step of every folder made
+    """``result`` (export.json) after :func:`hub_links`, beside the links an earlier step made
+    (a decoder's ``int4/`` folder for onnxruntime-genai): the last step of every folder made
     ready for clients (``exporter.deployable``, the embedding family's own)."""
-    links = hub_links(folder)
+    links = {**result.get("links", {}), **hub_links(folder)}
     if links:
         result["links"] = links
     return result

@@ -13,18 +13,39 @@ consumer tier checks; docs/export.md).
 Written for the model types whose decoder genai 0.18 runs on these inputs (``MODEL_TYPES``);
 its tokenizer (onnxruntime-extensions) reads ortft's ``tokenizer.json``. The search defaults
 are the model's generation config's (greedy unless it samples), its end the context length.
+
+genai opens one decoder file per folder (``model.decoder.filename``, resolved in the config's
+folder; 0.18 refuses a name with ``..``), so a ``--quantize int4`` export's ``model.int4.onnx``
+gets a folder of its own, as genai's model builder writes one folder per precision: ``int4/``
+holds a ``genai_config.json`` that names ``model.int4.onnx`` and relative links to the root's
+int4 file (its external data too) and tokenizer files, which genai reads from the config's
+folder. The root files stay the one copy (``ortft.export.layout``); export.json lists the links
+under ``links``.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
 from ortft.core.fsutil import write_json_atomic
 from ortft.core.reports import ExportReport, Section
 
+log = logging.getLogger("ortft")
+
 FILE = "genai_config.json"
+INT4_DIR = "int4"  # the int4 weights' folder (og.Model("int4"))
+# what genai's tokenizer (onnxruntime-extensions) reads from the config's folder, where present
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
 # transformers model_type -> genai's model type: decoders genai 0.18 runs as ortft writes them
 MODEL_TYPES = {
     "llama": "llama",
@@ -57,7 +78,34 @@ def write(folder: Path, config: Any, result: ExportReport) -> Section:
     layers, kv_heads, head_size = _cache_dims(folder / result["files"]["model"])
     body = _config(folder, config, MODEL_TYPES[model_type], layers, kv_heads, head_size)
     write_json_atomic(folder / FILE, body)
-    return {"config": FILE, "model_type": MODEL_TYPES[model_type]}
+    section: Section = {"config": FILE, "model_type": MODEL_TYPES[model_type]}
+    if result["files"].get("int4"):
+        section["int4"] = _int4_folder(folder, body, result)
+    return section
+
+
+def _int4_folder(folder: Path, body: dict[str, Any], result: ExportReport) -> Section:
+    """``int4/`` (module doc): its genai_config.json and links, added to ``result``'s
+    ``links``; returns the genai section's ``int4``: ``{"folder", "config", "filename"}``, or
+    ``{"skipped": why}`` where the file system makes no links (a one-line warning)."""
+    from ortft.export import layout
+
+    name = result["files"]["int4"]
+    targets = [name, *layout.external_files(folder / name)]
+    targets += [f for f in TOKENIZER_FILES if (folder / f).is_file()]
+    links = {f"{INT4_DIR}/{t}": t for t in targets}
+    try:
+        layout.make_links(folder, links)
+    except OSError as err:
+        shutil.rmtree(folder / INT4_DIR, ignore_errors=True)  # the links only
+        why = f"no {INT4_DIR}/ folder for onnxruntime-genai: the file system makes no links ({err})"
+        log.warning("%s: %s", folder, why)
+        return {"skipped": why}
+    int4 = copy.deepcopy(body)
+    int4["model"]["decoder"]["filename"] = name
+    write_json_atomic(folder / INT4_DIR / FILE, int4)
+    result["links"] = {**result.get("links", {}), **links}
+    return {"folder": INT4_DIR, "config": f"{INT4_DIR}/{FILE}", "filename": name}
 
 
 def _cache_dims(graph: Path) -> tuple[int, int, int]:
