@@ -10,6 +10,7 @@ import typer
 
 from ortft.cli.common import guarded, json_option, state
 from ortft.cli.output import quiet_libraries
+from ortft.env.unused import without_deepspeed
 
 QUANTIZE_HELP = (
     "Also write model.int8.onnx (int8: dynamic quantization) or, for decoders, "
@@ -99,6 +100,7 @@ def export(
     )
 
 
+@without_deepspeed()
 def _export(source: str, output: Path | None, as_json: bool, **options: Any) -> None:
     """The command's body: refuse option combinations that make no sense, then export.
 

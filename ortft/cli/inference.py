@@ -12,6 +12,7 @@ import typer
 from ortft.cli.common import TrainedModel, guarded, json_option, state
 from ortft.cli.output import quiet_libraries
 from ortft.core.errors import InputError
+from ortft.env.unused import without_deepspeed
 
 
 def eval_cmd(
@@ -34,6 +35,7 @@ def eval_cmd(
 ) -> None:
     """Evaluate a saved model (PyTorch or its ONNX export) with the metrics training reports."""
 
+    @without_deepspeed()
     def body() -> None:
         from ortft import tasks
         from ortft.inference import evaluate
@@ -159,6 +161,7 @@ def predict(
     an image's label, an audio file's transcript, or a sentence embedding (--query: a ranking);
     a text-to-image model draws --prompt into -o out.png."""
 
+    @without_deepspeed()
     def body() -> None:
         from ortft.inference import predict as predict_mod
 

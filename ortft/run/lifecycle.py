@@ -28,6 +28,7 @@ from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, Ru
 from ortft.core.progress import Progress
 from ortft.core.reports import ExportReport
 from ortft.data import batches, rows, splits, streaming
+from ortft.env import unused
 from ortft.recipe.backends import check_installed
 from ortft.recipe.io import LoadedRecipe, dump
 from ortft.run import final, gates, loop, provenance, report, rundir, trackers, tracking
@@ -68,14 +69,15 @@ def run(
     previous = RunSummary.read(run_dir / "summary.json")  # a foreign format_version: exit 2
     if previous and previous.status == "completed" and r.checkpoint.resume == "auto":
         return _already_finished(previous, loaded, run_dir, extra_gates)
-    engine = backends.create(loaded)
-    rundir.make(run_dir)
-    with rundir.lock(run_dir):  # a second run on this directory: exit 2, naming this one's pid
-        resume_from = rundir.find_resume(loaded, run_dir, engine.checkpoint_problem)
-        fsutil.remove_stale(run_dir, ".*.tmp-*")  # what a kill -9 left of a save
-        run_ = _Run(loaded, run_dir, engine, resume_from, extra_gates, on_eval)
-        run_.tracker_parent = tracker_parent or {}
-        return run_.execute()
+    with unused.without_deepspeed(needed=r.deepspeed is not None):
+        engine = backends.create(loaded)
+        rundir.make(run_dir)
+        with rundir.lock(run_dir):  # a second run on this directory: exit 2, naming its pid
+            resume_from = rundir.find_resume(loaded, run_dir, engine.checkpoint_problem)
+            fsutil.remove_stale(run_dir, ".*.tmp-*")  # what a kill -9 left of a save
+            run_ = _Run(loaded, run_dir, engine, resume_from, extra_gates, on_eval)
+            run_.tracker_parent = tracker_parent or {}
+            return run_.execute()
 
 
 def _already_finished(

@@ -1,0 +1,34 @@
+"""Keep DeepSpeed out of the processes that do not use it.
+
+transformers' ``save_pretrained`` unwraps every model through accelerate's
+``extract_model_from_parallel``, which imports DeepSpeed whenever it is installed (to unwrap a
+``DeepSpeedEngine``); DeepSpeed's own import then pulls in mlflow, setuptools and torch's
+C++-extension builder. That is seconds of CPU in every run that writes a checkpoint or final/,
+DeepSpeed run or not (docs/ci.md has the figure). A ``None`` entry in ``sys.modules`` makes
+``importlib.util.find_spec`` answer "not installed", so accelerate and transformers skip it.
+
+Scoped, not process-wide: a test process, or an hpo study, may run a DeepSpeed recipe next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+DEEPSPEED = "deepspeed"
+
+
+@contextlib.contextmanager
+def without_deepspeed(needed: bool = False) -> Iterator[None]:
+    """Inside: DeepSpeed reads as not installed, unless ``needed`` or it is already imported.
+    An ``import deepspeed`` there raises ``ModuleNotFoundError`` (a bug to see, not to hide)."""
+    if needed or DEEPSPEED in sys.modules:
+        yield
+        return
+    sys.modules[DEEPSPEED] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if DEEPSPEED in sys.modules and sys.modules[DEEPSPEED] is None:
+            del sys.modules[DEEPSPEED]
