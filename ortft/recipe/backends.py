@@ -131,6 +131,11 @@ def ort_problems(recipe: Any) -> list[str]:
         )
     if recipe.optimizer.name == "adamw_ort_fused" and name != "ort":
         problems.append("optimizer.name=adamw_ort_fused needs backend.name=ort")
+    if name == "ort" and recipe.adapter is not None and recipe.adapter.kind == "dora":
+        problems.append(
+            "adapter.kind=dora needs backend.name=torch: ORTModule cannot build DoRA's "
+            "backward (its ReduceL2 gradient, of the weight norm, is an invalid graph)"
+        )
     if name == "auto" and recipe.adapter is not None:
         problems.append(
             "adapter: backend.name=auto times full fine-tuning, not the adapter; "

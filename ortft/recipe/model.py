@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ortft.recipe.fields import PositiveInt, Section
 
@@ -135,10 +135,28 @@ class ModelSection(Section):
         return self
 
 
+DORA_PEFT = (0, 9, 0)  # the first peft with LoraConfig(use_dora=True)
+
+
+def installed_peft() -> str | None:
+    """peft's installed version, read from its metadata (no import: validation stays torch-free)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("peft")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 class AdapterSection(Section):
     """Parameter-efficient fine-tuning: train small adapter matrices, freeze the base model."""
 
-    kind: Literal["lora"] = Field("lora", description="Adapter kind: lora (needs the peft extra).")
+    kind: Literal["lora", "dora"] = Field(
+        "lora",
+        description="Adapter kind (needs the peft extra): lora, or dora (LoRA's update plus a "
+        "trained magnitude per output feature, peft's use_dora; needs peft >= 0.9). Either is "
+        "folded into the base weights for export.",
+    )
     rank: PositiveInt = Field(8, description="LoRA rank r.")
     alpha: Annotated[float, Field(gt=0)] = Field(
         16.0, description="LoRA alpha (the update is scaled by alpha/r)."
@@ -155,3 +173,16 @@ class AdapterSection(Section):
         True,
         description="Also train the new task head (classifier / qa_outputs) in full; the base stays frozen.",
     )
+
+    @field_validator("kind")
+    @classmethod
+    def _peft_has_dora(cls, kind: str) -> str:
+        import re
+
+        version = installed_peft()  # no peft at all: building the model names the extra
+        if kind != "dora" or version is None:
+            return kind
+        release = tuple(int(n) for n in re.findall(r"\d+", version)[:3])
+        if release < DORA_PEFT:
+            raise ValueError(f"dora needs peft >= 0.9 (use_dora); peft {version} is installed")
+        return kind

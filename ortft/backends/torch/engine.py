@@ -268,7 +268,8 @@ class PyTorchEngine:
         if r.adapter is not None:  # LoRA: the base is frozen, only adapter (+ head) weights train
             model = models.apply_adapter(model, r.adapter)
             log.info(
-                "adapter: lora r=%d alpha=%g; %d of %d parameters train",
+                "adapter: %s r=%d alpha=%g; %d of %d parameters train",
+                r.adapter.kind,
                 r.adapter.rank,
                 r.adapter.alpha,
                 models.count_parameters(model, trainable=True),

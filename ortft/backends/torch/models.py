@@ -369,12 +369,13 @@ HEADS = ("classifier", "score", "qa_outputs")  # new task heads trained in full 
 
 
 def apply_adapter(model: nn.Module, spec: Any) -> nn.Module:
-    """Wrap ``model`` in a PEFT LoRA model: only the adapter (and the new head) train."""
+    """Wrap ``model`` in a PEFT LoRA model (DoRA: peft's ``use_dora``): only the adapter (and
+    the new head) train."""
     try:
         import peft
     except ImportError as err:
         raise InputError(
-            f"adapter.kind=lora needs the peft extra ({err}); "
+            f"adapter.kind={spec.kind} needs the peft extra ({err}); "
             "pip install -c requirements/lock.txt -r requirements/extras.txt"
         ) from None
     kind = getattr(model.config, "model_type", "")
@@ -398,8 +399,9 @@ def apply_adapter(model: nn.Module, spec: Any) -> nn.Module:
         lora_dropout=spec.dropout,
         target_modules=list(targets),
         modules_to_save=heads or None,
-        fan_in_fan_out=kind == "gpt2",
-    )  # GPT-2's Conv1D stores W transposed
+        fan_in_fan_out=kind == "gpt2",  # GPT-2's Conv1D stores W transposed
+        use_dora=spec.kind == "dora",
+    )
     return peft.get_peft_model(model, config)
 
 

@@ -204,7 +204,7 @@ def build(loaded: LoadedRecipe, task: Any, tok: Any, device: torch.device) -> tu
         "frozen, in PyTorch",
         models.count_parameters(unet, trainable=True),
         models.count_parameters(unet),
-        "lora" if r.adapter is not None else "full",
+        r.adapter.kind if r.adapter is not None else "full",
     )
     return parts, unet
 
@@ -316,7 +316,9 @@ def prepare_unet(unet: Any, adapter: Any) -> Any:
     try:
         from peft import LoraConfig
     except ImportError as err:
-        raise InputError(f"adapter.kind=lora needs peft ({err}); pip install peft") from None
+        raise InputError(
+            f"adapter.kind={adapter.kind} needs peft ({err}); pip install peft"
+        ) from None
     targets = adapter.target_modules or LORA_TARGETS
     names = {n for n, _ in unet.named_modules()}
     missing = [t for t in targets if not any(n.endswith("." + t) for n in names)]
@@ -333,6 +335,7 @@ def prepare_unet(unet: Any, adapter: Any) -> Any:
             lora_dropout=adapter.dropout,
             init_lora_weights="gaussian",
             target_modules=list(targets),
+            use_dora=adapter.kind == "dora",  # diffusers' loader reads it from the magnitudes
         )
     )
     return unet
