@@ -305,7 +305,7 @@ class PyTorchEngine:
             mine = distributed.shard(batch)  # DDP: this rank's rows
             inputs = to_device(mine, self.device)
             with runtime.autocast(self.amp_dtype, self.device):  # disabled for fp32
-                loss, _ = self.forward(**inputs)
+                loss, _ = self._call(self.forward, inputs)
             share = self.task.counted(mine) / total
             if self.deepspeed is not None:  # DeepSpeed scales, accumulates, reduces gradients
                 # (it divides by the accumulation steps and averages ranks itself)
@@ -336,9 +336,17 @@ class PyTorchEngine:
     def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[float, np.ndarray | None]:
         valid = int(batch["_valid"])
         with torch.no_grad():
-            loss, logits = self.wrapped(**to_device(batch, self.device))
+            loss, logits = self._call(self.wrapped, to_device(batch, self.device))
         out = logits[:valid].float().cpu().numpy() if traits.needs_logits(self.task) else None
         return float(loss), out
+
+    def _call(self, module: Any, inputs: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+        """(loss, logits) of a batch: the module's own, or the task's from the module's output
+        (``ScoresOutside``: the wrapped graph stays the model's, the loss is computed here)."""
+        if isinstance(self.task, protocols.ScoresOutside):
+            output = module(**self.task.module_inputs(inputs))
+            return self.task.outside_loss(output, inputs)
+        return module(**inputs)
 
     def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
         return protocols.generated_metrics(task, self.model, tokenizer, encoded)
