@@ -67,6 +67,13 @@ def test_dpo_on_ort_resumes_exactly_and_exports(dpo_run, tmp_path: Path) -> None
     (tmp_path / "prompts.txt").write_text("digits of four two\n")
     res = run_cli("predict", str(run / "onnx"), "--input", tmp_path / "prompts.txt", timeout=300)
     assert res.returncode == 0 and res.stdout.strip(), res.stderr[-2000:]
+    # ortft eval on the export: the preference metrics, as training's last eval
+    res = run_cli("eval", str(run / "onnx"), "--json", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    evaluated = json.loads(res.stdout)["metrics"]
+    assert len(evaluated) == 5
+    for name, value in evaluated.items():
+        assert value == pytest.approx(metrics[f"eval_{name}"], abs=1e-5), name
     copy = tmp_path / "run"  # as if killed after step 2
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns("step-000004", "final", "onnx*"))
     (copy / "summary.json").unlink()
@@ -135,3 +142,44 @@ def test_bad_pairs_are_one_line_naming_the_row(tmp_path: Path) -> None:
     assert res.returncode == 2, res.stderr[-2000:]
     line = res.stderr.strip().splitlines()[-1]
     assert line == "error: row 6: chosen and rejected are the same response"
+
+
+class _Tok:
+    """Whitespace ids (one per character) and a chat template: enough to check the format."""
+
+    pad_token_id, eos_token = 0, "<e>"
+    chat_template = "x"
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}</>" for m in msgs)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+def test_pairs_use_the_chat_template_and_learn_the_responses_only() -> None:
+    row = {
+        "chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "42"}],
+        "rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "7"}],
+    }
+    enc = PairRows(Options()).encode([row], _Tok(), 40).arrays
+    prompt = "<user>hi</><assistant>"
+    for prefix, response in (("", "42</>"), ("rejected_", "7</>")):
+        n = len(prompt) + len(response)
+        ids, labels = enc[f"{prefix}input_ids"][0], enc[f"{prefix}labels"][0]
+        assert "".join(map(chr, ids[:n])) == prompt + response
+        assert (labels[: len(prompt)] == -100).all() and (labels[n:] == -100).all()
+        assert "".join(map(chr, labels[len(prompt) : n])) == response
+    assert enc["_length"][0] == len(prompt) + 5  # the longer of the two: a cut keeps both
+
+
+@pytest.mark.parametrize("truncation, kept", [("keep_end", "se:\n"), ("keep_start", "### ")])
+def test_a_long_prompt_keeps_the_end_it_is_told(truncation: str, kept: str) -> None:
+    options = Options(max_prompt_length=4, truncation=truncation, template="simple")
+    row = {"prompt": "0123456789", "chosen": "a", "rejected": "b"}
+    ids = PairRows(options).encode([row], _Tok(), 12).arrays["input_ids"][0]
+    text = "".join(map(chr, ids[ids > 0]))
+    assert text.startswith(kept) and text[4:] == "a<e>"
+    with pytest.raises(InputError, match="row 1: no response token within data.max_length=4"):
+        PairRows(options).encode([row], _Tok(), 4)

@@ -209,6 +209,17 @@ class ScoresReference(Protocol):
 
 
 @runtime_checkable
+class EvaluatesSaved(Protocol):
+    """A task whose ``ortft eval`` metrics are not the logits' cross-entropy (preference: each
+    pair's rewards against the reference): it scores the encoded rows on the opened model
+    (``ortft.inference.evaluate.SavedModel``), given the run's recipe when there is one."""
+
+    def evaluate_saved(
+        self, model: Any, encoded: Any, loaded: Any, batch_size: int
+    ) -> dict[str, float]: ...
+
+
+@runtime_checkable
 class WritesExtras(Protocol):
     """A task whose ``final/`` holds files beside the model's own (sentence embedding: the
     sentence-transformers modules.json and pooling config)."""

@@ -85,6 +85,8 @@ class PreferenceTask(Task):
                 "backend.name: the preference task trains on torch or ort (auto's probe times "
                 "a causal LM's own loss, not the preference loss)"
             )
+        if recipe.data.packing and "packing" in recipe.data.model_fields_set:
+            yield "data.packing: the preference task keeps each pair's sequences whole (unpacked)"
         if recipe.data.streaming:
             yield "data.streaming: the preference task reads its pairs whole (the reference "
             "log-probs are computed over a split before training)"
@@ -132,6 +134,14 @@ class PreferenceTask(Task):
             "reward_accuracy": float((margin > 0).mean()),
             "reward_margin": float(margin.mean()),
         }
+
+    def evaluate_saved(
+        self, model: Any, encoded: Any, loaded: Any, batch_size: int
+    ) -> dict[str, float]:
+        """``ortft eval``: the loss and the reward metrics on a saved model (``saved``)."""
+        from ortft.families.preference import saved
+
+        return saved.evaluate(self, model, encoded, loaded, batch_size)
 
     # ---- the reference (DPO, IPO)
     def with_reference(self, train: Any, evals: Any) -> tuple[Any, Any]:
