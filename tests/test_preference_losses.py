@@ -124,3 +124,25 @@ def test_loss_and_gradients_equal_trl(setup, kind: str) -> None:
     assert abs(float(loss) - float(trl_loss)) <= 1e-5, (float(loss), float(trl_loss))
     assert float(loss) != 0.0
     _same_gradients(ours, trained)
+
+
+def test_conservative_dpo_mixes_the_pair_and_its_flip(setup) -> None:
+    """TRL 1.16's sigmoid loss has no label smoothing; the conservative DPO ortft's
+    ``label_smoothing`` gives is (1 - eps) x DPO + eps x DPO of the flipped pair."""
+    _, model, batch, _ = setup
+    both = concatenated(batch)
+    with torch.no_grad():
+        token = token_logps(model, both["input_ids"], both["attention_mask"])
+    pairs = len(REF)
+    flipped_token = torch.cat([token[pairs:], token[:pairs]])
+    flipped_labels = torch.cat([both["labels"][pairs:], both["labels"][:pairs]])
+
+    def dpo(eps: float, tok, labels, ref) -> float:
+        scored = {**both, "labels": labels, "ref_chosen": ref[:, 0], "ref_rejected": ref[:, 1]}
+        return float(preference_loss("dpo", 0.1, eps, tok, scored)[0])
+
+    plain = dpo(0.0, token, both["labels"], REF)
+    flipped = dpo(0.0, flipped_token, flipped_labels, REF.flip(1))
+    mixed = dpo(0.2, token, both["labels"], REF)
+    assert mixed == pytest.approx(0.8 * plain + 0.2 * flipped, abs=1e-6)
+    assert abs(mixed - plain) > 1e-4
