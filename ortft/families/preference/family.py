@@ -85,8 +85,6 @@ class PreferenceTask(Task):
                 "backend.name: the preference task trains on torch or ort (auto's probe times "
                 "a causal LM's own loss, not the preference loss)"
             )
-        if recipe.data.packing and "packing" in recipe.data.model_fields_set:
-            yield "data.packing: the preference task keeps each pair's sequences whole (unpacked)"
         if recipe.data.streaming:
             yield "data.streaming: the preference task reads its pairs whole (the reference "
             "log-probs are computed over a split before training)"
