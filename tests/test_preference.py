@@ -60,6 +60,9 @@ def test_dpo_on_ort_resumes_exactly_and_exports(dpo_run, tmp_path: Path) -> None
     for name in ("rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin"):
         assert f"eval_{name}" in metrics, metrics
     first = losses(run)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert all(0 <= r["reward_accuracy"] <= 1 and "reward_margin" in r for r in train), train[0]
     weights = (run / "final" / "model.safetensors").read_bytes()
     assert (run / "onnx" / "model.onnx").exists()  # the causal LM's export
     export = json.loads((run / "onnx" / "export.json").read_text())
