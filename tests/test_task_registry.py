@@ -142,6 +142,7 @@ def test_builtin_tasks_declare_export_kind_and_on_device_support() -> None:
         "speech-recognition": "speech",
         "sentence-embedding": "embedding",
         "text-to-image": "text-to-image",
+        "preference": "decoder",
     }
     assert [n for n in tasks.names() if traits.ondevice(tasks.get(n))] == [
         "sequence-classification",

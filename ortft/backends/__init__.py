@@ -61,6 +61,9 @@ class StepResult:
     loss: float  # the optimizer step's mean loss (over micro-batches and ranks)
     lr: float  # the learning rate this step used
     applied: bool = True  # False when fp16 loss scaling skipped the update (overflow)
+    # a task that scores its loss outside the module (``ScoresOutside``): its metrics of this
+    # step's rows (this process's), for the metrics row (preference: the rewards)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class FinalWeights(Protocol):

@@ -346,7 +346,10 @@ def run(source: Path, data_file: Path | None = None, batch_size: int = 32) -> Ev
     unit = f"examples of {spec.max_length} tokens" if text else f"{m.spec.modality} files"
     log.info("eval: %s (%s) on %s: %d %s", m.path, m.runtime, where, len(encoded), unit)
     seed = loaded.recipe.training.seed if loaded else TrainingSection.model_fields["seed"].default
-    metrics = score(m, encoded, batch_size, seed)
+    if isinstance(m.spec, protocols.EvaluatesSaved):  # preference: rewards against a reference
+        metrics = m.spec.evaluate_saved(m, encoded, loaded, batch_size)
+    else:
+        metrics = score(m, encoded, batch_size, seed)
     return {
         "model": str(m.path),
         "runtime": m.runtime,

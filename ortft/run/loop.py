@@ -149,7 +149,7 @@ def train(loop: Loop, state: TrainState) -> str | None:
         state.last_train_loss = result.loss
         loop.progress.update(state.step, loss=result.loss)
         if state.step % t.log_every == 0 or state.step == loop.steps:
-            _log_row(loop, state, result.lr, dt, {"tokens": tokens, **shapes})
+            _log_row(loop, state, result.lr, dt, {**result.metrics, "tokens": tokens, **shapes})
         if loop.eval_data is not None and (
             (t.eval_every and state.step % t.eval_every == 0) or state.step == loop.steps
         ):
@@ -218,7 +218,8 @@ def _log_row(
         "samples_per_s": samples_per_s,
         "tokens_per_s": tokens_per_s,
         "step_time_s": round(dt, 6),  # this step alone (ortft bench reads it)
-        # this step alone too: real tokens, padded tokens, each micro-batch's length, Σ row length²
+        # this step alone too: a ScoresOutside task's metrics (preference: the rewards), real
+        # tokens, padded tokens, each micro-batch's length, Σ row length²
         **step_shapes,
         "time_s": round(time.time() - loop.started, 3),
     }

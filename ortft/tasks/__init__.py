@@ -59,6 +59,7 @@ BUILTIN = {
     "speech-recognition": "ortft.families.speech",
     "sentence-embedding": "ortft.families.embedding",
     "text-to-image": "ortft.families.text_to_image",
+    "preference": "ortft.families.preference",
 }
 
 

@@ -187,6 +187,39 @@ class PreparesModel(Protocol):
 
 
 @runtime_checkable
+class ScoresOutside(Protocol):
+    """A task whose loss is not the wrapped module's (preference: DPO from the chosen and
+    rejected sequences' log-probs). The module takes ``module_inputs(batch)`` and returns what
+    the task's ``forward`` gives (the model's own graph under ORTModule); ``outside_loss``
+    turns that and the batch into (the loss, the eval's per-row scores for ``metrics``)."""
+
+    def module_inputs(self, batch: dict[str, Any]) -> dict[str, Any]: ...
+
+    def outside_loss(self, output: Any, batch: dict[str, Any]) -> tuple[Any, Any]: ...
+
+
+@runtime_checkable
+class ScoresReference(Protocol):
+    """A task whose loss compares the model with a reference on the same rows (preference: the
+    reference log-probs of DPO and IPO). Before the model is built it takes the encoded splits
+    and gives them back with the reference's columns, which it fills in ``prepare_model``
+    (``PreparesModel``) from the freshly built model."""
+
+    def with_reference(self, train: Any, evals: Any) -> tuple[Any, Any]: ...
+
+
+@runtime_checkable
+class EvaluatesSaved(Protocol):
+    """A task whose ``ortft eval`` metrics are not the logits' cross-entropy (preference: each
+    pair's rewards against the reference): it scores the encoded rows on the opened model
+    (``ortft.inference.evaluate.SavedModel``), given the run's recipe when there is one."""
+
+    def evaluate_saved(
+        self, model: Any, encoded: Any, loaded: Any, batch_size: int
+    ) -> dict[str, float]: ...
+
+
+@runtime_checkable
 class WritesExtras(Protocol):
     """A task whose ``final/`` holds files beside the model's own (sentence embedding: the
     sentence-transformers modules.json and pooling config)."""

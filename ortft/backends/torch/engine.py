@@ -300,13 +300,16 @@ class PyTorchEngine:
         world, lr = distributed.world_size(), self.scheduler.get_last_lr()[0]
         total = max(sum(self.task.counted(b) for b in micro_batches), 1)  # over all processes
         loss_sum = torch.zeros((), device=self.device)
+        scores: list[np.ndarray] = []  # ScoresOutside: each row's scores (preference: rewards)
         for batch in micro_batches:
             self.wrapper.before_forward(self.recipe.training.seed, self.micro_step)
             self.micro_step += 1
             mine = distributed.shard(batch)  # DDP: this rank's rows
             inputs = to_device(mine, self.device)
             with runtime.autocast(self.amp_dtype, self.device):  # disabled for fp32
-                loss, _ = self.forward(**inputs)
+                loss, rows = self._call(self.forward, inputs)
+            if isinstance(self.task, protocols.ScoresOutside):
+                scores.append(rows.float().cpu().numpy())
             share = self.task.counted(mine) / total
             if self.deepspeed is not None:  # DeepSpeed scales, accumulates, reduces gradients
                 # (it divides by the accumulation steps and averages ranks itself)
@@ -328,7 +331,9 @@ class PyTorchEngine:
         self.skipped_steps += not applied  # fp16 overflow: not an error
         # the one CPU-GPU sync per step; DDP: summed over ranks (= the global step's loss)
         loss = float(distributed.all_reduce_mean(loss_sum)) * world
-        return StepResult(loss=loss, lr=lr, applied=applied)
+        metrics = self.task.metrics(loss, scores, []) if scores else {}
+        metrics.pop("loss", None)
+        return StepResult(loss=loss, lr=lr, applied=applied, metrics=metrics)
 
     # ---- eval
     def eval_mode(self, on: bool) -> None:
@@ -337,9 +342,17 @@ class PyTorchEngine:
     def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[float, np.ndarray | None]:
         valid = int(batch["_valid"])
         with torch.no_grad():
-            loss, logits = self.wrapped(**to_device(batch, self.device))
+            loss, logits = self._call(self.wrapped, to_device(batch, self.device))
         out = logits[:valid].float().cpu().numpy() if traits.needs_logits(self.task) else None
         return float(loss), out
+
+    def _call(self, module: Any, inputs: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+        """(loss, logits) of a batch: the module's own, or the task's from the module's output
+        (``ScoresOutside``: the wrapped graph stays the model's, the loss is computed here)."""
+        if isinstance(self.task, protocols.ScoresOutside):
+            output = module(**self.task.module_inputs(inputs))
+            return self.task.outside_loss(output, inputs)
+        return module(**inputs)
 
     def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
         return protocols.generated_metrics(task, self.model, tokenizer, encoded)

@@ -1,0 +1,173 @@
+"""The preference task as the core sees it: a causal LM (the generation family's decoder
+hooks: its export with the KV cache, its card, ``ortft predict``) whose loss the engine
+computes outside the wrapped module (``ScoresOutside``), against reference log-probs it
+computes once on the freshly built model and caches (``ScoresReference`` with
+``PreparesModel``; ``reference``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ortft.core.constants import IGNORE_INDEX
+from ortft.data.batches import ALIGNED
+from ortft.families.generation.family import DecoderHooks
+from ortft.families.preference.task import Options, PairRows
+from ortft.tasks.base import Encoded, Task
+
+REJECTED = tuple(f"rejected_{key}" for key in ("input_ids", "attention_mask", "labels"))
+
+
+class PreferenceTask(Task):
+    """Pairs of a chosen and a rejected response to one prompt, scored by DPO, IPO or ORPO."""
+
+    name = "preference"
+    auto_class = "AutoModelForCausalLM"
+    is_decoder = True
+    shift_labels = True
+    own_columns = True
+    row_local = True
+    needs_logits = True  # eval: each pair's rewards, for the preference metrics
+    export_kind = "decoder"
+    predicts = "generate"  # the input as a prompt, formatted as in training
+    aligned_keys = ALIGNED + REJECTED
+    eval_metrics = (
+        "eval_loss",
+        "eval_rewards_chosen",
+        "eval_rewards_rejected",
+        "eval_reward_accuracy",
+        "eval_reward_margin",
+    )
+
+    def __init__(self, options: Options):
+        self.options = options
+        self.rows = PairRows(options)
+        self._splits: list[tuple[str, Any]] = []  # the splits whose reference prepare fills
+
+    @property
+    def options_key(self) -> str:
+        o = self.options  # what changes the arrays (the loss and beta do not)
+        return "|".join(
+            str(v)
+            for v in (
+                o.prompt_column,
+                o.chosen_column,
+                o.rejected_column,
+                o.template,
+                o.max_prompt_length,
+                o.truncation,
+            )
+        )
+
+    # ---- rows
+    def columns(self, data: Any) -> list[str]:
+        return [self.options.chosen_column, self.options.rejected_column]
+
+    def read_columns(self, data: Any) -> list[str]:
+        o = self.options
+        return [o.prompt_column, o.chosen_column, o.rejected_column]
+
+    def texts(self, rows: list[dict[str, Any]], data: Any) -> list[str]:
+        return [text for i, r in enumerate(rows) for text in self.rows.texts(r, i)]
+
+    def encode(self, rows, tokenizer, data, label2id) -> Encoded:
+        return self.rows.encode(rows, tokenizer, data.max_length)
+
+    def prompt(self, text: str, tokenizer: Any) -> str:
+        """``ortft predict``: the text as a user turn, formatted as in training."""
+        return self.rows.formatter.prompt(text, tokenizer)
+
+    def recipe_problems(self, recipe: Any) -> Iterator[str]:
+        if recipe.backend.name == "auto":
+            yield (
+                "backend.name: the preference task trains on torch or ort (auto's probe times "
+                "a causal LM's own loss, not the preference loss)"
+            )
+        if recipe.data.streaming:
+            yield "data.streaming: the preference task reads its pairs whole (the reference "
+            "log-probs are computed over a split before training)"
+
+    # ---- the loss, outside the wrapped module
+    def forward(
+        self, model: Any, input_ids: Any, attention_mask: Any, labels: Any = None, **extra: Any
+    ) -> Any:
+        """The wrapped module's forward: each position's next-token log-probability (the
+        causal LM's graph, ending before any preference arithmetic)."""
+        from ortft.families.preference.losses import token_logps
+
+        return token_logps(model, input_ids, attention_mask)
+
+    def module_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        from ortft.families.preference.losses import concatenated
+
+        both = concatenated(batch)
+        return {"input_ids": both["input_ids"], "attention_mask": both["attention_mask"]}
+
+    def outside_loss(self, output: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
+        from ortft.families.preference.losses import concatenated, preference_loss
+
+        o = self.options
+        both = concatenated(batch)
+        scored: dict[str, Any] = dict(both)
+        scored.update({k: batch[k] for k in ("ref_chosen", "ref_rejected") if k in batch})
+        return preference_loss(o.loss, o.beta, o.label_smoothing, output, scored)
+
+    def counted(self, batch: dict[str, np.ndarray]) -> int:
+        """Pairs (the loss is a mean over pairs; a padded eval copy has no chosen label)."""
+        return int((np.asarray(batch["labels"]) != IGNORE_INDEX).any(axis=1).sum())
+
+    def metrics(self, loss: float, logits: list[np.ndarray], labels: list[Any]) -> dict[str, Any]:
+        """TRL's rewards/chosen, rewards/rejected, rewards/accuracies (chosen strictly above
+        rejected: a tie is wrong) and rewards/margins, each a mean over the pairs."""
+        rewards = np.concatenate([r for r in logits if r is not None]) if logits else None
+        if rewards is None or not len(rewards):
+            return {"loss": loss}
+        margin = rewards[:, 0] - rewards[:, 1]
+        return {
+            "loss": loss,
+            "rewards_chosen": float(rewards[:, 0].mean()),
+            "rewards_rejected": float(rewards[:, 1].mean()),
+            "reward_accuracy": float((margin > 0).mean()),
+            "reward_margin": float(margin.mean()),
+        }
+
+    def evaluate_saved(
+        self, model: Any, encoded: Any, loaded: Any, batch_size: int
+    ) -> dict[str, float]:
+        """``ortft eval``: the loss and the reward metrics on a saved model (``saved``)."""
+        from ortft.families.preference import saved
+
+        return saved.evaluate(self, model, encoded, loaded, batch_size)
+
+    # ---- the reference (DPO, IPO)
+    def with_reference(self, train: Any, evals: Any) -> tuple[Any, Any]:
+        """The splits with the reference's columns, filled when the model is built (ORPO has no
+        reference: the splits as they are)."""
+        if self.options.loss == "orpo":
+            return train, evals
+        from ortft.families.preference.reference import WithReference
+
+        out = [WithReference(s) if s is not None else None for s in (train, evals)]
+        self._splits = [(n, s) for n, s in zip(("train", "eval"), out, strict=True) if s]
+        return out[0], out[1]
+
+    def prepare_model(self, model: Any, processor: Any) -> None:
+        """The freshly built model is the reference: fill each split's log-probs from it."""
+        from ortft.families.preference.reference import fill
+
+        for name, split in self._splits:
+            if split.reference is None:
+                fill(model, split, name)
+
+
+class PreferenceDecoder(PreferenceTask, DecoderHooks):
+    """``PreferenceTask`` with the decoder's hooks (export, card, predict)."""
+
+    def prompt(self, text: str, tokenizer: Any) -> str:
+        return PreferenceTask.prompt(self, text, tokenizer)
+
+
+def build(options: Options) -> PreferenceDecoder:
+    return PreferenceDecoder(options)

@@ -1,0 +1,129 @@
+"""The reference model's log-probabilities (DPO, IPO): each pair's summed response log-probs
+under the policy before training, computed once and cached with the tokenized data.
+
+An entry is ``<ORTFT_CACHE>/tokenized/<key>/`` (``ortft cache`` lists and prunes it with the
+token arrays), its key a hash of the reference's weights and of the split's token arrays: a
+changed base model, or changed data, computes afresh. The pass runs in eager PyTorch on the
+freshly built model, before any wrapper (never through ORTModule's graph) and before a resumed
+run loads its checkpoint, so a resumed run reads the entry its first start wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ortft.core import fsutil
+from ortft.data import tokenized
+from ortft.data.encoded import Encoded
+
+log = logging.getLogger("ortft")
+ROWS = 8  # pairs per reference forward
+FILE = "reference.npy"  # [pairs, 2]: the chosen and rejected sums, float32
+
+
+class WithReference(Encoded):
+    """A split's arrays with ``ref_chosen`` and ``ref_rejected`` beside them (filled by
+    ``fill`` once the model is built; every batch taken after carries them)."""
+
+    def __init__(self, base: Encoded):
+        self.base = base
+        self.arrays = base.arrays
+        self.reference: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        out = self.base.take(index)
+        if self.reference is None:
+            raise RuntimeError("the reference log-probs are taken before they were computed")
+        ref = self.reference[np.asarray(index, dtype=np.int64)]
+        out["ref_chosen"], out["ref_rejected"] = ref[:, 0], ref[:, 1]
+        return out
+
+    def column(self, name: str) -> np.ndarray:
+        return self.base.column(name)
+
+
+def _chunks(encoded: Encoded) -> Iterator[dict[str, np.ndarray]]:
+    for start in range(0, len(encoded), ROWS):
+        yield encoded.take(np.arange(start, min(start + ROWS, len(encoded))))
+
+
+def weights_hash(model: Any) -> str:
+    """sha256 of the model's parameters and buffers (names, dtypes, shapes, bytes)."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())  # bf16 has no numpy dtype
+    return h.hexdigest()
+
+
+def data_hash(encoded: Encoded) -> str:
+    h = hashlib.sha256()
+    for batch in _chunks(encoded):
+        for name in ("input_ids", "labels", "rejected_input_ids", "rejected_labels"):
+            h.update(np.ascontiguousarray(batch[name], dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def compute(model: Any, encoded: Encoded) -> np.ndarray:
+    """[pairs, 2]: each pair's chosen and rejected summed response log-probs under ``model``
+    (eval mode, no gradient, one forward for both sequences)."""
+    import torch
+
+    from ortft.families.preference.losses import preference_scores
+
+    was_training = model.training
+    model.eval()
+    out = []
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            for batch in _chunks(encoded):
+                t = {
+                    k: torch.from_numpy(np.ascontiguousarray(v)).to(device)
+                    for k, v in batch.items()
+                }
+                out.append(preference_scores(model, t).cpu().numpy())
+    finally:
+        model.train(was_training)
+    return np.concatenate(out).astype(np.float32)
+
+
+def fill(model: Any, split: WithReference, name: str) -> bool:
+    """Fill ``split``'s reference from its cache entry, or compute and store it; True on a hit."""
+    from filelock import FileLock  # datasets' own dependency
+
+    key = hashlib.sha256(f"{weights_hash(model)}|{data_hash(split.base)}".encode()).hexdigest()
+    entry = tokenized.root() / f"reference-{key[:24]}"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with FileLock(str(entry) + ".lock"):
+        hit = (entry / tokenized.META).exists()
+        if not hit:
+            values = compute(model, split.base)
+            with fsutil.atomic_dir(entry, fsync=False) as tmp:
+                np.save(tmp / FILE, values)
+                meta = {
+                    "source": f"reference log-probs of the {name} split",
+                    "task": "preference",
+                    "rows": len(values),
+                    "created": time.time(),
+                    "compute_s": round(time.perf_counter() - t0, 3),
+                }
+                (tmp / tokenized.META).write_text(json.dumps(meta, indent=2))
+    split.reference = np.load(entry / FILE)
+    how = "cache hit" if hit else f"computed in {time.perf_counter() - t0:.1f}s"
+    log.info("reference log-probs: %d %s pairs (%s)", len(split.reference), name, how)
+    return hit

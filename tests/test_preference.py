@@ -1,0 +1,188 @@
+"""The preference task end to end: DPO on ORTModule resumes exactly, exports as a causal LM and
+generates with ``ortft predict``; its reference log-probs are cached and recomputed when the
+weights change; a bad pair is one line naming its file and row (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_causal_lm, write_recipe
+from helpers import losses, run_cli
+
+from ortft.core.errors import InputError
+from ortft.families.preference.task import Options, PairRows
+
+DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def write_pairs(path: Path, n: int = 24) -> Path:
+    """Number words to digits: chosen the right digits, rejected a near miss."""
+    rows = []
+    for i in range(n):
+        k = (i * 37 + 11) % 100
+        words = " ".join(DIGITS[int(d)] for d in str(k))
+        rows.append(
+            {"prompt": f"digits of {words}", "chosen": str(k), "rejected": str((k + 7) % 100)}
+        )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _train(recipe: Path, run: Path, *overrides: str) -> dict:
+    res = run_cli("train", str(recipe), *overrides, "--output-dir", str(run), "--json", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def dpo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    tmp = tmp_path_factory.mktemp("dpo")
+    write_pairs(tmp / "pairs.jsonl")
+    r = tiny_causal_lm("pairs.jsonl", backend="ort", max_steps=4, batch_size=4, eval_every=2)
+    r["task"] = {"name": "preference", "loss": "dpo", "beta": 0.5}
+    r["model"]["dropout"] = 0.1  # ORT's dropout stream must resume too
+    r["data"].update(eval_fraction=0.25)
+    r["checkpoint"] = {"save_every": 2}
+    recipe = write_recipe(tmp / "dpo.yaml", r)
+    summary = _train(recipe, tmp / "run")
+    return recipe, tmp / "run", summary
+
+
+@pytest.mark.ort
+def test_dpo_on_ort_resumes_exactly_and_exports(dpo_run, tmp_path: Path) -> None:
+    recipe, run, summary = dpo_run
+    assert summary["backend"]["used"] == "ort" and not summary["backend"]["fallback"]
+    metrics = summary["metrics"]
+    for name in ("rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin"):
+        assert f"eval_{name}" in metrics, metrics
+    first = losses(run)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert all(0 <= r["reward_accuracy"] <= 1 and "reward_margin" in r for r in train), train[0]
+    weights = (run / "final" / "model.safetensors").read_bytes()
+    assert (run / "onnx" / "model.onnx").exists()  # the causal LM's export
+    export = json.loads((run / "onnx" / "export.json").read_text())
+    assert export["kv_cache"] and export["generation"]["passed"] and export["passed"]
+    (tmp_path / "prompts.txt").write_text("digits of four two\n")
+    res = run_cli("predict", str(run / "onnx"), "--input", tmp_path / "prompts.txt", timeout=300)
+    assert res.returncode == 0 and res.stdout.strip(), res.stderr[-2000:]
+    # ortft eval on the export: the preference metrics, as training's last eval
+    res = run_cli("eval", str(run / "onnx"), "--json", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    evaluated = json.loads(res.stdout)["metrics"]
+    assert len(evaluated) == 5
+    for name, value in evaluated.items():
+        assert value == pytest.approx(metrics[f"eval_{name}"], abs=1e-5), name
+    copy = tmp_path / "run"  # as if killed after step 2
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("step-000004", "final", "onnx*"))
+    (copy / "summary.json").unlink()
+    again = _train(recipe, copy)
+    assert again["resumed_from"].endswith("step-000002")
+    assert losses(copy) == first  # bit for bit, dropout included
+    assert (copy / "final" / "model.safetensors").read_bytes() == weights
+
+
+def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, monkeypatch):
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from ortft.families.preference import reference
+
+    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path / "cache"))
+    rows = [
+        json.loads(line)
+        for line in write_pairs(tmp_path / "p.jsonl", 6).read_text().split("\n")
+        if line
+    ]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    tok.train_from_iterator(
+        [" ".join(r.values()) for r in rows], trainers.BpeTrainer(vocab_size=100)
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="0", eos_token="0")
+    encoded = PairRows(Options()).encode(rows, tokenizer, 24)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=len(tokenizer)))
+    first = reference.WithReference(encoded)
+    assert not reference.fill(model, first, "train")  # computed
+    again = reference.WithReference(encoded)
+    assert reference.fill(model, again, "train")  # read back
+    assert np.array_equal(first.reference, again.reference)
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] += 0.5  # another base model: same data, other weights
+    changed = reference.WithReference(encoded)
+    assert not reference.fill(model, changed, "train")
+    assert not np.array_equal(changed.reference, first.reference)
+    np.testing.assert_allclose(changed.reference, reference.compute(model, encoded), rtol=1e-6)
+
+
+def test_bad_pairs_are_one_line_naming_the_row(tmp_path: Path) -> None:
+    rows = PairRows(Options())
+    with pytest.raises(InputError, match="row 1: chosen has an empty response"):
+        rows.conversations({"prompt": "p", "chosen": " ", "rejected": "x"}, 0)
+    conv = {
+        "chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+        "rejected": [{"role": "user", "content": "z"}, {"role": "assistant", "content": "c"}],
+    }
+    with pytest.raises(InputError, match="row 3: chosen and rejected do not share"):
+        rows.conversations(conv, 2)
+    conv["rejected"][0]["content"] = "a"
+    assert rows.conversations(conv, 0)[1][-1]["content"] == "c"
+    path = write_pairs(tmp_path / "pairs.jsonl", 8)
+    lines = path.read_text().splitlines()
+    same = json.loads(lines[5])
+    same["rejected"] = same["chosen"]
+    lines[5] = json.dumps(same)
+    path.write_text("\n".join(lines) + "\n")
+    r = tiny_causal_lm("pairs.jsonl", backend="torch")
+    r["task"] = {"name": "preference"}
+    res = run_cli("train", str(write_recipe(tmp_path / "r.yaml", r)), "-o", str(tmp_path / "run"))
+    assert res.returncode == 2, res.stderr[-2000:]
+    line = res.stderr.strip().splitlines()[-1]
+    assert line == "error: row 6: chosen and rejected are the same response"
+
+
+class _Tok:
+    """Whitespace ids (one per character) and a chat template: enough to check the format."""
+
+    pad_token_id, eos_token = 0, "<e>"
+    chat_template = "x"
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}</>" for m in msgs)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+def test_pairs_use_the_chat_template_and_learn_the_responses_only() -> None:
+    row = {
+        "chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "42"}],
+        "rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "7"}],
+    }
+    enc = PairRows(Options()).encode([row], _Tok(), 40).arrays
+    prompt = "<user>hi</><assistant>"
+    for prefix, response in (("", "42</>"), ("rejected_", "7</>")):
+        n = len(prompt) + len(response)
+        ids, labels = enc[f"{prefix}input_ids"][0], enc[f"{prefix}labels"][0]
+        assert "".join(map(chr, ids[:n])) == prompt + response
+        assert (labels[: len(prompt)] == -100).all() and (labels[n:] == -100).all()
+        assert "".join(map(chr, labels[len(prompt) : n])) == response
+    assert enc["_length"][0] == len(prompt) + 5  # the longer of the two: a cut keeps both
+
+
+@pytest.mark.parametrize("truncation, kept", [("keep_end", "se:\n"), ("keep_start", "### ")])
+def test_a_long_prompt_keeps_the_end_it_is_told(truncation: str, kept: str) -> None:
+    options = Options(max_prompt_length=4, truncation=truncation, template="simple")
+    row = {"prompt": "0123456789", "chosen": "a", "rejected": "b"}
+    ids = PairRows(options).encode([row], _Tok(), 12).arrays["input_ids"][0]
+    text = "".join(map(chr, ids[ids > 0]))
+    assert text.startswith(kept) and text[4:] == "a<e>"
+    with pytest.raises(InputError, match="row 1: no response token within data.max_length=4"):
+        PairRows(options).encode([row], _Tok(), 4)
