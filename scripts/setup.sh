@@ -173,6 +173,8 @@ else
   if [ ! -f "$wheels/.complete-$lock_hash" ]; then
     step "downloading the pinned wheels into $wheels (first time: a few minutes; the ort stack ~3 GB)"
     mkdir -p "$wheels"
+    # what an sdist's build may fetch (requirements/build-constraints.txt says why)
+    export PIP_CONSTRAINT="$PWD/requirements/build-constraints.txt"
     "${pip[@]}" download -d "$wheels" -r "$LOCK" -r requirements/dev.txt ||
       fail "pip could not download $LOCK + requirements/dev.txt" "$pip_fix"
     for f in "${NODEPS[@]}"; do
@@ -191,6 +193,7 @@ else
       "${pip[@]}" wheel --no-deps -w "$wheels" "$sdist" ||
         fail "pip could not build a wheel from $sdist" "$pip_fix"
     done
+    unset PIP_CONSTRAINT
     touch "$wheels/.complete-$lock_hash"
   fi
   offline=(--no-index --find-links "$wheels")
