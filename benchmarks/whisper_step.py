@@ -5,7 +5,7 @@
 A whisper-base-sized model built from a config (d_model 512, 6 encoder + 6 decoder layers,
 8 heads, 80 mel bins, 1500 encoder positions, Whisper's 51865 ids; random weights, no download)
 is exported with ``ortft.families.speech.graphs.export_graphs`` and run through the runner's
-own steps (``runner._Steps``, what ``ortft predict`` runs): the first step (4 init tokens) fills
+own steps (``cross_cache.Steps`` over ``OnnxWhisper._decode``, what ``ortft predict`` runs): the first step (4 init tokens) fills
 the caches, then ``--past`` single-token steps grow the self-attention cache, and the next
 ``--runs`` single-token steps are timed. PyTorch runs the same steps with its
 ``EncoderDecoderCache`` (the cross-attention keys and values computed once, at the first step).
@@ -49,11 +49,12 @@ def _model():
 
 def _onnx_step(model, feats: np.ndarray, folder: Path, threads: int):
     """The runner's step function after the first step (4 init tokens): one token a call."""
+    from ortft.export import cross_cache
     from ortft.families.speech import graphs, runner
 
     graphs.export_graphs(model, feats, folder, 20)
     pair = runner.OnnxWhisper(folder, model.config, threads)
-    steps = runner._Steps(pair, pair.encode(feats))
+    steps = cross_cache.Steps(pair.decoder, pair._decode, pair.encode(feats))
     steps(np.full((1, 4), model.config.decoder_start_token_id, dtype=np.int64))
     token = np.ones((1, 1), dtype=np.int64)
     return lambda: steps(token)

@@ -596,6 +596,87 @@ def test_card_transformers_js_snippet_runs_verbatim(
     assert _close(json.loads(res.stdout), want["output"]), (res.stdout, want["output"])
 
 
+# new tokens in the encoder-decoder checks: more steps through the caches than the matrix's
+# MAX_NEW, within the tiny Whisper's 24 decoder positions (4 init tokens)
+JS_NEW = 12
+
+
+def _torch_ids(task: str, final: Path, lines: list[str], max_new: int) -> tuple[list, list]:
+    """PyTorch's ``generate`` on the run's final model, greedy, each input alone, and each
+    output's text (special tokens skipped): T5's whole sequence (its start token first);
+    Whisper's new tokens (without its init tokens and final eos), as transformers returns
+    them, on its feature extractor's frames of the clip."""
+    import torch
+    from transformers import (
+        AutoModelForSeq2SeqLM,
+        AutoModelForSpeechSeq2Seq,
+        AutoProcessor,
+        AutoTokenizer,
+    )
+
+    out = []
+    if task == "speech-recognition":
+        model = AutoModelForSpeechSeq2Seq.from_pretrained(final).eval()
+        processor = AutoProcessor.from_pretrained(final)
+        tok, fe = processor.tokenizer, processor.feature_extractor
+        for clip in lines:
+            samples = np.fromfile(clip, dtype="<f4")
+            x = fe(samples, sampling_rate=fe.sampling_rate, return_tensors="pt").input_features
+            with torch.no_grad():
+                out.append(model.generate(x, max_new_tokens=max_new)[0].tolist())
+    else:
+        model = AutoModelForSeq2SeqLM.from_pretrained(final).eval()
+        tok = AutoTokenizer.from_pretrained(final)
+        for text in lines:
+            enc = tok([text], return_tensors="pt")
+            with torch.no_grad():
+                seq = model.generate(
+                    input_ids=enc["input_ids"],
+                    attention_mask=enc["attention_mask"],
+                    max_new_tokens=max_new,
+                )
+            out.append(seq[0].tolist())
+    return out, [tok.decode(ids, skip_special_tokens=True) for ids in out]
+
+
+def _runner_ids(task: str, folder: Path, lines: list[str], max_new: int) -> list[list[int]]:
+    """``ortft predict``'s runner on the export, each input alone: the whole sequence (Whisper's
+    with its init tokens), as transformers.js's ``generate`` returns it."""
+    from ortft.families.generation.seq2seq_graphs import OnnxSeq2Seq
+    from ortft.families.speech.runner import OnnxWhisper
+    from ortft.inference.evaluate import open_model
+
+    m, out = open_model(folder), []
+    if task == "speech-recognition":
+        whisper = OnnxWhisper(folder, m.config)
+        for clip in lines:
+            feats = whisper.features(np.fromfile(clip, dtype="<f4"))
+            seq, _, _ = whisper.search(feats, whisper.config_for(max_new))
+            out.append(seq[0].tolist())
+        return out
+    pair = OnnxSeq2Seq(folder, m.config)
+    for text in lines:
+        enc = m.tokenizer([text], return_tensors="np")
+        seq, _ = pair.generate(enc["input_ids"], enc["attention_mask"], max_new, None)
+        out.append(seq[0].tolist())
+    return out
+
+
+def _generation_inputs(task: str, m: Matrix, where: Path) -> list[str]:
+    """The matrix's predict inputs as generate.mjs reads them: texts, or each clip's raw
+    float32 samples in a file (Node has no FLAC decoder)."""
+    import soundfile
+
+    lines = [x.strip() for x in m.inputs(task).read_text().splitlines() if x.strip()]
+    if task != "speech-recognition":
+        return [json.loads(x)["text"] if x.startswith("{") else x for x in lines]
+    for i, clip in enumerate(lines):
+        samples, _ = soundfile.read(clip, dtype="float32", always_2d=True)
+        lines[i] = str(where / f"clip-{i}.f32")
+        Path(lines[i]).write_bytes(samples.mean(axis=1).astype("<f4").tobytes())
+    return lines
+
+
 @pytest.mark.parametrize(
     ("task", "pipeline"),
     [("seq2seq", "text2text-generation"), ("speech-recognition", "automatic-speech-recognition")],
@@ -605,42 +686,42 @@ def test_transformers_js_generates_as_predict(
 ) -> None:
     """transformers.js's encoder-decoder models open the export folder as ortft wrote it
     (onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx, the cross-attention cache fed
-    back as transformers.js feeds it) and generate the token ids ``ortft predict``'s runner
-    generates, greedy; the texts equal ``ortft predict``'s."""
-    import soundfile
-
-    from ortft.inference.evaluate import open_model
-
+    back as transformers.js feeds it) and generate, greedy, the token ids that ``ortft
+    predict``'s runner generates on the export and PyTorch's ``generate`` on the run's final
+    model; its texts equal ``ortft predict``'s and PyTorch's. The outputs mean something: they
+    depend on the input, T5 writes digits for every text (the matrix trains it for that), the
+    Whisper text for some clip."""
     run = matrix.run(task)
     folder, inputs = run / "onnx", matrix.inputs(task)
-    want_text = [r.get("text", r.get("generated")) for r in _predict(folder, inputs, MAX_NEW)]
-    lines = [x.strip() for x in inputs.read_text().splitlines() if x.strip()]
-    from ortft.families.generation.seq2seq_graphs import OnnxSeq2Seq
-    from ortft.families.speech.runner import OnnxWhisper
-
-    m, want = open_model(folder), []
-    runner = OnnxWhisper if task == "speech-recognition" else OnnxSeq2Seq
-    pair = runner(folder, m.config)  # what ortft predict runs on the export
-    if task == "speech-recognition":  # raw samples: Node has no FLAC decoder
-        for i, clip in enumerate(lines):
-            samples, _ = soundfile.read(clip, dtype="float32", always_2d=True)
-            lines[i] = str(tmp_path / f"clip-{i}.f32")
-            Path(lines[i]).write_bytes(samples.mean(axis=1).astype("<f4").tobytes())
-            seq, _, _ = pair.search(pair.features(samples.mean(axis=1)), pair.config_for(MAX_NEW))
-            want.append(seq[0].tolist())
-    else:
-        lines = [json.loads(x)["text"] if x.startswith("{") else x for x in lines]
-        for text in lines:
-            enc = m.tokenizer([text], return_tensors="np")
-            seq, _ = pair.generate(enc["input_ids"], enc["attention_mask"], MAX_NEW, None)
-            want.append(seq[0].tolist())
+    lines = _generation_inputs(task, matrix, tmp_path)
     node_inputs = tmp_path / "inputs.txt"
     node_inputs.write_text("".join(x + "\n" for x in lines))
     args = [str(NODE / "generate.mjs"), node_modules, str(folder), pipeline, str(node_inputs)]
     out = subprocess.run(
-        ["node", *args, str(MAX_NEW)], capture_output=True, text=True, timeout=300, check=False
+        ["node", *args, str(JS_NEW)], capture_output=True, text=True, timeout=300, check=False
     )
     assert out.returncode == 0, out.stderr[-3000:]
     got = [json.loads(x) for x in out.stdout.splitlines()]
-    assert [g["ids"] for g in got] == want and len(want) == len(want_text)
-    assert [g["text"].strip() for g in got] == [w.strip() for w in want_text], (got, want_text)
+    ids = [g["ids"] for g in got]
+    assert ids == _runner_ids(task, folder, lines, JS_NEW), (ids, "ortft's runner")
+    torch_ids, torch_texts = _torch_ids(task, run / "final", lines, JS_NEW)
+    if task == "speech-recognition":  # transformers returns the new tokens, without eos
+        gc = json.loads((run / "final" / "generation_config.json").read_text())
+        prompt = [
+            gc["decoder_start_token_id"],
+            gc["lang_to_id"]["<|en|>"],
+            gc["task_to_id"]["transcribe"],
+            gc["no_timestamps_token_id"],
+        ]
+        assert all(s[:4] == prompt for s in ids), (ids, prompt)
+        ids = [s[4:-1] if s[-1] == gc["eos_token_id"] else s[4:] for s in ids]
+    assert ids == torch_ids, (ids, "PyTorch's generate")
+    texts = [g["text"].strip() for g in got]
+    want = [r.get("text", r.get("generated")) for r in _predict(folder, inputs, JS_NEW)]
+    assert texts == [w.strip() for w in want], (texts, want, "ortft predict")
+    assert texts == [w.strip() for w in torch_texts], (texts, torch_texts, "PyTorch")
+    assert len({tuple(i) for i in ids}) > 1, ids  # the output depends on the input
+    meaningful = all if task == "seq2seq" else any
+    assert meaningful(texts), texts
+    if task == "seq2seq":  # digits: "five one" -> "5 5 5 ..."
+        assert all(set(t.replace(" ", "")) <= set("0123456789") for t in texts), texts

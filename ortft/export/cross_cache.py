@@ -13,8 +13,8 @@ The graph is an ``If`` on ``use_cache_branch`` over two traced graphs of the sam
   ``encoder_hidden_states`` and returned as ``present.<layer>.encoder.*``; the self-attention
   past is fed empty.
 - true, every later step: they are read from ``past_key_values.<layer>.encoder.*`` (no
-  projection of the encoder's states), and passed through to ``present.*.encoder.*``, which a
-  client may ignore (transformers.js keeps its first ones).
+  projection of the encoder's states); ``present.*.encoder.*`` are empty, as in Optimum's
+  merged decoders: a client keeps the first step's (transformers.js does).
 Two traces, because the model picks "compute" or "reuse" with a Python branch (its cache's
 ``is_updated``), which tracing fixes. Each trace's weights are the same tensors: the merge keeps
 one copy of every identical initializer, so the merged file is one decoder's size.
@@ -188,7 +188,7 @@ def _branch(
 
 def merge(first: Path, later: Path, path: Path, inputs: list[str]) -> None:
     """Write ``path``: ``If(use_cache_branch, later, first)`` over the two traced graphs, the
-    later one's missing ``present.*.encoder.*`` outputs its ``past_key_values.*.encoder.*``."""
+    later one's missing ``present.*.encoder.*`` outputs empty tensors."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -203,12 +203,12 @@ def merge(first: Path, later: Path, path: Path, inputs: list[str]) -> None:
         if out.name in later_outs:
             ordered.append(later_outs[out.name])
             continue
-        source = out.name.replace("present", "past_key_values", 1)
-        later_nodes.append(helper.make_node("Identity", [source], ["later/" + out.name]))
-        vi = onnx.ValueInfoProto()
-        vi.CopyFrom(declared[source])
-        vi.name = "later/" + out.name
-        ordered.append(vi)
+        # an empty tensor, as Optimum's merged decoders give: a copy of the past would move
+        # every layer's cross-attention keys and values at every step for no reader
+        kind = declared[out.name.replace("present", "past_key_values", 1)].type.tensor_type
+        empty = helper.make_tensor("empty", kind.elem_type, [0, 0, 0, 0], [])
+        later_nodes.append(helper.make_node("Constant", [], ["later/" + out.name], value=empty))
+        ordered.append(helper.make_tensor_value_info("later/" + out.name, kind.elem_type, None))
     then = helper.make_graph(later_nodes, "with_past", [], ordered)
     other = helper.make_graph(
         first_nodes, "first_step", [], [first_outs[o.name] for o in a.graph.output]

@@ -53,7 +53,8 @@ for step in range(32):  # the first step computes the cross-attention cache, lat
     if token == config["eos_token_id"]:
         break
     new.append(token)
-    past = dict(zip(past, out[1:]))
+    fresh = dict(zip(past, out[1:]))  # later steps give the cross-attention's empty: keep them
+    past = {{k: past[k] if step > 0 and ".encoder." in k else v for k, v in fresh.items()}}
 print(tok.decode(new))
 """
 SEQ2SEQ_SESSIONS = (

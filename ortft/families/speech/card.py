@@ -54,7 +54,9 @@ for i in range(limit):
     if token == gen["eos_token_id"]:
         break
     new.append(token)
-    past, step = dict(zip(past, out[1:])), [token]
+    fresh = dict(zip(past, out[1:]))  # later steps give the cross-attention's empty: keep them
+    past = {{k: past[k] if i > 0 and ".encoder." in k else v for k, v in fresh.items()}}
+    step = [token]
 print(Tokenizer.from_file("tokenizer.json").decode(new, skip_special_tokens=True).strip())
 """
 # Whisper's prompt: start-of-transcript, the language's token (none for an English-only
