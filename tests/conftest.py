@@ -51,6 +51,29 @@ if ort_training.installed() is None:
 DEFAULT_BACKEND = "ort" if ort_training.installed() is not None else "torch"
 
 
+# The tiers selected by a marker of their own (`make test-learn`: -m "learn and not gpu") import
+# only the test files that apply it: importing the whole suite to deselect all but a few of its
+# tests cost each of a tier's workers seconds of CPU. A tier marker is applied as written,
+# `pytest.mark.<tier>` (tests/test_suite_rules.py checks that no hook adds one).
+TIER_MARKERS = ("learn", "consumer", "archs", "profiles")
+
+
+def selected_tier(markexpr: str) -> str | None:
+    """The tier that ``-m markexpr`` requires of every test (``"learn and not gpu"``: learn),
+    or None where the expression also admits tests without a tier marker."""
+    words = markexpr.split()  # "or" anywhere, even in parentheses, may admit other tests
+    return words[0] if words and words[0] in TIER_MARKERS and "or" not in words else None
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    tier = selected_tier(config.option.markexpr or "")
+    if tier is None or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py":
+        return None
+    return True if f"mark.{tier}" not in collection_path.read_text() else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if ort_training.installed() is not None:
         return

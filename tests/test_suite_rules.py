@@ -10,7 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import HUB_OFFLINE, tiny_classifier, write_classification_csv, write_recipe
+from conftest import (
+    HUB_OFFLINE,
+    TIER_MARKERS,
+    selected_tier,
+    tiny_classifier,
+    write_classification_csv,
+    write_recipe,
+)
 from helpers import run_cli
 
 TESTS = Path(__file__).resolve().parent
@@ -111,3 +118,18 @@ def test_property_tests_draw_the_same_examples_every_run(tmp_path: Path) -> None
         assert res.returncode == 0, res.stdout[-2000:]
         draws.append((tmp_path / "drawn.txt").read_text())
     assert draws[0] == draws[1] and len(draws[0].splitlines()) > 10
+
+
+def test_a_tier_collects_only_the_files_that_apply_its_marker() -> None:
+    """conftest's pytest_ignore_collect: `-m "learn and not gpu"` reads only files with
+    `mark.learn`; an expression that admits other tests collects everything."""
+    assert selected_tier("learn and not gpu") == "learn"
+    assert selected_tier("consumer") == "consumer"
+    for admits_more in ("not slow and not learn", "learn or consumer", "(archs) and x", ""):
+        assert selected_tier(admits_more) is None
+    # the filter reads each file for `mark.<tier>`: a marker added by conftest's hooks to
+    # other files' tests, or through getattr, would go unseen
+    conftest = (TESTS / "conftest.py").read_text()
+    assert not [tier for tier in TIER_MARKERS if f"pytest.mark.{tier}" in conftest]
+    others = [p for p in TESTS.glob("*.py") if p.name != Path(__file__).name]
+    assert not [p.name for p in others if "getattr(pytest.mark" in p.read_text()]
