@@ -83,7 +83,9 @@ def instructions(rng: random.Random, n: int) -> list[dict]:
 
 
 def wrong_digits(rng: random.Random, digits: list[int]) -> list[int]:
-    """A plausible wrong answer: one digit changed, two unequal neighbours swapped, or one dropped."""
+    """A plausible wrong answer: one digit changed, two unequal neighbours swapped, or one dropped
+    (doubled in a two-digit answer: a one-digit answer is a bare JSON number, which datasets
+    decodes as a number in a file that mixes strings and message lists)."""
     out = list(digits)
     swaps = [i for i in range(len(out) - 1) if out[i] != out[i + 1]]
     kind = rng.choice(["change", "drop"] + (["swap"] if swaps else []))
@@ -93,8 +95,11 @@ def wrong_digits(rng: random.Random, digits: list[int]) -> list[int]:
     elif kind == "swap":
         i = rng.choice(swaps)
         out[i], out[i + 1] = out[i + 1], out[i]
-    else:
+    elif len(out) > 2:
         del out[rng.randrange(len(out))]
+    else:
+        i = rng.randrange(len(out))
+        out.insert(i, out[i])
     return out
 
 

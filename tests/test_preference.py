@@ -186,3 +186,14 @@ def test_a_long_prompt_keeps_the_end_it_is_told(truncation: str, kept: str) -> N
     assert text.startswith(kept) and text[4:] == "a<e>"
     with pytest.raises(InputError, match="row 1: no response token within data.max_length=4"):
         PairRows(options).encode([row], _Tok(), 4)
+
+
+def test_reward_accuracy_counts_a_rounding_margin_as_a_tie() -> None:
+    """Before training the policy is the reference: margins of rounding size score 0."""
+    from ortft import tasks
+
+    task = tasks.get("preference")
+    rewards = np.array([[1e-7, -1e-7], [-2e-8, 0.0], [0.5, 0.1], [0.0, 0.3]])
+    metrics = task.metrics(0.7, [rewards], [])
+    assert metrics["reward_accuracy"] == 0.25 and metrics["loss"] == 0.7
+    assert metrics["reward_margin"] == pytest.approx(float((rewards[:, 0] - rewards[:, 1]).mean()))

@@ -47,9 +47,14 @@ def _pair(row: dict) -> tuple[str, str, str]:
 
 
 def _one_edit(right: list[str], wrong: list[str]) -> bool:
-    """``wrong`` is ``right`` with one digit changed, two neighbours swapped or one dropped."""
+    """``wrong`` is ``right`` with one digit changed, two neighbours swapped or one dropped
+    (doubled, in a two-digit answer: never a bare one-digit number)."""
     if len(wrong) == len(right) - 1:
-        return any(right[:i] + right[i + 1 :] == wrong for i in range(len(right)))
+        return len(wrong) > 1 and any(
+            right[:i] + right[i + 1 :] == wrong for i in range(len(right))
+        )
+    if len(right) == 2 and len(wrong) == 3:
+        return any(right[: i + 1] + right[i:] == wrong for i in range(2))
     diff = [i for i in range(len(right)) if right[i] != wrong[i]]
     swapped = len(diff) == 2 and diff[1] == diff[0] + 1 and right[diff[0]] == wrong[diff[1]]
     return len(diff) == 1 or (swapped and right[diff[1]] == wrong[diff[0]])

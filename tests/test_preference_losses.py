@@ -45,16 +45,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     return tokenizer, model, batch, tmp_path_factory.mktemp("trl")
 
 
-def _ortft(kind: str, model, batch, beta: float = 0.1):
+def _ortft(kind: str, model, batch, beta: float = 0.1, sft_weight: float = 0.0):
     both = concatenated(batch)
     token = token_logps(model, both["input_ids"], both["attention_mask"])
     scored = {**both, "ref_chosen": REF[:, 0], "ref_rejected": REF[:, 1]}
-    loss, _ = preference_loss(kind, beta, 0.0, token, scored)
+    loss, _ = preference_loss(kind, beta, 0.0, token, scored, sft_weight)
     loss.backward()
     return loss
 
 
-def _trl_dpo(loss_type: str, model, batch, tokenizer, out: Path):
+def _trl_dpo(loss_type: str, model, batch, tokenizer, out: Path, sft_weight: float = 0.0):
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
@@ -62,7 +62,8 @@ def _trl_dpo(loss_type: str, model, batch, tokenizer, out: Path):
     args = DPOConfig(
         output_dir=str(out),
         report_to=[],
-        loss_type=[loss_type],
+        loss_type=[loss_type, "sft"] if sft_weight else [loss_type],
+        loss_weights=[1.0, sft_weight] if sft_weight else None,
         beta=0.1,
         precompute_ref_log_probs=True,
         use_cpu=True,
@@ -111,16 +112,20 @@ def _same_gradients(ours, theirs) -> None:
         torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("kind", ["dpo", "ipo", "orpo"])
-def test_loss_and_gradients_equal_trl(setup, kind: str) -> None:
+@pytest.mark.parametrize(
+    "kind, sft_weight", [("dpo", 0.0), ("ipo", 0.0), ("orpo", 0.0), ("dpo", 0.7), ("ipo", 0.7)]
+)
+def test_loss_and_gradients_equal_trl(setup, kind: str, sft_weight: float) -> None:
+    """task.sft_weight w: TRL's loss_type [sigmoid (or ipo), sft] with loss_weights [1, w]."""
     tokenizer, model, batch, out = setup
     ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
-    loss = _ortft(kind, ours, batch)
+    loss = _ortft(kind, ours, batch, sft_weight=sft_weight)
+    folder = out / f"{kind}-{sft_weight}"
     if kind == "orpo":
-        trl_loss, trained = _trl_orpo(theirs, batch, tokenizer, out / kind)
+        trl_loss, trained = _trl_orpo(theirs, batch, tokenizer, folder)
     else:
         loss_type = {"dpo": "sigmoid", "ipo": "ipo"}[kind]
-        trl_loss, trained = _trl_dpo(loss_type, theirs, batch, tokenizer, out / kind)
+        trl_loss, trained = _trl_dpo(loss_type, theirs, batch, tokenizer, folder, sft_weight)
     assert abs(float(loss) - float(trl_loss)) <= 1e-5, (float(loss), float(trl_loss))
     assert float(loss) != 0.0
     _same_gradients(ours, trained)

@@ -105,6 +105,14 @@ LEARN: dict[str, Learn] = {
         measured=6.252,
         unlearned=7.5987,
     ),
+    # as shipped (400 steps from recipes/data/preference-start/); 0.967 is above the 0.9 the
+    # recipe is written for, the gate leaves room for another CPU's kernels
+    "dpo.yaml": Learn(
+        (),
+        "eval.reward_accuracy>=0.85",
+        measured=0.9667,
+        unlearned=0.0,
+    ),
     "instruction.yaml": Learn(
         ("training.max_steps=50",),
         "eval.loss<=3.3",

@@ -20,6 +20,12 @@ from ortft.tasks.base import Encoded, Task
 REJECTED = tuple(f"rejected_{key}" for key in ("input_ids", "attention_mask", "labels"))
 
 
+# A margin this small is a tie: before training the policy is the reference, and the eval's
+# log-probs differ from the cached reference's only by rounding, which must not score about
+# half the pairs right (it did, at margins that print as 0.0000).
+TIE = 1e-4
+
+
 class PreferenceTask(Task):
     """Pairs of a chosen and a rejected response to one prompt, scored by DPO, IPO or ORPO."""
 
@@ -112,15 +118,15 @@ class PreferenceTask(Task):
         both = concatenated(batch)
         scored: dict[str, Any] = dict(both)
         scored.update({k: batch[k] for k in ("ref_chosen", "ref_rejected") if k in batch})
-        return preference_loss(o.loss, o.beta, o.label_smoothing, output, scored)
+        return preference_loss(o.loss, o.beta, o.label_smoothing, output, scored, o.sft_weight)
 
     def counted(self, batch: dict[str, np.ndarray]) -> int:
         """Pairs (the loss is a mean over pairs; a padded eval copy has no chosen label)."""
         return int((np.asarray(batch["labels"]) != IGNORE_INDEX).any(axis=1).sum())
 
     def metrics(self, loss: float, logits: list[np.ndarray], labels: list[Any]) -> dict[str, Any]:
-        """TRL's rewards/chosen, rewards/rejected, rewards/accuracies (chosen strictly above
-        rejected: a tie is wrong) and rewards/margins, each a mean over the pairs."""
+        """TRL's rewards/chosen, rewards/rejected, rewards/accuracies (chosen above rejected by
+        more than ``TIE``: a tie is wrong) and rewards/margins, each a mean over the pairs."""
         rewards = np.concatenate([r for r in logits if r is not None]) if logits else None
         if rewards is None or not len(rewards):
             return {"loss": loss}
@@ -129,7 +135,7 @@ class PreferenceTask(Task):
             "loss": loss,
             "rewards_chosen": float(rewards[:, 0].mean()),
             "rewards_rejected": float(rewards[:, 1].mean()),
-            "reward_accuracy": float((margin > 0).mean()),
+            "reward_accuracy": float((margin > TIE).mean()),
             "reward_margin": float(margin.mean()),
         }
 

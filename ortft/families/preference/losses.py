@@ -42,11 +42,13 @@ def preference_loss(
     label_smoothing: float,
     token: torch.Tensor,
     batch: dict[str, torch.Tensor],
+    sft_weight: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the mean loss over the batch's pairs, the [pairs, 2] chosen and rejected rewards) from
     ``token`` (``token_logps`` of the chosen then the rejected sequences); ``batch``: ``labels`` (chosen then rejected, concatenated), ``attention_mask``, and for
     DPO/IPO ``ref_chosen`` / ``ref_rejected`` (the reference's summed log-probs); an eval
-    batch's padded copies (chosen labels all -100) weigh nothing."""
+    batch's padded copies (chosen labels all -100) weigh nothing. ``sft_weight`` (DPO, IPO)
+    adds that times the chosen responses' mean token NLL, an anchor that keeps them likely."""
     response = (batch["labels"][:, 1:] != IGNORE_INDEX).to(token.dtype)
     sums = (token * response).sum(1)
     counts = response.sum(1)
@@ -74,7 +76,12 @@ def preference_loss(
         per_pair = -(1 - label_smoothing) * F.logsigmoid(margin)
         per_pair = per_pair - label_smoothing * F.logsigmoid(-margin)
     rewards = torch.stack([beta * chosen_ratio, beta * rejected_ratio], 1).detach()
-    return (per_pair * mean).sum(), rewards
+    loss = (per_pair * mean).sum()
+    if sft_weight:  # TRL's loss_type ["sigmoid", "sft"]: the chosen tokens' mean NLL
+        chosen_tokens = response[:pairs]
+        nll = -(token[:pairs] * chosen_tokens).sum() / chosen_tokens.sum().clamp(min=1.0)
+        loss = loss + sft_weight * nll
+    return loss, rewards
 
 
 def concatenated(batch: dict[str, Any]) -> dict[str, Any]:

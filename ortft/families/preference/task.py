@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
@@ -50,6 +50,13 @@ class Options(TaskOptions):
         description="preference, dpo: the conservative DPO's epsilon, the assumed share of "
         "flipped pairs (0: plain DPO).",
     )
+    sft_weight: float = Field(
+        0.0,
+        ge=0,
+        description="preference, dpo/ipo: add this weight times the chosen responses' mean "
+        "token NLL (TRL's loss_type [sigmoid, sft] with loss_weights [1, w]): DPO alone may make "
+        "the chosen answers less likely too.",
+    )
     max_prompt_length: int | None = Field(
         None, gt=0, description="preference: prompt tokens kept (default: no limit but max_length)."
     )
@@ -68,6 +75,14 @@ class Options(TaskOptions):
         "the instruction task's simple template; simple always uses the latter.",
     )
 
+    @model_validator(mode="after")
+    def _loss_options(self) -> Options:
+        if self.loss == "orpo" and self.sft_weight:
+            raise ValueError(
+                "task.sft_weight: orpo has its own NLL term (task.beta weighs the other)"
+            )
+        return self
+
 
 class PairRows:
     """How a preference row becomes token arrays (the task's ``encode``)."""
@@ -80,6 +95,12 @@ class PairRows:
     def _response(self, value: Any, i: int, which: str) -> Any:
         if isinstance(value, str | list):
             return value
+        if isinstance(value, int | float):  # datasets' Json column: a string "7" comes back as 7
+            raise InputError(
+                f"row {i + 1}: {which} is the number {value}, not a string or a message list "
+                "(a file mixing string and message-list rows decodes a response that is a bare "
+                "number as one: keep one row form per file)"
+            )
         raise InputError(f"row {i + 1}: {which} must be a string or a message list")
 
     def conversations(self, row: dict[str, Any], i: int) -> tuple[list[dict], list[dict]]:
