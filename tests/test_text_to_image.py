@@ -517,19 +517,18 @@ def test_final_lora_keeps_its_alpha(tmp_path):
     (the adapter's config in the file's metadata; without it diffusers takes alpha = rank and
     the UNet's output moved by 0.66 here): on top, as eval and predict load it, and fused, as
     the export does."""
-    import types
 
     import torch
 
     from ortft.families.text_to_image import diffusion
     from ortft.families.text_to_image import graphs as sd_export
-    from ortft.recipe.model import FromConfig
+    from ortft.recipe.model import AdapterSection, FromConfig
 
     tok = diffusion.char_tokenizer(tmp_path / "tok", 16)
     spec = FromConfig(architecture="stable-diffusion", hidden_size=8, num_layers=1, num_heads=2,
                       options={"unet_channels": 8, "vae_channels": 8})  # fmt: skip
     parts = diffusion.tiny(spec, tok, 8, 0, "epsilon")
-    adapter = types.SimpleNamespace(rank=4, alpha=16, dropout=0.0, target_modules=None)
+    adapter = AdapterSection(rank=4, alpha=16, dropout=0.0)
     unet = diffusion.prepare_unet(parts.unet, adapter)
     torch.manual_seed(0)
     with torch.no_grad():  # LoRA's B starts at 0: give it weights, as training would
