@@ -16,7 +16,6 @@ fp32 one's, position by position.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -24,8 +23,7 @@ import time
 from pathlib import Path
 
 import onnxruntime_genai as og
-
-PROMPTS = ["To be, or not to be", "My lord, I", "The king doth wake", "O, what a noble mind"]
+from int4 import PROMPTS, arguments  # benchmarks/int4.py, beside this file: stdlib and numpy
 
 
 def _model(folder: Path, threads: int) -> og.Model:
@@ -61,13 +59,7 @@ def _cpu() -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("export", type=Path)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    args = arguments()
     int4_dir = json.loads((args.export / "export.json").read_text())["genai"]["int4"]["folder"]
     folders = {"fp32": args.export, "int4": args.export / int4_dir}
     table: dict[str, dict[str, float]] = {}

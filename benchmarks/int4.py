@@ -42,14 +42,19 @@ def _generate(session, prompt: list[int], new: int) -> tuple[float, list[int]]:
     return time.perf_counter() - t0, out
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """The command line, shared with genai_int4.py (the same prompts and counts compare)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("export", type=Path)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from transformers import AutoTokenizer
 
