@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,41 +151,56 @@ def key(
 
 
 def _build(
-    entry: Path,
+    tmp: Path,
+    name: str,
     task: Encoder,
     rows: data.Rows,
     tokenizer: Any,
     spec: DataSection,
     label2id: Any,
     source: str,
-) -> None:
+) -> dict[str, Any]:
+    """Tokenize ``rows`` into ``tmp`` (the entry ``name`` being made); the entry's meta."""
     t0 = time.perf_counter()
-    with fsutil.atomic_dir(entry, fsync=False) as tmp:
-        num_proc = spec.num_proc if spec.num_proc > 1 else None
-        rows.dataset.map(
-            _encode_batch,
-            with_indices=True,
-            batched=True,
-            # a task whose encode looks across rows (packing, masking ids) gets them all at once
-            batch_size=ROW_BATCH if row_local(task) else None,
-            remove_columns=rows.dataset.column_names,
-            fn_kwargs={"task": task, "tokenizer": tokenizer, "spec": spec, "label2id": label2id},
-            num_proc=num_proc if row_local(task) else None,
-            cache_file_name=str(tmp / "data.arrow"),
-            load_from_cache_file=False,
-            new_fingerprint=entry.name,
-        )
-        files = sorted(p.name for p in tmp.glob("data*.arrow"))
-        meta = {
-            "version": CACHE_VERSION,
-            "source": source,
-            "task": task.name,
-            "rows": len(rows),
-            "files": files,
-            "created": time.time(),
-            "tokenize_s": round(time.perf_counter() - t0, 3),
-        }
-        (tmp / META).write_text(json.dumps(meta, indent=2))
+    num_proc = spec.num_proc if spec.num_proc > 1 else None
+    rows.dataset.map(
+        _encode_batch,
+        with_indices=True,
+        batched=True,
+        # a task whose encode looks across rows (packing, masking ids) gets them all at once
+        batch_size=ROW_BATCH if row_local(task) else None,
+        remove_columns=rows.dataset.column_names,
+        fn_kwargs={"task": task, "tokenizer": tokenizer, "spec": spec, "label2id": label2id},
+        num_proc=num_proc if row_local(task) else None,
+        cache_file_name=str(tmp / "data.arrow"),
+        load_from_cache_file=False,
+        new_fingerprint=name,
+    )
+    return {
+        "version": CACHE_VERSION,
+        "source": source,
+        "task": task.name,
+        "rows": len(rows),
+        "files": sorted(p.name for p in tmp.glob("data*.arrow")),
+        "created": time.time(),
+        "tokenize_s": round(time.perf_counter() - t0, 3),
+    }
+
+
+def make_once(entry: Path, build: Callable[[Path], dict[str, Any]]) -> bool:
+    """Make the cache entry ``entry`` once, whichever process asks first: ``build(tmp)`` writes
+    its files into a temporary folder and returns its meta, written last (``META``), then the
+    folder takes the entry's name. True when the entry was there already."""
+    from filelock import FileLock  # datasets' own dependency
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(entry) + ".lock"):
+        if (entry / META).exists():
+            return True
+        with fsutil.atomic_dir(entry, fsync=False) as tmp:
+            meta = build(tmp)
+            (tmp / META).write_text(json.dumps(meta, indent=2))
+    return False
 
 
 def _load(entry: Path) -> ArrowEncoded:
@@ -204,14 +220,10 @@ def encode(
     source: str,
 ) -> tuple[ArrowEncoded, bool]:
     """Tokenize ``rows``, or read the arrays a previous run (or another process) made."""
-    from filelock import FileLock  # datasets' own dependency
-
     entry = root() / key(task, rows, tokenizer, spec, label2id, parts)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(entry) + ".lock"):
-        hit = (entry / META).exists()
-        if not hit:
-            _build(entry, task, rows, tokenizer, spec, label2id, source)
+    hit = make_once(
+        entry, lambda tmp: _build(tmp, entry.name, task, rows, tokenizer, spec, label2id, source)
+    )
     try:
         return _load(entry), hit
     except (OSError, ValueError, KeyError) as err:

@@ -11,15 +11,14 @@ run loads its checkpoint, so a resumed run reads the entry its first start wrote
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ortft.core import fsutil
 from ortft.data import tokenized
 from ortft.data.encoded import Encoded
 
@@ -103,26 +102,22 @@ def compute(model: Any, encoded: Encoded) -> np.ndarray:
 
 def fill(model: Any, split: WithReference, name: str) -> bool:
     """Fill ``split``'s reference from its cache entry, or compute and store it; True on a hit."""
-    from filelock import FileLock  # datasets' own dependency
-
     key = hashlib.sha256(f"{weights_hash(model)}|{data_hash(split.base)}".encode()).hexdigest()
     entry = tokenized.root() / f"reference-{key[:24]}"
-    entry.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with FileLock(str(entry) + ".lock"):
-        hit = (entry / tokenized.META).exists()
-        if not hit:
-            values = compute(model, split.base)
-            with fsutil.atomic_dir(entry, fsync=False) as tmp:
-                np.save(tmp / FILE, values)
-                meta = {
-                    "source": f"reference log-probs of the {name} split",
-                    "task": "preference",
-                    "rows": len(values),
-                    "created": time.time(),
-                    "compute_s": round(time.perf_counter() - t0, 3),
-                }
-                (tmp / tokenized.META).write_text(json.dumps(meta, indent=2))
+
+    def build(tmp: Path) -> dict[str, Any]:
+        values = compute(model, split.base)
+        np.save(tmp / FILE, values)
+        return {
+            "source": f"reference log-probs of the {name} split",
+            "task": "preference",
+            "rows": len(values),
+            "created": time.time(),
+            "compute_s": round(time.perf_counter() - t0, 3),
+        }
+
+    hit = tokenized.make_once(entry, build)
     split.reference = np.load(entry / FILE)
     how = "cache hit" if hit else f"computed in {time.perf_counter() - t0:.1f}s"
     log.info("reference log-probs: %d %s pairs (%s)", len(split.reference), name, how)
