@@ -135,7 +135,7 @@ def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, mo
     np.testing.assert_allclose(changed.reference, reference.compute(model, encoded), rtol=1e-6)
 
 
-def test_bad_pairs_are_one_line_naming_the_row(tmp_path: Path) -> None:
+def test_bad_pairs_are_one_line_naming_the_row() -> None:
     rows = PairRows(Options())
     with pytest.raises(InputError, match="row 1: chosen has an empty response"):
         rows.conversations({"prompt": "p", "chosen": " ", "rejected": "x"}, 0)
@@ -147,7 +147,14 @@ def test_bad_pairs_are_one_line_naming_the_row(tmp_path: Path) -> None:
         rows.conversations(conv, 2)
     conv["rejected"][0]["content"] = "a"
     assert rows.conversations(conv, 0)[1][-1]["content"] == "c"
-    path = write_pairs(tmp_path / "pairs.jsonl", 8)
+
+
+@pytest.mark.parametrize("eval_fraction", [0.0, 0.5])
+def test_a_bad_pair_names_its_file_and_its_row_there(tmp_path: Path, eval_fraction: float) -> None:
+    """The row is the file's, also where data.eval_fraction's shuffle split the rows (the train
+    and eval splits number their rows in another order): the tokenizer's texts, a sample of
+    them and the tokenized splits all report it so."""
+    path = write_pairs(tmp_path / "pairs.jsonl", 12)
     lines = path.read_text().splitlines()
     same = json.loads(lines[5])
     same["rejected"] = same["chosen"]
@@ -155,10 +162,11 @@ def test_bad_pairs_are_one_line_naming_the_row(tmp_path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     r = tiny_causal_lm("pairs.jsonl", backend="torch")
     r["task"] = {"name": "preference"}
+    r["data"]["eval_fraction"] = eval_fraction
     res = run_cli("train", str(write_recipe(tmp_path / "r.yaml", r)), "-o", str(tmp_path / "run"))
     assert res.returncode == 2, res.stderr[-2000:]
     line = res.stderr.strip().splitlines()[-1]
-    assert line == "error: row 6: chosen and rejected are the same response"
+    assert line == "error: pairs.jsonl: row 6: chosen and rejected are the same response"
 
 
 class _Tok:
