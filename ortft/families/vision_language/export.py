@@ -1,0 +1,225 @@
+"""The ONNX export of a LLaVA-style vision-language model (``image-text-to-text``), in the
+layout transformers.js opens, checked graph by graph and by generating.
+
+The folder (``export_image_text_to_text``) is a model folder: the three graphs under ``onnx/``
+(``ortft.families.vision_language.vlm_graphs``), ``config.json``,
+``generation_config.json``, the processor (``processor_config.json`` with the image token and
+the patch size, ``preprocessor_config.json``: the image processor, which transformers.js reads
+from that file alone, the tokenizer files and the chat template) and ``export.json``.
+
+The checks (export.json):
+- ``parity``: each graph against the PyTorch module it was traced from, on the samples' images
+  and prompts: ``vision_encoder`` (image features), ``embed_tokens`` (embeddings) and the
+  decoder, fed PyTorch's merged prompt embeddings with an empty past, against the model's
+  logits over the prompt (``graphs``: each one's max |diff|; ``max_abs_diff``: the largest).
+- ``generation``: the three graphs generating greedily in numpy (embed, scatter the image
+  features at the image tokens, decode with the cache) against PyTorch's ``generate`` on the
+  same image and prompt, with the model's generation config: tokens equal and each compared
+  step's logits within the tolerance (``ortft.export.decoder.compare``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ortft.core.reports import ExportReport, ParityReport
+from ortft.export import decoder, generation, parity
+from ortft.families.vision_language import vlm_graphs as graphs
+
+TASK = "image-text-to-text"
+SYNTHETIC_SAMPLES = 2
+SYNTHETIC_QUESTIONS = ("What is in the image?", "Which colour is it?")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One image and the prompt to answer about it (the chat template applied, image token in)."""
+
+    image: Any  # a PIL image
+    prompt: str
+
+
+def export_image_text_to_text(
+    model: Any,
+    processor: Any,
+    out_dir: Path,
+    *,
+    opset: int = 20,
+    tolerance: float = 1e-4,
+    samples: list[Sample] | None = None,
+) -> ExportReport:
+    """Export ``model`` (a ``LlavaForConditionalGeneration``) with ``processor`` to ``out_dir``,
+    check it, write export.json; the report's ``passed`` says whether every check passed (the
+    folder is then ``out_dir``, else ``out_dir.failed``: ``parity.publish``). ``samples``: the
+    images and prompts the checks run on; None: ``SYNTHETIC_SAMPLES`` noise images."""
+    model = model.eval().to("cpu")
+    graphs.VisionEncoder(model)  # a model the export cannot write is refused before it starts
+    source = "samples" if samples else "synthetic"
+    rows = samples or synthetic_samples(processor)
+    build = _Build(model, processor, rows, opset, tolerance, source)
+    return parity.publish(Path(out_dir), build.build)
+
+
+def synthetic_samples(processor: Any, n: int = SYNTHETIC_SAMPLES) -> list[Sample]:
+    """``n`` noise images (different sizes: the processor resizes them) with a question each,
+    through the processor's chat template."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        pixels = rng.integers(0, 256, (20 + 4 * i, 24, 3)).astype(np.uint8)
+        question = SYNTHETIC_QUESTIONS[i % len(SYNTHETIC_QUESTIONS)]
+        out.append(Sample(Image.fromarray(pixels), prompt_for(processor, question)))
+    return out
+
+
+def prompt_for(processor: Any, question: str) -> str:
+    """One user turn (an image, then ``question``) and the generation prompt, by the
+    processor's chat template."""
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}
+    ]
+    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+class _Build:
+    """``build`` fills the staging folder and returns export.json's report."""
+
+    def __init__(self, model, processor, rows, opset: int, tolerance: float, source: str):
+        self.model, self.processor, self.rows = model, processor, rows
+        self.opset, self.tolerance, self.source = opset, tolerance, source
+        self.inputs = [
+            processor(images=[r.image], text=[r.prompt], return_tensors="pt") for r in rows
+        ]
+        self.image_token = int(model.config.image_token_id)
+
+    def build(self, tmp: Path) -> ExportReport:
+        from ortft.export import deploy, exporter
+        from ortft.export import onnx_tools as tools
+
+        model = self.model
+        pixels = torch.cat([x["pixel_values"] for x in self.inputs]).numpy()
+        names = graphs.export_graphs(model, pixels, tmp, self.opset)
+        self.processor.save_pretrained(tmp)  # processor_config.json, tokenizer, chat template
+        # transformers.js reads the image processor from preprocessor_config.json alone
+        self.processor.image_processor.save_pretrained(tmp)
+        generation.save(model, tmp)  # config.json, generation_config.json
+        sessions = graphs.Sessions(tmp, self.image_token)
+        files = {
+            "vision_encoder": graphs.VISION,
+            "embed_tokens": graphs.EMBED,
+            "decoder": graphs.DECODER,
+        }
+        result: ExportReport = {
+            "format_version": parity.EXPORT_FORMAT_VERSION,
+            "task": TASK,
+            "model_type": getattr(model.config, "model_type", None),
+            "opset": self.opset,
+            "files": files,
+            "bytes": sum((tmp / f).stat().st_size for f in files.values()),
+            "export_s": round(float(names.pop("export_s")), 3),
+            "inputs": {k: v[0] for k, v in names.items()},
+            "outputs": {k: v[1] for k, v in names.items()},
+            "kv_cache": True,
+            "parity": self.parity(sessions),
+            "generation": self.generation(sessions),
+            "exporter": tools.exporter(),
+            "ir_version": deploy.ir_version(tmp / graphs.DECODER),
+        }
+        result["runtimes"] = exporter.other_runtimes(tmp, result, {}, self.tolerance, ())[
+            "runtimes"
+        ]
+        return result
+
+    def parity(self, sessions: graphs.Sessions) -> ParityReport:
+        """Each graph against its PyTorch module (see the module doc)."""
+        model, diffs = self.model, {"vision_encoder": 0.0, "embed_tokens": 0.0, "decoder": 0.0}
+        embed = graphs.EmbedTokens(model).eval()
+        for x in self.inputs:
+            ids, pixels = x["input_ids"], x["pixel_values"]
+            with torch.no_grad():
+                features = graphs.reference_features(model, pixels).numpy()
+                embeds = embed(ids).numpy()
+            got = {
+                "vision_encoder": sessions.image_features(pixels.numpy()),
+                "embed_tokens": sessions.embeds(ids.numpy()),
+            }
+            want = {"vision_encoder": features, "embed_tokens": embeds}
+            for name, value in got.items():
+                diffs[name] = max(diffs[name], float(np.max(np.abs(value - want[name]))))
+        diffs["decoder"] = self.decoder_parity(sessions)
+        tol = self.tolerance
+        section: ParityReport = {
+            "samples": len(self.inputs),
+            "source": self.source,
+            "against": "each graph's PyTorch module; the decoder: the model's logits over the "
+            "prompts, one left-padded batch",
+            "max_abs_diff": float(np.max(list(diffs.values()))),  # NaN stays NaN: a failure
+            "tolerance": tol,
+            "graphs": {
+                k: {"max_abs_diff": d, "tolerance": tol, "passed": d <= tol}
+                for k, d in diffs.items()
+            },
+        }
+        section["passed"] = parity.passed("parity", section)
+        return section
+
+    def decoder_parity(self, sessions: graphs.Sessions) -> float:
+        """The decoder, fed PyTorch's merged embeddings of every prompt in one left-padded
+        batch (so its ``position_ids`` matter) and an empty past, against the model's logits
+        at the prompts' positions; max |diff|."""
+        model = self.model
+        images, prompts = [r.image for r in self.rows], [r.prompt for r in self.rows]
+        x = self.processor(
+            images=images, text=prompts, padding=True, padding_side="left", return_tensors="pt"
+        )
+        with torch.no_grad():
+            features = graphs.reference_features(model, x["pixel_values"]).numpy()
+            embeds = graphs.EmbedTokens(model).eval()(x["input_ids"]).numpy()
+            want = model(**x, use_cache=False).logits.numpy()
+        mask = x["attention_mask"].numpy().astype(np.int64)
+        feeds = {
+            "inputs_embeds": graphs.merge(
+                embeds, x["input_ids"].numpy(), features, self.image_token
+            ),
+            "attention_mask": mask,
+            "position_ids": graphs.positions_of(mask, mask.shape[1]),
+            **parity.empty_past(sessions.decoder, len(mask)),
+        }
+        got = sessions.decoder.run(["logits"], feeds)[0]
+        real = mask == 1  # a padded position's logits are no prediction
+        return float(np.max(np.abs(got[real] - want[real])))
+
+    def generation(self, sessions: graphs.Sessions) -> dict[str, Any]:
+        """Greedy (or the model's beams) on the three graphs against PyTorch's ``generate``."""
+        from ortft.export import generation as gen
+
+        model = self.model
+        gc = decoder.check_config(model, decoder.GENERATE_TOKENS)
+        text = model.config.get_text_config()
+        positions = getattr(text, "max_position_embeddings", None)
+        totals = np.zeros(3, dtype=np.int64)  # steps compared, prompts that diverged, ties
+        max_diff = 0.0
+        for x in self.inputs:
+            ref = decoder.reference(model, gc, **x)
+            ids = x["input_ids"].numpy()
+            p = gen.plan(gc, ids.shape[1], encoder_decoder=False, max_positions=positions)
+            steps = graphs.Steps(sessions, x["pixel_values"].numpy())
+            seq, raw = gen.generate(steps, ids, p)
+            eos = set() if p.eos is None else {int(e) for e in p.eos}
+            *counts, diff = decoder.compare(ref, seq, raw, ids.shape[1], eos, p.num_beams)
+            totals, max_diff = totals + counts, max(max_diff, diff)
+        head = {
+            "method": decoder.method(gc, decoder.GENERATE_TOKENS)
+            + "; the ONNX side embeds, merges the image features and decodes in numpy",
+            "num_beams": int(gc.num_beams or 1),
+            "prompts": len(self.inputs),
+        }
+        compared, mismatches, ties = (int(n) for n in totals)
+        return decoder.section(head, (compared, mismatches, ties), max_diff, self.tolerance)
