@@ -116,7 +116,16 @@ def test_the_folder_loads_in_autoprocessor_as_the_checks_ran(exported):
     got = loaded(images=[sample.image], text=[sample.prompt], return_tensors="np")
     assert got["input_ids"].tolist() == want["input_ids"].tolist()
     assert np.array_equal(got["pixel_values"], want["pixel_values"])
-    assert (out / "chat_template.jinja").is_file() or loaded.chat_template == CHAT_TEMPLATE
+    assert loaded.chat_template == CHAT_TEMPLATE
+    # transformers.js's count: patches + num_additional_image_tokens (export.save_processor)
+    config = json.loads((out / "processor_config.json").read_text())
+    assert (config["vision_feature_select_strategy"], config["num_additional_image_tokens"]) == (
+        "full",
+        0,
+    )
+    assert json.loads((out / "preprocessor_config.json").read_text())["processor_class"] == (
+        "LlavaProcessor"
+    )
 
 
 def test_merge_scatters_features_at_image_tokens_in_order():
@@ -147,3 +156,38 @@ def test_a_model_the_export_cannot_write_is_refused_before_exporting(tmp_path):
     with pytest.raises(InputError, match="LlamaForCausalLM: .* LLaVA-style"):
         export_image_text_to_text(text, processor, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.consumer
+def test_transformers_js_generates_the_ids_of_generate(exported, node_modules, tmp_path):
+    """transformers.js 4.3.1 (tests/node/vlm.mjs) opens the folder as written, through its own
+    LlavaProcessor and AutoModelForImageTextToText, and generates greedily the ids PyTorch's
+    ``generate`` gives for the same image file and prompt. The images are at the processor's
+    16x16: larger ones go through transformers.js's own resize, which differs from PIL's."""
+    import subprocess
+    from pathlib import Path
+
+    from PIL import Image
+
+    from ortft.families.vision_language.export import prompt_for
+
+    model, processor, out, _ = exported
+    rng = np.random.default_rng(1)
+    rows, want = [], []
+    for i, question in enumerate(("What is in the image?", "Which colour is it?")):
+        path = tmp_path / f"image{i}.png"
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3)).astype(np.uint8)).save(path)
+        prompt = prompt_for(processor, question)
+        rows.append(json.dumps({"image": str(path), "prompt": prompt}))
+        x = processor(images=[Image.open(path)], text=[prompt], return_tensors="pt")
+        want.append(model.generate(**x, max_new_tokens=16, do_sample=False)[0].tolist())
+    inputs = tmp_path / "inputs.jsonl"
+    inputs.write_text("\n".join(rows) + "\n")
+    script = Path(__file__).resolve().parent / "node" / "vlm.mjs"
+    res = subprocess.run(
+        ["node", str(script), node_modules, str(out), str(inputs), "16"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = [json.loads(line)["ids"] for line in res.stdout.splitlines() if line.startswith("{")]
+    assert got == want

@@ -88,6 +88,38 @@ def prompt_for(processor: Any, question: str) -> str:
     return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
+def save_processor(processor: Any, folder: Path) -> dict[str, Any]:
+    """The processor as transformers and transformers.js both read it; export.json's
+    ``preprocessor``.
+
+    transformers.js picks the processor class from ``preprocessor_config.json``'s
+    ``processor_class`` (without it, a bare image processor that tokenizes nothing), so the
+    image processor is saved there with it. Its ``LlavaProcessor`` (4.3.1) expands the image
+    token to patches + ``num_additional_image_tokens`` and ignores
+    ``vision_feature_select_strategy``, where transformers takes one off for ``default`` (the
+    model drops the CLS position): one token more than the image features, which it refuses.
+    ``default`` with k additional tokens is written as ``full`` with k - 1: the same count in
+    both (the strategy is only a count in the processor; the model's config keeps its own)."""
+    import json
+
+    processor.save_pretrained(folder)  # processor_config.json, the tokenizer, chat template
+    processor.image_processor.save_pretrained(folder)
+    pre = folder / "preprocessor_config.json"
+    pre.write_text(json.dumps({**json.loads(pre.read_text()), "processor_class": "LlavaProcessor"}))
+    path = folder / "processor_config.json"
+    config = json.loads(path.read_text())
+    extra = int(config.get("num_additional_image_tokens") or 0)
+    if config.get("vision_feature_select_strategy") == "default" and extra >= 1:
+        config.update(vision_feature_select_strategy="full", num_additional_image_tokens=extra - 1)
+        path.write_text(json.dumps(config, indent=2) + "\n")
+    return {
+        "file": "preprocessor_config.json",
+        "class": type(processor.image_processor).__name__,
+        "processor": type(processor).__name__,
+        "image_tokens": "patches + num_additional_image_tokens (processor_config.json)",
+    }
+
+
 class _Build:
     """``build`` fills the staging folder and returns export.json's report."""
 
@@ -106,9 +138,7 @@ class _Build:
         model = self.model
         pixels = torch.cat([x["pixel_values"] for x in self.inputs]).numpy()
         names = graphs.export_graphs(model, pixels, tmp, self.opset)
-        self.processor.save_pretrained(tmp)  # processor_config.json, tokenizer, chat template
-        # transformers.js reads the image processor from preprocessor_config.json alone
-        self.processor.image_processor.save_pretrained(tmp)
+        preprocessor = save_processor(self.processor, tmp)
         generation.save(model, tmp)  # config.json, generation_config.json
         sessions = graphs.Sessions(tmp, self.image_token)
         files = {
@@ -129,6 +159,7 @@ class _Build:
             "kv_cache": True,
             "parity": self.parity(sessions),
             "generation": self.generation(sessions),
+            "preprocessor": preprocessor,
             "exporter": tools.exporter(),
             "ir_version": deploy.ir_version(tmp / graphs.DECODER),
         }
