@@ -155,6 +155,13 @@ def test_a_model_the_export_cannot_write_is_refused_before_exporting(tmp_path):
         num_attention_heads=2, intermediate_size=32))  # fmt: skip
     with pytest.raises(InputError, match="LlamaForCausalLM: .* LLaVA-style"):
         export_image_text_to_text(text, processor, tmp_path / "out")
+    model.config.vision_feature_layer = -1
+    processor.patch_size = 4  # another model's: 16 image tokens for 4 features
+    with pytest.raises(InputError, match="gives 16 image tokens for 1 image.* 4 image features"):
+        export_image_text_to_text(model, processor, tmp_path / "out")
+    processor.patch_size, processor.chat_template = 8, None
+    with pytest.raises(InputError, match="LlavaProcessor has no chat template: pass the check's"):
+        export_image_text_to_text(model, processor, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

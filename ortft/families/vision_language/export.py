@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport, ParityReport
 from ortft.export import decoder, generation, parity
 from ortft.families.vision_language import vlm_graphs as graphs
@@ -82,6 +83,11 @@ def synthetic_samples(processor: Any, n: int = SYNTHETIC_SAMPLES) -> list[Sample
 def prompt_for(processor: Any, question: str) -> str:
     """One user turn (an image, then ``question``) and the generation prompt, by the
     processor's chat template."""
+    if not getattr(processor, "chat_template", None):
+        raise InputError(
+            f"{type(processor).__name__} has no chat template: pass the check's prompts "
+            "(samples=[Sample(image, prompt), ...]) with the image token in them"
+        )
     messages = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}
     ]
@@ -109,7 +115,7 @@ def save_processor(processor: Any, folder: Path) -> dict[str, Any]:
     path = folder / "processor_config.json"
     config = json.loads(path.read_text())
     extra = int(config.get("num_additional_image_tokens") or 0)
-    if config.get("vision_feature_select_strategy") == "default" and extra >= 1:
+    if config.get("vision_feature_select_strategy") == "default":
         config.update(vision_feature_select_strategy="full", num_additional_image_tokens=extra - 1)
         path.write_text(json.dumps(config, indent=2) + "\n")
     return {
@@ -123,16 +129,41 @@ def save_processor(processor: Any, folder: Path) -> dict[str, Any]:
 class _Build:
     """``build`` fills the staging folder and returns export.json's report."""
 
-    def __init__(self, model, processor, rows, opset: int, tolerance: float, source: str):
+    def __init__(
+        self,
+        model: Any,
+        processor: Any,
+        rows: list[Sample],
+        opset: int,
+        tolerance: float,
+        source: str,
+    ):
         self.model, self.processor, self.rows = model, processor, rows
         self.opset, self.tolerance, self.source = opset, tolerance, source
         self.inputs = [
             processor(images=[r.image], text=[r.prompt], return_tensors="pt") for r in rows
         ]
         self.image_token = int(model.config.image_token_id)
+        self.check_counts()
+
+    def check_counts(self) -> None:
+        """Each prompt's image tokens, as the processor expanded them, against the image
+        features the model gives: a processor of another model is one line, before exporting."""
+        vision = graphs.VisionEncoder(self.model).eval()
+        for row, x in zip(self.rows, self.inputs, strict=True):
+            tokens = int((x["input_ids"] == self.image_token).sum())
+            with torch.no_grad():
+                shape = vision(x["pixel_values"]).shape
+            if tokens != shape[0] * shape[1]:
+                raise InputError(
+                    f"the processor gives {tokens} image tokens for {len(x['pixel_values'])} "
+                    f"image(s) but the model {shape[0] * shape[1]} image features (prompt "
+                    f"{row.prompt[:40]!r}): patch_size, num_additional_image_tokens or "
+                    "vision_feature_select_strategy of another model?"
+                )
 
     def build(self, tmp: Path) -> ExportReport:
-        from ortft.export import deploy, exporter
+        from ortft.export import deploy
         from ortft.export import onnx_tools as tools
 
         model = self.model
@@ -163,9 +194,7 @@ class _Build:
             "exporter": tools.exporter(),
             "ir_version": deploy.ir_version(tmp / graphs.DECODER),
         }
-        result["runtimes"] = exporter.other_runtimes(tmp, result, {}, self.tolerance, ())[
-            "runtimes"
-        ]
+        result["runtimes"] = [deploy.checked_runtime("loaded; parity and generation checked")]
         return result
 
     def parity(self, sessions: graphs.Sessions) -> ParityReport:
