@@ -143,6 +143,7 @@ def test_builtin_tasks_declare_export_kind_and_on_device_support() -> None:
         "sentence-embedding": "embedding",
         "text-to-image": "text-to-image",
         "preference": "decoder",
+        "reward-model": "encoder",  # the sequence classifiers' single graph of logits
     }
     assert [n for n in tasks.names() if traits.ondevice(tasks.get(n))] == [
         "sequence-classification",

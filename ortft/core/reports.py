@@ -136,6 +136,11 @@ class Prediction(TypedDict, total=False):
     cut: bool
     rank: int  # embeddings: --query
     embedding: list[float]
+    reward: float  # a reward model: one response's reward
+    reward_chosen: float  # ... or a pair's two, their margin and the preferred one
+    reward_rejected: float
+    margin: float
+    preferred: str
 
 
 class Drawing(TypedDict):

@@ -16,6 +16,9 @@ columns; ``ortft.inference.pairs``). Output, one line per input, in order; what 
   with the masks filled;
   (tags, answer and fill-mask: the text family answers each line itself, as generation does:
   ``ortft.tasks.protocols.PredictsLines``; ``ortft.families.text.predict``)
+- reward (reward model; ``ortft.families.preference.reward``): a pair row's two rewards, their
+  margin and the preferred response (chosen, rejected, or tie within 1e-4), or one response's
+  reward (``{prompt, response}``, ``{messages}``, or a plain line scored as it is);
 - generate (causal LM, instruction, seq2seq): a family that answers each line itself
   (``ortft.tasks.protocols.PredictsLines``; ``ortft.families.generation.predict``): the text
   ``generate`` gives with the model's generation config, on PyTorch or on the export (the same
@@ -207,6 +210,11 @@ def format_line(result: Prediction) -> str:
         return f"{result['input']}\t{result['label']}\t{result['score']:.4f}"
     if "label" in result:
         return f"{result['label']}\t{result['score']:.4f}"
+    if "reward" in result:
+        return f"{result['reward']:.4f}"
+    if "preferred" in result:  # a reward model's pair
+        rewards = f"{result['reward_chosen']:.4f}\t{result['reward_rejected']:.4f}"
+        return f"{result['preferred']}\t{rewards}"
     if "tags" in result:
         return " ".join(
             f"{w}/{t or '-'}" for w, t in zip(result["tokens"], result["tags"], strict=True)

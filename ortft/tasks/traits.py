@@ -161,3 +161,17 @@ class Starts(Protocol):
 def starter(task: object) -> str | None:
     """``task``'s starter recipe (``Starts``); None: ``ortft init`` has none for it."""
     return task.starter if isinstance(task, Starts) else None
+
+
+@runtime_checkable
+class AdaptsAs(Protocol):
+    """A task whose LoRA model is one of peft's task models (reward-model: ``SEQ_CLS``, whose
+    ``score`` head trains in full) rather than peft's plain ``PeftModel``."""
+
+    @property
+    def peft_task_type(self) -> str: ...
+
+
+def peft_task_type(task: object) -> str | None:
+    """peft's ``task_type`` for ``task``'s adapter (``AdaptsAs``); None: the plain model."""
+    return task.peft_task_type if isinstance(task, AdaptsAs) else None

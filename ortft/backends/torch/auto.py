@@ -49,7 +49,7 @@ from ortft.core.errors import BackendError
 from ortft.data import batches
 from ortft.env import ort_training
 from ortft.recipe.io import LoadedRecipe
-from ortft.tasks import protocols
+from ortft.tasks import protocols, traits
 
 log = logging.getLogger("ortft")
 
@@ -108,7 +108,7 @@ def _time_route(
     if isinstance(task, protocols.PreparesModel):
         task.prepare_model(model, tokenizer)
     if r.adapter is not None:
-        model = models.apply_adapter(model, r.adapter)
+        model = models.apply_adapter(model, r.adapter, traits.peft_task_type(task))
     module = models.TaskModule(model, task).to(device)
     wrapped = backend.wrap(module, scratch / route.label)
     wrapped.train()

@@ -266,7 +266,7 @@ class PyTorchEngine:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
             log.info("gradient checkpointing: activations are recomputed in the backward")
         if r.adapter is not None:  # LoRA: the base is frozen, only adapter (+ head) weights train
-            model = models.apply_adapter(model, r.adapter)
+            model = models.apply_adapter(model, r.adapter, traits.peft_task_type(task))
             log.info(
                 "adapter: %s r=%d alpha=%g; %d of %d parameters train",
                 r.adapter.kind,

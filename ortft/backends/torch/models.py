@@ -368,9 +368,10 @@ DEFAULT_TARGETS = {
 HEADS = ("classifier", "score", "qa_outputs")  # new task heads trained in full with train_head
 
 
-def apply_adapter(model: nn.Module, spec: Any) -> nn.Module:
+def apply_adapter(model: nn.Module, spec: Any, task_type: str | None = None) -> nn.Module:
     """Wrap ``model`` in a PEFT LoRA model (DoRA: peft's ``use_dora``): only the adapter (and
-    the new head) train."""
+    the new head) train. ``task_type``: peft's task model to build (``traits.peft_task_type``;
+    None: the plain ``PeftModel``)."""
     try:
         import peft
     except ImportError as err:
@@ -401,6 +402,7 @@ def apply_adapter(model: nn.Module, spec: Any) -> nn.Module:
         modules_to_save=heads or None,
         fan_in_fan_out=kind == "gpt2",  # GPT-2's Conv1D stores W transposed
         use_dora=spec.kind == "dora",
+        task_type=task_type,
     )
     return peft.get_peft_model(model, config)
 

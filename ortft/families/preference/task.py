@@ -32,7 +32,36 @@ SEQUENCES = ("", "rejected_")  # the array prefixes of the chosen and the reject
 LOSSES = ("dpo", "ipo", "orpo")
 
 
-class Options(TaskOptions):
+class PairOptions(TaskOptions):
+    """The options of a task on preference pairs (preference, reward-model): the columns,
+    the prompt's template and its truncation."""
+
+    max_prompt_length: int | None = Field(
+        None,
+        gt=0,
+        description="preference, reward-model: prompt tokens kept (default: no limit but max_length).",
+    )
+    truncation: Literal["keep_end", "keep_start"] = Field(
+        "keep_end",
+        description="preference, reward-model: which end of a long prompt max_prompt_length keeps (TRL's names).",
+    )
+    prompt_column: str = Field(
+        "prompt", description="preference, reward-model: column with the prompt."
+    )
+    chosen_column: str = Field(
+        "chosen", description="preference, reward-model: column with the chosen response."
+    )
+    rejected_column: str = Field(
+        "rejected", description="preference, reward-model: column with the rejected response."
+    )
+    template: Literal["auto", "simple"] = Field(
+        "auto",
+        description="preference, reward-model: auto uses the tokenizer's chat template when it has one, else "
+        "the instruction task's simple template; simple always uses the latter.",
+    )
+
+
+class Options(PairOptions):
     name: Literal["preference"] = "preference"
     loss: Literal["dpo", "ipo", "orpo"] = Field(
         "dpo",
@@ -57,23 +86,6 @@ class Options(TaskOptions):
         "token NLL (TRL's loss_type [sigmoid, sft] with loss_weights [1, w]): DPO alone may make "
         "the chosen answers less likely too.",
     )
-    max_prompt_length: int | None = Field(
-        None, gt=0, description="preference: prompt tokens kept (default: no limit but max_length)."
-    )
-    truncation: Literal["keep_end", "keep_start"] = Field(
-        "keep_end",
-        description="preference: which end of a long prompt max_prompt_length keeps (TRL's names).",
-    )
-    prompt_column: str = Field("prompt", description="preference: column with the prompt.")
-    chosen_column: str = Field("chosen", description="preference: column with the chosen response.")
-    rejected_column: str = Field(
-        "rejected", description="preference: column with the rejected response."
-    )
-    template: Literal["auto", "simple"] = Field(
-        "auto",
-        description="preference: auto uses the tokenizer's chat template when it has one, else "
-        "the instruction task's simple template; simple always uses the latter.",
-    )
 
     @model_validator(mode="after")
     def _loss_options(self) -> Options:
@@ -87,7 +99,7 @@ class Options(TaskOptions):
 class PairRows:
     """How a preference row becomes token arrays (the task's ``encode``)."""
 
-    def __init__(self, options: Options):
+    def __init__(self, options: PairOptions):
         self.o = options
         # the instruction task formats the prompt and each response, as it does its examples
         self.formatter = Instruction(messages_column="messages", template=options.template)
@@ -152,22 +164,24 @@ class PairRows:
 
     def example(self, row: dict[str, Any], i: int, tokenizer: Any, limit: int) -> list[tuple]:
         """[(ids, labels)] for the chosen and the rejected sequence."""
-        out = []
-        for chat in self.conversations(row, i):
-            prompt, response = self._split(chat, i, tokenizer)
-            p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            r = tokenizer(response, add_special_tokens=False)["input_ids"]
-            keep = self.o.max_prompt_length
-            if keep is not None and len(p) > keep:
-                p = p[-keep:] if self.o.truncation == "keep_end" else p[:keep]
-            r = r[: max(limit - len(p), 0)]
-            if not r:
-                raise InputError(
-                    f"row {i + 1}: no response token within data.max_length={limit} "
-                    f"(the prompt has {len(p)}; set task.max_prompt_length)"
-                )
-            out.append((p + r, [IGNORE_INDEX] * len(p) + r))
-        return out
+        return [self.sequence(chat, i, tokenizer, limit) for chat in self.conversations(row, i)]
+
+    def sequence(self, chat: list[dict], i: int, tokenizer: Any, limit: int) -> tuple:
+        """(ids, labels) of one chat ending with its response: the prompt cut as the options
+        say, then the response cut to what ``limit`` leaves; labels on the response only."""
+        prompt, response = self._split(chat, i, tokenizer)
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        r = tokenizer(response, add_special_tokens=False)["input_ids"]
+        keep = self.o.max_prompt_length
+        if keep is not None and len(p) > keep:
+            p = p[-keep:] if self.o.truncation == "keep_end" else p[:keep]
+        r = r[: max(limit - len(p), 0)]
+        if not r:
+            raise InputError(
+                f"row {i + 1}: no response token within data.max_length={limit} "
+                f"(the prompt has {len(p)}; set task.max_prompt_length)"
+            )
+        return p + r, [IGNORE_INDEX] * len(p) + r
 
     def encode(self, rows: list[dict[str, Any]], tokenizer: Any, limit: int) -> Encoded:
         pairs = [self.example(r, i, tokenizer, limit) for i, r in enumerate(rows)]
