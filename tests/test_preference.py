@@ -1,5 +1,5 @@
 """The preference task end to end: DPO on ORTModule resumes exactly, exports as a causal LM and
-generates with ``ortft predict``; its reference log-probs are cached and recomputed when the
+generates with ``ortft predict``; ``backend.name: auto`` probes it; its reference log-probs are cached and recomputed when the
 weights change; a bad pair is one line naming its file and row (exit 2)."""
 
 from __future__ import annotations
@@ -84,6 +84,23 @@ def test_dpo_on_ort_resumes_exactly_and_exports(dpo_run, tmp_path: Path) -> None
     assert again["resumed_from"].endswith("step-000002")
     assert losses(copy) == first  # bit for bit, dropout included
     assert (copy / "final" / "model.safetensors").read_bytes() == weights
+
+
+def test_auto_probes_the_preference_loss_and_trains(tmp_path: Path) -> None:
+    """backend.name: auto times each route on the preference loss (computed outside the wrapped
+    module, as the engine computes it) and trains with the one it picks. At step 1 the policy is
+    the reference, so DPO's loss is ln 2 on whichever route."""
+    write_pairs(tmp_path / "pairs.jsonl", 16)
+    r = tiny_causal_lm("pairs.jsonl", backend="auto", max_steps=2, batch_size=4)
+    r["task"] = {"name": "preference", "loss": "dpo"}
+    r["precision"] = {"dtype": "fp32"}  # bf16 autocast would move ln 2 by rounding
+    r["export"] = {"enabled": False}
+    summary = _train(write_recipe(tmp_path / "r.yaml", r), tmp_path / "run")
+    probe = summary["backend"]["probe"]
+    assert probe["chosen"] == summary["backend"]["used"]
+    timed = [b for b in probe["backends"].values() if "median_step_s" in b]
+    assert timed and all(b["median_step_s"] > 0 for b in timed), probe
+    assert losses(tmp_path / "run")[0] == pytest.approx(np.log(2), abs=1e-5)
 
 
 def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, monkeypatch):
