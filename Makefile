@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU STACK
 
-.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-diffusion check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
+.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-peer-diffusion check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -35,6 +35,7 @@ help:
 	@echo "make bench-peer-image  the same for image classification: a ViT on the digits, Trainer fp32 and bf16 (CPU, ~5 min)"
 	@echo "make bench-peer-speech the same for speech recognition: a Whisper on spoken digits, Seq2SeqTrainer fp32 and bf16 (CPU, ~15 min)"
 	@echo "make bench-peer-sentence the same for sentence embeddings: MiniLM on title/ending pairs vs SentenceTransformerTrainer fp32 and bf16 (CPU)"
+	@echo "make bench-peer-dpo    the same for DPO: a 25M GPT-2 on the preference pairs vs TRL's DPOTrainer (fp32, bf16, precomputed reference) (CPU)"
 	@echo "make bench-peer-diffusion the same for text-to-image: an SD UNet on the digits vs diffusers' own training step fp32 and bf16 (CPU, ~15 min)"
 	@echo "make check-sentence-embedding  train recipes/sentence-embedding.yaml, assert held-out MRR@10 beats the base model (minutes)"
 	@echo "make check-text-to-image  train recipes/text-to-image.yaml, assert its held-out eval loss falls >= 30% in <= 5 min"
@@ -172,6 +173,14 @@ PEER_SENTENCE_ARGS ?= --pairs 5
 bench-peer-sentence: setup
 	@mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/peer_sentence.py $(PEER_SENTENCE_ARGS) --out benchmarks/results/peer-sentence.json
+
+# DPO: ortft torch, torch bf16, ort and auto against TRL's DPOTrainer (its defaults in fp32, and
+# bf16 or fp32 with the reference precomputed) on recipes/dpo.yaml's pairs and a 25M GPT-2 built
+# from a config, alternating, 3 pairs. Not in CI.
+PEER_DPO_ARGS ?= --pairs 3
+bench-peer-dpo: setup
+	@mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/peer_dpo.py $(PEER_DPO_ARGS) --out benchmarks/results/peer-dpo.json
 
 # Text-to-image: ortft torch and ort against diffusers' own train_text_to_image.py step (plain
 # PyTorch, fp32 and bf16 as its --mixed_precision runs it) on a tiny SD UNet (64/128 channels,

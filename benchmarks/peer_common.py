@@ -6,7 +6,7 @@ and ``main``; peer.py, with its routes and two kinds of data, takes the pieces:
 A bench is a ``Bench``: its recipe, batch, ortft overrides and a Trainer worker (a function
 that trains in its own process and writes its timing as JSON; a peer other than the Trainer
 names its own two runners, ``bases``: peer_diffusion.py's diffusers and diffusers-bf16).
-``main(bench)`` parses the shared flags and runs rounds of the five runners, alternating
+``main(bench)`` parses the shared flags and runs rounds of its runners (five by default), alternating
 (trainer, trainer-bf16, torch, torch-bf16, ort, trainer, ...), each measurement a fresh process,
 each after a wait for a quiet machine; then the JSON, the table and the bench's ``report``.
 ``StepRecorder`` gives a Trainer worker the step ends and losses it reports, timed as ortft's
@@ -17,6 +17,9 @@ Trainer's ``on_step_end`` callback; ortft's metrics.jsonl ``time_s``. ms/step is
 of the timed steps; samples/s = batch x timed steps / their time.
 
 Offline: HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE / HF_DATASETS_OFFLINE are set for every process.
+
+Over 450 lines: the one harness every peer bench runs through (the bench, its rounds, the timing,
+the quiet wait, the table); split, each bench's run would cross several modules.
 """
 
 from __future__ import annotations
@@ -111,6 +114,17 @@ class Bench:
     extra_keys: tuple[str, ...] = ()  # more per-run fields to take the median of
     bases: tuple[str, str] = BASES  # the peer's fp32 and bf16 runners (``--worker`` runs them)
     report: Callable[[dict[str, Any]], None] | None = None  # adds its fields, prints them
+    # a peer of more than two settings (peer_dpo.py's TRL): its other runners, and a worker that
+    # takes the runner's name instead of ``worker``'s bf16 flag
+    more_peers: tuple[str, ...] = ()
+    named_worker: Callable[[str, int, int, Path], None] | None = None
+    ortft_runners: dict[str, dict[str, str]] = field(default_factory=lambda: dict(ORTFT_RUNNERS))
+    # fields an ortft run reports on stderr only (peer_dpo.py: the reference pass's seconds)
+    ortft_stderr: Callable[[str], dict[str, Any]] | None = None
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        return (*self.bases, *self.more_peers)
 
 
 # --------------------------------------------------------------------------- a Trainer's side
@@ -213,7 +227,7 @@ def wait_quiet(max_busy: float, wait: float) -> tuple[float, float]:
 def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict:
     """One measurement in a fresh process: its timing and losses, or its error."""
     tag = f"{runner}-{len(list(tmp.iterdir()))}"
-    if runner in bench.bases:
+    if runner in bench.peers:
         out = tmp / f"{tag}.json"
         cmd = [sys.executable, bench.script, "--worker", runner, "--steps", str(steps),
                "--warmup", str(warmup), "--result", str(out)]  # fmt: skip
@@ -221,16 +235,19 @@ def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeo
         run_dir = tmp / tag
         overrides = {
             **bench.overrides,
-            **ORTFT_RUNNERS[runner],
+            **bench.ortft_runners[runner],
             "training.max_steps": str(warmup + steps),
         }
         cmd = ortft_train(bench.recipe, overrides, run_dir)
     proc, shared = run_process(cmd, timeout)
     if proc is None or proc.returncode != 0:
         return {"ok": False, "error": failure(proc, timeout)}
-    if runner in bench.bases:
+    if runner in bench.peers:
         return {"ok": True, **shared, **json.loads(out.read_text())}
-    return {"ok": True, **shared, **ortft_result(run_dir, proc.stdout, steps, warmup, bench.batch)}
+    result = ortft_result(run_dir, proc.stdout, steps, warmup, bench.batch)
+    if bench.ortft_stderr is not None:
+        result.update(bench.ortft_stderr(proc.stderr))
+    return {"ok": True, **shared, **result}
 
 
 def ortft_train(recipe: Path, overrides: dict[str, str], run_dir: Path) -> list[str]:
@@ -288,7 +305,7 @@ def ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int, batch: int
 
 
 def run(bench: Bench, a: argparse.Namespace) -> dict:
-    """``a.pairs`` rounds of the five runners, then up to ``a.retries`` more while fewer than
+    """``a.pairs`` rounds of the runners, then up to ``a.retries`` more while fewer than
     ``a.pairs`` rounds were clean (no run in them shared the CPU with others: ``clean``)."""
     rounds: list[dict[str, dict]] = []
     loads: list[float] = []
@@ -452,11 +469,12 @@ def add_wait_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", type=float, default=600.0, help="seconds to wait for that at most")
 
 
-def main(bench: Bench, doc: str) -> None:
-    """The command line of a bench (``doc``: its module docstring)."""
-    names, base = (*bench.bases, *ORTFT_RUNNERS), bench.bases[0]
-    p = argparse.ArgumentParser(description=doc.split("\n")[0])
-    p.add_argument("--pairs", type=int, default=5, help="rounds of the five runners")
+def main(bench: Bench, doc: str, parents: tuple[argparse.ArgumentParser, ...] = ()) -> None:
+    """The command line of a bench (``doc``: its module docstring; ``parents``: the bench's own
+    flags, which it has read already)."""
+    names, base = (*bench.peers, *bench.ortft_runners), bench.bases[0]
+    p = argparse.ArgumentParser(description=doc.split("\n")[0], parents=list(parents))
+    p.add_argument("--pairs", type=int, default=5, help="rounds of the runners")
     p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
     add_quiet_options(p)
@@ -467,14 +485,17 @@ def main(bench: Bench, doc: str) -> None:
         "--runners",
         type=lambda s: tuple(s.split(",")),
         default=names,
-        help="comma-separated, in the order each round runs them (default: all five); leave out "
+        help="comma-separated, in the order each round runs them (default: all); leave out "
         "the bf16 two on a CPU without native bf16 (no avx512_bf16 / AMX: emulated, minutes a step)",
     )
-    p.add_argument("--worker", choices=bench.bases, help=argparse.SUPPRESS)  # a peer's process
+    p.add_argument("--worker", choices=bench.peers, help=argparse.SUPPRESS)  # a peer's process
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
-        bench.worker(a.worker == bench.bases[1], a.steps, a.warmup, a.result)
+        if bench.named_worker is not None:
+            bench.named_worker(a.worker, a.steps, a.warmup, a.result)
+        else:
+            bench.worker(a.worker == bench.bases[1], a.steps, a.warmup, a.result)
         return
     if a.pairs < 1 or a.steps < 1 or a.warmup < 1 or a.retries < 0:
         p.error("--pairs, --steps and --warmup must be >= 1, --retries >= 0")

@@ -313,3 +313,45 @@ def test_frozen_placement_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
     assert vae["vs_torch_range"]["ort"] == pytest.approx([1.6, 2.0])
     assert text["fastest"] == "ort" and text["vs_torch"]["torch-bf16"] < 1
     assert text["ort_gain"] == pytest.approx(0.1055, abs=1e-3) and text["move_to_ort"] is False
+
+
+# --------------------------------------------------------------------------- peer_dpo.py
+
+
+def test_dpo_peer_reports_best_ortft_over_best_trl(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round by round: the best ortft runner's samples/s over the best TRL setting's (a failed
+    runner counts on neither side); ortft's reference seconds read from its stderr line."""
+    dpo = _load("peer_dpo", monkeypatch)
+    rounds = [
+        {"trl": _ok(4), "trl-fast": _ok(10), "trl-fp32-fast": _ok(6), "torch": _ok(7),
+         "torch-bf16": _ok(13), "ort": _ok(9), "auto": FAILED},
+        {"trl": _ok(4), "trl-fast": FAILED, "trl-fp32-fast": _ok(8), "torch": _ok(7),
+         "torch-bf16": _ok(12), "ort": _ok(9), "auto": _ok(12.5)},
+    ]  # fmt: skip
+    result: dict = {"rounds": rounds}
+    dpo.report(result)
+    best = result["best_ratio"]
+    assert best["per_round"] == pytest.approx([1.3, 12.5 / 8], abs=1e-3)
+    assert best["which"] == ["torch-bf16/trl-fast", "auto/trl-fp32-fast"]
+    assert best["median"] == pytest.approx((1.3 + 12.5 / 8) / 2)
+    assert "best ortft / best TRL, all 2 rounds: 1.43×" in capsys.readouterr().out
+    line = "ortft reference log-probs: 320 train pairs (computed in 12.5s)\n"
+    assert dpo.ortft_stderr("ortft device: cpu\n" + line) == {"reference_s": 12.5}
+    assert dpo.ortft_stderr(line.replace("computed in 12.5s", "cache hit")) == {}
+
+
+def test_dpo_peer_command_line() -> None:
+    """--help names the model choice and every runner flag, without building a model."""
+    res = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "peer_dpo.py"), "--help"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "--model {start,gpt2-25m}" in res.stdout and "--runners" in res.stdout
+    bad = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "peer_dpo.py"), "--model", "start", "--runners", "ort"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "trl among them" in bad.stderr

@@ -1,7 +1,7 @@
 """The preference task end to end: DPO on ORTModule resumes exactly after kill -9 (reading the
 reference log-probs its first start cached), exports as a causal LM and generates with
-``ortft predict``; its reference log-probs are cached and recomputed when the weights change; a
-bad pair is one line naming its file and row (exit 2)."""
+``ortft predict``; ``backend.name: auto`` probes it; its reference log-probs are cached and
+recomputed when the weights change; a bad pair is one line naming its file and row (exit 2)."""
 
 from __future__ import annotations
 
@@ -98,6 +98,23 @@ def test_dpo_on_ort_resumes_exactly_and_exports(dpo_run, tmp_path: Path) -> None
     assert "reference log-probs: 18 train pairs (cache hit)" in res.stderr, res.stderr[-3000:]
     assert losses(cut, by_step=True, unique_steps=True) == losses(run, by_step=True)
     assert (cut / "final" / "model.safetensors").read_bytes() == weights  # dropout included
+
+
+def test_auto_probes_the_preference_loss_and_trains(tmp_path: Path) -> None:
+    """backend.name: auto times each route on the preference loss (computed outside the wrapped
+    module, as the engine computes it) and trains with the one it picks. At step 1 the policy is
+    the reference, so DPO's loss is ln 2 on whichever route."""
+    write_pairs(tmp_path / "pairs.jsonl", 16)
+    r = tiny_causal_lm("pairs.jsonl", backend="auto", max_steps=2, batch_size=4)
+    r["task"] = {"name": "preference", "loss": "dpo"}
+    r["precision"] = {"dtype": "fp32"}  # bf16 autocast would move ln 2 by rounding
+    r["export"] = {"enabled": False}
+    summary = _train(write_recipe(tmp_path / "r.yaml", r), tmp_path / "run")
+    probe = summary["backend"]["probe"]
+    assert probe["chosen"] == summary["backend"]["used"]
+    timed = [b for b in probe["backends"].values() if "median_step_s" in b]
+    assert timed and all(b["median_step_s"] > 0 for b in timed), probe
+    assert losses(tmp_path / "run")[0] == pytest.approx(np.log(2), abs=1e-5)
 
 
 def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, monkeypatch):

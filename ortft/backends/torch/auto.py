@@ -137,7 +137,10 @@ def _time_route(
             k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")
         }
         with runtime.autocast(route.dtype, device):  # the route's precision, as the run's
-            loss, _ = forward(**inputs)
+            if isinstance(task, protocols.ScoresOutside):  # the engine's step: loss outside
+                loss, _ = task.outside_loss(forward(**task.module_inputs(inputs)), inputs)
+            else:
+                loss, _ = forward(**inputs)
         loss.backward()
         backend.after_step(wrapped)
         if r.training.max_grad_norm:

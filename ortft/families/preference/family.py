@@ -86,11 +86,6 @@ class PreferenceTask(Task):
         return self.rows.formatter.prompt(text, tokenizer)
 
     def recipe_problems(self, recipe: Any) -> Iterator[str]:
-        if recipe.backend.name == "auto":
-            yield (
-                "backend.name: the preference task trains on torch or ort (auto's probe times "
-                "a causal LM's own loss, not the preference loss)"
-            )
         if recipe.data.streaming:
             yield "data.streaming: the preference task reads its pairs whole (the reference "
             "log-probs are computed over a split before training)"
