@@ -60,6 +60,7 @@ BUILTIN = {
     "sentence-embedding": "ortft.families.embedding",
     "text-to-image": "ortft.families.text_to_image",
     "preference": "ortft.families.preference",
+    "image-text-to-text": "ortft.families.vision_language",
 }
 
 
