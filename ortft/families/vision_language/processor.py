@@ -35,9 +35,9 @@ CHAT_TEMPLATE = (
     "ASSISTANT: {% else %}{{ message['role'] | upper }}: {% endif %}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'text' %}"
+    "{% if part['type'] == 'image' %}<image>{{ '\\n' }}{% elif part['type'] == 'text' %}"
     "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT: {% endif %}"
 )
