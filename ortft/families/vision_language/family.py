@@ -130,25 +130,26 @@ class VisionLanguage(ImageTextToText):
             return {}
         if tokenizer is not None:
             self.bind(tokenizer)
-        from ortft.families.vision_language.predict import answer
+        from ortft.families.vision_language.predict import by_length, generate
 
-        starts = encoded.column(START)
-        right = 0
-        for lo in range(0, n, 32):  # 32 images a generate call: bounded memory
+        starts, right = encoded.column(START), 0
+        tok = self.processor.tokenizer
+        for lo in range(0, n, 32):  # 32 images a batch: bounded memory
             idx = np.arange(lo, min(n, lo + 32))
             batch = self.collate(encoded.take(idx), None, 0)
-            for j, k in enumerate(idx):
-                start = int(starts[k])
-                gold = [t for t in batch["labels"][j, start:] if t != IGNORE_INDEX]
-                want = self.processor.tokenizer.decode(gold, skip_special_tokens=True)
-                got = answer(
+            prompts = [batch["input_ids"][j, : int(starts[k])] for j, k in enumerate(idx)]
+            for group in by_length(prompts).values():
+                got = generate(
                     model,
                     self.processor,
-                    batch["input_ids"][j, :start],
-                    batch["pixel_values"][j : j + 1],
+                    np.stack([prompts[j] for j in group]),
+                    batch["pixel_values"][group],
                     self.options.max_new_tokens,
                 )
-                right += normalized(got) == normalized(want)
+                for j, (text, _) in zip(group, got, strict=True):
+                    gold = batch["labels"][j, int(starts[idx[j]]) :]
+                    want = tok.decode(gold[gold != IGNORE_INDEX], skip_special_tokens=True)
+                    right += normalized(text) == normalized(want)
         return {"exact_match": right / n}
 
     def open_export(self, folder: Path, config: Any) -> Any:
@@ -175,7 +176,7 @@ class VisionLanguage(ImageTextToText):
         """Each JSONL row's answer (its image, its question or conversation)."""
         from ortft.families.vision_language import predict
 
-        return predict.run(self, model, input_path, max_new_tokens)
+        return predict.run(self, model, input_path, batch_size, max_new_tokens)
 
 
 def build(options: Options) -> VisionLanguage:

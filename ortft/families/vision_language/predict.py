@@ -27,23 +27,17 @@ from ortft.data import images
 IMAGE_COLUMN = "image"
 
 
-def answer(
-    model: Any, processor: Any, ids: np.ndarray, pixel_values: np.ndarray, max_new_tokens: int
-) -> str:
-    """The greedy answer after the prompt ``ids`` (one row) on one image's ``pixel_values``."""
-    return generate(model, processor, ids, pixel_values, max_new_tokens)[0]
-
-
 def generate(
     model: Any, processor: Any, ids: np.ndarray, pixel_values: np.ndarray, max_new_tokens: int
-) -> tuple[str, int]:
-    """(the text, its new tokens) that transformers' ``generate`` gives, greedy."""
+) -> list[tuple[str, int]]:
+    """(the answer, its new tokens) of each row of ``ids`` [batch, prompt] (prompts of one
+    length: no padding) on its image's ``pixel_values``: transformers' ``generate``, greedy."""
     import torch
 
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    prompt = torch.as_tensor(np.asarray(ids, dtype=np.int64)[None], device=device)
+    prompt = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)
     with torch.no_grad():
         out = model.generate(
             input_ids=prompt,
@@ -54,10 +48,20 @@ def generate(
             num_beams=1,
         )
     model.train(was_training)
-    new = out[0, prompt.shape[1] :].cpu().tolist()
-    text = processor.tokenizer.decode(new, skip_special_tokens=True)
-    eos = processor.tokenizer.eos_token_id
-    return text.strip(), len([t for t in new if t != eos])
+    tok, answers = processor.tokenizer, []
+    for row in out[:, prompt.shape[1] :].cpu().tolist():
+        new = row[: row.index(tok.eos_token_id)] if tok.eos_token_id in row else row
+        answers.append((tok.decode(new, skip_special_tokens=True).strip(), len(new)))
+    return answers
+
+
+def by_length(prompts: list[np.ndarray]) -> dict[int, list[int]]:
+    """The indices of ``prompts`` grouped by length, in order: each group generates as one
+    batch without padding (the digits' questions: two groups)."""
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    return groups
 
 
 def _rows(task: Any, input_path: str) -> list[tuple[int, str, dict[str, Any]]]:
@@ -90,7 +94,9 @@ def _rows(task: Any, input_path: str) -> list[tuple[int, str, dict[str, Any]]]:
     return out
 
 
-def run(task: Any, m: Any, input_path: str, max_new_tokens: int) -> Iterator[Prediction]:
+def run(
+    task: Any, m: Any, input_path: str, batch_size: int, max_new_tokens: int
+) -> Iterator[Prediction]:
     """One answer per row; every row read and checked first."""
     processor = m.tokenizer
     task.bind(processor)
@@ -101,8 +107,16 @@ def run(task: Any, m: Any, input_path: str, max_new_tokens: int) -> Iterator[Pre
             prompts.append(task.prompt_ids(row, n - 1))
         except InputError as err:  # "row N: ..." as training says it
             raise InputError(f"{input_path}:{n}: {str(err).split(': ', 1)[-1]}") from None
-    for index, ((_, shown, row), ids) in enumerate(zip(rows, prompts, strict=True)):
-        image = images.load(row[IMAGE_COLUMN])
-        pixels = images.pixel_values([image], processor.image_processor)
-        text, new = generate(m._model, processor, np.asarray(ids), pixels, max_new_tokens)
-        yield {"index": index, "input": shown, "generated": text, "new_tokens": new}
+    out: dict[int, Prediction] = {}
+    for lo in range(0, len(rows), batch_size):  # batch_size rows decoded at a time
+        chunk = list(range(lo, min(len(rows), lo + batch_size)))
+        for group in by_length([np.asarray(prompts[k]) for k in chunk]).values():
+            idx = [chunk[g] for g in group]
+            decoded = [images.load(rows[k][2][IMAGE_COLUMN]) for k in idx]
+            pixels = images.pixel_values(decoded, processor.image_processor)
+            ids = np.stack([np.asarray(prompts[k]) for k in idx])
+            for k, (text, new) in zip(
+                idx, generate(m._model, processor, ids, pixels, max_new_tokens), strict=True
+            ):
+                out[k] = {"index": k, "input": rows[k][1], "generated": text, "new_tokens": new}
+        yield from (out.pop(k) for k in chunk)
