@@ -209,21 +209,59 @@ def test_eval_of_the_run_gives_the_training_eval(run, tmp_path):
     assert got["metrics"]["exact_match"] == summary["eval_exact_match"]
 
 
-def test_predict_answers_each_row_and_a_bad_row_is_one_line(run, tmp_path):
+def processor_answer(final: Path, image: Path, msgs: list) -> str:
+    """transformers' own path, independent of ortft's: the processor renders the chat, expands
+    the image token and makes the pixels; ``generate``, greedy."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(final)
+    model = AutoModelForImageTextToText.from_pretrained(final).eval()
+    prompt = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    rgb = Image.open(image).convert("RGB")
+    inputs = processor(images=[rgb], text=[prompt], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    return processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def test_predict_answers_each_row_as_transformers_does(run, tmp_path):
     shutil.copytree(DIGITS / "images", tmp_path / "images")
     ask = [{"image": "images/0004.png", "question": "Which digit is this?"}, CHAT]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ask))
-    res = run_cli("predict", run, "--input", tmp_path / "rows.jsonl", "--json")
+    res = run_cli("predict", run, "--input", tmp_path / "rows.jsonl", "--json",
+                  "--max-new-tokens", "4")  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     out = [json.loads(line) for line in res.stdout.splitlines()]
     assert [o["index"] for o in out] == [0, 1]
     assert [o["input"] for o in out] == ["images/0004.png", "images/0007.png"]
-    assert all(isinstance(o["generated"], str) for o in out)
+    question = [
+        {"role": "user", "content": [{"type": "image"},
+                                     {"type": "text", "text": "Which digit is this?"}]},
+    ]  # fmt: skip
+    want = [
+        processor_answer(run / "final", DIGITS / "images" / "0004.png", question),
+        processor_answer(run / "final", DIGITS / "images" / "0007.png", CHAT["messages"][:1]),
+    ]
+    assert [o["generated"] for o in out] == [w.strip() for w in want]
+    assert all(0 <= o["new_tokens"] <= 4 for o in out)
+
+
+def test_predict_stops_on_a_bad_row_in_one_line(run, tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"image": "images/missing.png"}) + "\n")
     res = run_cli("predict", run, "--input", tmp_path / "bad.jsonl")
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.strip().startswith(f"error: {tmp_path / 'bad.jsonl'}:1: images/missing.png")
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_recipe_that_enables_the_export_is_refused_before_training(tmp_path):
+    res = run_cli("validate", RECIPE, "--set", "export.enabled=true")
+    assert res.returncode == 2
+    assert "export.enabled: the ONNX export of image-text-to-text is not available yet" in (
+        res.stdout + res.stderr
+    )
 
 
 def test_the_run_resumes_exactly_after_kill_9(run, tmp_path):
