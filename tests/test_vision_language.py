@@ -248,12 +248,24 @@ def test_predict_answers_each_row_as_transformers_does(run, tmp_path):
     assert all(0 <= o["new_tokens"] <= 4 for o in out)
 
 
-def test_predict_stops_on_a_bad_row_in_one_line(run, tmp_path):
-    (tmp_path / "bad.jsonl").write_text(json.dumps({"image": "images/missing.png"}) + "\n")
-    res = run_cli("predict", run, "--input", tmp_path / "bad.jsonl")
-    assert res.returncode == 2 and res.stdout == ""
-    assert res.stderr.strip().startswith(f"error: {tmp_path / 'bad.jsonl'}:1: images/missing.png")
-    assert len(res.stderr.strip().splitlines()) == 1
+def test_predict_reads_every_row_before_answering_and_names_a_bad_one(tmp_path):
+    """In process (the CLI turns the InputError into its one line and exit 2, before any
+    answer: the rows are all read first)."""
+    from ortft.families.vision_language import predict
+
+    task = tasks.get("image-text-to-text")
+    shutil.copy(DIGITS / "images" / "0004.png", tmp_path / "a.png")
+    good = json.dumps({"image": "a.png", "question": "Which digit is this?"})
+    (tmp_path / "rows.jsonl").write_text(f"{good}\n\n{good}\n")
+    assert [n for n, _, _ in predict._rows(task, str(tmp_path / "rows.jsonl"))] == [1, 3]
+    for line, needle in (
+        (json.dumps({"image": "missing.png"}), r"rows.jsonl:2: missing.png: "),
+        ("{not json", r"rows.jsonl:2: not a JSON object"),
+        (json.dumps({"question": "?"}), r"rows.jsonl:2: needs 'image', the image file's path"),
+    ):
+        (tmp_path / "rows.jsonl").write_text(f"{good}\n{line}\n")
+        with pytest.raises(InputError, match=needle):
+            predict._rows(task, str(tmp_path / "rows.jsonl"))
 
 
 def test_a_recipe_that_enables_the_export_is_refused_before_training(tmp_path):
