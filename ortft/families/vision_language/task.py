@@ -97,6 +97,7 @@ class ImageTextToText(Task):
     is_decoder = True
     shift_labels = True
     predicts = "generate"
+    export_kind = "image-text-to-text"  # a label only (ExportsAs); the export lands separately
     eval_metrics = ("eval_loss", "eval_exact_match")
     hf_architectures = ("LlavaForConditionalGeneration",)
 
