@@ -148,7 +148,7 @@ def test_a_changed_file_is_read_and_tokenized_again(tmp_path: Path, tokenizer) -
     assert not hit and len(enc) == len(ROWS) + 1
 
 
-def test_a_bad_row_in_a_later_batch_is_numbered_in_the_split(tmp_path, tokenizer, monkeypatch):
+def test_a_bad_row_in_a_later_batch_is_numbered_in_its_file(tmp_path, tokenizer, monkeypatch):
     _write(tmp_path, "csv")
     with open(tmp_path / "d.csv", "a") as fh:
         fh.write("a label train never had,odd\n")  # row 26, in the 7th batch of 4
@@ -157,7 +157,7 @@ def test_a_bad_row_in_a_later_batch_is_numbered_in_the_split(tmp_path, tokenizer
     task = tasks.get("sequence-classification")
     rows = data.read_rows(loaded.recipe.data, tmp_path, "d.csv", "train", task)
     label2id = {"pos": 0, "neg": 1}
-    with pytest.raises(InputError, match=r"^row 26: label 'odd' is not one of"):
+    with pytest.raises(InputError, match=r"^d\.csv: row 26: label 'odd' is not one of"):
         tokenized.encode(task, rows, tokenizer, loaded.recipe.data, label2id, ["x"], "d.csv")
 
 

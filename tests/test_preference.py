@@ -1,17 +1,20 @@
-"""The preference task end to end: DPO on ORTModule resumes exactly, exports as a causal LM and
-generates with ``ortft predict``; its reference log-probs are cached and recomputed when the
-weights change; a bad pair is one line naming its file and row (exit 2)."""
+"""The preference task end to end: DPO on ORTModule resumes exactly after kill -9 (reading the
+reference log-probs its first start cached), exports as a causal LM and generates with
+``ortft predict``; its reference log-probs are cached and recomputed when the weights change; a
+bad pair is one line naming its file and row (exit 2)."""
 
 from __future__ import annotations
 
 import json
-import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import tiny_causal_lm, write_recipe
-from helpers import losses, run_cli
+from helpers import losses, run_cli, start_cli
 
 from ortft.core.errors import InputError
 from ortft.families.preference.task import Options, PairRows
@@ -42,7 +45,8 @@ def _train(recipe: Path, run: Path, *overrides: str) -> dict:
 def dpo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     tmp = tmp_path_factory.mktemp("dpo")
     write_pairs(tmp / "pairs.jsonl")
-    r = tiny_causal_lm("pairs.jsonl", backend="ort", max_steps=4, batch_size=4, eval_every=2)
+    # 6 steps: a kill right after step 2's checkpoint leaves steps 3-6 to resume
+    r = tiny_causal_lm("pairs.jsonl", backend="ort", max_steps=6, batch_size=4, eval_every=2)
     r["task"] = {"name": "preference", "loss": "dpo", "beta": 0.5}
     r["model"]["dropout"] = 0.1  # ORT's dropout stream must resume too
     r["data"].update(eval_fraction=0.25)
@@ -59,7 +63,6 @@ def test_dpo_on_ort_resumes_exactly_and_exports(dpo_run, tmp_path: Path) -> None
     metrics = summary["metrics"]
     for name in ("rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin"):
         assert f"eval_{name}" in metrics, metrics
-    first = losses(run)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert all(0 <= r["reward_accuracy"] <= 1 and "reward_margin" in r for r in train), train[0]
@@ -77,13 +80,24 @@ def test_dpo_on_ort_resumes_exactly_and_exports(dpo_run, tmp_path: Path) -> None
     assert len(evaluated) == 5
     for name, value in evaluated.items():
         assert value == pytest.approx(metrics[f"eval_{name}"], abs=1e-5), name
-    copy = tmp_path / "run"  # as if killed after step 2
-    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("step-000004", "final", "onnx*"))
-    (copy / "summary.json").unlink()
-    again = _train(recipe, copy)
-    assert again["resumed_from"].endswith("step-000002")
-    assert losses(copy) == first  # bit for bit, dropout included
-    assert (copy / "final" / "model.safetensors").read_bytes() == weights
+    cut = tmp_path / "cut"
+    with open(tmp_path / "cut.err", "w") as err:
+        proc = start_cli("train", recipe, "-o", cut, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 300
+    while not (cut / "step-000002" / "manifest.json").exists():
+        assert proc.poll() is None, (tmp_path / "cut.err").read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.002)  # a step takes about 12 ms: the kill lands in step 3 or 4
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    res = run_cli("train", recipe, "-o", cut, "--json", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    resumed = int(json.loads(res.stdout)["resumed_from"].rsplit("-", 1)[1])
+    assert resumed in (2, 4), resumed  # 4 only if the kill came a step late
+    # the reference is the start's, read back, never computed from the checkpoint's weights
+    assert "reference log-probs: 18 train pairs (cache hit)" in res.stderr, res.stderr[-3000:]
+    assert losses(cut, by_step=True, unique_steps=True) == losses(run, by_step=True)
+    assert (cut / "final" / "model.safetensors").read_bytes() == weights  # dropout included
 
 
 def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, monkeypatch):
@@ -121,7 +135,7 @@ def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, mo
     np.testing.assert_allclose(changed.reference, reference.compute(model, encoded), rtol=1e-6)
 
 
-def test_bad_pairs_are_one_line_naming_the_row(tmp_path: Path) -> None:
+def test_bad_pairs_are_one_line_naming_the_row() -> None:
     rows = PairRows(Options())
     with pytest.raises(InputError, match="row 1: chosen has an empty response"):
         rows.conversations({"prompt": "p", "chosen": " ", "rejected": "x"}, 0)
@@ -133,7 +147,14 @@ def test_bad_pairs_are_one_line_naming_the_row(tmp_path: Path) -> None:
         rows.conversations(conv, 2)
     conv["rejected"][0]["content"] = "a"
     assert rows.conversations(conv, 0)[1][-1]["content"] == "c"
-    path = write_pairs(tmp_path / "pairs.jsonl", 8)
+
+
+@pytest.mark.parametrize("eval_fraction", [0.0, 0.5])
+def test_a_bad_pair_names_its_file_and_its_row_there(tmp_path: Path, eval_fraction: float) -> None:
+    """The row is the file's, also where data.eval_fraction's shuffle split the rows (the train
+    and eval splits number their rows in another order): the tokenizer's texts, a sample of
+    them and the tokenized splits all report it so."""
+    path = write_pairs(tmp_path / "pairs.jsonl", 12)
     lines = path.read_text().splitlines()
     same = json.loads(lines[5])
     same["rejected"] = same["chosen"]
@@ -141,10 +162,11 @@ def test_bad_pairs_are_one_line_naming_the_row(tmp_path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     r = tiny_causal_lm("pairs.jsonl", backend="torch")
     r["task"] = {"name": "preference"}
+    r["data"]["eval_fraction"] = eval_fraction
     res = run_cli("train", str(write_recipe(tmp_path / "r.yaml", r)), "-o", str(tmp_path / "run"))
     assert res.returncode == 2, res.stderr[-2000:]
     line = res.stderr.strip().splitlines()[-1]
-    assert line == "error: row 6: chosen and rejected are the same response"
+    assert line == "error: pairs.jsonl: row 6: chosen and rejected are the same response"
 
 
 class _Tok:

@@ -111,11 +111,12 @@ def test_a_bad_file_stops_the_run_with_one_line(tmp_path: Path, name: str) -> No
     jsonl = write_speech_jsonl(tmp_path / "good.jsonl", 1)
     bad = tmp_path / name
     make(bad, jsonl)
-    recipe = _recipe(tmp_path, _with_rows(tmp_path, [(bad, "one two")]))
+    rows = _with_rows(tmp_path, [(bad, "one two")])
+    recipe = _recipe(tmp_path, rows)
     run = tmp_path / "run"
     result = _cli("train", recipe, "--output-dir", run, "data.on_bad_file=error")
     line = _error_line(result)
-    assert line.startswith(f"error: row {GOOD + 1}: {bad}: {reason}"), line
+    assert line.startswith(f"error: {rows}: row {GOOD + 1}: {bad}: {reason}"), line
     assert line.endswith("(data.on_bad_file=skip leaves such files out)"), line
     # no run started: no checkpoint, no metrics, no summary (the lock and processor/ are there)
     started = [p.name for p in run.glob("*") if p.name not in ("processor", ".ortft.lock")]

@@ -9,6 +9,7 @@ labels). Data never imports ``ortft.tasks``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -109,12 +110,33 @@ class GivesTexts(Protocol):
         ...
 
 
-def texts(task: object, rows: list[dict[str, Any]], data: DataSection) -> list[str]:
+def texts(task: object, rows: Any, data: DataSection) -> list[str]:
     """The texts a tokenizer for ``task`` is trained on (``GivesTexts``); by default each
-    row's data.text_column."""
+    row's data.text_column. ``rows``: the train rows (``Rows`` or a list); a task's error about
+    one names data.train and the row's number there."""
     if isinstance(task, GivesTexts):
-        return task.texts(rows, data)
+        try:
+            return task.texts(rows, data)
+        except InputError as err:
+            origin = rows.origin() if hasattr(rows, "origin") else None
+            raise at_source(err, data.train or "data.train", origin) from None
     return [str(row[data.text_column]) for row in rows]
+
+
+ROW = re.compile(r"^row (\d+)")
+
+
+def at_source(err: InputError, source: str, origin: Any = None, first: int = 0) -> InputError:
+    """A task's error about its ``row N`` (the N-th of the rows it was given, which start at
+    row ``first`` of a split) as ``{source}: row M: ...``, M the row's number in its source:
+    ``origin[i]`` where a selection picked the split's rows (``Rows.origin``), else i + 1."""
+    text = str(err)
+    match = ROW.match(text)
+    if match is None:
+        return InputError(f"{source}: {text}")
+    i = int(match[1]) - 1 + first
+    n = int(origin[i]) + 1 if origin is not None else i + 1
+    return InputError(f"{source}: row {n}{text[match.end() :]}")
 
 
 @dataclass(frozen=True)

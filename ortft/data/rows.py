@@ -391,6 +391,13 @@ class Rows:
     def select(self, index: Any) -> Rows:
         return Rows(self.dataset.select(index))
 
+    def origin(self) -> Any:
+        """Each row's 0-based row in its source where a selection picked them (data.eval_fraction's
+        shuffle, data.max_*_samples, a sample), as a numpy array; None: the source's own order.
+        (datasets keeps a selection as an index mapping over the unchanged table.)"""
+        indices = self.dataset._indices
+        return None if indices is None else indices.column(0).to_numpy()
+
     @property
     def fingerprint(self) -> str:
         return self.dataset._fingerprint

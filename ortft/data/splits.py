@@ -109,7 +109,7 @@ def encode_splits(
             spec,
             label2id,
             [raw.fingerprint, "eval"],
-            spec.eval or f"{spec.train} (held out)",
+            spec.eval or f"{spec.train}{tokenized.HELD_OUT}",
         )[0]
         if raw.eval is not None
         else None

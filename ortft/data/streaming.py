@@ -98,8 +98,16 @@ class StreamEncoded(Encoded):
             self.rows.check(n, row)
         indices = list(range(self.seen, self.seen + len(rows)))
         self.seen += len(rows)
+        # rows numbered as read (a shuffled stream's order: its buffer picks no file row)
         out = tokenized._encode_batch(
-            chunk, indices, self.task, self.tokenizer, self.spec, self.label2id
+            chunk,
+            indices,
+            self.task,
+            self.tokenizer,
+            self.spec,
+            self.label2id,
+            self.rows.check.source,
+            None,
         )
         return {
             k: v.astype(np.int64) if k in tokenized.MODEL_COLUMNS else v for k, v in out.items()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ import numpy as np
 
 from ortft.core import fsutil
 from ortft.core.errors import InputError
-from ortft.data import batches
+from ortft.data import batches, checks
 from ortft.data import rows as data
 from ortft.data.encoded import Encoded, Encoder, row_local
 from ortft.data.spec import DataSection
@@ -45,6 +44,7 @@ NOT_IN_KEY = {
 }
 MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 INT32 = np.iinfo(np.int32)
+HELD_OUT = " (held out)"  # the source of data.eval_fraction's rows: data.train's file
 # rows per datasets.map batch, and so per Arrow record batch of an entry: opening an entry and
 # reading its _length column touch every record batch, and each touch maps 64 KB of the file
 # (the kernel's fault-around), so 1000-row batches put ~64 MB more per 1M rows in RSS than these
@@ -103,15 +103,15 @@ def _encode_batch(
     tokenizer: Any,
     spec: DataSection,
     label2id: dict[str, int] | None,
+    source: str,
+    origin: np.ndarray | None,
 ) -> dict[str, np.ndarray]:
     """``datasets.map``'s function: one batch of rows -> its arrays (model columns int32)."""
     try:
         enc = task.encode(data.as_dicts(batch), tokenizer, spec, label2id)
-    except InputError as err:  # a task numbers rows within its batch: number them in the split
+    except InputError as err:  # a task numbers rows within its batch: name the file's row
         first = indices[0] if indices else 0
-        raise InputError(
-            re.sub(r"^row (\d+)", lambda m: f"row {int(m[1]) + first}", str(err))
-        ) from None
+        raise checks.at_source(err, source.removesuffix(HELD_OUT), origin, first) from None
     out = {}
     for name, values in batches.with_lengths(enc).arrays.items():
         if name in MODEL_COLUMNS and values.dtype == np.int64:
@@ -170,7 +170,14 @@ def _build(
         # a task whose encode looks across rows (packing, masking ids) gets them all at once
         batch_size=ROW_BATCH if row_local(task) else None,
         remove_columns=rows.dataset.column_names,
-        fn_kwargs={"task": task, "tokenizer": tokenizer, "spec": spec, "label2id": label2id},
+        fn_kwargs={
+            "task": task,
+            "tokenizer": tokenizer,
+            "spec": spec,
+            "label2id": label2id,
+            "source": source,
+            "origin": rows.origin(),
+        },
         num_proc=num_proc if row_local(task) else None,
         cache_file_name=str(tmp / "data.arrow"),
         load_from_cache_file=False,

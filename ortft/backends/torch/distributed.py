@@ -187,6 +187,18 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     return out / world_size()
 
 
+def gather_rows(rows: np.ndarray) -> np.ndarray:
+    """Every rank's ``rows``, rank 0's first (the identity in one process). Each rank gives as
+    many rows of the same shape: ``shard`` splits a global batch evenly."""
+    if not active():
+        return rows
+    on = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+    mine = torch.from_numpy(np.ascontiguousarray(rows)).to(on)
+    out = [torch.empty_like(mine) for _ in range(world_size())]
+    torch.distributed.all_gather(out, mine)
+    return torch.cat(out).cpu().numpy()
+
+
 def any_rank(*flags: bool) -> tuple[bool, ...]:
     """Each flag true if it is true on any rank, so that every rank stops at the same step."""
     if not active():

@@ -332,6 +332,8 @@ class PyTorchEngine:
         self.skipped_steps += not applied  # fp16 overflow: not an error
         # the one CPU-GPU sync per step; DDP: summed over ranks (= the global step's loss)
         loss = float(distributed.all_reduce_mean(loss_sum)) * world
+        if scores:  # DDP: every rank's rows, so the step's metrics cover the global batch
+            scores = [distributed.gather_rows(np.concatenate(scores))]
         metrics = self.task.metrics(loss, scores, []) if scores else {}
         metrics.pop("loss", None)
         return StepResult(loss=loss, lr=lr, applied=applied, metrics=metrics)

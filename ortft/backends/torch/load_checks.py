@@ -333,12 +333,13 @@ def _permute_rows(model: nn.Module, head: list[tuple[str, nn.Module]], order: li
             layer.bias.copy_(layer.bias[index].clone())
 
 
-def sample_rows(rows: Any) -> list[Any]:
-    """Up to SAMPLE_ROWS training rows spread over the split; none of a stream (it is read
-    once, by the loop)."""
+def sample_rows(rows: Any) -> Any:
+    """Up to SAMPLE_ROWS training rows spread over the split (of ``Rows``, a selection, which
+    keeps each row's number in its file for an error); none of a stream (it is read once, by
+    the loop)."""
     try:
         n = len(rows)
     except TypeError:
         return []
-    step = max(1, n // SAMPLE_ROWS)
-    return [rows[i] for i in range(0, n, step)[:SAMPLE_ROWS]]
+    index = range(0, n, max(1, n // SAMPLE_ROWS))[:SAMPLE_ROWS]
+    return rows.select(index) if hasattr(rows, "select") else [rows[i] for i in index]

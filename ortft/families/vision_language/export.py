@@ -1,0 +1,285 @@
+"""The ONNX export of a LLaVA-style vision-language model (``image-text-to-text``), in the
+layout transformers.js opens, checked graph by graph and by generating.
+
+The folder (``export_image_text_to_text``) is a model folder: the three graphs under ``onnx/``
+(``ortft.families.vision_language.vlm_graphs``), ``config.json``,
+``generation_config.json``, the processor (``processor_config.json`` with the image token and
+the patch size, ``preprocessor_config.json``: the image processor, which transformers.js reads
+from that file alone, the tokenizer files and the chat template) and ``export.json``.
+
+The checks (export.json):
+- ``parity``: each graph against the PyTorch module it was traced from, on the samples' images
+  and prompts: ``vision_encoder`` (image features), ``embed_tokens`` (embeddings) and the
+  decoder, fed PyTorch's merged prompt embeddings with an empty past, against the model's
+  logits over the prompt (``graphs``: each one's max |diff|; ``max_abs_diff``: the largest).
+- ``generation``: the three graphs generating greedily in numpy (embed, scatter the image
+  features at the image tokens, decode with the cache) against PyTorch's ``generate`` on the
+  same image and prompt, with the model's generation config: tokens equal and each compared
+  step's logits within the tolerance (``ortft.export.decoder.compare``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ortft.core.errors import InputError
+from ortft.core.reports import ExportReport, ParityReport
+from ortft.export import decoder, generation, parity
+from ortft.families.vision_language import vlm_graphs as graphs
+
+TASK = "image-text-to-text"
+SYNTHETIC_SAMPLES = 2
+SYNTHETIC_QUESTIONS = ("What is in the image?", "Which colour is it?")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One image and the prompt to answer about it (the chat template applied, image token in)."""
+
+    image: Any  # a PIL image
+    prompt: str
+
+
+def export_image_text_to_text(
+    model: Any,
+    processor: Any,
+    out_dir: Path,
+    *,
+    opset: int = 20,
+    tolerance: float = 1e-4,
+    samples: list[Sample] | None = None,
+) -> ExportReport:
+    """Export ``model`` (a ``LlavaForConditionalGeneration``) with ``processor`` to ``out_dir``,
+    check it, write export.json; the report's ``passed`` says whether every check passed (the
+    folder is then ``out_dir``, else ``out_dir.failed``: ``parity.publish``). ``samples``: the
+    images and prompts the checks run on; None: ``SYNTHETIC_SAMPLES`` noise images."""
+    model = model.eval().to("cpu")
+    graphs.VisionEncoder(model)  # a model the export cannot write is refused before it starts
+    source = "samples" if samples else "synthetic"
+    rows = samples or synthetic_samples(processor)
+    build = _Build(model, processor, rows, opset, tolerance, source)
+    return parity.publish(Path(out_dir), build.build)
+
+
+def synthetic_samples(processor: Any, n: int = SYNTHETIC_SAMPLES) -> list[Sample]:
+    """``n`` noise images (different sizes: the processor resizes them) with a question each,
+    through the processor's chat template."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        pixels = rng.integers(0, 256, (20 + 4 * i, 24, 3)).astype(np.uint8)
+        question = SYNTHETIC_QUESTIONS[i % len(SYNTHETIC_QUESTIONS)]
+        out.append(Sample(Image.fromarray(pixels), prompt_for(processor, question)))
+    return out
+
+
+def prompt_for(processor: Any, question: str) -> str:
+    """One user turn (an image, then ``question``) and the generation prompt, by the
+    processor's chat template."""
+    if not getattr(processor, "chat_template", None):
+        raise InputError(
+            f"{type(processor).__name__} has no chat template: pass the check's prompts "
+            "(samples=[Sample(image, prompt), ...]) with the image token in them"
+        )
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}
+    ]
+    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def save_processor(processor: Any, folder: Path) -> dict[str, Any]:
+    """The processor as transformers and transformers.js both read it; export.json's
+    ``preprocessor``.
+
+    transformers.js picks the processor class from ``preprocessor_config.json``'s
+    ``processor_class`` (without it, a bare image processor that tokenizes nothing), so the
+    image processor is saved there with it. Its ``LlavaProcessor`` (4.3.1) expands the image
+    token to patches + ``num_additional_image_tokens`` and ignores
+    ``vision_feature_select_strategy``, where transformers takes one off for ``default`` (the
+    model drops the CLS position): one token more than the image features, which it refuses.
+    ``default`` with k additional tokens is written as ``full`` with k - 1: the same count in
+    both (the strategy is only a count in the processor; the model's config keeps its own)."""
+    import json
+
+    processor.save_pretrained(folder)  # processor_config.json, the tokenizer, chat template
+    processor.image_processor.save_pretrained(folder)
+    pre = folder / "preprocessor_config.json"
+    pre.write_text(json.dumps({**json.loads(pre.read_text()), "processor_class": "LlavaProcessor"}))
+    path = folder / "processor_config.json"
+    config = json.loads(path.read_text())
+    extra = int(config.get("num_additional_image_tokens") or 0)
+    if config.get("vision_feature_select_strategy") == "default":
+        config.update(vision_feature_select_strategy="full", num_additional_image_tokens=extra - 1)
+        path.write_text(json.dumps(config, indent=2) + "\n")
+    return {
+        "file": "preprocessor_config.json",
+        "class": type(processor.image_processor).__name__,
+        "processor": type(processor).__name__,
+        "image_tokens": "patches + num_additional_image_tokens (processor_config.json)",
+    }
+
+
+class _Build:
+    """``build`` fills the staging folder and returns export.json's report."""
+
+    def __init__(
+        self,
+        model: Any,
+        processor: Any,
+        rows: list[Sample],
+        opset: int,
+        tolerance: float,
+        source: str,
+    ):
+        self.model, self.processor, self.rows = model, processor, rows
+        self.opset, self.tolerance, self.source = opset, tolerance, source
+        self.inputs = [
+            processor(images=[r.image], text=[r.prompt], return_tensors="pt") for r in rows
+        ]
+        self.image_token = int(model.config.image_token_id)
+        self.check_counts()
+
+    def check_counts(self) -> None:
+        """Each prompt's image tokens, as the processor expanded them, against the image
+        features the model gives: a processor of another model is one line, before exporting."""
+        vision = graphs.VisionEncoder(self.model).eval()
+        for row, x in zip(self.rows, self.inputs, strict=True):
+            tokens = int((x["input_ids"] == self.image_token).sum())
+            with torch.no_grad():
+                shape = vision(x["pixel_values"]).shape
+            if tokens != shape[0] * shape[1]:
+                raise InputError(
+                    f"the processor gives {tokens} image tokens for {len(x['pixel_values'])} "
+                    f"image(s) but the model {shape[0] * shape[1]} image features (prompt "
+                    f"{row.prompt[:40]!r}): patch_size, num_additional_image_tokens or "
+                    "vision_feature_select_strategy of another model?"
+                )
+
+    def build(self, tmp: Path) -> ExportReport:
+        from ortft.export import deploy
+        from ortft.export import onnx_tools as tools
+
+        model = self.model
+        pixels = torch.cat([x["pixel_values"] for x in self.inputs]).numpy()
+        names = graphs.export_graphs(model, pixels, tmp, self.opset)
+        preprocessor = save_processor(self.processor, tmp)
+        generation.save(model, tmp)  # config.json, generation_config.json
+        sessions = graphs.Sessions(tmp, self.image_token)
+        files = {
+            "vision_encoder": graphs.VISION,
+            "embed_tokens": graphs.EMBED,
+            "decoder": graphs.DECODER,
+        }
+        result: ExportReport = {
+            "format_version": parity.EXPORT_FORMAT_VERSION,
+            "task": TASK,
+            "model_type": getattr(model.config, "model_type", None),
+            "opset": self.opset,
+            "files": files,
+            "bytes": sum((tmp / f).stat().st_size for f in files.values()),
+            "export_s": round(float(names.pop("export_s")), 3),
+            "inputs": {k: v[0] for k, v in names.items()},
+            "outputs": {k: v[1] for k, v in names.items()},
+            "kv_cache": True,
+            "parity": self.parity(sessions),
+            "generation": self.generation(sessions),
+            "preprocessor": preprocessor,
+            "exporter": tools.exporter(),
+            "ir_version": deploy.ir_version(tmp / graphs.DECODER),
+        }
+        result["runtimes"] = [deploy.checked_runtime("loaded; parity and generation checked")]
+        return result
+
+    def parity(self, sessions: graphs.Sessions) -> ParityReport:
+        """Each graph against its PyTorch module (see the module doc)."""
+        model, diffs = self.model, {"vision_encoder": 0.0, "embed_tokens": 0.0, "decoder": 0.0}
+        embed = graphs.EmbedTokens(model).eval()
+        for x in self.inputs:
+            ids, pixels = x["input_ids"], x["pixel_values"]
+            with torch.no_grad():
+                features = graphs.reference_features(model, pixels).numpy()
+                embeds = embed(ids).numpy()
+            got = {
+                "vision_encoder": sessions.image_features(pixels.numpy()),
+                "embed_tokens": sessions.embeds(ids.numpy()),
+            }
+            want = {"vision_encoder": features, "embed_tokens": embeds}
+            for name, value in got.items():
+                diffs[name] = max(diffs[name], float(np.max(np.abs(value - want[name]))))
+        diffs["decoder"] = self.decoder_parity(sessions)
+        tol = self.tolerance
+        section: ParityReport = {
+            "samples": len(self.inputs),
+            "source": self.source,
+            "against": "each graph's PyTorch module; the decoder: the model's logits over the "
+            "prompts, one left-padded batch",
+            "max_abs_diff": float(np.max(list(diffs.values()))),  # NaN stays NaN: a failure
+            "tolerance": tol,
+            "graphs": {
+                k: {"max_abs_diff": d, "tolerance": tol, "passed": d <= tol}
+                for k, d in diffs.items()
+            },
+        }
+        section["passed"] = parity.passed("parity", section)
+        return section
+
+    def decoder_parity(self, sessions: graphs.Sessions) -> float:
+        """The decoder, fed PyTorch's merged embeddings of every prompt in one left-padded
+        batch (so its ``position_ids`` matter) and an empty past, against the model's logits
+        at the prompts' positions; max |diff|."""
+        model = self.model
+        images, prompts = [r.image for r in self.rows], [r.prompt for r in self.rows]
+        x = self.processor(
+            images=images, text=prompts, padding=True, padding_side="left", return_tensors="pt"
+        )
+        with torch.no_grad():
+            features = graphs.reference_features(model, x["pixel_values"]).numpy()
+            embeds = graphs.EmbedTokens(model).eval()(x["input_ids"]).numpy()
+            want = model(**x, use_cache=False).logits.numpy()
+        mask = x["attention_mask"].numpy().astype(np.int64)
+        feeds = {
+            "inputs_embeds": graphs.merge(
+                embeds, x["input_ids"].numpy(), features, self.image_token
+            ),
+            "attention_mask": mask,
+            "position_ids": graphs.positions_of(mask, mask.shape[1]),
+            **parity.empty_past(sessions.decoder, len(mask)),
+        }
+        got = sessions.decoder.run(["logits"], feeds)[0]
+        real = mask == 1  # a padded position's logits are no prediction
+        return float(np.max(np.abs(got[real] - want[real])))
+
+    def generation(self, sessions: graphs.Sessions) -> dict[str, Any]:
+        """Greedy (or the model's beams) on the three graphs against PyTorch's ``generate``."""
+        from ortft.export import generation as gen
+
+        model = self.model
+        gc = decoder.check_config(model, decoder.GENERATE_TOKENS)
+        text = model.config.get_text_config()
+        positions = getattr(text, "max_position_embeddings", None)
+        totals = np.zeros(3, dtype=np.int64)  # steps compared, prompts that diverged, ties
+        max_diff = 0.0
+        for x in self.inputs:
+            ref = decoder.reference(model, gc, **x)
+            ids = x["input_ids"].numpy()
+            p = gen.plan(gc, ids.shape[1], encoder_decoder=False, max_positions=positions)
+            steps = graphs.Steps(sessions, x["pixel_values"].numpy())
+            seq, raw = gen.generate(steps, ids, p)
+            eos = set() if p.eos is None else {int(e) for e in p.eos}
+            *counts, diff = decoder.compare(ref, seq, raw, ids.shape[1], eos, p.num_beams)
+            totals, max_diff = totals + counts, max(max_diff, diff)
+        head = {
+            "method": decoder.method(gc, decoder.GENERATE_TOKENS)
+            + "; the ONNX side embeds, merges the image features and decodes in numpy",
+            "num_beams": int(gc.num_beams or 1),
+            "prompts": len(self.inputs),
+        }
+        compared, mismatches, ties = (int(n) for n in totals)
+        return decoder.section(head, (compared, mismatches, ties), max_diff, self.tolerance)
