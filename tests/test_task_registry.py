@@ -144,14 +144,14 @@ def test_builtin_tasks_declare_export_kind_and_on_device_support() -> None:
         "text-to-image": "text-to-image",
         "preference": "decoder",
         "reward-model": "encoder",  # the sequence classifiers' single graph of logits
+        "image-text-to-text": "image-text-to-text",
     }
     assert [n for n in tasks.names() if traits.ondevice(tasks.get(n))] == [
         "sequence-classification",
         "causal-lm",
     ]
-    assert not any(
-        traits.export_skip(tasks.get(n)) for n in tasks.names()
-    )  # every built-in exports
+    # every built-in exports but image-text-to-text, whose export lands separately (issue 51)
+    assert [n for n in tasks.names() if traits.export_skip(tasks.get(n))] == ["image-text-to-text"]
 
 
 def test_architecture_guess_is_only_a_fallback() -> None:

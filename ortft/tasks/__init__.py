@@ -61,6 +61,7 @@ BUILTIN = {
     "text-to-image": "ortft.families.text_to_image",
     "preference": "ortft.families.preference",
     "reward-model": "ortft.families.preference",
+    "image-text-to-text": "ortft.families.vision_language",
 }
 
 

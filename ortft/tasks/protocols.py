@@ -187,6 +187,35 @@ class PreparesModel(Protocol):
 
 
 @runtime_checkable
+class ComposesConfig(Protocol):
+    """A task whose ``from_config`` model has a config of several parts that the family puts
+    together (vision-language: a vision tower's config, the language model's from
+    ``model.from_config``'s sizes and the tokenizer, and the projector between them)."""
+
+    def model_config(self, spec: Any, tokenizer: Any, dropout: float | None) -> Any: ...
+
+
+@runtime_checkable
+class RunsOutside(Protocol):
+    """A task whose frozen part runs before the wrapped module, eagerly and without gradients
+    (vision-language: the frozen vision tower turns ``pixel_values`` into image features, so
+    ORTModule's graph is the projector and the language model). ``outside_inputs`` maps the
+    batch's tensors to the module's."""
+
+    def outside_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class AdaptsLanguageModel(Protocol):
+    """A task whose LoRA adapts part of the model only (vision-language: the language model's
+    projections, not the vision tower's of the same name) and trains a few modules in full
+    (the projector): ``adapter_targets`` turns ``adapter.target_modules`` (or the default of
+    the language model's type) into peft's ``target_modules`` and ``modules_to_save``."""
+
+    def adapter_targets(self, model: Any, targets: list[str] | None) -> tuple[Any, list[str]]: ...
+
+
+@runtime_checkable
 class ScoresOutside(Protocol):
     """A task whose loss is not the wrapped module's (preference: DPO from the chosen and
     rejected sequences' log-probs). The module takes ``module_inputs(batch)`` and returns what

@@ -106,8 +106,9 @@ def export_kind(task: object) -> ExportKind:
 
 @runtime_checkable
 class SkipsExport(Protocol):
-    """A task the exporter cannot write (no built-in task is one): ``ortft train`` says why and
-    skips the export instead of failing."""
+    """A task the exporter cannot write (image-text-to-text until its export lands; its recipe
+    rule refuses export.enabled): ``ortft train`` says why and skips the export instead of
+    failing, ``ortft export`` stops with the reason."""
 
     @property
     def export_skip(self) -> str | None: ...

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from ortft.backends.torch import compiled, models
+from ortft.backends.torch import compiled, hf_config, models
 from ortft.backends.torch import device as runtime
 from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
@@ -49,7 +49,7 @@ from ortft.core.errors import BackendError
 from ortft.data import batches
 from ortft.env import ort_training
 from ortft.recipe.io import LoadedRecipe
-from ortft.tasks import protocols, traits
+from ortft.tasks import protocols
 
 log = logging.getLogger("ortft")
 
@@ -98,17 +98,19 @@ def _time_route(
     r = loaded.recipe
     backend = wrapper(route.backend, r.backend, compile=route.compile)
     # the same model the PyTorch engine builds (keep the two in step)
+    vocab = hf_config.vocabulary(task, tokenizer)
     model = models.build_model(
         loaded,
         task.auto_class,
-        models.vocabulary(task, tokenizer),
+        vocab,
         labels,
         attn=backend.attn_implementation(device, route.dtype),
+        config=hf_config.composed_config(loaded, task, vocab),
     )
     if isinstance(task, protocols.PreparesModel):
         task.prepare_model(model, tokenizer)
     if r.adapter is not None:
-        model = models.apply_adapter(model, r.adapter, traits.peft_task_type(task))
+        model = models.apply_adapter(model, r.adapter, task)
     module = models.TaskModule(model, task).to(device)
     wrapped = backend.wrap(module, scratch / route.label)
     wrapped.train()
@@ -137,6 +139,8 @@ def _time_route(
             k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")
         }
         with runtime.autocast(route.dtype, device):  # the route's precision, as the run's
+            if isinstance(task, protocols.RunsOutside):  # as the engine's step (its _call)
+                inputs = task.outside_inputs(inputs)
             if isinstance(task, protocols.ScoresOutside):  # the engine's step: loss outside
                 loss, _ = task.outside_loss(forward(**task.module_inputs(inputs)), inputs)
             else:

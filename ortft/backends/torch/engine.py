@@ -24,7 +24,7 @@ import torch
 
 from ortft.backends import Started, StepResult
 from ortft.backends.report import BackendReport, Precision
-from ortft.backends.torch import amp, compiled, distributed, load_checks, models
+from ortft.backends.torch import amp, compiled, distributed, hf_config, load_checks, models
 from ortft.backends.torch import device as runtime
 from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
@@ -257,8 +257,9 @@ class PyTorchEngine:
         if isinstance(task, protocols.BuildsModel):  # the family's own (text-to-image: a UNet)
             return task.build_model(loaded, tokenizer, self.device)
         attn = self.wrapper.attn_implementation(self.device, self.dtype)
-        vocab = models.vocabulary(task, tokenizer)
-        model = models.build_model(loaded, task.auto_class, vocab, labels, attn=attn)
+        vocab = hf_config.vocabulary(task, tokenizer)
+        config = hf_config.composed_config(loaded, task, vocab)
+        model = models.build_model(loaded, task.auto_class, vocab, labels, attn=attn, config=config)
         if isinstance(task, protocols.PreparesModel):
             task.prepare_model(model, tokenizer)
         self.head = load_checks.head_record(model)  # a pretrained head: kept, reordered or new
@@ -266,7 +267,7 @@ class PyTorchEngine:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
             log.info("gradient checkpointing: activations are recomputed in the backward")
         if r.adapter is not None:  # LoRA: the base is frozen, only adapter (+ head) weights train
-            model = models.apply_adapter(model, r.adapter, traits.peft_task_type(task))
+            model = models.apply_adapter(model, r.adapter, task)
             log.info(
                 "adapter: %s r=%d alpha=%g; %d of %d parameters train",
                 r.adapter.kind,
@@ -351,6 +352,8 @@ class PyTorchEngine:
     def _call(self, module: Any, inputs: dict[str, torch.Tensor]) -> tuple[Any, Any]:
         """(loss, logits) of a batch: the module's own, or the task's from the module's output
         (``ScoresOutside``: the wrapped graph stays the model's, the loss is computed here)."""
+        if isinstance(self.task, protocols.RunsOutside):  # a frozen part, eager, no gradients
+            inputs = self.task.outside_inputs(inputs)
         if isinstance(self.task, protocols.ScoresOutside):
             output = module(**self.task.module_inputs(inputs))
             return self.task.outside_loss(output, inputs)

@@ -21,6 +21,7 @@ from typing import Any
 
 from ortft.core.errors import RecipeError, first_line
 from ortft.recipe.schema import FromConfig
+from ortft.tasks import protocols
 
 FIELD = "model.from_config"
 
@@ -389,3 +390,20 @@ def attention_for(auto: Any, config: Any, attn: str) -> str:
     except (KeyError, AttributeError):
         return attn
     return attn if getattr(cls, "_supports_sdpa", False) else "eager"
+
+
+def composed_config(loaded: Any, task: Any, tokenizer: Any) -> Any:
+    """A from_config model's config as its family composes it (``ComposesConfig``); None: the
+    recipe's ``model.from_config`` gives it alone."""
+    spec = loaded.recipe.model
+    if spec.from_config is None or not isinstance(task, protocols.ComposesConfig):
+        return None
+    return task.model_config(spec.from_config, tokenizer, spec.dropout)
+
+
+def vocabulary(task: Any, processor: Any) -> Any:
+    """What sizes the model's vocabulary: a text task's tokenizer, a speech processor's
+    tokenizer; an image processor sizes none (None)."""
+    if not isinstance(task, protocols.ReadsFiles):
+        return processor
+    return getattr(processor, "tokenizer", None)

@@ -19,7 +19,7 @@ from ortft.backends.torch import hf_config, load_checks
 from ortft.core.errors import InputError, first_line
 from ortft.recipe.io import LoadedRecipe, looks_local
 from ortft.recipe.schema import FromConfig, ModelSection, TrainTokenizer
-from ortft.tasks import protocols
+from ortft.tasks import protocols, traits
 
 log = logging.getLogger("ortft")
 
@@ -256,14 +256,6 @@ def _set_dropout(config: Any, p: float) -> None:
         setattr(config, name, value)
 
 
-def vocabulary(task: Any, processor: Any) -> Any:
-    """What sizes the model's vocabulary: a text task's tokenizer, a speech processor's
-    tokenizer; an image processor sizes none (None)."""
-    if not isinstance(task, protocols.ReadsFiles):
-        return processor
-    return getattr(processor, "tokenizer", None)
-
-
 def build_model(
     loaded: LoadedRecipe,
     task_auto_class: str,
@@ -271,6 +263,7 @@ def build_model(
     labels: list[str] | None,
     attn: str,
     weights_dir: Path | None = None,
+    config: Any = None,
 ) -> nn.Module:
     """The Hugging Face model for the task (weights from ``weights_dir`` when resuming)."""
     import transformers
@@ -286,7 +279,7 @@ def build_model(
             "label2id": {name: i for i, name in enumerate(labels)},
         }
     if spec.from_config and weights_dir is None:
-        config = _config_from_spec(spec.from_config, tokenizer, spec.dropout)
+        config = config or _config_from_spec(spec.from_config, tokenizer, spec.dropout)
         for k, v in label_kw.items():
             setattr(config, k, v)
         # deit and levit map to two classes (with and without a distillation head) and
@@ -368,10 +361,10 @@ DEFAULT_TARGETS = {
 HEADS = ("classifier", "score", "qa_outputs")  # new task heads trained in full with train_head
 
 
-def apply_adapter(model: nn.Module, spec: Any, task_type: str | None = None) -> nn.Module:
+def apply_adapter(model: nn.Module, spec: Any, task: Any = None) -> nn.Module:
     """Wrap ``model`` in a PEFT LoRA model (DoRA: peft's ``use_dora``): only the adapter (and
-    the new head) train. ``task_type``: peft's task model to build (``traits.peft_task_type``;
-    None: the plain ``PeftModel``)."""
+    the new head, or what ``protocols.AdaptsLanguageModel`` names) train. peft builds the task
+    model ``traits.peft_task_type`` names (None: the plain ``PeftModel``)."""
     try:
         import peft
     except ImportError as err:
@@ -380,6 +373,11 @@ def apply_adapter(model: nn.Module, spec: Any, task_type: str | None = None) -> 
             "pip install -c requirements/lock.txt -r requirements/extras.txt"
         ) from None
     kind = getattr(model.config, "model_type", "")
+    task_type = traits.peft_task_type(task)
+    if isinstance(task, protocols.AdaptsLanguageModel):
+        targets, saved = task.adapter_targets(model, spec.target_modules)
+        config = _lora_config(peft, spec, targets, saved, kind, task_type)
+        return peft.get_peft_model(model, config)
     targets = spec.target_modules or DEFAULT_TARGETS.get(kind)
     if not targets:
         raise InputError(
@@ -394,17 +392,23 @@ def apply_adapter(model: nn.Module, spec: Any, task_type: str | None = None) -> 
             f"{kind} model (it has e.g. {', '.join(sorted(names - {''})[:8])})"
         )
     heads = [h for h in HEADS if h in names] if spec.train_head else []
-    config = peft.LoraConfig(
+    config = _lora_config(peft, spec, list(targets), heads, kind, task_type)
+    return peft.get_peft_model(model, config)
+
+
+def _lora_config(
+    peft: Any, spec: Any, targets: Any, saved: list[str], kind: str, task_type: str | None
+) -> Any:
+    return peft.LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
-        target_modules=list(targets),
-        modules_to_save=heads or None,
+        target_modules=targets,
+        modules_to_save=saved or None,
         fan_in_fan_out=kind == "gpt2",  # GPT-2's Conv1D stores W transposed
         use_dora=spec.kind == "dora",
         task_type=task_type,
     )
-    return peft.get_peft_model(model, config)
 
 
 def is_adapted(model: nn.Module) -> bool:

@@ -19,9 +19,9 @@ from ortft.data.batches import eval_batches
 def reference_model(loaded: Any, task: Any, tokenizer: Any) -> Any:
     """The policy the run started from: built from the recipe's ``model:`` as training built
     it (a ``from_config`` model with the run's seed)."""
-    from ortft.backends.torch import models
+    from ortft.backends.torch import hf_config, models
 
-    vocab = models.vocabulary(task, tokenizer)
+    vocab = hf_config.vocabulary(task, tokenizer)
     return models.build_model(loaded, task.auto_class, vocab, None, attn="eager")
 
 

@@ -1,0 +1,304 @@
+"""image-text-to-text (the LLaVA family): encoding and its loss mask, the forward ORTModule
+trains against transformers' own, LoRA on the language model, and one tiny run of the shipped
+recipe (module-scoped) that the resume, eval and predict tests reuse."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import DEFAULT_BACKEND
+from helpers import losses, run_cli
+
+from ortft import tasks
+from ortft.core.constants import IGNORE_INDEX
+from ortft.core.errors import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "recipes" / "image-text-to-text.yaml"
+DIGITS = ROOT / "recipes" / "data" / "digits"
+QUESTION = {"image": "images/0004.png", "question": "Which digit is this?", "answer": "four"}
+CHAT = {
+    "image": "images/0007.png",
+    "messages": [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Even or odd?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "odd"}]},
+    ],
+}
+
+
+class Data:
+    image_column = "image"
+    max_length = 48
+    on_bad_file = "error"
+
+
+@pytest.fixture(scope="module")
+def processor():
+    from ortft.backends.torch import models
+    from ortft.families.vision_language import processor as vl
+    from ortft.recipe.model import TrainTokenizer
+
+    texts = ["Which digit is this?", "four", "Even or odd?", "odd", "seven"] * 20
+    spec = TrainTokenizer(kind="byte-bpe", vocab_size=280, min_frequency=1)
+    options = tasks.options("image-text-to-text", image_size=8, patch_size=4)
+    return vl.for_config(options, models.train_tokenizer(texts, spec))
+
+
+def task_for(processor, **options):
+    task = tasks.get("image-text-to-text", {"name": "image-text-to-text", **options})
+    task.bind(processor)
+    return task
+
+
+def rows(*raw):
+    return [{**r, "image": str(DIGITS / r["image"])} for r in raw]
+
+
+def test_encode_learns_the_answers_only_and_expands_the_image_token(processor):
+    task = task_for(processor)
+    enc = task.encode(rows(QUESTION, CHAT), processor, Data, None)
+    tok, image_id = processor.tokenizer, processor.image_token_id
+    assert task.image_tokens() == 4  # 8x8 pixels in 4x4 patches, CLS left out
+    for k, answer in enumerate(("four", "odd")):
+        ids, labels = enc.column("input_ids")[k], enc.column("labels")[k]
+        real = enc.column("attention_mask")[k] == 1
+        assert (ids[real] == image_id).sum() == 4  # one token per image feature
+        learned = labels[labels != IGNORE_INDEX].tolist()
+        # the answer, its end and the turn's newline (as the template renders the turn), only
+        assert tok.decode(learned) == answer + tok.eos_token + "\n"
+        start = int(enc.column("_start")[k])
+        assert (labels[:start] == IGNORE_INDEX).all() and labels[start] != IGNORE_INDEX
+        # the prompt is what the chat template renders up to the open assistant turn
+        prompt = tok.decode(ids[:start])
+        assert prompt.startswith("USER: <image>") and prompt.endswith("\nASSISTANT: ")
+
+
+def test_bad_rows_are_one_line_errors_naming_the_row(processor, tmp_path):
+    task = task_for(processor)
+    two = {**CHAT, "messages": [{**CHAT["messages"][0], "content": [{"type": "image"}] * 2},
+                                CHAT["messages"][1]]}  # fmt: skip
+    with pytest.raises(InputError, match=r'row 2: messages has 2 \{"type": "image"\} parts'):
+        task.encode(rows(QUESTION, two), processor, Data, None)
+    with pytest.raises(InputError, match="row 1: needs question and answer, or messages"):
+        task.encode(rows({"image": "images/0001.png", "question": "?"}), processor, Data, None)
+    broken = tmp_path / "broken.png"
+    broken.write_bytes((DIGITS / "images" / "0001.png").read_bytes()[:40])
+    bad = {**QUESTION, "image": str(broken)}
+    with pytest.raises(InputError, match=rf"row 2: {broken}: .*data.on_bad_file=skip"):
+        task.encode([rows(QUESTION)[0], bad], processor, Data, None)
+
+    class Skip(Data):
+        on_bad_file = "skip"
+
+    assert len(task.encode([rows(QUESTION)[0], bad], processor, Skip, None)) == 1
+
+
+def tiny_model(processor):
+    from transformers import AutoModelForImageTextToText
+
+    from ortft.families.vision_language import processor as vl
+    from ortft.recipe.model import FromConfig
+
+    spec = FromConfig(architecture="llava", hidden_size=32, num_layers=1, num_heads=2)
+    options = tasks.options("image-text-to-text", image_size=8, patch_size=4,
+                            vision_hidden_size=32, vision_layers=1)  # fmt: skip
+    config = vl.model_config(spec, options, processor.tokenizer, 0.0)
+    return AutoModelForImageTextToText.from_config(config, attn_implementation="eager")
+
+
+def test_the_trained_forward_gives_transformers_logits(processor):
+    """The gather that puts the projected features at the image tokens (what ORTModule
+    exports) against transformers' own forward on pixel_values (masked_scatter)."""
+    import torch
+
+    from ortft.families.vision_language import model as parts
+
+    torch.manual_seed(0)
+    model = tiny_model(processor).eval()
+    task = task_for(processor)
+    batch = task.collate(task.encode(rows(QUESTION, CHAT), processor, Data, None).take(
+        np.arange(2)), None, 0)  # fmt: skip
+    t = {k: torch.from_numpy(v) for k, v in batch.items() if not k.startswith("_")}
+    with torch.no_grad():
+        want = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
+                     pixel_values=t["pixel_values"], use_cache=False).logits  # fmt: skip
+        _, got = parts.forward(model, t["input_ids"], t["attention_mask"], t["labels"],
+                               t["pixel_values"], None)  # fmt: skip
+        features = parts.vision_features(model, t["pixel_values"])
+        _, outside = parts.forward(model, t["input_ids"], t["attention_mask"], t["labels"],
+                                   None, features)  # fmt: skip
+    assert torch.equal(got, want) and torch.equal(outside, want)
+    assert t["pixel_values"].shape == (2, 3, 8, 8)  # the collate ran the image processor
+
+
+def test_lora_adapts_the_language_model_and_trains_the_projector(processor):
+    from ortft.backends.torch import models
+    from ortft.recipe.model import AdapterSection
+
+    task = task_for(processor)
+    model = tiny_model(processor)
+    task.prepare_model(model, processor)
+    adapted = models.apply_adapter(model, AdapterSection(kind="lora", rank=2), task)
+    trained = [n for n, p in adapted.named_parameters() if p.requires_grad]
+    assert trained and all("language_model" in n or "multi_modal_projector" in n for n in trained)
+    assert any("lora_A" in n and "q_proj" in n for n in trained)
+    assert any("multi_modal_projector" in n for n in trained)
+    with pytest.raises(InputError, match="adapter.target_modules: out_proj matches no module "
+                       "of the language model"):  # fmt: skip
+        task.adapter_targets(model, ["out_proj"])  # CLIP's, not Llama's
+
+
+TINY = [
+    "model.from_config.hidden_size=32", "model.from_config.num_layers=1",
+    "task.vision_hidden_size=32", "task.vision_layers=1", "task.freeze_vision=true",
+    "task.generate_samples=4", "data.max_train_samples=64", "data.max_eval_samples=8",
+    "training.batch_size=8", "training.max_steps=4", "training.epochs=null",
+    "training.log_every=1", "training.eval_every=4", "checkpoint.save_every=2",
+    "checkpoint.keep_last=2", f"backend.name={DEFAULT_BACKEND}",
+]  # fmt: skip
+
+
+def train(out: Path, *overrides: str):
+    return run_cli("train", RECIPE, *TINY, *overrides, "--output-dir", out)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """4 steps of the shipped recipe, tiny, with the frozen vision tower outside the trained
+    module (ORTModule on the ort profile), a checkpoint every 2 and an eval at the end."""
+    out = tmp_path_factory.mktemp("vlm") / "run"
+    res = train(out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def test_the_run_trains_on_the_default_backend_and_final_loads(run):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["backend"]["used"] == DEFAULT_BACKEND and not summary["backend"]["fallback"]
+    assert {"eval_loss", "eval_exact_match"} <= set(summary["metrics"])
+    assert summary["export"] is None  # export.enabled: false (not available yet)
+    processor = AutoProcessor.from_pretrained(run / "final")
+    assert type(processor).__name__ == "LlavaProcessor" and processor.chat_template
+    model = AutoModelForImageTextToText.from_pretrained(run / "final")
+    assert type(model).__name__ == "LlavaForConditionalGeneration"
+    vision = [p for n, p in model.named_parameters() if "vision_tower" in n]
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["kind"] == "train" and np.isfinite(first["loss"]) and vision
+
+
+def test_eval_of_the_run_gives_the_training_eval(run, tmp_path):
+    """``ortft eval`` on the rows training's eval scored (data.max_eval_samples=8, the first 4
+    answered): transformers' own forward on pixel_values, its loss and exact match."""
+    lines = (DIGITS / "questions-eval.jsonl").read_text().splitlines()[:8]
+    rows = [
+        {**json.loads(line), "image": str(DIGITS / json.loads(line)["image"])} for line in lines
+    ]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = run_cli("eval", run, "--data", tmp_path / "eval.jsonl", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout)
+    summary = json.loads((run / "summary.json").read_text())["metrics"]
+    assert got["examples"] == 8
+    assert got["metrics"]["loss"] == pytest.approx(summary["eval_loss"], abs=1e-4)
+    assert got["metrics"]["exact_match"] == summary["eval_exact_match"]
+
+
+def processor_answer(final: Path, image: Path, msgs: list) -> str:
+    """transformers' own path, independent of ortft's: the processor renders the chat, expands
+    the image token and makes the pixels; ``generate``, greedy."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(final)
+    model = AutoModelForImageTextToText.from_pretrained(final).eval()
+    prompt = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    rgb = Image.open(image).convert("RGB")
+    inputs = processor(images=[rgb], text=[prompt], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    return processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def test_predict_answers_each_row_as_transformers_does(run, tmp_path):
+    shutil.copytree(DIGITS / "images", tmp_path / "images")
+    ask = [{"image": "images/0004.png", "question": "Which digit is this?"}, CHAT]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ask))
+    res = run_cli("predict", run, "--input", tmp_path / "rows.jsonl", "--json",
+                  "--max-new-tokens", "4")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [o["index"] for o in out] == [0, 1]
+    assert [o["input"] for o in out] == ["images/0004.png", "images/0007.png"]
+    question = [
+        {"role": "user", "content": [{"type": "image"},
+                                     {"type": "text", "text": "Which digit is this?"}]},
+    ]  # fmt: skip
+    want = [
+        processor_answer(run / "final", DIGITS / "images" / "0004.png", question),
+        processor_answer(run / "final", DIGITS / "images" / "0007.png", CHAT["messages"][:1]),
+    ]
+    assert [o["generated"] for o in out] == [w.strip() for w in want]
+    assert all(0 <= o["new_tokens"] <= 4 for o in out)
+
+
+def test_predict_reads_every_row_before_answering_and_names_a_bad_one(tmp_path):
+    """In process (the CLI turns the InputError into its one line and exit 2, before any
+    answer: the rows are all read first)."""
+    from ortft.families.vision_language import predict
+
+    task = tasks.get("image-text-to-text")
+    shutil.copy(DIGITS / "images" / "0004.png", tmp_path / "a.png")
+    good = json.dumps({"image": "a.png", "question": "Which digit is this?"})
+    (tmp_path / "rows.jsonl").write_text(f"{good}\n\n{good}\n")
+    assert [n for n, _, _ in predict._rows(task, str(tmp_path / "rows.jsonl"))] == [1, 3]
+    for line, needle in (
+        (json.dumps({"image": "missing.png"}), r"rows.jsonl:2: missing.png: "),
+        ("{not json", r"rows.jsonl:2: not a JSON object"),
+        (json.dumps({"question": "?"}), r"rows.jsonl:2: needs 'image', the image file's path"),
+    ):
+        (tmp_path / "rows.jsonl").write_text(f"{good}\n{line}\n")
+        with pytest.raises(InputError, match=needle):
+            predict._rows(task, str(tmp_path / "rows.jsonl"))
+
+
+def test_a_recipe_that_enables_the_export_is_refused_before_training(tmp_path):
+    res = run_cli("validate", RECIPE, "--set", "export.enabled=true")
+    assert res.returncode == 2
+    assert "export.enabled: the ONNX export of image-text-to-text is not available yet" in (
+        res.stdout + res.stderr
+    )
+
+
+def test_the_run_resumes_exactly_after_kill_9(run, tmp_path):
+    """Killed with kill -9 right after step 2's checkpoint and resumed: steps 3-4 give the
+    uninterrupted run's losses."""
+    import signal
+    import subprocess
+    import time
+
+    from helpers import start_cli
+
+    cut = tmp_path / "cut"
+    args = ["train", RECIPE, *TINY, "--output-dir", cut]
+    with open(tmp_path / "cut.err", "w") as err:
+        proc = start_cli(*args, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 600
+    while not (cut / "step-000002" / "manifest.json").exists():
+        assert proc.poll() is None, (tmp_path / "cut.err").read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("step-000002")
+    want, got = losses(run, by_step=True), losses(cut, by_step=True)
+    assert [got[s] for s in (3, 4)] == pytest.approx([want[s] for s in (3, 4)], abs=1e-6)
