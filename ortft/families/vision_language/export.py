@@ -1,5 +1,7 @@
-"""The ONNX export of a LLaVA-style vision-language model (``image-text-to-text``), in the
-layout transformers.js opens, checked graph by graph and by generating.
+"""The ONNX export of a vision-language model (``image-text-to-text``: LLaVA-style or
+Idefics3, ``LAYOUTS``), in the layout transformers.js opens, checked graph by graph and by
+generating. A family's part (its vision graph and inputs, its image features, its processor
+files) is a ``Layout``; the rest is shared.
 
 The folder (``export_image_text_to_text``) is a model folder: the three graphs under ``onnx/``
 (``ortft.families.vision_language.vlm_graphs``), ``config.json``,

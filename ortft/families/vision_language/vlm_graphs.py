@@ -1,6 +1,7 @@
 """A LLaVA-style model's three ONNX graphs, in the layout transformers.js's
 ``LlavaForConditionalGeneration`` opens (its ``vision_encoder``, ``embed_tokens`` and
-``decoder_model_merged`` sessions), and the numpy loop that generates from them.
+``decoder_model_merged`` sessions), and the numpy loop that generates from them. Another family traces its own vision encoder
+(``VisionGraph``; Idefics3's in ``idefics3_graphs``) and shares the rest.
 
 - ``onnx/vision_encoder.onnx``: ``pixel_values`` [images, 3, height, width] ->
   ``image_features`` [images, image_tokens, hidden]: the vision tower's chosen layer
