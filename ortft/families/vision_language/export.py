@@ -1,5 +1,7 @@
-"""The ONNX export of a LLaVA-style vision-language model (``image-text-to-text``), in the
-layout transformers.js opens, checked graph by graph and by generating.
+"""The ONNX export of a vision-language model (``image-text-to-text``: LLaVA-style or
+Idefics3, ``LAYOUTS``), in the layout transformers.js opens, checked graph by graph and by
+generating. A family's part (its vision graph and inputs, its image features, its processor
+files) is a ``Layout``; the rest is shared.
 
 The folder (``export_image_text_to_text``) is a model folder: the three graphs under ``onnx/``
 (``ortft.families.vision_language.vlm_graphs``), ``config.json``,
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -30,11 +32,66 @@ import torch
 from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport, ParityReport
 from ortft.export import decoder, generation, parity
+from ortft.families.vision_language import idefics3_graphs
 from ortft.families.vision_language import vlm_graphs as graphs
 
 TASK = "image-text-to-text"
 SYNTHETIC_SAMPLES = 2
 SYNTHETIC_QUESTIONS = ("What is in the image?", "Which colour is it?")
+
+
+class Layout(Protocol):
+    """What a model family changes in the export (the rest is shared): the vision graph and
+    its inputs, the model's own image features, the processor's files."""
+
+    def accepts(self, model: Any) -> bool: ...
+
+    def check(self, model: Any) -> None:
+        """Raise ``InputError`` for a model of the family the export cannot write."""
+        ...
+
+    def vision_graph(self, model: Any, inputs: list[Any]) -> graphs.VisionGraph: ...
+
+    def vision_feeds(self, x: Any) -> dict[str, np.ndarray]:
+        """The vision graph's feeds from the processor's output (``pixel_values`` first)."""
+        ...
+
+    def reference_features(self, model: Any, x: Any) -> torch.Tensor:
+        """The model's image features for the processor's output ``x``, [..., hidden]."""
+        ...
+
+    def save_processor(self, processor: Any, folder: Path) -> dict[str, Any]: ...
+
+
+class _Llava:
+    """LLaVA-style models (the default: its vision encoder refuses what it cannot write)."""
+
+    def accepts(self, model: Any) -> bool:
+        return True
+
+    def check(self, model: Any) -> None:
+        graphs.VisionEncoder(model)
+
+    def vision_graph(self, model: Any, inputs: list[Any]) -> graphs.VisionGraph:
+        pixels = torch.cat([x["pixel_values"] for x in inputs]).numpy()
+        return graphs.llava_vision(model, pixels)
+
+    def vision_feeds(self, x: Any) -> dict[str, np.ndarray]:
+        return {"pixel_values": x["pixel_values"].numpy()}
+
+    def reference_features(self, model: Any, x: Any) -> torch.Tensor:
+        return graphs.reference_features(model, x["pixel_values"])
+
+    def save_processor(self, processor: Any, folder: Path) -> dict[str, Any]:
+        return save_processor(processor, folder)
+
+
+LAYOUTS: tuple[Layout, ...] = (idefics3_graphs.LAYOUT, _Llava())
+
+
+def layout_for(model: Any) -> Layout:
+    """The first of ``LAYOUTS`` that takes ``model`` (LLaVA's last)."""
+    return next(layout for layout in LAYOUTS if layout.accepts(model))
 
 
 @dataclass(frozen=True)
@@ -54,15 +111,17 @@ def export_image_text_to_text(
     tolerance: float = 1e-4,
     samples: list[Sample] | None = None,
 ) -> ExportReport:
-    """Export ``model`` (a ``LlavaForConditionalGeneration``) with ``processor`` to ``out_dir``,
+    """Export ``model`` (a ``LlavaForConditionalGeneration`` or an
+    ``Idefics3ForConditionalGeneration``: ``LAYOUTS``) with ``processor`` to ``out_dir``,
     check it, write export.json; the report's ``passed`` says whether every check passed (the
     folder is then ``out_dir``, else ``out_dir.failed``: ``parity.publish``). ``samples``: the
     images and prompts the checks run on; None: ``SYNTHETIC_SAMPLES`` noise images."""
     model = model.eval().to("cpu")
-    graphs.VisionEncoder(model)  # a model the export cannot write is refused before it starts
+    layout = layout_for(model)
+    layout.check(model)  # a model the export cannot write is refused before it starts
     source = "samples" if samples else "synthetic"
     rows = samples or synthetic_samples(processor)
-    build = _Build(model, processor, rows, opset, tolerance, source)
+    build = _Build(model, processor, rows, opset, tolerance, source, layout)
     return parity.publish(Path(out_dir), build.build)
 
 
@@ -98,9 +157,7 @@ def save_processor(processor: Any, folder: Path) -> dict[str, Any]:
     """The processor as transformers and transformers.js both read it; export.json's
     ``preprocessor``.
 
-    transformers.js picks the processor class from ``preprocessor_config.json``'s
-    ``processor_class`` (without it, a bare image processor that tokenizes nothing), so the
-    image processor is saved there with it. Its ``LlavaProcessor`` (4.3.1) expands the image
+    transformers.js's ``LlavaProcessor`` (4.3.1) expands the image
     token to patches + ``num_additional_image_tokens`` and ignores
     ``vision_feature_select_strategy``, where transformers takes one off for ``default`` (the
     model drops the CLS position): one token more than the image features, which it refuses.
@@ -108,10 +165,7 @@ def save_processor(processor: Any, folder: Path) -> dict[str, Any]:
     both (the strategy is only a count in the processor; the model's config keeps its own)."""
     import json
 
-    processor.save_pretrained(folder)  # processor_config.json, the tokenizer, chat template
-    processor.image_processor.save_pretrained(folder)
-    pre = folder / "preprocessor_config.json"
-    pre.write_text(json.dumps({**json.loads(pre.read_text()), "processor_class": "LlavaProcessor"}))
+    graphs.write_processor(processor, folder, "LlavaProcessor")
     path = folder / "processor_config.json"
     config = json.loads(path.read_text())
     extra = int(config.get("num_additional_image_tokens") or 0)
@@ -137,9 +191,11 @@ class _Build:
         opset: int,
         tolerance: float,
         source: str,
+        layout: Layout,
     ):
         self.model, self.processor, self.rows = model, processor, rows
         self.opset, self.tolerance, self.source = opset, tolerance, source
+        self.layout = layout
         self.inputs = [
             processor(images=[r.image], text=[r.prompt], return_tensors="pt") for r in rows
         ]
@@ -149,15 +205,15 @@ class _Build:
     def check_counts(self) -> None:
         """Each prompt's image tokens, as the processor expanded them, against the image
         features the model gives: a processor of another model is one line, before exporting."""
-        vision = graphs.VisionEncoder(self.model).eval()
         for row, x in zip(self.rows, self.inputs, strict=True):
             tokens = int((x["input_ids"] == self.image_token).sum())
             with torch.no_grad():
-                shape = vision(x["pixel_values"]).shape
-            if tokens != shape[0] * shape[1]:
+                shape = self.layout.reference_features(self.model, x).shape
+            features = int(np.prod(shape[:-1]))
+            if tokens != features:
                 raise InputError(
                     f"the processor gives {tokens} image tokens for {len(x['pixel_values'])} "
-                    f"image(s) but the model {shape[0] * shape[1]} image features (prompt "
+                    f"image(s) but the model {features} image features (prompt "
                     f"{row.prompt[:40]!r}): patch_size, num_additional_image_tokens or "
                     "vision_feature_select_strategy of another model?"
                 )
@@ -167,9 +223,9 @@ class _Build:
         from ortft.export import onnx_tools as tools
 
         model = self.model
-        pixels = torch.cat([x["pixel_values"] for x in self.inputs]).numpy()
-        names = graphs.export_graphs(model, pixels, tmp, self.opset)
-        preprocessor = save_processor(self.processor, tmp)
+        vision = self.layout.vision_graph(model, self.inputs)
+        names = graphs.export_graphs(model, vision, tmp, self.opset)
+        preprocessor = self.layout.save_processor(self.processor, tmp)
         generation.save(model, tmp)  # config.json, generation_config.json
         sessions = graphs.Sessions(tmp, self.image_token)
         files = {
@@ -202,16 +258,17 @@ class _Build:
         model, diffs = self.model, {"vision_encoder": 0.0, "embed_tokens": 0.0, "decoder": 0.0}
         embed = graphs.EmbedTokens(model).eval()
         for x in self.inputs:
-            ids, pixels = x["input_ids"], x["pixel_values"]
+            ids = x["input_ids"]
             with torch.no_grad():
-                features = graphs.reference_features(model, pixels).numpy()
+                features = self.layout.reference_features(model, x).numpy()
                 embeds = embed(ids).numpy()
             got = {
-                "vision_encoder": sessions.image_features(pixels.numpy()),
+                "vision_encoder": sessions.image_features(**self.layout.vision_feeds(x)),
                 "embed_tokens": sessions.embeds(ids.numpy()),
             }
             want = {"vision_encoder": features, "embed_tokens": embeds}
             for name, value in got.items():
+                value = value.reshape(want[name].shape)  # Idefics3's features: one per token
                 diffs[name] = max(diffs[name], float(np.max(np.abs(value - want[name]))))
         diffs["decoder"] = self.decoder_parity(sessions)
         tol = self.tolerance
@@ -240,7 +297,7 @@ class _Build:
             images=images, text=prompts, padding=True, padding_side="left", return_tensors="pt"
         )
         with torch.no_grad():
-            features = graphs.reference_features(model, x["pixel_values"]).numpy()
+            features = self.layout.reference_features(model, x).numpy()
             embeds = graphs.EmbedTokens(model).eval()(x["input_ids"]).numpy()
             want = model(**x, use_cache=False).logits.numpy()
         mask = x["attention_mask"].numpy().astype(np.int64)
@@ -270,7 +327,7 @@ class _Build:
             ref = decoder.reference(model, gc, **x)
             ids = x["input_ids"].numpy()
             p = gen.plan(gc, ids.shape[1], encoder_decoder=False, max_positions=positions)
-            steps = graphs.Steps(sessions, x["pixel_values"].numpy())
+            steps = graphs.Steps(sessions, **self.layout.vision_feeds(x))
             seq, raw = gen.generate(steps, ids, p)
             eos = set() if p.eos is None else {int(e) for e in p.eos}
             *counts, diff = decoder.compare(ref, seq, raw, ids.shape[1], eos, p.num_beams)

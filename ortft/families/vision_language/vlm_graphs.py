@@ -1,6 +1,7 @@
 """A LLaVA-style model's three ONNX graphs, in the layout transformers.js's
 ``LlavaForConditionalGeneration`` opens (its ``vision_encoder``, ``embed_tokens`` and
-``decoder_model_merged`` sessions), and the numpy loop that generates from them.
+``decoder_model_merged`` sessions), and the numpy loop that generates from them. Another family traces its own vision encoder
+(``VisionGraph``; Idefics3's in ``idefics3_graphs``) and shares the rest.
 
 - ``onnx/vision_encoder.onnx``: ``pixel_values`` [images, 3, height, width] ->
   ``image_features`` [images, image_tokens, hidden]: the vision tower's chosen layer
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,41 @@ class VisionEncoder(torch.nn.Module):
         if self.drop_cls:  # the "default" strategy: every patch, not the CLS position
             features = features[:, 1:]
         return self.projector(features)
+
+
+@dataclass(frozen=True)
+class VisionGraph:
+    """The vision encoder as a family traces it: the module, an example of its inputs, their
+    names (the graph's inputs, in that order) and the dynamic axes of its inputs and of
+    ``image_features``."""
+
+    module: torch.nn.Module
+    example: tuple[torch.Tensor, ...]
+    inputs: list[str]
+    axes: dict[str, dict[int, str]]
+
+
+def llava_vision(model: Any, pixel_values: np.ndarray) -> VisionGraph:
+    """LLaVA's vision graph: ``pixel_values`` [images, 3, H, W] alone."""
+    return VisionGraph(
+        VisionEncoder(model).eval(),
+        (torch.from_numpy(pixel_values[:2]),),
+        ["pixel_values"],
+        {"pixel_values": {0: "batch"}, "image_features": {0: "batch"}},
+    )
+
+
+def write_processor(processor: Any, folder: Path, processor_class: str) -> None:
+    """The processor as transformers and transformers.js both read it: transformers.js picks
+    the processor class from ``preprocessor_config.json``'s ``processor_class`` (without it, a
+    bare image processor that tokenizes nothing), so the image processor is saved there with
+    it."""
+    import json
+
+    processor.save_pretrained(folder)  # processor_config.json, the tokenizer, chat template
+    processor.image_processor.save_pretrained(folder)
+    pre = folder / "preprocessor_config.json"
+    pre.write_text(json.dumps({**json.loads(pre.read_text()), "processor_class": processor_class}))
 
 
 def reference_features(model: Any, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -125,19 +162,18 @@ def cache_shape(model: Any) -> tuple[int, int, int]:
     return len(layers), int(heads), int(dim)
 
 
-def export_graphs(model: Any, pixel_values: np.ndarray, folder: Path, opset: int) -> dict:
-    """Write the three graphs under ``folder``; returns {graph: (inputs, outputs)} and the
-    export's seconds under ``"export_s"``."""
+def export_graphs(model: Any, vision: VisionGraph, folder: Path, opset: int) -> dict:
+    """Write the three graphs under ``folder`` (``vision``: the family's vision encoder);
+    returns {graph: (inputs, outputs)} and the export's seconds under ``"export_s"``."""
     (folder / "onnx").mkdir(parents=True, exist_ok=True)
-    pixels = torch.from_numpy(pixel_values[:2])
     seconds = tools.torch_export(
-        VisionEncoder(model).eval(),
-        (pixels,),
+        vision.module,
+        vision.example,
         folder / VISION,
         opset,
-        ["pixel_values"],
+        vision.inputs,
         ["image_features"],
-        {"pixel_values": {0: "batch"}, "image_features": {0: "batch"}},
+        vision.axes,
     )
     ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
     seconds += tools.torch_export(
@@ -171,7 +207,7 @@ def export_graphs(model: Any, pixel_values: np.ndarray, folder: Path, opset: int
             axes,
         )
     return {
-        "vision_encoder": (["pixel_values"], ["image_features"]),
+        "vision_encoder": (vision.inputs, ["image_features"]),
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
         "decoder": (inputs, outputs),
         "export_s": seconds,
@@ -245,8 +281,10 @@ class Sessions:
         self.decoder = parity.session(folder / DECODER)
         self.image_token = image_token
 
-    def image_features(self, pixel_values: np.ndarray) -> np.ndarray:
-        return self.vision.run(None, {"pixel_values": pixel_values.astype(np.float32)})[0]
+    def image_features(self, pixel_values: np.ndarray, **extra: np.ndarray) -> np.ndarray:
+        """``extra``: a family's other vision inputs (Idefics3's ``pixel_attention_mask``)."""
+        feeds = {"pixel_values": pixel_values.astype(np.float32), **extra}
+        return self.vision.run(None, feeds)[0]
 
     def embeds(self, input_ids: np.ndarray) -> np.ndarray:
         return self.embed.run(None, {"input_ids": input_ids.astype(np.int64)})[0]
@@ -257,8 +295,8 @@ class Steps:
     prompt, merges the image features in and runs the decoder with an empty past; each later
     call embeds one token and runs it against the cache."""
 
-    def __init__(self, sessions: Sessions, pixel_values: np.ndarray):
-        self.s, self.pixel_values = sessions, pixel_values
+    def __init__(self, sessions: Sessions, pixel_values: np.ndarray, **extra: np.ndarray):
+        self.s, self.pixel_values, self.extra = sessions, pixel_values, extra
         self.past: dict[str, np.ndarray] | None = None
         self.mask = np.zeros((0, 0), np.int64)
 
@@ -267,7 +305,7 @@ class Steps:
 
         embeds = self.s.embeds(tokens)
         if self.past is None:  # the prompt: its image tokens become the image's features
-            features = self.s.image_features(self.pixel_values)
+            features = self.s.image_features(self.pixel_values, **self.extra)
             embeds = merge(embeds, tokens, features, self.s.image_token)
             self.past = parity.empty_past(self.s.decoder, len(tokens))
             self.mask = np.ones((len(tokens), 0), np.int64)
