@@ -4,15 +4,24 @@ A real process, as users run it: ORTModule redirects the OS-level stdout/stderr 
 which needs real file descriptors (an in-process CliRunner has none), and a process keeps each
 run's logging, signal handlers and torch state apart. tests/test_helpers_used.py fails on any
 other command line that runs `python -m ortft` under tests/.
+
+run_cli forks most runs from tests/forkserver.py, a process that has imported torch,
+transformers and datasets once (the module says why and what keeps a fresh process);
+``ORTFT_TEST_FORK=0`` starts every run fresh.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -66,6 +75,17 @@ def run_cli(
     ``launcher``, ``code`` and ``python`` as in :func:`cli_argv`; ``kw`` goes to
     ``subprocess.run``.
     """
+    forkable = not (launcher or code is not None or python is not None or kw)
+    if forkable and _SERVER.enabled():
+        child_env = dict(cli_env(env, base_env) or os.environ)
+        with _SERVER.take() as server:
+            if server is not None and server.can_run(child_env):
+                done = server.run(list(map(str, args)), child_env, cwd, input, timeout)
+                if check and done.returncode:
+                    raise subprocess.CalledProcessError(
+                        done.returncode, done.args, done.stdout, done.stderr
+                    )
+                return done
     return subprocess.run(
         cli_argv(*args, launcher=launcher, code=code, python=python),
         capture_output=True,
@@ -96,6 +116,119 @@ def start_cli(
         cwd=cwd,
         **popen_kw,
     )
+
+
+# Variables a library imported by the fork server reads at import (threads, caches, device
+# and launcher settings, Python's own flags): a run that changes one starts fresh.
+FRESH_PROCESS_ENV = (
+    "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS", "NUMEXPR", "TORCH", "PYTORCH",
+    "LD_", "CUDA", "NVIDIA", "HIP", "ROCM", "ORT_", "ONNXRUNTIME", "HF_", "HUGGINGFACE",
+    "TRANSFORMERS", "TOKENIZERS", "DATASETS", "SAFETENSORS", "NCCL", "GLOO", "MASTER_",
+    "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "DS_", "DEEPSPEED", "ACCELERATE", "HOME",
+    "XDG_", "TMPDIR", "TZ", "LANG", "LC_",
+)  # fmt: skip
+FORK_SERVER = Path(__file__).resolve().parent / "forkserver.py"
+
+
+class _ForkServer:
+    """One tests/forkserver.py process (see there): started on first use, ended with its stdin."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(FORK_SERVER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        self.pending = b""
+        ready = self._read(timeout=DEFAULT_TIMEOUT)
+        self.env: dict[str, str] = ready["ready"]
+        self.scratch = Path(tempfile.mkdtemp(prefix="ortft-forks-"))
+        self.runs, self.last_pid = 0, 0
+
+    def _read(self, timeout: float | None) -> dict:
+        """The server's next line; unbuffered reads, so that select never waits on a line that a
+        buffer already holds."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.pending:
+            if timeout is not None and not select.select([fd], [], [], timeout)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"{FORK_SERVER.name} ended (exit {self.proc.wait()})")
+            self.pending += chunk
+        line, _, self.pending = self.pending.partition(b"\n")
+        return json.loads(line)
+
+    def can_run(self, env: dict[str, str]) -> bool:
+        changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
+        return not any(k.startswith(FRESH_PROCESS_ENV) for k in changed)
+
+    def run(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str | Path | None,
+        input: str | None,
+        timeout: float | None,
+    ) -> subprocess.CompletedProcess[str]:
+        stdin, stdout, stderr = (self.scratch / n for n in ("stdin", "stdout", "stderr"))
+        stdin.write_text(input or "")
+        stdout.write_text("")
+        stderr.write_text("")
+        request = {
+            "args": args, "env": env, "cwd": str(Path(cwd or os.getcwd()).resolve()),
+            "stdin": str(stdin), "stdout": str(stdout), "stderr": str(stderr),
+        }  # fmt: skip
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        pid = self.last_pid = self._read(timeout=DEFAULT_TIMEOUT)["pid"]
+        self.runs += 1
+        argv = cli_argv(*args)
+        try:
+            returncode = self._read(timeout)["returncode"]
+        except TimeoutError:
+            os.kill(pid, 9)  # as subprocess.run kills its child on a timeout
+            self._read(timeout=None)
+            raise subprocess.TimeoutExpired(
+                argv, timeout or 0, stdout.read_text(), stderr.read_text()
+            ) from None
+        return subprocess.CompletedProcess(argv, returncode, stdout.read_text(), stderr.read_text())
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait()
+
+
+class _Servers:
+    """This process's fork server, for one run at a time (a second, concurrent run starts
+    fresh: it may be waiting on the first)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.server: _ForkServer | None = None
+
+    def enabled(self) -> bool:
+        return os.environ.get("ORTFT_TEST_FORK", "1") != "0"
+
+    @contextlib.contextmanager
+    def take(self) -> Iterator[_ForkServer | None]:
+        if not self.lock.acquire(blocking=False):
+            yield None
+            return
+        try:
+            if self.server is None or self.server.proc.poll() is not None:
+                self.server = _ForkServer()
+                atexit.register(self.server.close)
+            yield self.server
+        finally:
+            self.lock.release()
+
+
+_SERVER = _Servers()
 
 
 def summary(run_dir: Path) -> dict[str, Any]:

@@ -22,6 +22,8 @@ next set-up. ``python -m ortft.env.extensions`` is what ``make setup`` runs; ``o
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -274,31 +276,51 @@ def _run_logged(cmd: list[str], cwd: Path, env: dict, log: Path, what: str) -> N
 
 
 def _build(ext_dir: Path, log: Path) -> None:
-    """The CPU extensions as onnxruntime's install.build_torch_cpp_extensions builds them, then
-    the GPU allocator (cuda_extensions.py). The build tree goes to a temp dir so no stale objects
-    from another torch can be picked up."""
+    """The CPU extensions as onnxruntime's install.build_torch_cpp_extensions builds them, and
+    the GPU allocator (cuda_extensions.py), side by side: two of the three are one source file
+    each, which one compiler process builds on one core. Each gets its own build tree in a temp
+    dir (no stale objects from another torch) and its own log next to ``log``."""
     env = dict(os.environ, ONNXRUNTIME_CUDA_VERSION="", ONNXRUNTIME_ROCM_VERSION="")
     scripts = _setup_scripts(ext_dir, "cpu")
     allocator = cuda_extensions.source_dir(ext_dir) is not None
-    total = len(scripts) + allocator
+    names = [p.parent.name for p in scripts] + [cuda_extensions.NAME] * allocator
+    _say(f"compiling {', '.join(names)} side by side (a few minutes on 2 cores)")
     with tempfile.TemporaryDirectory(prefix="ortft-ext-build-") as build_base:
-        for i, setup_py in enumerate(scripts, 1):
+        base = Path(build_base)
+
+        def cpu(setup_py: Path) -> None:
             name = setup_py.parent.name
-            _say(f"compiling {name} ({i}/{total}; a few minutes on 2 cores)")
-            cmd = [sys.executable, str(setup_py), "build", "--build-base", build_base]
-            _run_logged(cmd, ext_dir, env, log, f"ORTModule's C++ extension '{name}'")
-        for so in Path(build_base).glob("lib.*/*.so"):
-            shutil.copyfile(so, ext_dir / so.name)
-        if allocator:
-            _say(f"compiling {cuda_extensions.NAME} ({total}/{total}; host compiler, no nvcc)")
+            cmd = [sys.executable, str(setup_py), "build", "--build-base", str(base / name)]
+            _run_logged(
+                cmd, ext_dir, env, _job_log(log, name), f"ORTModule's C++ extension '{name}'"
+            )
+
+        def gpu_allocator() -> None:
+            job_log = _job_log(log, cuda_extensions.NAME)
             try:
                 cuda_extensions.build(
                     ext_dir,
-                    Path(build_base),
-                    lambda cmd, cwd, env, what: _run_logged(cmd, cwd, env, log, what),
+                    base,
+                    lambda cmd, cwd, env, what: _run_logged(cmd, cwd, env, job_log, what),
                 )
             except cuda_extensions.CudaBuildError as err:
                 raise ExtensionError(str(err)) from None
+
+        jobs = [functools.partial(cpu, setup_py) for setup_py in scripts]
+        jobs += [gpu_allocator] * allocator
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+            for future in [pool.submit(job) for job in jobs]:
+                future.result()  # the first failure, after every build has ended
+        for so in base.glob("*/lib.*/*.so"):
+            shutil.copyfile(so, ext_dir / so.name)
+
+
+def _job_log(log: Path, name: str) -> Path:
+    """One build's log, emptied (builds run side by side: one file each keeps their lines
+    apart)."""
+    job_log = log.with_name(f"{log.stem}-{name}.log")
+    job_log.write_text(f"ortft: building {name}\n")
+    return job_log
 
 
 def build_fused_ops() -> Path:
@@ -382,7 +404,7 @@ def ensure_built(force: bool = False, use_cache: bool = True) -> Status:
     if result.missing:
         raise ExtensionError(
             f"the build finished but {', '.join(result.missing)} is missing from {ext_dir}; "
-            f"see {log}"
+            f"see {log.with_name(log.stem + '-*.log')}"
         )
     problem = check_loads()
     if problem is not None:
