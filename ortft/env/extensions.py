@@ -18,12 +18,15 @@ onnxruntime-training versions (and its distribution when it is the -cpu one), th
 version and the CUDA runtime wheels the allocator is built against) and copied back on the
 next set-up. ``python -m ortft.env.extensions`` is what ``make setup`` runs; ``ortft doctor
 --fix`` calls :func:`ensure_built`.
+
+Over 450 lines: one lifecycle of the extensions (status, build side by side, cache, restore,
+load check) that ``make setup`` and ``ortft doctor`` share; the GPU allocator's own build is
+``cuda_extensions.py``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -306,18 +309,17 @@ def _build(ext_dir: Path, log: Path) -> None:
             except cuda_extensions.CudaBuildError as err:
                 raise ExtensionError(str(err)) from None
 
-        jobs = [functools.partial(cpu, setup_py) for setup_py in scripts]
-        jobs += [gpu_allocator] * allocator
-        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-            for future in [pool.submit(job) for job in jobs]:
-                future.result()  # the first failure, after every build has ended
+        with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+            builds = [pool.submit(cpu, setup_py) for setup_py in scripts]
+            builds += [pool.submit(gpu_allocator)] * allocator
+        for build in builds:
+            build.result()  # the first failure, once every build has ended
         for so in base.glob("*/lib.*/*.so"):
             shutil.copyfile(so, ext_dir / so.name)
 
 
 def _job_log(log: Path, name: str) -> Path:
-    """One build's log, emptied (builds run side by side: one file each keeps their lines
-    apart)."""
+    """One build's log, emptied (side by side, each build keeps its own file)."""
     job_log = log.with_name(f"{log.stem}-{name}.log")
     job_log.write_text(f"ortft: building {name}\n")
     return job_log
