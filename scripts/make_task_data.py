@@ -134,12 +134,14 @@ def digit_questions(split: str) -> list[dict]:
     """Two questions about each scanned digit of digits/<split>.csv (the image task's split, so
     the held-out rows are held-out images): which digit, as a word (the simple
     image/question/answer form), and whether it is even or odd (a conversation with an image
-    part). Image paths are relative to digits/, where the files go."""
+    part). Their own folder, digit-questions/ (digits/ is make-digits.py's, which --check
+    compares whole); image paths are relative to it, into digits/images/."""
     lines = (OUT / "digits" / f"{split}.csv").read_text().splitlines()[1:]
     rows = []
     for line in lines:
         image, label = line.split(",")
         digit = int(label)
+        image = f"../digits/{image}"
         rows.append({"image": image, "question": "Which digit is this?", "answer": NUMBERS[digit]})
         parity = "even" if digit % 2 == 0 else "odd"
         rows.append({"image": image, "messages": [
@@ -180,8 +182,8 @@ def files() -> dict[str, str]:
     out["preference-train.jsonl"], out["preference-eval.jsonl"] = jsonl(train), jsonl(held_out)
     out["preference-sft-train.jsonl"] = jsonl(sft(train))
     out["preference-sft-eval.jsonl"] = jsonl(sft(held_out))
-    out["digits/questions-train.jsonl"] = jsonl(digit_questions("train"))
-    out["digits/questions-eval.jsonl"] = jsonl(digit_questions("eval"))
+    out["digit-questions/train.jsonl"] = jsonl(digit_questions("train"))
+    out["digit-questions/eval.jsonl"] = jsonl(digit_questions("eval"))
     out["LICENSE.txt"] = LICENSE
     return out
 
@@ -194,7 +196,7 @@ def main() -> None:
         if check and (not path.is_file() or path.read_text() != text):
             stale.append(name)
         elif not check:
-            OUT.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if stale:
         sys.exit(f"recipes/data: {', '.join(stale)} differ from what scripts/make_task_data.py "

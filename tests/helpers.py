@@ -78,9 +78,10 @@ def run_cli(
     forkable = not (launcher or code is not None or python is not None or kw)
     if forkable and _SERVER.enabled():
         child_env = dict(cli_env(env, base_env) or os.environ)
-        with _SERVER.take() as server:
-            if server is not None and server.can_run(child_env):
+        with _SERVER.take(child_env) as server:
+            if server is not None:
                 done = server.run(list(map(str, args)), child_env, cwd, input, timeout)
+                _SERVER.forks += 1
                 if check and done.returncode:
                     raise subprocess.CalledProcessError(
                         done.returncode, done.args, done.stdout, done.stderr
@@ -119,7 +120,7 @@ def start_cli(
 
 
 # Variables a library imported by the fork server reads at import (threads, caches, device
-# and launcher settings, Python's own flags): a run that changes one starts fresh.
+# and launcher settings, Python's own flags): runs that differ in one fork from different servers.
 FRESH_PROCESS_ENV = (
     "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS", "NUMEXPR", "TORCH", "PYTORCH",
     "LD_", "CUDA", "NVIDIA", "HIP", "ROCM", "ORT_", "ONNXRUNTIME", "HF_", "HUGGINGFACE",
@@ -128,21 +129,27 @@ FRESH_PROCESS_ENV = (
     "XDG_", "TMPDIR", "TZ", "LANG", "LC_",
 )  # fmt: skip
 FORK_SERVER = Path(__file__).resolve().parent / "forkserver.py"
+MAX_SERVERS = 2  # a test that sets OMP_NUM_THREADS gets its own; each holds ~0.7 GB
+
+
+def import_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """What of ``env`` the server's imports read: runs with the same fork from one server."""
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(FRESH_PROCESS_ENV)))
 
 
 class _ForkServer:
-    """One tests/forkserver.py process (see there): started on first use, ended with its stdin."""
+    """One tests/forkserver.py process (see there), started under ``env``; ended with its stdin."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Mapping[str, str]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(FORK_SERVER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
+            env=dict(env),
         )
         self.pending = b""
-        ready = self._read(timeout=DEFAULT_TIMEOUT)
-        self.env: dict[str, str] = ready["ready"]
+        self._read(timeout=DEFAULT_TIMEOUT)  # {"ready": ...}: imported
         self.scratch = Path(tempfile.mkdtemp(prefix="ortft-forks-"))
         self.runs, self.last_pid = 0, 0
 
@@ -160,10 +167,6 @@ class _ForkServer:
             self.pending += chunk
         line, _, self.pending = self.pending.partition(b"\n")
         return json.loads(line)
-
-    def can_run(self, env: dict[str, str]) -> bool:
-        changed = {k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k)}
-        return not any(k.startswith(FRESH_PROCESS_ENV) for k in changed)
 
     def run(
         self,
@@ -204,26 +207,32 @@ class _ForkServer:
 
 
 class _Servers:
-    """This process's fork server, for one run at a time (a second, concurrent run starts
-    fresh: it may be waiting on the first)."""
+    """This process's fork servers, one per import environment (the last MAX_SERVERS used), for
+    one run at a time: a second, concurrent run starts fresh (it may be waiting on the first)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.server: _ForkServer | None = None
+        self.servers: dict[tuple[tuple[str, str], ...], _ForkServer] = {}
+        self.forks = 0  # runs forked so far, by every server
 
     def enabled(self) -> bool:
         return os.environ.get("ORTFT_TEST_FORK", "1") != "0"
 
     @contextlib.contextmanager
-    def take(self) -> Iterator[_ForkServer | None]:
+    def take(self, env: Mapping[str, str]) -> Iterator[_ForkServer | None]:
         if not self.lock.acquire(blocking=False):
             yield None
             return
         try:
-            if self.server is None or self.server.proc.poll() is not None:
-                self.server = _ForkServer()
-                atexit.register(self.server.close)
-            yield self.server
+            key = import_env(env)
+            server = self.servers.pop(key, None)
+            if server is None or server.proc.poll() is not None:
+                server = _ForkServer(env)
+                atexit.register(server.close)
+            self.servers[key] = server  # the most recently used last
+            while len(self.servers) > MAX_SERVERS:
+                self.servers.pop(next(iter(self.servers))).close()
+            yield server
         finally:
             self.lock.release()
 

@@ -16,10 +16,14 @@ BAD_RECIPE = "model:\n  from_config: {architecture: gpt2}\ntask: text-classifica
 
 
 def _forked(*args: str, **kw) -> subprocess.CompletedProcess[str]:
-    before = helpers._SERVER.server.runs if helpers._SERVER.server else 0
+    before = helpers._SERVER.forks
     done = run_cli(*args, **kw)
-    assert helpers._SERVER.server is not None and helpers._SERVER.server.runs == before + 1
+    assert helpers._SERVER.forks == before + 1  # it went through a server, not a fresh process
     return done
+
+
+def _server(env: dict[str, str]) -> helpers._ForkServer:
+    return helpers._SERVER.servers[helpers.import_env(env)]
 
 
 def test_a_forked_run_gives_what_a_fresh_process_gives(tmp_path: Path, monkeypatch) -> None:
@@ -47,17 +51,22 @@ def test_a_timeout_kills_the_forked_run(tmp_path: Path) -> None:
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "causal-lm.yaml"
     with pytest.raises(subprocess.TimeoutExpired):
         run_cli("train", recipe, "-o", tmp_path / "run", timeout=1)
-    assert helpers._SERVER.server is not None
     with pytest.raises(ProcessLookupError):
-        os.kill(helpers._SERVER.server.last_pid, 0)  # killed and reaped
+        os.kill(_server(dict(os.environ)).last_pid, 0)  # killed and reaped
 
 
-def test_an_import_time_variable_starts_a_fresh_process() -> None:
-    server = helpers._SERVER.server or _forked("--version") and helpers._SERVER.server
-    assert server is not None
-    assert server.can_run({**server.env, "ORTFT_CACHE": "/elsewhere", "NO_COLOR": "1"})
-    for name in ("OMP_NUM_THREADS", "HF_HOME", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "HOME"):
-        assert not server.can_run({**server.env, name: "x"}), name
-    runs = server.runs
-    assert run_cli("--version", env={"OMP_NUM_THREADS": "1"}).returncode == 0
-    assert server.runs == runs
+def test_an_import_time_variable_gets_its_own_server() -> None:
+    """A run that changes what the imports read forks from a server imported under it; the
+    least recently used server beyond MAX_SERVERS ends."""
+    _forked("--version")
+    default = _server(dict(os.environ))
+    runs = default.runs
+    _forked("--version", env={"OMP_NUM_THREADS": "1"})
+    assert default.runs == runs  # not forked from the default server
+    own = _server({**os.environ, "OMP_NUM_THREADS": "1"})
+    assert own is not default and own.runs == 1
+    _forked("--version", env={"NO_COLOR": "1", "ORTFT_CACHE": os.environ.get("ORTFT_CACHE", "")})
+    assert default.runs == runs + 1  # other variables do not need a server of their own
+    _forked("--version", env={"OMP_NUM_THREADS": "2"})
+    assert len(helpers._SERVER.servers) == helpers.MAX_SERVERS
+    assert own.proc.poll() is not None  # the least recently used ended

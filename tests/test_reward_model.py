@@ -110,7 +110,6 @@ def test_reward_model_lora_is_peft_sequence_classifier_with_a_training_head() ->
     from ortft import tasks
     from ortft.backends.torch import models
     from ortft.recipe.model import AdapterSection
-    from ortft.tasks import traits
 
     task = tasks.get("reward-model")
     torch.manual_seed(0)
@@ -120,7 +119,7 @@ def test_reward_model_lora_is_peft_sequence_classifier_with_a_training_head() ->
     task.prepare_model(model, type("Tok", (), {"pad_token_id": 0})())
     assert not model.score.weight.any()  # a new head starts at zero: untrained pairs tie
     model.score.weight.data.normal_()
-    adapted = models.apply_adapter(model, AdapterSection(rank=4), traits.peft_task_type(task))
+    adapted = models.apply_adapter(model, AdapterSection(rank=4), task)
     assert isinstance(adapted, PeftModelForSequenceClassification)
     trainable = {n for n, p in adapted.named_parameters() if p.requires_grad}
     assert any("score" in n for n in trainable) and any("lora_A" in n for n in trainable)

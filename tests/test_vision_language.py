@@ -195,7 +195,7 @@ def test_the_run_trains_on_the_default_backend_and_final_loads(run):
 def test_eval_of_the_run_gives_the_training_eval(run, tmp_path):
     """``ortft eval`` on the rows training's eval scored (data.max_eval_samples=8, the first 4
     answered): transformers' own forward on pixel_values, its loss and exact match."""
-    lines = (DIGITS / "questions-eval.jsonl").read_text().splitlines()[:8]
+    lines = (DIGITS.parent / "digit-questions" / "eval.jsonl").read_text().splitlines()[:8]
     rows = [
         {**json.loads(line), "image": str(DIGITS / json.loads(line)["image"])} for line in lines
     ]
