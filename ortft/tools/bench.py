@@ -134,16 +134,8 @@ def _run_one(
 
 def machine() -> dict[str, Any]:
     """The CPU model, cores, platform and Python a bench ran on (benchmarks/ records it too)."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
+        "cpu": limit.cpu_model(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -157,7 +149,8 @@ def _load_avg() -> list[float] | None:
         return None
 
 
-def _check_counts(steps: int, warmup: int, repeats: int) -> None:
+def _check_counts(steps: int, warmup: int, repeats: int, limit_mode: str) -> None:
+    limit.check_mode(limit_mode)
     if steps <= warmup:
         raise UsageError(f"--steps ({steps}) must be larger than --warmup ({warmup})")
     if repeats < 1 or warmup < 1:
@@ -191,8 +184,7 @@ def run(
     limit_mode: str = "cached",
 ) -> dict[str, Any]:
     """``ortft bench``: every variant's runs, alternating, and the JSON the command prints."""
-    _check_counts(steps, warmup, repeats)
-    limit.check_mode(limit_mode)
+    _check_counts(steps, warmup, repeats, limit_mode)
     variants = parse_variants(backends)
     loaded = _load_all(recipe, variants, steps)
     r = next(iter(loaded.values())).recipe
@@ -229,11 +221,6 @@ def run(
     }
     _add_ratios(results, runs, warmup)
     limit.add_shares(results, measured)
-    failed = [
-        lbl
-        for lbl, res in results.items()
-        if res["status"] == "failed" and lbl.split("+")[0] not in OPTIONAL
-    ]
     return {
         "format_version": 2,  # 2: tokens, padding and MFU from the shapes each step ran
         "recipe": str(recipe),
@@ -257,16 +244,24 @@ def run(
         },
         "flop_model": flop_model.as_dict() if flop_model else None,
         "mfu_formula": MFU_FORMULA,
-        "limit": measured,
-        "limit_formula": limit.FORMULA,
+        **limit.report(measured),
         "throughput_formula": "totals over the timed steps of every repeat / their total time "
         "(batch lengths vary with data.padding, so a median step is no batch's throughput)",
         "ratio_formula": "median over repeats of (baseline median step time / this median step "
         "time), each pair run back to back: > 1 is faster than the baseline",
         "backends": results,
         "warnings": _warnings(results),
-        "failed": failed,
+        "failed": _failed(results),
     }
+
+
+def _failed(results: dict[str, Any]) -> list[str]:
+    """The variants that failed every run (an optional one is skipped, not failed)."""
+    return [
+        lbl
+        for lbl, res in results.items()
+        if res["status"] == "failed" and lbl.split("+")[0] not in OPTIONAL
+    ]
 
 
 def _peak_again(peak: dict[str, Any], threads: int) -> list[float]:

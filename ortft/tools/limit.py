@@ -11,7 +11,7 @@ rate the step's GEMM mix reaches when every GEMM runs at its own measured best:
 ``Σ FLOPs / Σ (FLOPs / rate)``. Attention's score products (batched ``length × head × length``)
 and the embeddings are not in the mix.
 
-Each GEMM is timed after a warm-up, in 20 repeats of a loop of about 5 ms (one call at least); its rate is the
+Each GEMM is timed after a warm-up, in 10 repeats of a loop of about 2 ms (one call at least); its rate is the
 best repeat (an achievable rate, not a typical one: on a shared machine short loops catch the
 moments the cores are free). Results are cached in
 ``${ORTFT_CACHE:-~/.cache/ortft}/limit/<key>.json``, the key being the device's model, the thread
@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
+import platform
 import statistics
 import time
 from collections.abc import Iterable
@@ -36,7 +38,7 @@ from typing import Any
 SQUARE = 2048  # the large square, the shape a datasheet-style peak is usually quoted at
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs with bf16 matmul units
-LOOP_S = 0.005  # each timed repeat runs the GEMM for about this long (one call at least)
+LOOP_S = 0.002  # each timed repeat runs the GEMM for about this long (one call at least)
 
 
 @dataclass(frozen=True)
@@ -94,14 +96,23 @@ def mix_rate(gemms: Iterable[Gemm], rates: dict[str, float]) -> float:
     return work / sum(g.flops * g.count / rates[g.key] for g in gemms)
 
 
+def cpu_model() -> str:
+    """/proc/cpuinfo's model name (lscpu's "Model name"), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def device_name(device: str) -> str:
-    import torch
-
     if device == "cuda":
-        return torch.cuda.get_device_name()
-    from ortft.tools.bench import machine
+        import torch
 
-    return str(machine()["cpu"])
+        return str(torch.cuda.get_device_name())
+    return cpu_model()
 
 
 def bf16_units(device: str) -> str | None:
@@ -182,7 +193,7 @@ def measure(
     device: str,
     threads: int,
     dtypes: Iterable[str] = ("fp32", "bf16"),
-    repeats: int = 20,
+    repeats: int = 10,
     refresh: bool = False,
     square: int = SQUARE,
 ) -> dict[str, Any]:
@@ -237,6 +248,11 @@ FORMULA = (
 )
 
 
+def report(measured: dict[str, Any] | None) -> dict[str, Any]:
+    """The bench JSON's ``limit`` (None: off, or no FLOP count) and its formula."""
+    return {"limit": measured, "limit_formula": FORMULA}
+
+
 def check_mode(mode: str) -> None:
     from ortft.core.errors import UsageError
 
@@ -276,7 +292,7 @@ def for_bench(
 ) -> dict[str, Any] | None:
     """``ortft bench``'s limit: the projection GEMMs of the trained model (its saved config) at
     ``rows_per_micro`` × the mean length the timed micro-batches ran, in each dtype a route ran
-    and in fp32 and bf16."""
+    (``benchmarks/limit.py`` gives fp32 and bf16 alike)."""
     import transformers
 
     if not batch_lengths:
@@ -284,10 +300,16 @@ def for_bench(
     config = transformers.AutoConfig.from_pretrained(model_dir)
     hidden, inner = dims(config)
     tokens = rows_per_micro * round(statistics.mean(batch_lengths))
-    wanted = list(dict.fromkeys(["fp32", "bf16", *dtypes]))
+    wanted = list(dict.fromkeys(dtypes)) or ["fp32"]  # only what a route ran: each costs seconds
+    t0 = time.perf_counter()
     result = measure(
         layer_gemms(hidden, inner, tokens), device, threads, wanted, refresh=mode == "refresh"
     )
+    rates = ", ".join(f"{k} {v['flops'] / 1e9:.0f}" for k, v in result["dtypes"].items())
+    logging.getLogger("ortft").info(
+        "bench: limit (hidden %d, ffn %d, %d tokens): %s GFLOP/s (%.1f s; %s)",
+        hidden, inner, tokens, rates, time.perf_counter() - t0, result["cache"],
+    )  # fmt: skip
     return {**result, "tokens_per_micro_batch": tokens, "hidden": hidden, "intermediate": inner}
 
 
