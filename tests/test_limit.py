@@ -42,10 +42,11 @@ def test_lora_counts_the_frozen_weights_forward_and_input_gradient_only() -> Non
 
 
 def test_mix_rate_is_total_work_over_total_time() -> None:
-    a, b = limit.Gemm("a", 10, 10, 10), limit.Gemm("b", 20, 10, 10, count=2)
+    a, b = limit.Gemm("a", 10, 10, 10), limit.Gemm("b", 10, 10, 10, count=2, b_t=True)
     rates = {a.key: 1e9, b.key: 4e9}
-    # a: 2,000 FLOPs at 1 GFLOP/s; b: 2 × 4,000 at 4 GFLOP/s: 10,000 FLOPs in 4 µs
-    assert limit.mix_rate([a, b], rates) == pytest.approx(10_000 / (2e-6 + 2e-6))
+    # a: 2,000 FLOPs at 1 GFLOP/s, 2 µs; b: 2 × 2,000 at 4 GFLOP/s, 1 µs: 6,000 FLOPs in 3 µs
+    # (not the rates' mean, 2.5, nor their FLOP-weighted mean, 3)
+    assert limit.mix_rate([a, b], rates) == pytest.approx(2e9)
 
 
 def test_dims_default_ffn_is_four_times_hidden() -> None:
