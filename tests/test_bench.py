@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from helpers import losses, run_cli
+from torch import __version__ as torch_version
 from typer.testing import CliRunner
 
 from ortft.cli.app import app
 from ortft.core.errors import EXIT_USAGE, UsageError
-from ortft.tools import bench, bench_report, flops
+from ortft.tools import bench, bench_report, flops, limit
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -39,6 +41,12 @@ def test_bench_reports_every_field_and_ratio(cls_recipe: Path, tmp_path: Path) -
         "ort,torch",
         "--json",
     ] + (["--plot", str(png)] if want_plot else [])
+    # the measured limit's 2048³ square (seconds of matmuls) from a planted cache: the run
+    # reads it and measures only the tiny model's own GEMMs
+    key = limit.cache_key("cpu", limit.device_name("cpu"), os.cpu_count() or 1, torch_version)
+    square = {"2048x2048x2048": {"flops": 7e11}}
+    limit.cache_path(key).parent.mkdir(parents=True, exist_ok=True)
+    limit.cache_path(key).write_text(json.dumps({"key": key, "rates": {"fp32": square}}))
     res = cli(*args)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)  # stdout holds only the JSON
@@ -61,7 +69,21 @@ def test_bench_reports_every_field_and_ratio(cls_recipe: Path, tmp_path: Path) -
         assert r["padded_tokens_per_s"] > r["tokens_per_s"] and r["mfu_above_100"] is False
         assert 8 <= r["mean_batch_length"] <= 16 and r["timed_steps"] == 2
     # the FLOP model: the tiny BERT's matmul weights, not its embeddings
-    assert out["flop_model"] == {"per_token": 24576, "per_row": 1088, "layers": 2, "width": 32}
+    assert out["flop_model"] == {
+        "per_token": 24576, "per_row": 1088, "layers": 2, "width": 32, "frozen": False,
+    }  # fmt: skip
+    # the measured limit: the square from the cache, the tiny model's GEMMs measured and cached
+    lim = out["limit"]
+    assert lim["threads"] == key["threads"] and lim["hidden"] == 32 and lim["intermediate"] == 128
+    # both routes ran fp32: that is the one dtype measured
+    assert set(lim["dtypes"]) == {"fp32"} and lim["dtypes"]["fp32"]["square_flops"] == 7e11
+    assert 8 * 8 <= lim["tokens_per_micro_batch"] <= 8 * 16  # 8 rows × the mean length that ran
+    cached = json.loads(limit.cache_path(key).read_text())["rates"]["fp32"]
+    assert {g["shape"] for g in lim["dtypes"]["fp32"]["gemms"].values()} < set(cached)
+    for r in (ort, torch):
+        assert r["dtype"] == "fp32" and r["flops_per_s"] > 0
+        assert r["limit_share"] == pytest.approx(r["flops_per_s"] / lim["dtypes"]["fp32"]["flops"])
+    assert "of limit" in res.stderr
     assert out["warnings"] == [] and "pad %" in res.stderr and "MFU padded" in res.stderr
     # the ratio is the baseline's step time over this one's, pair by pair
     assert torch["ratio_vs_torch"] == pytest.approx(1.0)

@@ -33,6 +33,14 @@ def bench(
     ] = 2,
     repeats: Annotated[int, typer.Option("--repeats", help="Runs per backend, alternating.")] = 2,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed per run.")] = 900.0,
+    limit: Annotated[
+        str,
+        typer.Option(
+            "--limit",
+            help="The measured matmul limit at the model's GEMM shapes: cached (measure only "
+            "shapes not in ORTFT_CACHE), refresh (measure again, keep the better rate) or off.",
+        ),
+    ] = "cached",
     as_json: Annotated[bool, json_option("Print the results as JSON on stdout.")] = False,
     plot_path: Annotated[
         Path | None, typer.Option("--plot", help="Write a PNG bar chart (needs matplotlib).")
@@ -45,7 +53,7 @@ def bench(
         from ortft.tools import bench as bench_mod
 
         quiet_libraries(state["debug"])
-        result = bench_mod.run(recipe, backends, steps, warmup, repeats, timeout)
+        result = bench_mod.run(recipe, backends, steps, warmup, repeats, timeout, limit)
         bench_mod.print_table(result)
         if plot_path is not None:
             bench_mod.plot(result, plot_path)

@@ -13,10 +13,10 @@ or an ``ORTFT_*`` / ``ORTMODULE_*`` / ``OMP_*`` / ``GOMP_*`` / ``MKL_*`` environ
 That is how the speed levers are measured against each other in one run.
 
 Tokens and FLOPs come from the shapes each step ran (its metrics row: real tokens, padded
-tokens, each micro-batch's length): tokens/s counts real tokens, and MFU counts matmul FLOPs
-(``ortft.tools.flops``) for the real tokens (useful work) and for the padded shapes (what the
-hardware ran). An MFU above 100% is reported as it is, with a warning: it means the measured
-peak or the FLOP count is wrong, not that the run was fast.
+tokens, each micro-batch's length): tokens/s counts real tokens, MFU counts matmul FLOPs
+(``ortft.tools.flops``) for the real tokens (useful work) and the padded shapes (what ran) over
+the fp32 square's rate, and "of limit" over the rate measured at the model's own GEMMs in the
+route's dtype (``ortft.tools.limit``). An MFU above 100% is reported as it is, with a warning.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 from ortft.core.errors import RecipeError, UsageError
 from ortft.run.summary import BackendReport, RunSummary
-from ortft.tools import flops
+from ortft.tools import flops, limit
 from ortft.tools.bench_report import plot, print_table
 from ortft.tools.bench_variants import OPTIONAL, Variant, parse_variants
 
@@ -134,16 +134,8 @@ def _run_one(
 
 def machine() -> dict[str, Any]:
     """The CPU model, cores, platform and Python a bench ran on (benchmarks/ records it too)."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
+        "cpu": limit.cpu_model(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -157,7 +149,8 @@ def _load_avg() -> list[float] | None:
         return None
 
 
-def _check_counts(steps: int, warmup: int, repeats: int) -> None:
+def _check_counts(steps: int, warmup: int, repeats: int, limit_mode: str) -> None:
+    limit.check_mode(limit_mode)
     if steps <= warmup:
         raise UsageError(f"--steps ({steps}) must be larger than --warmup ({warmup})")
     if repeats < 1 or warmup < 1:
@@ -188,9 +181,10 @@ def run(
     warmup: int,
     repeats: int,
     timeout: float = 900.0,
+    limit_mode: str = "cached",
 ) -> dict[str, Any]:
     """``ortft bench``: every variant's runs, alternating, and the JSON the command prints."""
-    _check_counts(steps, warmup, repeats)
+    _check_counts(steps, warmup, repeats, limit_mode)
     variants = parse_variants(backends)
     loaded = _load_all(recipe, variants, steps)
     r = next(iter(loaded.values())).recipe
@@ -212,6 +206,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="ortft-bench-") as tmp:
         runs = _run_all(recipe, variants, steps, warmup, repeats, timeout, Path(tmp))
         flop_model = _flop_model(runs, r)  # from a run's final/config.json, before it is gone
+        measured = limit.from_runs(runs, r, warmup, flop_model, peak["device"], threads, limit_mode)
     peak_samples = _peak_again(peak, threads)
     results = {
         v.label: _aggregate(
@@ -225,11 +220,7 @@ def run(
         for v in variants
     }
     _add_ratios(results, runs, warmup)
-    failed = [
-        lbl
-        for lbl, res in results.items()
-        if res["status"] == "failed" and lbl.split("+")[0] not in OPTIONAL
-    ]
+    limit.add_shares(results, measured)
     return {
         "format_version": 2,  # 2: tokens, padding and MFU from the shapes each step ran
         "recipe": str(recipe),
@@ -253,19 +244,28 @@ def run(
         },
         "flop_model": flop_model.as_dict() if flop_model else None,
         "mfu_formula": MFU_FORMULA,
+        **limit.report(measured),
         "throughput_formula": "totals over the timed steps of every repeat / their total time "
         "(batch lengths vary with data.padding, so a median step is no batch's throughput)",
         "ratio_formula": "median over repeats of (baseline median step time / this median step "
         "time), each pair run back to back: > 1 is faster than the baseline",
         "backends": results,
         "warnings": _warnings(results),
-        "failed": failed,
+        "failed": _failed(results),
     }
 
 
+def _failed(results: dict[str, Any]) -> list[str]:
+    """The variants that failed every run (an optional one is skipped, not failed)."""
+    return [
+        lbl
+        for lbl, res in results.items()
+        if res["status"] == "failed" and lbl.split("+")[0] not in OPTIONAL
+    ]
+
+
 def _peak_again(peak: dict[str, Any], threads: int) -> list[float]:
-    """The machine's load drifts: measure the peak again and keep the better of the two in
-    ``peak`` (each library's too); the two measurements."""
+    """Measure the peak again (load drifts), keep the better in ``peak``; the two samples."""
     after = flops.measure_peak_flops(peak["device"], threads)
     samples = [peak["flops"], after["flops"]]
     peak["flops"] = max(samples)
@@ -332,7 +332,8 @@ def _flop_model(runs: list[RunResult], recipe: Any) -> flops.FlopModel | None:
         return None
     try:
         auto_class = tasks.get(recipe.task.name, recipe.task).auto_class
-        return flops.from_saved(done.out_dir / "final", auto_class, recipe.task.name)
+        lora = recipe.adapter is not None  # a frozen base: no weight gradients
+        return flops.from_saved(done.out_dir / "final", auto_class, recipe.task.name, lora)
     except Exception as err:  # noqa: BLE001 - no MFU is no reason to lose the timings
         log.warning("bench: no MFU (cannot count the model's FLOPs: %s)", err)
         return None
@@ -379,6 +380,7 @@ def _aggregate(
     work = _work(timed, rows_per_micro, flop_model)
     s0 = good[0].summary
     b = s0.backend or BackendReport(requested=v.label, used="?")
+    dtype = s0.precision.dtype if s0.precision else "fp32"  # ort-ondevice: fp32, unreported
     mfu = work["useful_flops"] / total / peak if flop_model else None
     mfu_padded = work["hardware_flops"] / total / peak if flop_model else None
     return {
@@ -407,6 +409,9 @@ def _aggregate(
         "mfu_padded": mfu_padded,  # hardware work: the padded shapes that ran
         # not clamped: above 100% the peak or the FLOP count is wrong, not the run that fast
         "mfu_above_100": any(m is not None and m > 1 for m in (mfu, mfu_padded)),
+        "dtype": dtype,
+        "flops_per_s": work["useful_flops"] / total if flop_model else None,
+        "flops_per_s_padded": work["hardware_flops"] / total if flop_model else None,
         "per_repeat_median_step_s": [statistics.median(x.step_times[warmup:]) for x in good],
     }
 

@@ -23,6 +23,7 @@ COLUMNS = (
     "exports",
     "MFU",
     "MFU padded",
+    "of limit",
 )
 
 
@@ -31,6 +32,20 @@ def _pct(value: float | None) -> str:
     if value is None:
         return "—"
     return f"{value * 100:.1f}%" + (" (!)" if value > 1 else "")
+
+
+def _limit_caption(limit: dict[str, Any] | None) -> str:
+    """The measured limit in words: each dtype's rate at the model's shapes and at the square."""
+    if not limit:
+        return ""
+    rates = ", ".join(
+        f"{k} {v['flops'] / 1e9:.0f} ({v['square_flops'] / 1e9:.0f} at {limit['square']}³)"
+        for k, v in limit["dtypes"].items()
+    )
+    return (
+        f". of limit: real tokens' FLOP/s over the measured torch matmul rate in the route's "
+        f"dtype at the model's GEMMs, GFLOP/s: {rates}; bf16 units: {limit['bf16_units']}"
+    )
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -50,14 +65,14 @@ def print_table(result: dict[str, Any]) -> None:
         f"{m['cpu']}, {m['threads']} threads, load avg {m['load_avg_before']} → "
         f"{m['load_avg_after']}; peak {result['peak']['flops'] / 1e9:.0f} GFLOP/s "
         f"(measured matmul{': ' + per_lib if per_lib else ''}). tokens/s and MFU: real tokens; "
-        "MFU padded: the shapes that ran"
+        "MFU padded: the shapes that ran" + _limit_caption(result.get("limit"))
     )
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for col in COLUMNS:
         table.add_column(col, justify="left" if col == "backend" else "right")
     for label, r in result["backends"].items():
         if "step_s" not in r:
-            table.add_row(label, r["status"], (r.get("error") or "")[:80], *[""] * 11)
+            table.add_row(label, r["status"], (r.get("error") or "")[:80], *[""] * 12)
             continue
         s = r["step_s"]
         ratio = r.get("ratio_vs_torch")
@@ -77,6 +92,7 @@ def print_table(result: dict[str, Any]) -> None:
             str(r["ort_exports"]),
             _pct(r.get("mfu")),
             _pct(r.get("mfu_padded")),
+            _pct(r.get("limit_share")) + (f" {r['dtype']}" if r.get("limit_share") else ""),
         )
     # a wide table even in CI logs, where rich would otherwise assume 80 columns
     console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 170)

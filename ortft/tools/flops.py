@@ -10,7 +10,13 @@ A forward pass over ``rows`` rows of ``length`` positions costs
   counted in full for causal models too (PaLM's MFU convention);
 
 and forward + backward is taken as 3 × the forward (the backward computes two products per
-forward one: the input's gradient and the weight's). Embedding tables are lookups, not matmuls,
+forward one: the input's gradient and the weight's): the field's ``6 × N × tokens`` (Kaplan et
+al. 2020, "Scaling Laws for Neural Language Models", §2.1; PaLM's MFU, Chowdhery et al. 2022,
+appendix B). With LoRA (``frozen``) the base's weights get no gradient: their backward is the
+input's gradient alone, ``2 × per_token × tokens`` forward + the same backward, ``4 × N ×
+tokens`` in all; the per-row head (trained in full) and attention's scores keep their 3 ×, and
+the adapters' own products (rank × (in + out) per adapted weight, under 1% of the base's at rank
+8 on MiniLM's Q and V) are left out. Embedding tables are lookups, not matmuls,
 and are left out, as are biases, LayerNorm, softmax and activations (no matmuls). The former
 ``6 × parameters × batch × max_length`` counted the embeddings (1.7M of bert-cls's 4.9M
 parameters; 3.2M are matmul weights) and padding that ``data.padding: longest`` no longer
@@ -23,6 +29,7 @@ those of the padded shapes that ran.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +47,12 @@ class FlopModel:
     per_row: int  # matmul weights applied once per row
     layers: int  # attention layers
     width: int  # attention heads × head size
+    frozen: bool = False  # LoRA: the per-position weights get no gradient (backward = dX only)
+
+    @property
+    def _weights_x(self) -> float:
+        """Training FLOPs of the per-position weights as a multiple of their forward."""
+        return 2.0 if self.frozen else 3.0
 
     def forward(self, rows: int, length: int) -> float:
         """Forward FLOPs of ``rows`` rows padded to ``length``."""
@@ -51,18 +64,19 @@ class FlopModel:
 
     def hardware(self, rows_per_micro: int, batch_lengths: list[int]) -> float:
         """Training FLOPs of a step whose micro-batches ran at ``batch_lengths`` (padded)."""
-        return 3.0 * sum(self.forward(rows_per_micro, n) for n in batch_lengths)
+        r = rows_per_micro
+        return sum(self.useful(r, r * n, r * n * n) for n in batch_lengths)
 
     def useful(self, rows: int, tokens: int, tokens_sq: int) -> float:
         """Training FLOPs the real tokens need: ``tokens`` = Σ l, ``tokens_sq`` = Σ l² over the
         step's ``rows`` rows (each row cut to its own length)."""
-        return 3.0 * (
-            2.0 * self.per_token * tokens
-            + 2.0 * self.per_row * rows
-            + 4.0 * self.layers * self.width * tokens_sq
+        return (
+            self._weights_x * 2.0 * self.per_token * tokens
+            + 3.0 * 2.0 * self.per_row * rows
+            + 3.0 * 4.0 * self.layers * self.width * tokens_sq
         )
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | bool]:
         return asdict(self)
 
 
@@ -88,9 +102,16 @@ def count(model: Any, config: Any, task: str) -> FlopModel | None:
     return FlopModel(per_token, per_row, config.num_hidden_layers, heads * head_size)
 
 
-def from_saved(model_dir: Path, auto_class: str, task: str) -> FlopModel | None:
+def from_saved(
+    model_dir: Path, auto_class: str, task: str, frozen: bool = False
+) -> FlopModel | None:
     """The FLOP model of the model saved in ``model_dir`` (its config.json), built on the meta
-    device: no weights are allocated or read."""
+    device: no weights are allocated or read; ``frozen``: trained with a LoRA adapter."""
+    fm = _from_saved(model_dir, auto_class, task)
+    return dataclasses.replace(fm, frozen=True) if fm is not None and frozen else fm
+
+
+def _from_saved(model_dir: Path, auto_class: str, task: str) -> FlopModel | None:
     import torch
     import transformers
 
