@@ -30,6 +30,7 @@ import torch
 from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport, ParityReport
 from ortft.export import decoder, generation, parity
+from ortft.families.vision_language import qwen2vl_graphs
 from ortft.families.vision_language import vlm_graphs as graphs
 
 TASK = "image-text-to-text"
@@ -59,11 +60,21 @@ def export_image_text_to_text(
     folder is then ``out_dir``, else ``out_dir.failed``: ``parity.publish``). ``samples``: the
     images and prompts the checks run on; None: ``SYNTHETIC_SAMPLES`` noise images."""
     model = model.eval().to("cpu")
-    graphs.VisionEncoder(model)  # a model the export cannot write is refused before it starts
+    family = graphs_for(model)
+    family.VisionEncoder(model)  # a model the export cannot write is refused before it starts
     source = "samples" if samples else "synthetic"
     rows = samples or synthetic_samples(processor)
-    build = _Build(model, processor, rows, opset, tolerance, source)
+    build = _Build(model, processor, rows, opset, tolerance, source, family)
     return parity.publish(Path(out_dir), build.build)
+
+
+def graphs_for(model: Any) -> Any:
+    """The module that writes and runs ``model``'s graphs: Qwen2-VL's
+    (``qwen2vl_graphs``), else LLaVA's (``vlm_graphs``, which refuses what it cannot write).
+    Both answer the same names: ``VisionEncoder``, ``export_all``, ``vision_feeds``,
+    ``reference_image_features``, ``image_count``, ``prompt_positions``, ``steps``,
+    ``PROCESSOR_CLASS``, ``IMAGE_TOKENS``."""
+    return qwen2vl_graphs if qwen2vl_graphs.handles(model) else graphs
 
 
 def synthetic_samples(processor: Any, n: int = SYNTHETIC_SAMPLES) -> list[Sample]:
@@ -94,7 +105,7 @@ def prompt_for(processor: Any, question: str) -> str:
     return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def save_processor(processor: Any, folder: Path) -> dict[str, Any]:
+def save_processor(processor: Any, folder: Path, family: Any = graphs) -> dict[str, Any]:
     """The processor as transformers and transformers.js both read it; export.json's
     ``preprocessor``.
 
@@ -111,7 +122,8 @@ def save_processor(processor: Any, folder: Path) -> dict[str, Any]:
     processor.save_pretrained(folder)  # processor_config.json, the tokenizer, chat template
     processor.image_processor.save_pretrained(folder)
     pre = folder / "preprocessor_config.json"
-    pre.write_text(json.dumps({**json.loads(pre.read_text()), "processor_class": "LlavaProcessor"}))
+    named = {**json.loads(pre.read_text()), "processor_class": family.PROCESSOR_CLASS}
+    pre.write_text(json.dumps(named))
     path = folder / "processor_config.json"
     config = json.loads(path.read_text())
     extra = int(config.get("num_additional_image_tokens") or 0)
@@ -122,7 +134,7 @@ def save_processor(processor: Any, folder: Path) -> dict[str, Any]:
         "file": "preprocessor_config.json",
         "class": type(processor.image_processor).__name__,
         "processor": type(processor).__name__,
-        "image_tokens": "patches + num_additional_image_tokens (processor_config.json)",
+        "image_tokens": family.IMAGE_TOKENS,
     }
 
 
@@ -137,8 +149,9 @@ class _Build:
         opset: int,
         tolerance: float,
         source: str,
+        family: Any = graphs,
     ):
-        self.model, self.processor, self.rows = model, processor, rows
+        self.model, self.processor, self.rows, self.family = model, processor, rows, family
         self.opset, self.tolerance, self.source = opset, tolerance, source
         self.inputs = [
             processor(images=[r.image], text=[r.prompt], return_tensors="pt") for r in rows
@@ -149,15 +162,22 @@ class _Build:
     def check_counts(self) -> None:
         """Each prompt's image tokens, as the processor expanded them, against the image
         features the model gives: a processor of another model is one line, before exporting."""
-        vision = graphs.VisionEncoder(self.model).eval()
         for row, x in zip(self.rows, self.inputs, strict=True):
             tokens = int((x["input_ids"] == self.image_token).sum())
-            with torch.no_grad():
-                shape = vision(x["pixel_values"]).shape
-            if tokens != shape[0] * shape[1]:
+            try:
+                with torch.no_grad():
+                    features = self.family.reference_image_features(self.model, x)
+            except RuntimeError as e:  # the model's own reshape of patches it cannot take
                 raise InputError(
-                    f"the processor gives {tokens} image tokens for {len(x['pixel_values'])} "
-                    f"image(s) but the model {shape[0] * shape[1]} image features (prompt "
+                    f"the model cannot take the processor's image (prompt {row.prompt[:40]!r}): "
+                    f"{str(e).splitlines()[0]}; a processor of another model (patch_size, "
+                    "merge_size)?"
+                ) from None
+            count = features.numel() // features.shape[-1]
+            if tokens != count:
+                raise InputError(
+                    f"the processor gives {tokens} image tokens for {self.family.image_count(x)} "
+                    f"image(s) but the model {count} image features (prompt "
                     f"{row.prompt[:40]!r}): patch_size, num_additional_image_tokens or "
                     "vision_feature_select_strategy of another model?"
                 )
@@ -167,9 +187,8 @@ class _Build:
         from ortft.export import onnx_tools as tools
 
         model = self.model
-        pixels = torch.cat([x["pixel_values"] for x in self.inputs]).numpy()
-        names = graphs.export_graphs(model, pixels, tmp, self.opset)
-        preprocessor = save_processor(self.processor, tmp)
+        names = self.family.export_all(model, self.inputs, tmp, self.opset)
+        preprocessor = save_processor(self.processor, tmp, self.family)
         generation.save(model, tmp)  # config.json, generation_config.json
         sessions = graphs.Sessions(tmp, self.image_token)
         files = {
@@ -202,12 +221,12 @@ class _Build:
         model, diffs = self.model, {"vision_encoder": 0.0, "embed_tokens": 0.0, "decoder": 0.0}
         embed = graphs.EmbedTokens(model).eval()
         for x in self.inputs:
-            ids, pixels = x["input_ids"], x["pixel_values"]
+            ids = x["input_ids"]
             with torch.no_grad():
-                features = graphs.reference_features(model, pixels).numpy()
+                features = self.family.reference_image_features(model, x).numpy()
                 embeds = embed(ids).numpy()
             got = {
-                "vision_encoder": sessions.image_features(pixels.numpy()),
+                "vision_encoder": sessions.vision.run(None, self.family.vision_feeds(x))[0],
                 "embed_tokens": sessions.embeds(ids.numpy()),
             }
             want = {"vision_encoder": features, "embed_tokens": embeds}
@@ -240,7 +259,7 @@ class _Build:
             images=images, text=prompts, padding=True, padding_side="left", return_tensors="pt"
         )
         with torch.no_grad():
-            features = graphs.reference_features(model, x["pixel_values"]).numpy()
+            features = self.family.reference_image_features(model, x).numpy()
             embeds = graphs.EmbedTokens(model).eval()(x["input_ids"]).numpy()
             want = model(**x, use_cache=False).logits.numpy()
         mask = x["attention_mask"].numpy().astype(np.int64)
@@ -249,7 +268,7 @@ class _Build:
                 embeds, x["input_ids"].numpy(), features, self.image_token
             ),
             "attention_mask": mask,
-            "position_ids": graphs.positions_of(mask, mask.shape[1]),
+            "position_ids": self.family.prompt_positions(model, x, mask),
             **parity.empty_past(sessions.decoder, len(mask)),
         }
         got = sessions.decoder.run(["logits"], feeds)[0]
@@ -270,7 +289,7 @@ class _Build:
             ref = decoder.reference(model, gc, **x)
             ids = x["input_ids"].numpy()
             p = gen.plan(gc, ids.shape[1], encoder_decoder=False, max_positions=positions)
-            steps = graphs.Steps(sessions, x["pixel_values"].numpy())
+            steps = self.family.steps(sessions, x, model)
             seq, raw = gen.generate(steps, ids, p)
             eos = set() if p.eos is None else {int(e) for e in p.eos}
             *counts, diff = decoder.compare(ref, seq, raw, ids.shape[1], eos, p.num_beams)

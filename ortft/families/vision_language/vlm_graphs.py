@@ -139,6 +139,19 @@ def export_graphs(model: Any, pixel_values: np.ndarray, folder: Path, opset: int
         ["image_features"],
         {"pixel_values": {0: "batch"}, "image_features": {0: "batch"}},
     )
+    return {
+        "vision_encoder": (["pixel_values"], ["image_features"]),
+        **export_text_graphs(model, folder, opset, seconds=seconds),
+    }
+
+
+def export_text_graphs(
+    model: Any, folder: Path, opset: int, *, position_rows: int = 0, seconds: float = 0.0
+) -> dict:
+    """Write ``embed_tokens`` and the decoder under ``folder``; returns {graph: (inputs,
+    outputs)} and ``seconds`` + the export's under ``"export_s"``. ``position_rows``: 0 for
+    ``position_ids`` [batch, sequence], else its leading axis (3 for Qwen2-VL's multimodal
+    rotary positions: [3, batch, sequence])."""
     ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
     seconds += tools.torch_export(
         EmbedTokens(model).eval(),
@@ -152,26 +165,21 @@ def export_graphs(model: Any, pixel_values: np.ndarray, folder: Path, opset: int
     layers, heads, dim = cache_shape(model)
     inputs = ["inputs_embeds", "attention_mask", "position_ids", *decoder.past_names(layers)]
     outputs = ["logits", *decoder.past_names(layers, "present")]
+    shift = 1 if position_rows else 0
     axes = {
         "inputs_embeds": {0: "batch", 1: "sequence"},
         "attention_mask": {0: "batch", 1: "total_sequence"},
-        "position_ids": {0: "batch", 1: "sequence"},
+        "position_ids": {shift: "batch", shift + 1: "sequence"},
         "logits": {0: "batch", 1: "sequence"},
         **{n: {0: "batch", 2: "past_sequence"} for n in inputs[3:]},
         **{n: {0: "batch", 2: "total_sequence"} for n in outputs[1:]},
     }
+    example = _decoder_example(model, layers, heads, dim, position_rows)
     with eager_text(model):
         seconds += tools.torch_export(
-            Decoder(model, layers).eval(),
-            _decoder_example(model, layers, heads, dim),
-            folder / DECODER,
-            opset,
-            inputs,
-            outputs,
-            axes,
+            Decoder(model, layers).eval(), example, folder / DECODER, opset, inputs, outputs, axes
         )
     return {
-        "vision_encoder": (["pixel_values"], ["image_features"]),
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
         "decoder": (inputs, outputs),
         "export_s": seconds,
@@ -193,15 +201,20 @@ def eager_text(model: Any) -> Iterator[None]:
         model.set_attn_implementation({"text_config": before})
 
 
-def _decoder_example(model: Any, layers: int, heads: int, dim: int) -> tuple[torch.Tensor, ...]:
+def _decoder_example(
+    model: Any, layers: int, heads: int, dim: int, position_rows: int = 0
+) -> tuple[torch.Tensor, ...]:
     """Two rows of 3 new positions after a past of 3; the second row's first 2 positions padded
-    (so the mask stays in the graph), with the positions transformers.js gives them."""
+    (so the mask stays in the graph), with the positions transformers.js gives them (on each of
+    ``position_rows`` rows where the model takes several)."""
     gen = torch.Generator().manual_seed(0)
     hidden = int(model.get_input_embeddings().weight.shape[1])
     embeds = torch.randn(2, 3, hidden, generator=gen)
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[1, :2] = 0
     positions = positions_of(mask.numpy(), 3)
+    if position_rows:
+        positions = np.ascontiguousarray(np.broadcast_to(positions, (position_rows, 2, 3)))
     past = [torch.randn(2, heads, 3, dim, generator=gen) for _ in range(2 * layers)]
     return (embeds, mask, torch.from_numpy(positions), *past)
 
@@ -285,3 +298,35 @@ class Steps:
     def reorder(self, rows: np.ndarray) -> None:
         self.past = {k: v[rows] for k, v in (self.past or {}).items()}
         self.mask = self.mask[rows]
+
+
+# ------------------------------------------------- what export.py asks of a family's graphs
+# (qwen2vl_graphs answers the same names for Qwen2-VL)
+
+PROCESSOR_CLASS = "LlavaProcessor"
+IMAGE_TOKENS = "patches + num_additional_image_tokens (processor_config.json)"
+
+
+def reference_image_features(model: Any, x: Any) -> torch.Tensor:
+    return reference_features(model, x["pixel_values"])
+
+
+def vision_feeds(x: Any) -> dict[str, np.ndarray]:
+    return {"pixel_values": x["pixel_values"].numpy().astype(np.float32)}
+
+
+def image_count(x: Any) -> int:
+    return len(x["pixel_values"])
+
+
+def export_all(model: Any, inputs: list[Any], folder: Path, opset: int) -> dict:
+    pixels = torch.cat([x["pixel_values"] for x in inputs]).numpy()
+    return export_graphs(model, pixels, folder, opset)
+
+
+def prompt_positions(model: Any, x: Any, mask: np.ndarray) -> np.ndarray:
+    return positions_of(mask, mask.shape[1])
+
+
+def steps(sessions: Sessions, x: Any, model: Any) -> Steps:
+    return Steps(sessions, x["pixel_values"].numpy())

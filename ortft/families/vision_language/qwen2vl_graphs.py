@@ -1,0 +1,225 @@
+"""A Qwen2-VL model's three ONNX graphs, in the layout transformers.js's
+``Qwen2VLForConditionalGeneration`` opens, and the numpy loop that generates from them.
+
+- ``onnx/vision_encoder.onnx``: ``pixel_values`` [patches, channels x temporal x patch x patch]
+  (the processor's flattened patches) and ``grid_thw`` [images, 3] (its ``image_grid_thw``) ->
+  ``image_features`` [patches / merge^2, hidden]: the vision transformer and its patch merger.
+- ``onnx/embed_tokens.onnx``: as for LLaVA (``vlm_graphs``).
+- ``onnx/decoder_model_merged.onnx``: as for LLaVA, but ``position_ids`` is [3, batch,
+  sequence]: the multimodal rotary positions (temporal, height, width) that ``rope_index``
+  computes from the prompt and ``grid_thw``; each later token is at past length + the row's
+  rope delta on all three rows (transformers.js's ``get_rope_index`` and
+  ``prepare_inputs_for_generation``).
+
+The vision encoder is written out here (``VisionEncoder``) because the model's forward takes
+its rotary positions and its per-frame attention blocks from ``grid_thw.tolist()``, which the
+tracer would fix at the example's grid; here both are tensor ops on ``grid_thw``, and the
+per-frame blocks are one attention with a block-diagonal mask.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ortft.core.errors import InputError
+from ortft.export import onnx_tools as tools
+from ortft.families.vision_language import vlm_graphs
+
+PROCESSOR_CLASS = "Qwen2VLProcessor"
+IMAGE_TOKENS = "grid_t x grid_h x grid_w / merge_size^2 (preprocessor_config.json)"
+
+
+def handles(model: Any) -> bool:
+    """Whether ``model`` is a Qwen2-VL (a patch-merging vision transformer under ``visual``)."""
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    return all(hasattr(visual, n) for n in ("patch_embed", "blocks", "merger", "rotary_pos_emb"))
+
+
+class VisionEncoder(torch.nn.Module):
+    """(pixel_values, grid_thw) -> image_features, as the model's ``get_image_features``."""
+
+    def __init__(self, model: Any):
+        super().__init__()
+        if not handles(model):
+            raise InputError(f"{type(model).__name__}: not a Qwen2-VL model (no model.visual)")
+        self.visual = model.model.visual
+        self.merge = int(self.visual.spatial_merge_size)
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        v = self.visual
+        hidden = v.patch_embed(pixel_values)
+        frame, positions = patch_layout(grid_thw, hidden.shape[0], self.merge)
+        cos, sin = v.rotary_pos_emb(hidden, positions)
+        # the model attends within each frame (its cu_seqlens): a block-diagonal mask
+        same = frame[:, None] == frame[None, :]
+        bias = torch.zeros(same.shape, dtype=hidden.dtype).masked_fill(
+            ~same, torch.finfo(hidden.dtype).min
+        )
+        for block in v.blocks:
+            hidden = hidden + _attention(block.attn, block.norm1(hidden), cos, sin, bias)
+            hidden = hidden + block.mlp(block.norm2(hidden))
+        return v.merger(hidden)
+
+
+def patch_layout(grid_thw: torch.Tensor, n: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of the ``n`` patches: the first patch of its frame (its attention block) and its
+    (row, column) in the image, in the processor's order (merge x merge blocks, row-major),
+    as ``transformers.vision_utils.get_vision_position_ids`` lays them out."""
+    index = torch.arange(n, dtype=grid_thw.dtype)
+    t, h, w = grid_thw[:, 0], grid_thw[:, 1], grid_thw[:, 2]
+    sizes = t * h * w
+    ends = torch.cumsum(sizes, 0)
+    image = (index[:, None] >= ends[None, :]).sum(1)
+    begin = (ends - sizes)[image]
+    local, area = index - begin, (h * w)[image]
+    frame = begin + (local // area) * area
+    cell = local % area
+    blocks_w = w[image] // merge
+    row = (cell // (merge * merge * blocks_w)) * merge + (cell // merge) % merge
+    col = ((cell // (merge * merge)) % blocks_w) * merge + cell % merge
+    return frame, torch.stack([row, col], dim=-1)
+
+
+def _attention(attn: Any, x: torch.Tensor, cos, sin, bias: torch.Tensor) -> torch.Tensor:
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+
+    n = x.shape[0]
+    q, k, v = attn.qkv(x).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+    q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
+    q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # [heads, patches, head_dim]
+    weights = torch.softmax(q @ k.transpose(1, 2) * attn.scaling + bias, dim=-1)
+    return attn.proj((weights @ v).transpose(0, 1).reshape(n, -1))
+
+
+def reference_image_features(model: Any, x: Any) -> torch.Tensor:
+    """The model's own image features (what its forward scatters), [tokens, hidden]."""
+    out = model.model.get_image_features(x["pixel_values"], x["image_grid_thw"], return_dict=True)
+    return torch.cat(list(out.pooler_output))
+
+
+def vision_feeds(x: Any) -> dict[str, np.ndarray]:
+    return {
+        "pixel_values": x["pixel_values"].numpy().astype(np.float32),
+        "grid_thw": x["image_grid_thw"].numpy().astype(np.int64),
+    }
+
+
+def image_count(x: Any) -> int:
+    return len(x["image_grid_thw"])
+
+
+def export_all(model: Any, inputs: list[Any], folder: Path, opset: int) -> dict:
+    """Write the three graphs under ``folder``; returns {graph: (inputs, outputs)} and the
+    export's seconds under ``"export_s"``. The vision example is two images of different
+    grids, so the graph keeps the grid's arithmetic."""
+    (folder / "onnx").mkdir(parents=True, exist_ok=True)
+    pixels = torch.cat([x["pixel_values"] for x in inputs[:2]])
+    grid = torch.cat([x["image_grid_thw"] for x in inputs[:2]])
+    seconds = tools.torch_export(
+        VisionEncoder(model).eval(),
+        (pixels, grid),
+        folder / vlm_graphs.VISION,
+        opset,
+        ["pixel_values", "grid_thw"],
+        ["image_features"],
+        {
+            "pixel_values": {0: "patches"},
+            "grid_thw": {0: "images"},
+            "image_features": {0: "image_tokens"},
+        },
+    )
+    names = vlm_graphs.export_text_graphs(model, folder, opset, position_rows=3)
+    names["export_s"] += seconds
+    return {"vision_encoder": (["pixel_values", "grid_thw"], ["image_features"]), **names}
+
+
+def rope_index(
+    ids: np.ndarray, mask: np.ndarray, grid_thw: np.ndarray, config: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """(position_ids [3, batch, sequence], rope deltas [batch, 1]) of a prompt batch, as
+    transformers.js's ``get_rope_index`` gives them: text at consecutive positions on all three
+    rows; an image (after ``vision_start_token_id``) on its (t, h, w) grid of merged patches from
+    the next free position; the text after it from that position + max(t, h, w). A padded
+    position gets 0; the delta is the row's last position + 1 - the padded length."""
+    merge = int(config.vision_config.spatial_merge_size)
+    image, start = int(config.image_token_id), int(config.vision_start_token_id)
+    positions = np.zeros((3, *ids.shape), np.int64)
+    deltas = np.zeros((len(ids), 1), np.int64)
+    grids = iter(np.asarray(grid_thw).tolist())
+    for row in range(len(ids)):
+        keep = mask[row] == 1
+        tokens = ids[row][keep]
+        parts, done, nxt = [], 0, 0
+        for at in np.flatnonzero(tokens[:-1] == start).tolist():
+            if tokens[at + 1] != image:
+                continue
+            t, h, w = next(grids)
+            text = at + 1 - done
+            parts.append(np.broadcast_to(nxt + np.arange(text), (3, text)))
+            nxt += text
+            axes = (np.arange(t), np.arange(h // merge), np.arange(w // merge))
+            parts.append(nxt + np.stack([g.ravel() for g in np.meshgrid(*axes, indexing="ij")]))
+            nxt += max(t, h // merge, w // merge)
+            done = at + 1 + t * (h // merge) * (w // merge)
+        rest = len(tokens) - done
+        parts.append(np.broadcast_to(nxt + np.arange(rest), (3, rest)))
+        flat = np.concatenate(parts, axis=1)
+        positions[:, row, keep] = flat
+        deltas[row, 0] = flat.max() + 1 - ids.shape[1]
+    return positions, deltas
+
+
+def prompt_positions(model: Any, x: Any, mask: np.ndarray) -> np.ndarray:
+    """The decoder's ``position_ids`` for a prompt batch (``x``: the processor's output)."""
+    ids = x["input_ids"].numpy()
+    return rope_index(ids, mask, x["image_grid_thw"].numpy(), model.config)[0]
+
+
+def steps(sessions: vlm_graphs.Sessions, x: Any, model: Any) -> Steps:
+    return Steps(sessions, vision_feeds(x), model.config)
+
+
+class Steps:
+    """``ortft.export.generation.Steps`` over the three graphs: the first call embeds the
+    prompt, merges the image features in and runs the decoder on the prompt's rope positions
+    with an empty past; each later call runs one token at past length + the rope delta."""
+
+    def __init__(self, sessions: vlm_graphs.Sessions, feeds: dict[str, np.ndarray], config: Any):
+        self.s, self.feeds, self.config = sessions, feeds, config
+        self.past: dict[str, np.ndarray] | None = None
+        self.mask = np.zeros((0, 0), np.int64)
+        self.deltas = np.zeros((0, 1), np.int64)
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        from ortft.export import parity
+
+        embeds = self.s.embeds(tokens)
+        if self.past is None:  # the prompt: its image tokens become the image's features
+            features = self.s.vision.run(None, self.feeds)[0]
+            embeds = vlm_graphs.merge(embeds, tokens, features, self.s.image_token)
+            self.past = parity.empty_past(self.s.decoder, len(tokens))
+            self.mask = np.ones(tokens.shape, np.int64)
+            grid = self.feeds["grid_thw"]
+            positions, self.deltas = rope_index(tokens, self.mask, grid, self.config)
+        else:
+            past = self.mask.shape[1]
+            self.mask = np.concatenate([self.mask, np.ones(tokens.shape, np.int64)], axis=1)
+            row = past + self.deltas + np.arange(tokens.shape[1])
+            positions = np.broadcast_to(row, (3, *tokens.shape)).copy()
+        feeds = {
+            "inputs_embeds": embeds,
+            "attention_mask": self.mask,
+            "position_ids": positions,
+            **self.past,
+        }
+        out = self.s.decoder.run(None, feeds)
+        self.past = dict(zip(self.past, out[1:], strict=True))
+        return out[0][:, -1]
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.past = {k: v[rows] for k, v in (self.past or {}).items()}
+        self.mask, self.deltas = self.mask[rows], self.deltas[rows]
