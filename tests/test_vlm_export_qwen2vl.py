@@ -103,6 +103,9 @@ def test_export_passes_parity_and_generation(exported):
     graphs = written["parity"]["graphs"]
     assert set(graphs) == {"vision_encoder", "embed_tokens", "decoder"}
     assert all(g["max_abs_diff"] <= 1e-4 for g in graphs.values())
+    # the tiny random vision tower moves its features by ~1e-5 for wrong rotary positions
+    # (a row/column swap), under the export's 1e-4: its graph is held to 1e-6 here
+    assert graphs["vision_encoder"]["max_abs_diff"] <= 1e-6
     gen = written["generation"]
     assert gen["passed"] and gen["mismatches"] == 0 and gen["prompts"] == 2
     assert gen["steps_compared"] >= 16
@@ -134,7 +137,7 @@ def test_the_graphs_take_other_grids_and_multimodal_positions(exported):
     got = vision.run(None, qwen2vl_graphs.vision_feeds(x))[0]
     with torch.no_grad():
         want = qwen2vl_graphs.reference_image_features(model, x).numpy()
-    assert got.shape == (8 + 12, 32) and np.max(np.abs(got - want)) <= 1e-4
+    assert got.shape == (8 + 12, 32) and np.max(np.abs(got - want)) <= 1e-6
     decoder = ort.InferenceSession(str(out / "onnx/decoder_model_merged.onnx"))
     shape = next(i.shape for i in decoder.get_inputs() if i.name == "position_ids")
     assert shape[0] == 3 and isinstance(shape[1], str) and isinstance(shape[2], str)
