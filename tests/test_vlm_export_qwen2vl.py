@@ -186,3 +186,61 @@ def test_a_processor_of_another_model_is_refused_before_exporting(tmp_path):
     with pytest.raises(InputError, match=r"gives 1 image tokens for 1 image.* 6 image features"):
         export_image_text_to_text(model, processor, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_config_json_has_the_text_sizes_at_its_top_level(exported):
+    """transformers.js reads a qwen2_vl config's cache sizes at the top level; transformers
+    still reads the folder's config as the model's."""
+    from transformers import Qwen2VLConfig
+
+    model, _, out, _ = exported
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["num_key_value_heads"]) == (2, 2)
+    loaded = Qwen2VLConfig.from_pretrained(out).get_text_config()
+    text = model.config.get_text_config()
+    keys = (
+        "num_hidden_layers",
+        "num_key_value_heads",
+        "hidden_size",
+        "vocab_size",
+        "rope_parameters",
+    )
+    assert {k: getattr(loaded, k) for k in keys} == {k: getattr(text, k) for k in keys}
+
+
+@pytest.mark.consumer
+def test_transformers_js_generates_the_ids_of_generate(exported, node_modules, tmp_path):
+    """transformers.js 4.3.1 (tests/node/vlm.mjs) opens the folder as written, through its own
+    Qwen2VLProcessor (flattened patches, grid_thw) and Qwen2VLForConditionalGeneration (its
+    get_rope_index), and generates greedily the ids PyTorch's ``generate`` gives for the same
+    image file and prompt. The images' sides are multiples of 8 within the processor's pixel
+    range, so neither side resizes (their resizes differ)."""
+    import subprocess
+    from pathlib import Path
+
+    from PIL import Image
+
+    from ortft.families.vision_language.export import prompt_for
+
+    model, processor, out, _ = exported
+    rng = np.random.default_rng(1)
+    rows, want = [], []
+    for i, (question, size) in enumerate(
+        (("What is in the image?", (16, 24)), ("Which colour is it?", (24, 24)))
+    ):
+        path = tmp_path / f"image{i}.png"
+        Image.fromarray(rng.integers(0, 256, size + (3,)).astype(np.uint8)).save(path)
+        prompt = prompt_for(processor, question)
+        rows.append(json.dumps({"image": str(path), "prompt": prompt}))
+        x = processor(images=[Image.open(path)], text=[prompt], return_tensors="pt")
+        want.append(model.generate(**x, max_new_tokens=16, do_sample=False)[0].tolist())
+    inputs = tmp_path / "inputs.jsonl"
+    inputs.write_text("\n".join(rows) + "\n")
+    script = Path(__file__).resolve().parent / "node" / "vlm.mjs"
+    res = subprocess.run(
+        ["node", str(script), node_modules, str(out), str(inputs), "16", "text-image"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = [json.loads(line)["ids"] for line in res.stdout.splitlines() if line.startswith("{")]
+    assert got == want

@@ -1,19 +1,21 @@
-// A transformers.js client of an ortft image-text-to-text export (LLaVA), as a Node user writes
+// A transformers.js client of an ortft image-text-to-text export (LLaVA, Qwen2-VL), as a Node user writes
 // it: the folder as ortft wrote it (onnx/vision_encoder.onnx, onnx/embed_tokens.onnx,
 // onnx/decoder_model_merged.onnx; config.json, generation_config.json, processor_config.json,
 // preprocessor_config.json and the tokenizer), offline.
 //
-//   node vlm.mjs NODE_MODULES EXPORT_DIR INPUTS MAX_NEW
+//   node vlm.mjs NODE_MODULES EXPORT_DIR INPUTS MAX_NEW [ORDER]
 //
 // INPUTS: one JSON line per question, {"image": a PNG's path, "prompt": the chat-templated
 // prompt with its image token}. Each through the folder's processor (it expands the image
 // token) and the model's generate (greedy, generation_config.json's settings, up to MAX_NEW new
 // tokens); one JSON line per input on stdout: {"ids": the sequence generate returns}.
+// ORDER: the processor's arguments, "image-text" (LlavaProcessor, the default) or "text-image"
+// (Qwen2VLProcessor).
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
 
-const [modules, folder, inputsFile, maxNew] = process.argv.slice(2);
+const [modules, folder, inputsFile, maxNew, order = "image-text"] = process.argv.slice(2);
 const require = createRequire(path.join(path.resolve(modules), "..", "package.json"));
 const { AutoProcessor, AutoModelForImageTextToText, RawImage, env } = require(
   "@huggingface/transformers",
@@ -27,7 +29,9 @@ const model = await AutoModelForImageTextToText.from_pretrained(name, { dtype: "
 const lines = readFileSync(inputsFile, "utf8").split("\n").filter((t) => t.trim());
 for (const line of lines) {
   const { image, prompt } = JSON.parse(line);
-  const inputs = await processor(await RawImage.read(image), prompt);
+  const picture = await RawImage.read(image);
+  const inputs =
+    order === "text-image" ? await processor(prompt, picture) : await processor(picture, prompt);
   const out = await model.generate({ ...inputs, max_new_tokens: Number(maxNew), do_sample: false });
   console.log(JSON.stringify({ ids: out.tolist()[0].map(Number) }));
 }

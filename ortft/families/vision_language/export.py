@@ -29,7 +29,7 @@ import torch
 
 from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport, ParityReport
-from ortft.export import decoder, generation, parity
+from ortft.export import decoder, parity
 from ortft.families.vision_language import qwen2vl_graphs
 from ortft.families.vision_language import vlm_graphs as graphs
 
@@ -73,7 +73,7 @@ def graphs_for(model: Any) -> Any:
     (``qwen2vl_graphs``), else LLaVA's (``vlm_graphs``, which refuses what it cannot write).
     Both answer the same names: ``VisionEncoder``, ``export_all``, ``vision_feeds``,
     ``reference_image_features``, ``image_count``, ``prompt_positions``, ``steps``,
-    ``PROCESSOR_CLASS``, ``IMAGE_TOKENS``."""
+    ``save_config``, ``PROCESSOR_CLASS``, ``IMAGE_TOKENS``."""
     return qwen2vl_graphs if qwen2vl_graphs.handles(model) else graphs
 
 
@@ -189,7 +189,7 @@ class _Build:
         model = self.model
         names = self.family.export_all(model, self.inputs, tmp, self.opset)
         preprocessor = save_processor(self.processor, tmp, self.family)
-        generation.save(model, tmp)  # config.json, generation_config.json
+        self.family.save_config(model, tmp)  # config.json, generation_config.json
         sessions = graphs.Sessions(tmp, self.image_token)
         files = {
             "vision_encoder": graphs.VISION,

@@ -112,6 +112,32 @@ def image_count(x: Any) -> int:
     return len(x["image_grid_thw"])
 
 
+# transformers.js 4.3.1 reads a qwen2_vl config's cache sizes at its top level (it looks into
+# ``text_config`` only for qwen2_5_vl and later), where transformers 5 writes them nested
+TOP_LEVEL_TEXT_KEYS = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "vocab_size",
+)
+
+
+def save_config(model: Any, folder: Path) -> None:
+    """config.json and generation_config.json, with the text model's sizes also at the top
+    level of config.json (``TOP_LEVEL_TEXT_KEYS``; transformers reads them either way)."""
+    import json
+
+    from ortft.export import generation
+
+    generation.save(model, folder)
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    text = config.get("text_config") or {}
+    config.update({k: text[k] for k in TOP_LEVEL_TEXT_KEYS if k in text and k not in config})
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
 def export_all(model: Any, inputs: list[Any], folder: Path, opset: int) -> dict:
     """Write the three graphs under ``folder``; returns {graph: (inputs, outputs)} and the
     export's seconds under ``"export_s"``. The vision example is two images of different

@@ -307,6 +307,12 @@ PROCESSOR_CLASS = "LlavaProcessor"
 IMAGE_TOKENS = "patches + num_additional_image_tokens (processor_config.json)"
 
 
+def save_config(model: Any, folder: Path) -> None:
+    from ortft.export import generation
+
+    generation.save(model, folder)  # config.json, generation_config.json
+
+
 def reference_image_features(model: Any, x: Any) -> torch.Tensor:
     return reference_features(model, x["pixel_values"])
 
