@@ -1,8 +1,9 @@
-"""The ONNX export of a LLaVA-style vision-language model (``image-text-to-text``), in the
-layout transformers.js opens, checked graph by graph and by generating.
+"""The ONNX export of a vision-language model (``image-text-to-text``: LLaVA-style or
+Qwen2-VL), in the layout transformers.js opens for it, checked graph by graph and by generating.
 
 The folder (``export_image_text_to_text``) is a model folder: the three graphs under ``onnx/``
-(``ortft.families.vision_language.vlm_graphs``), ``config.json``,
+(``ortft.families.vision_language.vlm_graphs`` for LLaVA, ``qwen2vl_graphs`` for Qwen2-VL:
+``graphs_for``), ``config.json``,
 ``generation_config.json``, the processor (``processor_config.json`` with the image token and
 the patch size, ``preprocessor_config.json``: the image processor, which transformers.js reads
 from that file alone, the tokenizer files and the chat template) and ``export.json``.
@@ -55,10 +56,11 @@ def export_image_text_to_text(
     tolerance: float = 1e-4,
     samples: list[Sample] | None = None,
 ) -> ExportReport:
-    """Export ``model`` (a ``LlavaForConditionalGeneration``) with ``processor`` to ``out_dir``,
-    check it, write export.json; the report's ``passed`` says whether every check passed (the
-    folder is then ``out_dir``, else ``out_dir.failed``: ``parity.publish``). ``samples``: the
-    images and prompts the checks run on; None: ``SYNTHETIC_SAMPLES`` noise images."""
+    """Export ``model`` (a ``LlavaForConditionalGeneration`` or a Qwen2-VL) with ``processor``
+    to ``out_dir``, check it, write export.json; the report's ``passed`` says whether every
+    check passed (the folder is then ``out_dir``, else ``out_dir.failed``: ``parity.publish``).
+    ``samples``: the images and prompts the checks run on; None: ``SYNTHETIC_SAMPLES`` noise
+    images."""
     model = model.eval().to("cpu")
     family = graphs_for(model)
     family.VisionEncoder(model)  # a model the export cannot write is refused before it starts
