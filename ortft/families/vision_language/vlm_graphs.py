@@ -55,7 +55,8 @@ class VisionEncoder(torch.nn.Module):
         if not hasattr(inner, "vision_tower") or not hasattr(inner, "multi_modal_projector"):
             raise InputError(
                 f"{type(model).__name__}: the image-text-to-text export writes LLaVA-style "
-                "models (a vision tower, a projector and a language model)"
+                "models (a vision tower, a projector and a language model), Idefics3 and "
+                "Qwen2-VL"
             )
         self.tower, self.projector = inner.vision_tower, inner.multi_modal_projector
         self.layer = model.config.vision_feature_layer
