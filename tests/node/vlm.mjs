@@ -1,5 +1,5 @@
-// A transformers.js client of an ortft image-text-to-text export (LLaVA), as a Node user writes
-// it: the folder as ortft wrote it (onnx/vision_encoder.onnx, onnx/embed_tokens.onnx,
+// A transformers.js client of an ortft image-text-to-text export (LLaVA, Idefics3, Qwen2-VL), as
+// a Node user writes it: the folder as ortft wrote it (onnx/vision_encoder.onnx, onnx/embed_tokens.onnx,
 // onnx/decoder_model_merged.onnx; config.json, generation_config.json, processor_config.json,
 // preprocessor_config.json and the tokenizer), offline.
 //
@@ -10,7 +10,7 @@
 // token) and the model's generate (greedy, generation_config.json's settings, up to MAX_NEW new
 // tokens); one JSON line per input on stdout: {"ids": the sequence generate returns}.
 // ORDER: how the family's processor takes its arguments: "image-text" (LlavaProcessor, the
-// default) or "text-image" (Idefics3Processor: processor(text, images)).
+// default) or "text-image" (Idefics3Processor and Qwen2VLProcessor: processor(text, images)).
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";

@@ -1,10 +1,11 @@
-"""The ONNX export of a vision-language model (``image-text-to-text``: LLaVA-style or
-Idefics3, ``LAYOUTS``), in the layout transformers.js opens, checked graph by graph and by
+"""The ONNX export of a vision-language model (``image-text-to-text``: LLaVA-style, Idefics3 or
+Qwen2-VL, ``LAYOUTS``), in the layout transformers.js opens for it, checked graph by graph and by
 generating. A family's part (its vision graph and inputs, its image features, its processor
-files) is a ``Layout``; the rest is shared.
+files, its decoder positions and config.json) is a ``Layout``; the rest is shared.
 
 The folder (``export_image_text_to_text``) is a model folder: the three graphs under ``onnx/``
-(``ortft.families.vision_language.vlm_graphs``), ``config.json``,
+(``ortft.families.vision_language.vlm_graphs``; a family's vision graph in its
+``*_graphs`` module), ``config.json``,
 ``generation_config.json``, the processor (``processor_config.json`` with the image token and
 the patch size, ``preprocessor_config.json``: the image processor, which transformers.js reads
 from that file alone, the tokenizer files and the chat template) and ``export.json``.
@@ -31,8 +32,8 @@ import torch
 
 from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport, ParityReport
-from ortft.export import decoder, generation, parity
-from ortft.families.vision_language import idefics3_graphs
+from ortft.export import decoder, parity
+from ortft.families.vision_language import idefics3_graphs, qwen2vl_graphs
 from ortft.families.vision_language import vlm_graphs as graphs
 
 TASK = "image-text-to-text"
@@ -42,7 +43,10 @@ SYNTHETIC_QUESTIONS = ("What is in the image?", "Which colour is it?")
 
 class Layout(Protocol):
     """What a model family changes in the export (the rest is shared): the vision graph and
-    its inputs, the model's own image features, the processor's files."""
+    its inputs, the model's own image features, the processor's files, the decoder's
+    positions and config.json (``vlm_graphs.SharedLayout``: those most families share)."""
+
+    position_rows: int  # 0: position_ids [batch, sequence]; else [rows, batch, sequence]
 
     def accepts(self, model: Any) -> bool: ...
 
@@ -62,8 +66,23 @@ class Layout(Protocol):
 
     def save_processor(self, processor: Any, folder: Path) -> dict[str, Any]: ...
 
+    def save_config(self, model: Any, folder: Path) -> None:
+        """config.json and generation_config.json."""
+        ...
 
-class _Llava:
+    def image_count(self, x: Any) -> int: ...
+
+    def prompt_positions(self, model: Any, x: Any, mask: np.ndarray) -> np.ndarray:
+        """The decoder's ``position_ids`` for a prompt batch (``x``: the processor's output,
+        ``mask``: its attention mask)."""
+        ...
+
+    def steps(self, sessions: graphs.Sessions, model: Any, x: Any) -> graphs.Steps:
+        """The generation loop over the three graphs for the processor's output ``x``."""
+        ...
+
+
+class _Llava(graphs.SharedLayout):
     """LLaVA-style models (the default: its vision encoder refuses what it cannot write)."""
 
     def accepts(self, model: Any) -> bool:
@@ -86,7 +105,7 @@ class _Llava:
         return save_processor(processor, folder)
 
 
-LAYOUTS: tuple[Layout, ...] = (idefics3_graphs.LAYOUT, _Llava())
+LAYOUTS: tuple[Layout, ...] = (idefics3_graphs.LAYOUT, qwen2vl_graphs.LAYOUT, _Llava())
 
 
 def layout_for(model: Any) -> Layout:
@@ -111,8 +130,8 @@ def export_image_text_to_text(
     tolerance: float = 1e-4,
     samples: list[Sample] | None = None,
 ) -> ExportReport:
-    """Export ``model`` (a ``LlavaForConditionalGeneration`` or an
-    ``Idefics3ForConditionalGeneration``: ``LAYOUTS``) with ``processor`` to ``out_dir``,
+    """Export ``model`` (a ``LlavaForConditionalGeneration``, an
+    ``Idefics3ForConditionalGeneration`` or a ``Qwen2VLForConditionalGeneration``: ``LAYOUTS``) with ``processor`` to ``out_dir``,
     check it, write export.json; the report's ``passed`` says whether every check passed (the
     folder is then ``out_dir``, else ``out_dir.failed``: ``parity.publish``). ``samples``: the
     images and prompts the checks run on; None: ``SYNTHETIC_SAMPLES`` noise images."""
@@ -207,12 +226,19 @@ class _Build:
         features the model gives: a processor of another model is one line, before exporting."""
         for row, x in zip(self.rows, self.inputs, strict=True):
             tokens = int((x["input_ids"] == self.image_token).sum())
-            with torch.no_grad():
-                shape = self.layout.reference_features(self.model, x).shape
+            try:
+                with torch.no_grad():
+                    shape = self.layout.reference_features(self.model, x).shape
+            except RuntimeError as e:  # the model's own reshape of patches it cannot take
+                raise InputError(
+                    f"the model cannot take the processor's image (prompt {row.prompt[:40]!r}): "
+                    f"{str(e).splitlines()[0]}; a processor of another model (patch_size, "
+                    "merge_size)?"
+                ) from None
             features = int(np.prod(shape[:-1]))
             if tokens != features:
                 raise InputError(
-                    f"the processor gives {tokens} image tokens for {len(x['pixel_values'])} "
+                    f"the processor gives {tokens} image tokens for {self.layout.image_count(x)} "
                     f"image(s) but the model {features} image features (prompt "
                     f"{row.prompt[:40]!r}): patch_size, num_additional_image_tokens or "
                     "vision_feature_select_strategy of another model?"
@@ -224,9 +250,10 @@ class _Build:
 
         model = self.model
         vision = self.layout.vision_graph(model, self.inputs)
-        names = graphs.export_graphs(model, vision, tmp, self.opset)
+        rows = self.layout.position_rows
+        names = graphs.export_graphs(model, vision, tmp, self.opset, rows)
         preprocessor = self.layout.save_processor(self.processor, tmp)
-        generation.save(model, tmp)  # config.json, generation_config.json
+        self.layout.save_config(model, tmp)
         sessions = graphs.Sessions(tmp, self.image_token)
         files = {
             "vision_encoder": graphs.VISION,
@@ -306,7 +333,7 @@ class _Build:
                 embeds, x["input_ids"].numpy(), features, self.image_token
             ),
             "attention_mask": mask,
-            "position_ids": graphs.positions_of(mask, mask.shape[1]),
+            "position_ids": self.layout.prompt_positions(model, x, mask),
             **parity.empty_past(sessions.decoder, len(mask)),
         }
         got = sessions.decoder.run(["logits"], feeds)[0]
@@ -327,7 +354,7 @@ class _Build:
             ref = decoder.reference(model, gc, **x)
             ids = x["input_ids"].numpy()
             p = gen.plan(gc, ids.shape[1], encoder_decoder=False, max_positions=positions)
-            steps = graphs.Steps(sessions, **self.layout.vision_feeds(x))
+            steps = self.layout.steps(sessions, model, x)
             seq, raw = gen.generate(steps, ids, p)
             eos = set() if p.eos is None else {int(e) for e in p.eos}
             *counts, diff = decoder.compare(ref, seq, raw, ids.shape[1], eos, p.num_beams)

@@ -84,7 +84,7 @@ def positions(patches: torch.Tensor, side: int) -> torch.Tensor:
     return torch.where(patches.reshape(patches.shape[0], -1), ids, torch.zeros_like(ids))
 
 
-class Idefics3Layout:
+class Idefics3Layout(graphs.SharedLayout):
     """``export.Layout`` for ``Idefics3ForConditionalGeneration`` (SmolVLM's architecture)."""
 
     def accepts(self, model: Any) -> bool:

@@ -1,7 +1,8 @@
 """A LLaVA-style model's three ONNX graphs, in the layout transformers.js's
 ``LlavaForConditionalGeneration`` opens (its ``vision_encoder``, ``embed_tokens`` and
-``decoder_model_merged`` sessions), and the numpy loop that generates from them. Another family traces its own vision encoder
-(``VisionGraph``; Idefics3's in ``idefics3_graphs``) and shares the rest.
+``decoder_model_merged`` sessions), and the numpy loop that generates from them. Another family
+traces its own vision encoder (``VisionGraph``: Idefics3's in ``idefics3_graphs``, Qwen2-VL's
+in ``qwen2vl_graphs``) and shares the rest (``SharedLayout``; Qwen2-VL its own positions).
 
 - ``onnx/vision_encoder.onnx``: ``pixel_values`` [images, 3, height, width] ->
   ``image_features`` [images, image_tokens, hidden]: the vision tower's chosen layer
@@ -54,7 +55,8 @@ class VisionEncoder(torch.nn.Module):
         if not hasattr(inner, "vision_tower") or not hasattr(inner, "multi_modal_projector"):
             raise InputError(
                 f"{type(model).__name__}: the image-text-to-text export writes LLaVA-style "
-                "models (a vision tower, a projector and a language model)"
+                "models (a vision tower, a projector and a language model), Idefics3 and "
+                "Qwen2-VL"
             )
         self.tower, self.projector = inner.vision_tower, inner.multi_modal_projector
         self.layer = model.config.vision_feature_layer
@@ -162,9 +164,12 @@ def cache_shape(model: Any) -> tuple[int, int, int]:
     return len(layers), int(heads), int(dim)
 
 
-def export_graphs(model: Any, vision: VisionGraph, folder: Path, opset: int) -> dict:
-    """Write the three graphs under ``folder`` (``vision``: the family's vision encoder);
-    returns {graph: (inputs, outputs)} and the export's seconds under ``"export_s"``."""
+def export_graphs(
+    model: Any, vision: VisionGraph, folder: Path, opset: int, position_rows: int = 0
+) -> dict:
+    """Write the three graphs under ``folder`` (``vision``: the family's vision encoder;
+    ``position_rows``: ``export_text_graphs``'s); returns {graph: (inputs, outputs)} and the
+    export's seconds under ``"export_s"``."""
     (folder / "onnx").mkdir(parents=True, exist_ok=True)
     seconds = tools.torch_export(
         vision.module,
@@ -175,6 +180,19 @@ def export_graphs(model: Any, vision: VisionGraph, folder: Path, opset: int) -> 
         ["image_features"],
         vision.axes,
     )
+    return {
+        "vision_encoder": (vision.inputs, ["image_features"]),
+        **export_text_graphs(model, folder, opset, position_rows=position_rows, seconds=seconds),
+    }
+
+
+def export_text_graphs(
+    model: Any, folder: Path, opset: int, *, position_rows: int = 0, seconds: float = 0.0
+) -> dict:
+    """Write ``embed_tokens`` and the decoder under ``folder``; returns {graph: (inputs,
+    outputs)} and ``seconds`` + the export's under ``"export_s"``. ``position_rows``: 0 for
+    ``position_ids`` [batch, sequence], else its leading axis (3 for Qwen2-VL's multimodal
+    rotary positions: [3, batch, sequence])."""
     ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
     seconds += tools.torch_export(
         EmbedTokens(model).eval(),
@@ -188,26 +206,21 @@ def export_graphs(model: Any, vision: VisionGraph, folder: Path, opset: int) -> 
     layers, heads, dim = cache_shape(model)
     inputs = ["inputs_embeds", "attention_mask", "position_ids", *decoder.past_names(layers)]
     outputs = ["logits", *decoder.past_names(layers, "present")]
+    shift = 1 if position_rows else 0
     axes = {
         "inputs_embeds": {0: "batch", 1: "sequence"},
         "attention_mask": {0: "batch", 1: "total_sequence"},
-        "position_ids": {0: "batch", 1: "sequence"},
+        "position_ids": {shift: "batch", shift + 1: "sequence"},
         "logits": {0: "batch", 1: "sequence"},
         **{n: {0: "batch", 2: "past_sequence"} for n in inputs[3:]},
         **{n: {0: "batch", 2: "total_sequence"} for n in outputs[1:]},
     }
+    example = _decoder_example(model, layers, heads, dim, position_rows)
     with eager_text(model):
         seconds += tools.torch_export(
-            Decoder(model, layers).eval(),
-            _decoder_example(model, layers, heads, dim),
-            folder / DECODER,
-            opset,
-            inputs,
-            outputs,
-            axes,
+            Decoder(model, layers).eval(), example, folder / DECODER, opset, inputs, outputs, axes
         )
     return {
-        "vision_encoder": (vision.inputs, ["image_features"]),
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
         "decoder": (inputs, outputs),
         "export_s": seconds,
@@ -229,15 +242,20 @@ def eager_text(model: Any) -> Iterator[None]:
         model.set_attn_implementation({"text_config": before})
 
 
-def _decoder_example(model: Any, layers: int, heads: int, dim: int) -> tuple[torch.Tensor, ...]:
+def _decoder_example(
+    model: Any, layers: int, heads: int, dim: int, position_rows: int = 0
+) -> tuple[torch.Tensor, ...]:
     """Two rows of 3 new positions after a past of 3; the second row's first 2 positions padded
-    (so the mask stays in the graph), with the positions transformers.js gives them."""
+    (so the mask stays in the graph), with the positions transformers.js gives them (on each of
+    ``position_rows`` rows where the model takes several)."""
     gen = torch.Generator().manual_seed(0)
     hidden = int(model.get_input_embeddings().weight.shape[1])
     embeds = torch.randn(2, 3, hidden, generator=gen)
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[1, :2] = 0
     positions = positions_of(mask.numpy(), 3)
+    if position_rows:
+        positions = np.ascontiguousarray(np.broadcast_to(positions, (position_rows, 2, 3)))
     past = [torch.randn(2, heads, 3, dim, generator=gen) for _ in range(2 * layers)]
     return (embeds, mask, torch.from_numpy(positions), *past)
 
@@ -293,7 +311,8 @@ class Sessions:
 class Steps:
     """``ortft.export.generation.Steps`` over the three graphs: the first call embeds the
     prompt, merges the image features in and runs the decoder with an empty past; each later
-    call embeds one token and runs it against the cache."""
+    call embeds one token and runs it against the cache. ``positions``: the decoder's
+    ``position_ids`` (a family with other positions overrides it: Qwen2-VL's)."""
 
     def __init__(self, sessions: Sessions, pixel_values: np.ndarray, **extra: np.ndarray):
         self.s, self.pixel_values, self.extra = sessions, pixel_values, extra
@@ -304,6 +323,7 @@ class Steps:
         from ortft.export import parity
 
         embeds = self.s.embeds(tokens)
+        prompt = self.past is None
         if self.past is None:  # the prompt: its image tokens become the image's features
             features = self.s.image_features(self.pixel_values, **self.extra)
             embeds = merge(embeds, tokens, features, self.s.image_token)
@@ -313,13 +333,44 @@ class Steps:
         feeds = {
             "inputs_embeds": embeds,
             "attention_mask": self.mask,
-            "position_ids": positions_of(self.mask, tokens.shape[1]),
+            "position_ids": self.positions(tokens, prompt),
             **self.past,
         }
         out = self.s.decoder.run(None, feeds)
         self.past = dict(zip(self.past, out[1:], strict=True))
         return out[0][:, -1]
 
+    def positions(self, tokens: np.ndarray, prompt: bool) -> np.ndarray:
+        """``tokens``' position ids (``self.mask`` already covers them; ``prompt``: the first
+        call)."""
+        return positions_of(self.mask, tokens.shape[1])
+
     def reorder(self, rows: np.ndarray) -> None:
         self.past = {k: v[rows] for k, v in (self.past or {}).items()}
         self.mask = self.mask[rows]
+
+
+class SharedLayout:
+    """The parts of ``export.Layout`` that LLaVA and Idefics3 share and Qwen2-VL overrides: the
+    decoder's ``position_ids`` [batch, sequence] from the mask, config.json as transformers
+    writes it, one image per ``pixel_values`` row. A family defines ``vision_feeds`` and the
+    rest of the protocol."""
+
+    position_rows = 0
+
+    def vision_feeds(self, x: Any) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def image_count(self, x: Any) -> int:
+        return len(x["pixel_values"])
+
+    def save_config(self, model: Any, folder: Path) -> None:
+        from ortft.export import generation
+
+        generation.save(model, folder)  # config.json, generation_config.json
+
+    def prompt_positions(self, model: Any, x: Any, mask: np.ndarray) -> np.ndarray:
+        return positions_of(mask, mask.shape[1])
+
+    def steps(self, sessions: Sessions, model: Any, x: Any) -> Steps:
+        return Steps(sessions, **self.vision_feeds(x))
