@@ -278,7 +278,6 @@ def test_the_run_exports_the_three_graphs_with_its_held_out_rows_checked(run):
     }  # fmt: skip
     assert report["parity"]["source"] == "samples" and report["parity"]["samples"] == 4
     assert report["generation"]["passed"] is True and report["generation"]["prompts"] == 4
-    assert report["samples"][0]["prompt"].count("<image>") == 1  # folded back to one token
     assert (run / "onnx" / "README.md").is_file() and not (run / "onnx.failed").exists()
 
 

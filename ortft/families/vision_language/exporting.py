@@ -101,7 +101,6 @@ def export_builder(
             result = job.build(tmp)
         except RuntimeError as err:  # the tracer's failures
             raise RunError(f"ONNX export (opset {opset}) failed: {first_line(err)}") from err
-        result["samples"] = [{"prompt": r.prompt} for r in job.rows]
         feeds = runtime_feeds(job)
         config, length = job.model.config, options.max_length
         return finished(
