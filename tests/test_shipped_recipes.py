@@ -254,6 +254,12 @@ BUILT = ["preference-start.yaml"]
 
 # encoder-decoder models export two graphs (encoder_model.onnx + decoder_model_merged.onnx), no model.onnx
 TWO_GRAPH_TASKS = {"seq2seq", "speech-recognition"}
+# a vision-language model: the three graphs transformers.js reads
+VLM_GRAPHS = (
+    "onnx/vision_encoder.onnx",
+    "onnx/embed_tokens.onnx",
+    "onnx/decoder_model_merged.onnx",
+)
 
 
 def ortft(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -343,6 +349,8 @@ def assert_final_and_export(recipe: Any, run: Path, summary: dict[str, Any]) -> 
         graphs = (
             ("encoder_model.onnx", "decoder_model_merged.onnx")
             if recipe.task.name in TWO_GRAPH_TASKS
+            else VLM_GRAPHS
+            if recipe.task.name == "image-text-to-text"
             else ("model.onnx",)
         )
         assert all((run / "onnx" / g).is_file() for g in graphs), sorted(os.listdir(run / "onnx"))

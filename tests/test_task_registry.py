@@ -150,8 +150,8 @@ def test_builtin_tasks_declare_export_kind_and_on_device_support() -> None:
         "sequence-classification",
         "causal-lm",
     ]
-    # every built-in exports but image-text-to-text, whose export lands separately (issue 51)
-    assert [n for n in tasks.names() if traits.export_skip(tasks.get(n))] == ["image-text-to-text"]
+    # every built-in exports (image-text-to-text too, since issue 51 wired it)
+    assert [n for n in tasks.names() if traits.export_skip(tasks.get(n))] == []
 
 
 def test_architecture_guess_is_only_a_fallback() -> None:

@@ -1,6 +1,6 @@
 """image-text-to-text (the LLaVA family): encoding and its loss mask, the forward ORTModule
 trains against transformers' own, LoRA on the language model, and one tiny run of the shipped
-recipe (module-scoped) that the resume, eval and predict tests reuse."""
+recipe (module-scoped) that the resume, eval, predict and export tests reuse."""
 
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def test_the_run_trains_on_the_default_backend_and_final_loads(run):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["backend"]["used"] == DEFAULT_BACKEND and not summary["backend"]["fallback"]
     assert {"eval_loss", "eval_exact_match"} <= set(summary["metrics"])
-    assert summary["export"] is None  # export.enabled: false (not available yet)
+    assert summary["export"]["passed"] is True  # the recipe exports (test_the_run_exports...)
     processor = AutoProcessor.from_pretrained(run / "final")
     assert type(processor).__name__ == "LlavaProcessor" and processor.chat_template
     model = AutoModelForImageTextToText.from_pretrained(run / "final")
@@ -268,12 +268,91 @@ def test_predict_reads_every_row_before_answering_and_names_a_bad_one(tmp_path):
             predict._rows(task, str(tmp_path / "rows.jsonl"))
 
 
-def test_a_recipe_that_enables_the_export_is_refused_before_training(tmp_path):
-    res = run_cli("validate", RECIPE, "--set", "export.enabled=true")
-    assert res.returncode == 2
-    assert "export.enabled: the ONNX export of image-text-to-text is not available yet" in (
-        res.stdout + res.stderr
+def test_the_run_exports_the_three_graphs_with_its_held_out_rows_checked(run):
+    """``ortft train`` published onnx/ through the exporter: the graphs transformers.js reads,
+    parity and generation checked on the held-out rows (not synthetic noise), the gates passed."""
+    report = json.loads((run / "onnx" / "export.json").read_text())
+    assert report["passed"] is True and report["failures"] == []
+    assert set(report["files"].values()) >= {
+        "onnx/vision_encoder.onnx", "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx"
+    }  # fmt: skip
+    assert report["parity"]["source"] == "samples" and report["parity"]["samples"] == 4
+    assert report["generation"]["passed"] is True and report["generation"]["prompts"] == 4
+    assert (run / "onnx" / "README.md").is_file() and not (run / "onnx.failed").exists()
+
+
+def test_predict_and_eval_on_the_export_answer_as_the_pytorch_run(run, tmp_path):
+    """``ortft predict`` and ``ortft eval`` of onnx/ run the three graphs
+    (``exporting.OnnxVisionLanguage``): the same answers, loss and exact match as final/."""
+    shutil.copytree(DIGITS / "images", tmp_path / "images")
+    lines = (DIGITS / "questions-eval.jsonl").read_text().splitlines()[:6]
+    (tmp_path / "rows.jsonl").write_text("".join(line + "\n" for line in lines))
+    out = {}
+    for source in (run, run / "onnx"):
+        res = run_cli("predict", source, "--input", tmp_path / "rows.jsonl", "--json",
+                      "--max-new-tokens", "6")  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+        out[source] = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(out[run]) == 6 and out[run / "onnx"] == out[run]
+    res = run_cli("eval", run / "onnx", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout)
+    summary = json.loads((run / "summary.json").read_text())["metrics"]
+    assert got["runtime"] == "onnxruntime"
+    assert got["metrics"]["loss"] == pytest.approx(summary["eval_loss"], abs=1e-4)
+    assert got["metrics"]["exact_match"] == summary["eval_exact_match"]
+
+
+def test_the_export_card_generates_as_transformers_does(run, tmp_path):
+    """The model card's snippet (onnxruntime, numpy, Pillow and the processor), run in a copy
+    of the folder on one of the digits: its greedy tokens are ``generate``'s on final/, and its
+    last step's logits are within the export's tolerance of ``generate``'s."""
+    import subprocess
+    import sys
+
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from ortft.export.deploy import card_snippet
+
+    folder = tmp_path / "export"
+    shutil.copytree(run / "onnx", folder, symlinks=True)
+    shutil.copy(DIGITS / "images" / "0004.png", folder / "image.png")
+    (folder / "snippet.py").write_text(card_snippet((folder / "README.md").read_text()))
+    show = (
+        "import json, runpy; g = runpy.run_path('snippet.py'); "
+        "print(json.dumps({'ids': g['answer'], 'last': g['out'][0][0, -1].tolist()}))"
     )
+    res = subprocess.run([sys.executable, "-c", show], cwd=folder, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    processor = AutoProcessor.from_pretrained(run / "final")
+    model = AutoModelForImageTextToText.from_pretrained(run / "final").eval()
+    msgs = [{"role": "user", "content": [{"type": "image"},
+                                         {"type": "text", "text": "Which digit is this?"}]}]  # fmt: skip
+    prompt = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    x = processor(images=[Image.open(folder / "image.png").convert("RGB")], text=[prompt],
+                  return_tensors="pt")  # fmt: skip
+    with torch.no_grad():
+        out = model.generate(**x, max_new_tokens=16, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)  # fmt: skip
+    want = out.sequences[0, x["input_ids"].shape[1] :].tolist()
+    eos = processor.tokenizer.eos_token_id
+    assert got["ids"] == (want[: want.index(eos)] if eos in want else want)
+    last = out.logits[-1][0].numpy()
+    assert np.max(np.abs(np.asarray(got["last"]) - last)) <= 1e-4
+
+
+def test_ortft_export_of_the_run_publishes_the_same_checks(run, tmp_path):
+    res = run_cli("export", run, "-o", tmp_path / "out")
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert report["passed"] is True and report["parity"]["source"] == "samples"
+    res = run_cli("export", run, "-o", tmp_path / "bad", "--quantize", "int8")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("error: image-text-to-text exports")
 
 
 def test_the_run_resumes_exactly_after_kill_9(run, tmp_path):
@@ -286,7 +365,7 @@ def test_the_run_resumes_exactly_after_kill_9(run, tmp_path):
     from helpers import start_cli
 
     cut = tmp_path / "cut"
-    args = ["train", RECIPE, *TINY, "--output-dir", cut]
+    args = ["train", RECIPE, *TINY, "export.enabled=false", "--output-dir", cut]
     with open(tmp_path / "cut.err", "w") as err:
         proc = start_cli(*args, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 600

@@ -135,13 +135,22 @@ def export_image_text_to_text(
     check it, write export.json; the report's ``passed`` says whether every check passed (the
     folder is then ``out_dir``, else ``out_dir.failed``: ``parity.publish``). ``samples``: the
     images and prompts the checks run on; None: ``SYNTHETIC_SAMPLES`` noise images."""
+    build = builder(model, processor, opset=opset, tolerance=tolerance, samples=samples)
+    return parity.publish(Path(out_dir), build.build)
+
+
+def builder(
+    model: Any, processor: Any, *, opset: int, tolerance: float, samples: list[Sample] | None
+) -> _Build:
+    """The staging folder's builder (``_Build.build``) of ``export_image_text_to_text``, for a
+    caller that publishes the folder itself (the exporter: ``ortft train``, ``ortft export``).
+    A model the export cannot write is refused here, before anything is traced."""
     model = model.eval().to("cpu")
     layout = layout_for(model)
-    layout.check(model)  # a model the export cannot write is refused before it starts
+    layout.check(model)
     source = "samples" if samples else "synthetic"
     rows = samples or synthetic_samples(processor)
-    build = _Build(model, processor, rows, opset, tolerance, source, layout)
-    return parity.publish(Path(out_dir), build.build)
+    return _Build(model, processor, rows, opset, tolerance, source, layout)
 
 
 def synthetic_samples(processor: Any, n: int = SYNTHETIC_SAMPLES) -> list[Sample]:

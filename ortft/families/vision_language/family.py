@@ -4,9 +4,8 @@ the frozen vision tower run outside the trained module, LoRA on the language mod
 exact match, ``ortft eval``'s logits and ``ortft predict``. Each hook imports torch or
 transformers lazily, so building the task for ``ortft validate`` stays torch-free.
 
-The ONNX export of this task is not available yet (``export_skip``; a recipe that enables the
-export is refused before training, so ``export.required`` never passes on an export that did
-not run).
+The ONNX export (``export_builder``: the three graphs of ``export``, published by the
+exporter as every family's) is ``exporting``'s.
 """
 
 from __future__ import annotations
@@ -24,15 +23,12 @@ from ortft.families.vision_language.task import START, ImageTextToText, Options,
 
 log = logging.getLogger("ortft")
 
-NO_EXPORT = "the ONNX export of image-text-to-text is not available yet"
 LANGUAGE_TARGETS = ["q_proj", "v_proj"]  # Llama's attention projections (LoRA's default)
 PROJECTOR = "multi_modal_projector"
 
 
 class VisionLanguage(ImageTextToText):
     """``ImageTextToText`` with the protocol hooks the core calls."""
-
-    export_skip = NO_EXPORT
 
     def recipe_problems(self, recipe: Any) -> Iterator[str]:
         tok, model = recipe.model.tokenizer, recipe.model
@@ -43,8 +39,6 @@ class VisionLanguage(ImageTextToText):
                 f"model.tokenizer: {self.name} uses the tokenizer saved with "
                 "model.name_or_path (its processor); remove model.tokenizer"
             )
-        if recipe.export.enabled:
-            yield f"export.enabled: {NO_EXPORT}; set export.enabled=false"
         if recipe.adapter is not None and not self.options.freeze_vision:
             yield (
                 "task.freeze_vision=false with an adapter: LoRA adapts the language model and "
@@ -152,12 +146,34 @@ class VisionLanguage(ImageTextToText):
                     right += normalized(text) == normalized(want)
         return {"exact_match": right / n}
 
+    def export_builder(
+        self, model: Any, processor: Any, opset: int, tolerance: float, samples: Any, options: Any
+    ) -> Any:
+        """vision_encoder.onnx, embed_tokens.onnx and decoder_model_merged.onnx, checked per
+        graph and by generating (``exporting.export_builder``)."""
+        from ortft.families.vision_language import exporting
+
+        return exporting.export_builder(self, model, processor, opset, tolerance, samples, options)
+
+    def card(self, report: Any) -> tuple[str, str, str, str]:
+        from ortft.families.vision_language import exporting
+
+        return exporting.card(report)
+
     def open_export(self, folder: Path, config: Any) -> Any:
-        """None: no export of this task yet (``ortft eval`` runs the PyTorch model)."""
-        return None
+        """The export's three graphs (``exporting.OnnxVisionLanguage``); None for a model
+        folder (``ortft eval`` and ``ortft predict`` run the PyTorch model)."""
+        from ortft.families.vision_language import exporting
+        from ortft.families.vision_language.vlm_graphs import DECODER
+
+        found = (folder / DECODER).is_file()
+        return exporting.OnnxVisionLanguage(folder, config) if found else None
 
     def batch_logits(self, model: Any, runtime: str, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """The logits of a collated batch: transformers' own forward on its pixel_values."""
+        """The logits of a collated batch: the export's graphs, or transformers' own forward
+        on its pixel_values."""
+        if runtime == "onnxruntime":
+            return model.logits(batch)
         import torch
 
         with torch.no_grad():

@@ -31,7 +31,13 @@ def generate(
     model: Any, processor: Any, ids: np.ndarray, pixel_values: np.ndarray, max_new_tokens: int
 ) -> list[tuple[str, int]]:
     """(the answer, its new tokens) of each row of ``ids`` [batch, prompt] (prompts of one
-    length: no padding) on its image's ``pixel_values``: transformers' ``generate``, greedy."""
+    length: no padding) on its image's ``pixel_values``: transformers' ``generate``, greedy,
+    or an export's graphs generating the same way (``exporting.OnnxVisionLanguage``)."""
+    from ortft.families.vision_language.exporting import OnnxVisionLanguage
+
+    if isinstance(model, OnnxVisionLanguage):
+        seqs = model.sequences(np.asarray(ids), pixel_values, max_new_tokens)
+        return _answers(processor, seqs[:, np.asarray(ids).shape[1] :].tolist())
     import torch
 
     was_training = model.training
@@ -48,8 +54,13 @@ def generate(
             num_beams=1,
         )
     model.train(was_training)
+    return _answers(processor, out[:, prompt.shape[1] :].cpu().tolist())
+
+
+def _answers(processor: Any, rows: list[list[int]]) -> list[tuple[str, int]]:
+    """Each row of new tokens up to the end-of-sequence, decoded, and its length."""
     tok, answers = processor.tokenizer, []
-    for row in out[:, prompt.shape[1] :].cpu().tolist():
+    for row in rows:
         new = row[: row.index(tok.eos_token_id)] if tok.eos_token_id in row else row
         answers.append((tok.decode(new, skip_special_tokens=True).strip(), len(new)))
     return answers
