@@ -56,17 +56,17 @@ def test_a_timeout_kills_the_forked_run(tmp_path: Path) -> None:
 
 
 def test_an_import_time_variable_gets_its_own_server() -> None:
-    """A run that changes what the imports read forks from a server imported under it; the
-    least recently used server beyond MAX_SERVERS ends."""
+    """A run that changes what the imports read (here an HF_ variable no other test sets) forks
+    from a server imported under it; the least recently used server beyond MAX_SERVERS ends."""
     _forked("--version")
     default = _server(dict(os.environ))
     runs = default.runs
-    _forked("--version", env={"OMP_NUM_THREADS": "1"})
+    _forked("--version", env={"HF_FORKSERVER_TEST": "1"})
     assert default.runs == runs  # not forked from the default server
-    own = _server({**os.environ, "OMP_NUM_THREADS": "1"})
+    own = _server({**os.environ, "HF_FORKSERVER_TEST": "1"})
     assert own is not default and own.runs == 1
     _forked("--version", env={"NO_COLOR": "1", "ORTFT_CACHE": os.environ.get("ORTFT_CACHE", "")})
     assert default.runs == runs + 1  # other variables do not need a server of their own
-    _forked("--version", env={"OMP_NUM_THREADS": "2"})
+    _forked("--version", env={"HF_FORKSERVER_TEST": "2"})
     assert len(helpers._SERVER.servers) == helpers.MAX_SERVERS
     assert own.proc.poll() is not None  # the least recently used ended

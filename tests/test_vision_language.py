@@ -20,6 +20,7 @@ from ortft.core.errors import InputError
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "image-text-to-text.yaml"
 DIGITS = ROOT / "recipes" / "data" / "digits"
+QUESTIONS = ROOT / "recipes" / "data" / "digit-questions"  # images in ../digits/images
 QUESTION = {"image": "images/0004.png", "question": "Which digit is this?", "answer": "four"}
 CHAT = {
     "image": "images/0007.png",
@@ -192,14 +193,17 @@ def test_the_run_trains_on_the_default_backend_and_final_loads(run):
     assert first["kind"] == "train" and np.isfinite(first["loss"]) and vision
 
 
+def _questions(n: int) -> str:
+    """The first ``n`` held-out question rows, their image paths made absolute."""
+    lines = (QUESTIONS / "eval.jsonl").read_text().splitlines()[:n]
+    rows = [json.loads(line) for line in lines]
+    return "".join(json.dumps({**r, "image": str(QUESTIONS / r["image"])}) + "\n" for r in rows)
+
+
 def test_eval_of_the_run_gives_the_training_eval(run, tmp_path):
     """``ortft eval`` on the rows training's eval scored (data.max_eval_samples=8, the first 4
     answered): transformers' own forward on pixel_values, its loss and exact match."""
-    lines = (DIGITS.parent / "digit-questions" / "eval.jsonl").read_text().splitlines()[:8]
-    rows = [
-        {**json.loads(line), "image": str(DIGITS / json.loads(line)["image"])} for line in lines
-    ]
-    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "eval.jsonl").write_text(_questions(8))
     res = run_cli("eval", run, "--data", tmp_path / "eval.jsonl", "--json")
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout)
@@ -284,9 +288,7 @@ def test_the_run_exports_the_three_graphs_with_its_held_out_rows_checked(run):
 def test_predict_and_eval_on_the_export_answer_as_the_pytorch_run(run, tmp_path):
     """``ortft predict`` and ``ortft eval`` of onnx/ run the three graphs
     (``exporting.OnnxVisionLanguage``): the same answers, loss and exact match as final/."""
-    shutil.copytree(DIGITS / "images", tmp_path / "images")
-    lines = (DIGITS / "questions-eval.jsonl").read_text().splitlines()[:6]
-    (tmp_path / "rows.jsonl").write_text("".join(line + "\n" for line in lines))
+    (tmp_path / "rows.jsonl").write_text(_questions(6))
     out = {}
     for source in (run, run / "onnx"):
         res = run_cli("predict", source, "--input", tmp_path / "rows.jsonl", "--json",
