@@ -13,9 +13,9 @@ import (helpers.FRESH_PROCESS_ENV). Nothing here runs a parallel torch op, so no
 exists to be inherited half-made. A child ends as the interpreter ends (threads joined, atexit
 functions run, stdio flushed) but skips the teardown of the pre-imported modules (finish).
 
-Protocol, on stdin and stdout, one JSON line each: the server writes ``{"ready": env}`` once;
-per request ``{"args", "env", "cwd", "stdin", "stdout", "stderr"}`` (the last three are file
-paths) it answers ``{"pid"}`` after the fork and ``{"returncode"}`` when the child ends (as
+Protocol, on stdin and stdout, one JSON line each: the server writes ``{"ready": true}`` once
+it has imported; per request ``{"args", "env", "cwd", "stdin", "stdout", "stderr"}`` (the last
+three are file paths) it answers ``{"pid"}`` after the fork and ``{"returncode"}`` when the child ends (as
 subprocess does: negative for a signal). EOF on stdin ends the server.
 """
 
@@ -54,7 +54,7 @@ def _reply(message: dict) -> None:
 
 def serve() -> dict | None:
     """Answer requests until stdin closes; in a forked child, return its request."""
-    _reply({"ready": dict(os.environ)})
+    _reply({"ready": True})
     for line in sys.stdin.buffer:
         request = json.loads(line)
         pid = os.fork()

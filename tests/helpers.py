@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -149,7 +150,7 @@ class _ForkServer:
             env=dict(env),
         )
         self.pending = b""
-        self._read(timeout=DEFAULT_TIMEOUT)  # {"ready": ...}: imported
+        self._read(timeout=DEFAULT_TIMEOUT)  # {"ready": true}: imported
         self.scratch = Path(tempfile.mkdtemp(prefix="ortft-forks-"))
         self.runs, self.last_pid = 0, 0
 
@@ -204,6 +205,7 @@ class _ForkServer:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         self.proc.wait()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class _Servers:
