@@ -15,8 +15,8 @@ functions run, stdio flushed) but skips the teardown of the pre-imported modules
 
 Protocol, on stdin and stdout, one JSON line each: the server writes ``{"ready": true}`` once
 it has imported; per request ``{"args", "env", "cwd", "stdin", "stdout", "stderr"}`` (the last
-three are file paths) it answers ``{"pid"}`` after the fork and ``{"returncode"}`` when the child ends (as
-subprocess does: negative for a signal). EOF on stdin ends the server.
+three are file paths) it answers ``{"pid"}`` after the fork and ``{"returncode"}`` when the
+child ends (as subprocess does: negative for a signal). EOF on stdin ends the server.
 """
 
 from __future__ import annotations
