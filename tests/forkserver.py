@@ -9,8 +9,10 @@ so they import in the child, under the run's environment and working directory.
 
 What a fork cannot give, helpers.run_cli keeps on a fresh process: another interpreter, a
 launcher or ``-c`` code, and a changed environment variable that a pre-imported library reads at
-import (helpers.FRESH_PROCESS_ENV). Nothing here runs a parallel torch op, so no OpenMP pool
-exists to be inherited half-made. A child ends as the interpreter ends (threads joined, atexit
+import (helpers.FRESH_PROCESS_ENV). The CLI sets the ort backend's libgomp spin count before
+torch loads (``ortft.backends.process_env``), which a fork can no longer do: helpers gives every
+forked run that setting, and its server imports under it. Nothing here runs a parallel torch op,
+so no OpenMP pool exists to be inherited half-made. A child ends as the interpreter ends (threads joined, atexit
 functions run, stdio flushed) but skips the teardown of the pre-imported modules (finish).
 
 Protocol, on stdin and stdout, one JSON line each: the server writes ``{"ready": true}`` once

@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
 
+from ortft import backends
+
 DEFAULT_TIMEOUT = 600  # seconds; most runs are a tiny model for a few steps
 
 
@@ -78,7 +80,9 @@ def run_cli(
     """
     forkable = not (launcher or code is not None or python is not None or kw)
     if forkable and _SERVER.enabled():
-        child_env = dict(cli_env(env, base_env) or os.environ)
+        # what the CLI sets for the ort backend before torch loads (libgomp reads it then): a
+        # fork can no longer set it, so every forked run has it, unless the test sets its own
+        child_env = {**backends.process_env("ort"), **(cli_env(env, base_env) or os.environ)}
         with _SERVER.take(child_env) as server:
             if server is not None:
                 done = server.run(list(map(str, args)), child_env, cwd, input, timeout)
