@@ -80,9 +80,7 @@ def run_cli(
     """
     forkable = not (launcher or code is not None or python is not None or kw)
     if forkable and _SERVER.enabled():
-        # what the CLI sets for the ort backend before torch loads (libgomp reads it then): a
-        # fork can no longer set it, so every forked run has it, unless the test sets its own
-        child_env = {**backends.process_env("ort"), **(cli_env(env, base_env) or os.environ)}
+        child_env = forked_env(cli_env(env, base_env) or os.environ)
         with _SERVER.take(child_env) as server:
             if server is not None:
                 done = server.run(list(map(str, args)), child_env, cwd, input, timeout)
@@ -135,6 +133,12 @@ FRESH_PROCESS_ENV = (
 )  # fmt: skip
 FORK_SERVER = Path(__file__).resolve().parent / "forkserver.py"
 MAX_SERVERS = 2  # a test that sets OMP_NUM_THREADS gets its own; each holds ~0.7 GB
+
+
+def forked_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A forked run's environment: ``env`` over what the CLI sets for the ort backend before
+    torch loads (libgomp reads it then, and a fork can no longer set it)."""
+    return {**backends.process_env("ort"), **env}
 
 
 def import_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

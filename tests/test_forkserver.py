@@ -23,7 +23,7 @@ def _forked(*args: str, **kw) -> subprocess.CompletedProcess[str]:
 
 
 def _server(env: dict[str, str]) -> helpers._ForkServer:
-    return helpers._SERVER.servers[helpers.import_env(env)]
+    return helpers._SERVER.servers[helpers.import_env(helpers.forked_env(env))]
 
 
 def test_a_forked_run_gives_what_a_fresh_process_gives(tmp_path: Path, monkeypatch) -> None:
