@@ -14,16 +14,8 @@ import numpy as np
 from ortft.core.constants import IGNORE_INDEX
 from ortft.data.batches import ALIGNED
 from ortft.families.generation.family import DecoderHooks
-from ortft.families.preference.task import Options, PairRows
+from ortft.families.preference.task import REJECTED, TIE, Options, PairRows
 from ortft.tasks.base import Encoded, Task
-
-REJECTED = tuple(f"rejected_{key}" for key in ("input_ids", "attention_mask", "labels"))
-
-
-# A margin this small is a tie: before training the policy is the reference, and the eval's
-# log-probs differ from the cached reference's only by rounding, which must not score about
-# half the pairs right (it did, at margins that print as 0.0000).
-TIE = 1e-4
 
 
 class PreferenceTask(Task):

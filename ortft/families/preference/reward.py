@@ -24,13 +24,9 @@ from ortft.core.constants import IGNORE_INDEX
 from ortft.core.errors import InputError
 from ortft.core.reports import Prediction
 from ortft.data.batches import ALIGNED
-from ortft.families.preference.task import SEQUENCES, PairOptions, PairRows
+from ortft.families.preference.task import REJECTED, SEQUENCES, TIE, PairOptions, PairRows
 from ortft.tasks.base import Encoded, Task
 
-REJECTED = tuple(f"rejected_{key}" for key in ("input_ids", "attention_mask", "labels"))
-# A margin this small is a tie, which counts as wrong: an untrained head's rewards differ by
-# rounding alone on pairs that share most tokens (the preference task's TIE, for the same reason)
-TIE = 1e-4
 CARD = ("Write in digits: four two", "4 2")  # the model card's prompt and response
 _CARD_RUN = """text = {text}  # the prompt as training formatted it, then the response
 ids = np.array([tok.encode(text, add_special_tokens=False).ids], dtype=np.int64)

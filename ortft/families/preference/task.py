@@ -29,6 +29,12 @@ from ortft.families.generation.instruction import Instruction
 from ortft.tasks.base import Encoded, TaskOptions
 
 SEQUENCES = ("", "rejected_")  # the array prefixes of the chosen and the rejected sequence
+REJECTED = tuple(f"rejected_{key}" for key in ("input_ids", "attention_mask", "labels"))
+# A margin this small is a tie, which counts as wrong. Before training a DPO policy is its
+# reference, and an untrained reward head's rewards differ on pairs that share most tokens:
+# both by rounding alone, which must not score about half the pairs right (it did, at margins
+# that print as 0.0000).
+TIE = 1e-4
 LOSSES = ("dpo", "ipo", "orpo")
 
 
