@@ -1,6 +1,7 @@
-"""Preference runs beyond one process on full weights: DPO under torchrun (2 processes on
-CPU) gives one process's losses and metrics, and a LoRA run's reference is the base model's
-own log-probs (computed before the adapter and ORTModule, never through ORTModule's graph)."""
+"""Preference runs beyond one process on full weights: DPO and the reward model under torchrun
+(2 processes on CPU) give one process's losses and metrics, and a LoRA run's reference is the
+base model's own log-probs (computed before the adapter and ORTModule, never through ORTModule's
+graph)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,24 @@ def _rows(run: Path, kind: str) -> list[dict]:
     return [r for r in rows if r["kind"] == kind]
 
 
-def test_two_processes_give_one_process_losses_and_metrics(tmp_path: Path) -> None:
-    """torch backend: 2 x 4 pairs a step against one process with 8. The train rows' rewards
+# each task's metrics of the pairs, which a step gathers from every rank
+METRICS = {
+    "preference": REWARDS,
+    "reward-model": ("rewards_chosen", "rewards_rejected", "accuracy", "margin"),
+}
+
+
+@pytest.mark.parametrize(
+    "task", [{"name": "preference", "loss": "dpo", "beta": 0.5}, {"name": "reward-model"}],
+    ids=lambda t: t["name"],
+)  # fmt: skip
+def test_two_processes_give_one_process_losses_and_metrics(tmp_path: Path, task) -> None:
+    """torch backend: 2 x 4 pairs a step against one process with 8. The train rows' metrics
     are the global batch's (gathered from both ranks, not rank 0's half), the eval covers every
-    eval pair, and both ranks read one reference entry that the single run reads back."""
+    eval pair, and (DPO) both ranks read one reference entry that the single run reads back."""
     write_pairs(tmp_path / "pairs.jsonl", 30)
     r = tiny_causal_lm("pairs.jsonl", backend="torch", max_steps=3, batch_size=4)
-    r["task"] = {"name": "preference", "loss": "dpo", "beta": 0.5}
+    r["task"] = task
     r["data"].update(eval_fraction=0.2)  # 6 eval pairs: 2 batches of 4 per rank, 1 of 8
     r["export"] = {"enabled": False}
     recipe = write_recipe(tmp_path / "r.yaml", r)
@@ -39,17 +51,19 @@ def test_two_processes_give_one_process_losses_and_metrics(tmp_path: Path) -> No
     assert res.returncode == 0, res.stderr[-3000:]
     res = run_cli("train", recipe, "training.batch_size=8", "-o", single, env={"NO_COLOR": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
-    # the same base weights and pairs: the two ranks' reference is the one process's
-    assert "reference log-probs: 24 train pairs (cache hit)" in res.stderr, res.stderr[-3000:]
+    if task["name"] == "preference":  # the same base weights and pairs: one reference entry
+        assert "reference log-probs: 24 train pairs (cache hit)" in res.stderr, res.stderr[-3000:]
+    names = METRICS[task["name"]]
     a, b = _rows(ddp, "train"), _rows(single, "train")
     assert [x["step"] for x in a] == [x["step"] for x in b] == [1, 2, 3]
     for x, y in zip(a, b, strict=True):
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
-        for name in REWARDS:
+        for name in names:
             assert x[name] == pytest.approx(y[name], rel=1e-5, abs=1e-7), (name, x, y)
     (ea,), (eb,) = _rows(ddp, "eval"), _rows(single, "eval")
-    for name in ("loss", *REWARDS):
+    for name in ("loss", *names):
         assert ea[name] == pytest.approx(eb[name], rel=1e-5, abs=1e-7), (name, ea, eb)
+    assert a[-1][names[0]] != a[0][names[0]]  # the metrics moved: the check compares something
 
 
 def _splits(cache: Path) -> dict[str, tuple[Any, np.ndarray]]:
