@@ -4,6 +4,8 @@ hidden 32) with its LlavaProcessor around a locally trained byte-BPE tokenizer, 
 transformers.js's three graphs, checked per graph and by generating."""
 
 import json
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +22,47 @@ TEXTS = [
 ]
 
 
+def tiny_tokenizer(texts: list[str], special: list[str], **named: Any) -> Any:
+    """A fast tokenizer of a byte-level BPE trained on ``texts`` (no Hub), ``<|endoftext|>``
+    for bos, eos, pad and unk, ``special`` added; ``named``: its extra_special_tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    from ortft.backends.torch.models import train_byte_bpe
+    from ortft.recipe.schema import TrainTokenizer
+
+    bpe = train_byte_bpe(texts * 10, TrainTokenizer(kind="byte-bpe", vocab_size=300))
+    eos = "<|endoftext|>"
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token=eos, eos_token=eos, pad_token=eos, unk_token=eos,
+        **({"extra_special_tokens": named} if named else {}),
+    )  # fmt: skip
+    tok.add_special_tokens({"additional_special_tokens": special})
+    return tok
+
+
+def export_once(tmp_path_factory: Any, build: Any, name: str) -> tuple[Any, Any, Path, dict]:
+    """(model, processor, the export folder, the export's result) of ``build()``'s model."""
+    from ortft.families.vision_language.export import export_image_text_to_text
+
+    model, processor = build()
+    out = tmp_path_factory.mktemp(name) / "onnx-export"
+    return model, processor, out, export_image_text_to_text(model, processor, out)
+
+
+def three_graphs_pass(out: Path, result: dict) -> dict:
+    """The export's export.json, after checking it passed with the three graphs written and
+    each graph's parity within 1e-4."""
+    assert result["passed"], result["failures"]
+    written = json.loads((out / "export.json").read_text())
+    assert written["task"] == "image-text-to-text"
+    for name in ("vision_encoder", "embed_tokens", "decoder_model_merged"):
+        assert (out / "onnx" / f"{name}.onnx").is_file()
+    graphs = written["parity"]["graphs"]
+    assert set(graphs) == {"vision_encoder", "embed_tokens", "decoder"}
+    assert all(g["max_abs_diff"] <= 1e-4 for g in graphs.values())
+    return written
+
+
 def tiny_llava(strategy: str = "default"):
     """(a LlavaForConditionalGeneration built from a config with seed 0, its LlavaProcessor).
     ``strategy``: the model's vision_feature_select_strategy (``default`` drops CLS)."""
@@ -31,19 +74,9 @@ def tiny_llava(strategy: str = "default"):
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
-        PreTrainedTokenizerFast,
     )
 
-    from ortft.backends.torch.models import train_byte_bpe
-    from ortft.recipe.schema import TrainTokenizer
-
-    bpe = train_byte_bpe(TEXTS * 10, TrainTokenizer(kind="byte-bpe", vocab_size=300))
-    eos = "<|endoftext|>"
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token=eos, eos_token=eos, pad_token=eos, unk_token=eos,
-        extra_special_tokens={"image_token": "<image>"},
-    )  # fmt: skip
-    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tok = tiny_tokenizer(TEXTS, ["<image>"], image_token="<image>")
     images = CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
     processor = LlavaProcessor(
         image_processor=images, tokenizer=tok, patch_size=8, num_additional_image_tokens=1,
@@ -68,26 +101,16 @@ def tiny_llava(strategy: str = "default"):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    from ortft.families.vision_language.export import export_image_text_to_text
-
-    model, processor = tiny_llava()
-    out = tmp_path_factory.mktemp("vlm") / "onnx-export"
-    return model, processor, out, export_image_text_to_text(model, processor, out)
+    return export_once(tmp_path_factory, tiny_llava, "vlm")
 
 
 def test_export_passes_parity_and_generation(exported):
     _, _, out, result = exported
-    assert result["passed"], result["failures"]
-    written = json.loads((out / "export.json").read_text())
-    assert written["task"] == "image-text-to-text" and written["kv_cache"] is True
-    for name in ("vision_encoder", "embed_tokens", "decoder_model_merged"):
-        assert (out / "onnx" / f"{name}.onnx").is_file()
+    written = three_graphs_pass(out, result)
+    assert written["kv_cache"] is True
     for name in ("config.json", "generation_config.json", "processor_config.json"):
         assert (out / name).is_file(), name
     assert (out / "preprocessor_config.json").is_file()  # transformers.js's image processor
-    graphs = written["parity"]["graphs"]
-    assert set(graphs) == {"vision_encoder", "embed_tokens", "decoder"}
-    assert all(g["max_abs_diff"] <= 1e-4 for g in graphs.values())
     gen = written["generation"]
     assert gen["passed"] and gen["mismatches"] == 0 and gen["prompts"] == 2
     assert gen["steps_compared"] >= 16  # the tiny random model's top-2 margins leave steps

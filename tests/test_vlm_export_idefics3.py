@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from test_vlm_export import export_once, three_graphs_pass, tiny_tokenizer
 
 CHAT_TEMPLATE = (
     "<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}:"
@@ -37,18 +38,9 @@ def tiny_idefics3():
         Idefics3ImageProcessor,
         Idefics3Processor,
         LlamaConfig,
-        PreTrainedTokenizerFast,
     )
 
-    from ortft.backends.torch.models import train_byte_bpe
-    from ortft.recipe.schema import TrainTokenizer
-
-    bpe = train_byte_bpe(TEXTS * 10, TrainTokenizer(kind="byte-bpe", vocab_size=300))
-    eos = "<|endoftext|>"
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token=eos, eos_token=eos, pad_token=eos, unk_token=eos,
-    )  # fmt: skip
-    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tok = tiny_tokenizer(TEXTS, SPECIAL)
     images = Idefics3ImageProcessor(
         size={"longest_edge": 32}, max_image_size={"longest_edge": 16}, do_image_splitting=True
     )
@@ -74,23 +66,13 @@ def tiny_idefics3():
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    from ortft.families.vision_language.export import export_image_text_to_text
-
-    model, processor = tiny_idefics3()
-    out = tmp_path_factory.mktemp("idefics3") / "onnx-export"
-    return model, processor, out, export_image_text_to_text(model, processor, out)
+    return export_once(tmp_path_factory, tiny_idefics3, "idefics3")
 
 
 def test_export_passes_parity_and_generation(exported):
     _, _, out, result = exported
-    assert result["passed"], result["failures"]
-    written = json.loads((out / "export.json").read_text())
-    assert written["task"] == "image-text-to-text" and written["model_type"] == "idefics3"
-    for name in ("vision_encoder", "embed_tokens", "decoder_model_merged"):
-        assert (out / "onnx" / f"{name}.onnx").is_file()
-    graphs = written["parity"]["graphs"]
-    assert set(graphs) == {"vision_encoder", "embed_tokens", "decoder"}
-    assert all(g["max_abs_diff"] <= 1e-4 for g in graphs.values())
+    written = three_graphs_pass(out, result)
+    assert written["model_type"] == "idefics3"
     gen = written["generation"]
     assert gen["passed"] and gen["mismatches"] == 0 and gen["prompts"] == 2
     assert gen["steps_compared"] >= 16

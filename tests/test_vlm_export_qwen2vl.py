@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from test_vlm_export import export_once, three_graphs_pass, tiny_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for c in m['content'] %}"
@@ -44,21 +45,12 @@ def _processor_class():
 def tiny_qwen2vl():
     """(a Qwen2VLForConditionalGeneration built from a config with seed 0, its processor)."""
     import torch
-    from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
 
-    from ortft.backends.torch.models import train_byte_bpe
-    from ortft.recipe.schema import TrainTokenizer
-
-    bpe = train_byte_bpe(TEXTS * 10, TrainTokenizer(kind="byte-bpe", vocab_size=300))
-    eos = "<|endoftext|>"
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token=eos, eos_token=eos, pad_token=eos, unk_token=eos,
-        extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"},
-    )  # fmt: skip
-    tok.add_special_tokens({"additional_special_tokens": SPECIALS})
+    tok = tiny_tokenizer(TEXTS, SPECIALS, image_token="<|image_pad|>", video_token="<|video_pad|>")
     # images resized to multiples of 8 (patch 4 x merge 2), between 16x16 and 32x32 pixels
     images = Qwen2VLImageProcessorPil(
         patch_size=4, temporal_patch_size=2, merge_size=2,
@@ -86,26 +78,16 @@ def tiny_qwen2vl():
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    from ortft.families.vision_language.export import export_image_text_to_text
-
-    model, processor = tiny_qwen2vl()
-    out = tmp_path_factory.mktemp("qwen2vl") / "onnx-export"
-    return model, processor, out, export_image_text_to_text(model, processor, out)
+    return export_once(tmp_path_factory, tiny_qwen2vl, "qwen2vl")
 
 
 def test_export_passes_parity_and_generation(exported):
     _, _, out, result = exported
-    assert result["passed"], result["failures"]
-    written = json.loads((out / "export.json").read_text())
-    assert written["task"] == "image-text-to-text" and written["model_type"] == "qwen2_vl"
-    for name in ("vision_encoder", "embed_tokens", "decoder_model_merged"):
-        assert (out / "onnx" / f"{name}.onnx").is_file()
-    graphs = written["parity"]["graphs"]
-    assert set(graphs) == {"vision_encoder", "embed_tokens", "decoder"}
-    assert all(g["max_abs_diff"] <= 1e-4 for g in graphs.values())
+    written = three_graphs_pass(out, result)
+    assert written["model_type"] == "qwen2_vl"
     # the tiny random vision tower moves its features by ~1e-5 for wrong rotary positions
     # (a row/column swap), under the export's 1e-4: its graph is held to 1e-6 here
-    assert graphs["vision_encoder"]["max_abs_diff"] <= 1e-6
+    assert written["parity"]["graphs"]["vision_encoder"]["max_abs_diff"] <= 1e-6
     gen = written["generation"]
     assert gen["passed"] and gen["mismatches"] == 0 and gen["prompts"] == 2
     assert gen["steps_compared"] >= 16

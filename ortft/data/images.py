@@ -14,6 +14,7 @@ is recorded so a run counts what it converted.
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from ortft.core.errors import first_line
 
 WIDE = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # 16/32-bit integer samples
 ALPHA = ("RGBA", "LA", "PA", "RGBa", "La")
+MODE = "_mode"  # an encoded split's column: each image's mode as read (RGB, L, P, RGBA, I;16...)
 
 
 class BadImage(Exception):
@@ -143,3 +145,21 @@ def pixel_values(images: list[Any], processor: Any) -> np.ndarray:
     """The processor's pixel_values (float32 [batch, 3, H, W]) of RGB Pillow images."""
     out = processor(images=images, return_tensors="np")["pixel_values"]
     return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def split_report(splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """summary.json's data.images: per split, the rows read, the images used, the files
+    skipped (data.on_bad_file=skip) and the images converted to RGB, by original mode (the
+    encoded split's ``MODE`` column)."""
+    report = {}
+    for split, (rows, encoded) in splits.items():
+        if rows is None or encoded is None:
+            continue
+        modes = Counter(m.decode() for m in encoded.column(MODE))
+        report[split] = {
+            "rows": len(rows),
+            "used": len(encoded),
+            "skipped": len(rows) - len(encoded),
+            "converted": {m: n for m, n in sorted(modes.items()) if m != "RGB"},
+        }
+    return {"images": report}

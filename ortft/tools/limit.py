@@ -308,8 +308,13 @@ def for_bench(
     rates = ", ".join(f"{k} {v['flops'] / 1e9:.0f}" for k, v in result["dtypes"].items())
     logging.getLogger("ortft").info(
         "bench: limit (hidden %d, ffn %d, %d tokens): %s GFLOP/s (%.1f s; %s)",
-        hidden, inner, tokens, rates, time.perf_counter() - t0, result["cache"],
-    )  # fmt: skip
+        hidden,
+        inner,
+        tokens,
+        rates,
+        time.perf_counter() - t0,
+        result["cache"],
+    )
     return {**result, "tokens_per_micro_batch": tokens, "hidden": hidden, "intermediate": inner}
 
 

@@ -10,7 +10,6 @@ and what the exported ``preprocess.onnx`` reproduces) into ``pixel_values``.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -23,7 +22,7 @@ from ortft.tasks.base import Encoded, Task, TaskOptions, skip_bad_file
 from ortft.tasks.metrics import macro_f1
 
 PATH = "_image"  # the encoded column of file paths (bytes); "_": never fed to the model
-MODE = "_mode"  # each image's mode as read (RGB, L, P, RGBA, I;16...)
+MODE = images.MODE
 TOP_K = 5
 Share = Annotated[float, Field(gt=0.0, le=1.0)]
 Ratio = Annotated[float, Field(gt=0.0)]
@@ -159,17 +158,5 @@ class ImageClassification(Task):
         return out
 
     def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
-        """summary.json's data.images: per split, the rows read, the images used, the files
-        skipped (data.on_bad_file=skip) and the images converted to RGB, by original mode."""
-        report = {}
-        for split, (rows, encoded) in splits.items():
-            if rows is None or encoded is None:
-                continue
-            modes = Counter(m.decode() for m in encoded.column(MODE))
-            report[split] = {
-                "rows": len(rows),
-                "used": len(encoded),
-                "skipped": len(rows) - len(encoded),
-                "converted": {m: n for m, n in sorted(modes.items()) if m != "RGB"},
-            }
-        return {"images": report}
+        """summary.json's data.images (``images.split_report``)."""
+        return images.split_report(splits)

@@ -21,7 +21,6 @@ the wrapped module, under no_grad (``family.VisionLanguage.outside_inputs``).
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -33,7 +32,7 @@ from ortft.data import images
 from ortft.tasks.base import Encoded, Task, TaskOptions, skip_bad_file
 
 PATH = "_image"  # the encoded column of file paths (bytes); "_": never fed to the model
-MODE = "_mode"  # each image's mode as read (RGB, L, P, RGBA...)
+MODE = images.MODE
 START = "_start"  # where the last assistant turn's text starts: exact match generates from here
 Positive = Annotated[int, Field(ge=1)]
 
@@ -303,20 +302,8 @@ class ImageTextToText(Task):
         return {"loss": loss}
 
     def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
-        """summary.json's data.images: per split, the rows read, the images used, the files
-        skipped (data.on_bad_file=skip) and the images converted to RGB, by original mode."""
-        report = {}
-        for split, (rows, encoded) in splits.items():
-            if rows is None or encoded is None:
-                continue
-            modes = Counter(m.decode() for m in encoded.column(MODE))
-            report[split] = {
-                "rows": len(rows),
-                "used": len(encoded),
-                "skipped": len(rows) - len(encoded),
-                "converted": {m: n for m, n in sorted(modes.items()) if m != "RGB"},
-            }
-        return {"images": report}
+        """summary.json's data.images (``images.split_report``)."""
+        return images.split_report(splits)
 
 
 def _parts(content: Any, i: int) -> list[dict[str, str]]:
