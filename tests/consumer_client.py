@@ -5,7 +5,7 @@ ortft importable).
     python consumer_client.py ONNX_DIR INPUTS PREDICTS MAX_NEW
 
 PREDICTS is the task's ``traits.predicts`` (label, tags, answer, fill-mask, generate,
-image-label). One JSON line per input on stdout, with the fields ``ortft predict`` gives that a
+image-label), or image-text-to-text. One JSON line per input on stdout, with the fields ``ortft predict`` gives that a
 client can compute. Each text is tokenized alone with the folder's tokenizer.json and run with
 an all-ones mask; a sentence-pair input (``text`` and ``text_pair``) is tokenized as one pair,
 its type ids fed as ``token_type_ids`` when the graph takes them. For image-label, INPUTS lists
@@ -14,7 +14,12 @@ image files (one path a line, relative to it): each is decoded with Pillow, made
 soundfile, down-mixed to mono, run through features.onnx, encoder_model.onnx, then
 decoder_model_merged.onnx greedily with generation_config.json's prompt and suppressed tokens. For embedding (a bare
 encoder's export), INPUTS lists texts (one a line), run as one batch padded to its longest text
-with its attention mask; one ``sentence_embedding`` line per text.
+with its attention mask; one ``sentence_embedding`` line per text. For image-text-to-text
+(PREDICTS names the task: its predict kind is ``generate``), INPUTS holds JSON lines of an image
+file and its chat-templated prompt (the client has no template engine): preprocess.onnx,
+vision_encoder.onnx, embed_tokens.onnx, then decoder_model_merged.onnx greedily with its KV
+cache; one ``generated``, ``new_tokens`` and ``logits`` (the first step's, at the prompt's last
+position) line per row.
 """
 
 from __future__ import annotations
@@ -269,8 +274,72 @@ def embed(folder: Path, inputs: Path) -> None:
         print(json.dumps({"text": text, "sentence_embedding": vec.tolist()}), flush=True)
 
 
+def answer_image(
+    folder: Path, image: np.ndarray, prompt: str, max_new: int
+) -> tuple[list[int], np.ndarray]:
+    """An image-text-to-text export's greedy answer: preprocess.onnx on the decoded pixels,
+    the vision encoder, the prompt's tokens (the image token repeated once per image feature)
+    through embed_tokens.onnx, the image features written over the image tokens' rows, then
+    the merged decoder with its KV cache, one token at a time until end-of-sequence. Returns
+    the new tokens and the first step's logits at the prompt's last position."""
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    image_token = json.loads((folder / "processor_config.json").read_text())["image_token"]
+    eos = json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
+    eos = set(eos) if isinstance(eos, list) else {eos}
+    pre, vision, embed, decoder = (
+        session(folder / "onnx" / f"{name}.onnx")
+        for name in ("preprocess", "vision_encoder", "embed_tokens", "decoder_model_merged")
+    )
+    pixel_values = pre.run(["pixel_values"], {"image": image})[0]
+    features = vision.run(None, {"pixel_values": pixel_values})[0]
+    features = features.reshape(-1, features.shape[-1])
+    image_id = tok.token_to_id(image_token)
+    ids: list[int] = []
+    for t in tok.encode(prompt, add_special_tokens=False).ids:
+        ids += [t] * len(features) if t == image_id else [t]
+    x = np.array([ids], dtype=np.int64)
+    emb = embed.run(None, {"input_ids": x})[0]
+    emb[x == image_id] = features
+    past, new, seen, first = empty_past(decoder), [], 0, None
+    for _ in range(max_new):
+        positions = np.arange(seen, seen + emb.shape[1], dtype=np.int64)[None]
+        seen += emb.shape[1]
+        feeds = {"inputs_embeds": emb, "attention_mask": np.ones((1, seen), np.int64)}
+        out = decoder.run(None, {**feeds, "position_ids": positions, **past})
+        first = out[0][0, -1] if first is None else first
+        token = int(out[0][0, -1].argmax())
+        if token in eos:
+            break
+        new.append(token)
+        past = dict(zip(past, out[1:], strict=True))
+        emb = embed.run(None, {"input_ids": np.array([[token]], dtype=np.int64)})[0]
+    return new, first
+
+
+def answer_images(folder: Path, inputs: Path, max_new: int) -> None:
+    """INPUTS: JSON lines of ``image`` (a path relative to INPUTS) and ``prompt`` (the chat
+    template's text up to the answer, its image token once); the image decoded with Pillow and
+    made RGB as for image-label."""
+    from PIL import Image
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for line in inputs.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        with Image.open(inputs.parent / row["image"]) as img:
+            pixels = np.asarray(to_rgb(img), dtype=np.uint8)
+        new, logits = answer_image(folder, pixels, row["prompt"], max_new)
+        text = tok.decode(new, skip_special_tokens=True).strip()
+        row = {"generated": text, "new_tokens": len(new), "logits": logits.tolist()}
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     folder, inputs, kind, max_new = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    if kind == "image-text-to-text":
+        answer_images(folder, Path(inputs), max_new)
+        return
     if kind == "image-label":
         classify_images(folder, Path(inputs))
         return

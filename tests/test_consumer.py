@@ -31,6 +31,8 @@ from test_sentence_pairs import HELD_OUT, as_text_pair, train_pair_run, write_js
 from test_task_matrix import (
     MAX_NEW,
     TASKS,
+    VLM,
+    VLM_COLUMNS,
     Matrix,
     _close,
     _near_predictions,
@@ -111,6 +113,8 @@ def _prompts(folder: Path, inputs: Path) -> Path:
     from ortft.inference.evaluate import open_model
 
     m = open_model(folder)
+    if m.task == VLM:
+        return _vlm_prompts(folder, inputs)
     if traits.predicts(m.spec) != "generate":
         return inputs
     lines = [x for x in inputs.read_text().splitlines() if x.strip()]
@@ -122,7 +126,55 @@ def _prompts(folder: Path, inputs: Path) -> Path:
     return out
 
 
+def _vlm_prompts(folder: Path, inputs: Path) -> Path:
+    """An image-text-to-text run's rows (the task matrix's columns) as a client without a
+    template engine takes them: each image's path and the prompt the folder's chat template
+    renders for its question, or its conversation up to the answer."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(folder, backend="pil")
+    c, out = VLM_COLUMNS, []
+    for line in inputs.read_text().splitlines():
+        row = json.loads(line)
+        msgs = row.get(c["messages"]) or [
+            {"role": "user", "content": [{"type": "image"},
+                                         {"type": "text", "text": row[c["question"]]}]}
+        ]  # fmt: skip
+        if msgs[-1]["role"] == "assistant":  # ortft predict answers it again
+            msgs = msgs[:-1]
+        prompt = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        out.append({"image": str(inputs.parent / row[c["image"]]), "prompt": prompt})
+    path = folder.parent / f"prompts-{folder.name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in out))
+    return path
+
+
+def _vlm_logits_match(run: Path, prompts: Path, got: list[dict[str, Any]]) -> None:
+    """Each client row's first-step logits (popped from it) within the export's parity
+    tolerance of the run's final/ model on the processor's inputs for the same image file and
+    prompt: the client's preprocess.onnx, tokenization, image-token expansion and merge give
+    the model's input, whatever the answers' tokens (a 2-step model answers every row alike)."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from ortft.data import images
+
+    processor = AutoProcessor.from_pretrained(run / "final", backend="pil")
+    model = AutoModelForImageTextToText.from_pretrained(run / "final").eval()
+    tolerance = json.loads((run / "onnx" / "export.json").read_text())["parity"]["tolerance"]
+    for line, g in zip(prompts.read_text().splitlines(), got, strict=True):
+        row = json.loads(line)
+        x = processor(images=[images.load(row["image"])], text=[row["prompt"]], return_tensors="pt")
+        with torch.no_grad():
+            want = model(**x, use_cache=False).logits[0, -1].numpy()
+        assert np.abs(np.array(g.pop("logits")) - want).max() <= tolerance, row
+
+
 EXPORTED = [t for t in TASKS if not traits.export_skip(tasks.get(t))]
+# image-text-to-text's card snippet renders the prompt with transformers' processor (the chat
+# template), which the clean runtime lacks: tests/test_vision_language.py runs it; here its
+# rows go through tests/consumer_client.py (test_client_matches_predict)
+CARD_TASKS = [t for t in EXPORTED if t != VLM]
 
 
 def _ids(task: str) -> str:
@@ -146,11 +198,15 @@ def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str)
     for folder in _exports(task, matrix, consumer_python):
         for inputs in all_inputs:
             want = _predict(folder, inputs, MAX_NEW)
+            client_kind = VLM if task == VLM else kind  # its predict kind: generate
             out = _consumer(
-                consumer_python, "-I", CLIENT, folder, _prompts(folder, inputs), kind, MAX_NEW
-            )
+                consumer_python, "-I", CLIENT, folder, _prompts(folder, inputs), client_kind,
+                MAX_NEW,
+            )  # fmt: skip
             got = [json.loads(x) for x in out.splitlines()]
             assert len(got) == len(want)
+            if task == VLM:  # its first step's logits: PyTorch's, on the processor's inputs
+                _vlm_logits_match(matrix.run(task), _prompts(folder, inputs), got)
             for g, w in zip(got, want, strict=True):
                 if kind == "fill-mask":  # the client reports each mask's best token
                     g, w = g["masks"], [{"token": x["token"]} for x in w["masks"]]
@@ -164,7 +220,7 @@ def test_client_matches_predict(task: str, matrix: Matrix, consumer_python: str)
                 _near_predictions(got, pytorch, IMAGE_SCORE_TOLERANCE)
 
 
-@pytest.mark.parametrize("task", EXPORTED, ids=_ids)
+@pytest.mark.parametrize("task", CARD_TASKS, ids=_ids)
 def test_card_snippet_runs_verbatim(task: str, matrix: Matrix, consumer_python: str) -> None:
     spec = tasks.get(task)
     for folder in _exports(task, matrix, consumer_python):
@@ -543,6 +599,35 @@ def test_transformers_js_dtypes_open_the_variants(matrix: Matrix, node_modules: 
             want = {labels[str(i)]: float(v) for i, v in enumerate(p)}
             scores = {r["label"]: r["score"] for r in row["output"]}
             assert scores == pytest.approx(want, abs=JS_SCORE_TOLERANCE), (dtype, row, want)
+
+
+def test_transformers_js_answers_the_vlm_run_as_predict(matrix: Matrix, node_modules: str) -> None:
+    """transformers.js (tests/node/vlm.mjs: its LlavaProcessor and
+    AutoModelForImageTextToText) opens the image-text-to-text export ``ortft train`` wrote,
+    as written, and answers the task matrix's rows (a question, a conversation) greedily as
+    ``ortft predict`` does on the same folder: the same text and number of new tokens."""
+    from transformers import AutoProcessor
+
+    folder = matrix.run(VLM) / "onnx"
+    inputs = matrix.inputs(VLM)
+    want = _predict(folder, inputs, MAX_NEW)
+    rows = _vlm_prompts(folder, inputs)
+    res = subprocess.run(
+        ["node", str(NODE / "vlm.mjs"), node_modules, str(folder), str(rows), str(MAX_NEW)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    tok = AutoProcessor.from_pretrained(folder, backend="pil").tokenizer
+    eos = json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
+    eos = {eos} if isinstance(eos, int) else set(eos)
+    answers = []
+    for g in got:
+        new = g["ids"][g["prompt_length"] :]
+        new = new[: next((i for i, t in enumerate(new) if t in eos), len(new))]
+        answers.append({"generated": tok.decode(new, skip_special_tokens=True).strip(),
+                        "new_tokens": len(new)})  # fmt: skip
+    assert answers == [{k: w[k] for k in ("generated", "new_tokens")} for w in want], got
 
 
 def _tokenizer(folder: Path) -> Any:

@@ -43,6 +43,7 @@ from helpers import run_cli, summary
 from test_sentence_embedding import _recipe as sentence_embedding_recipe
 from test_sentence_embedding import _rows as sentence_pairs
 from test_tasks import DATA, RECIPES
+from test_tasks import ROOT as REPO
 from typer.testing import CliRunner
 
 from ortft import tasks
@@ -60,9 +61,11 @@ TASKS = [
     "image-classification",
     "speech-recognition",
     "sentence-embedding",
+    "image-text-to-text",
 ]
 pytestmark = pytest.mark.xdist_group("task-matrix")  # see tests/test_consumer.py
 MAX_NEW = 4  # generated tokens per prompt
+RECIPES_DIR = REPO / "recipes"
 IMAGE_CLASSES = tuple("abcdef")  # more than 5: eval scores top5_accuracy
 # T5's steps: enough to write digits for number words ("five five" -> "5 5 5"), so the
 # generation checks (ONNX, transformers.js) compare tokens that depend on the source text
@@ -75,6 +78,14 @@ IMAGE_ONNX_TOLERANCE = 1e-3
 
 
 TRAINED, INPUTS = ".trained", ".inputs"  # Matrix's marks: a task's run, its predict inputs
+
+# image-text-to-text: the shipped recipe made tiny (1 layer, hidden 32, 8x8 digits in 2x2
+# patches), on VLM_ROWS of its rows renamed to columns of the run's own (data.image_column,
+# task.question_column, answer_column, messages_column), which ortft predict then reads
+VLM = "image-text-to-text"
+VLM_COLUMNS = {"image": "picture", "question": "ask", "answer": "reply", "messages": "chat"}
+VLM_ROWS = 24
+VLM_IMAGES = ("0004.png", "0007.png", "0009.png")  # the predict inputs' (held-out scans)
 
 
 @contextlib.contextmanager
@@ -100,6 +111,8 @@ def _recipe(task: str, tmp: Path) -> dict[str, Any]:
         )
     elif task == "speech-recognition":
         r = tiny_speech_recognizer(str(write_speech_jsonl(tmp / "train.jsonl", n=16)))
+    elif task == VLM:
+        r = _vlm_recipe(tmp)
     elif task == "sentence-embedding":  # (anchor, positive) pairs, 20 % held out
         pairs = tmp / "pairs.jsonl"
         pairs.write_text("".join(json.dumps(r) + "\n" for r in sentence_pairs(40, seed=3)))
@@ -113,8 +126,54 @@ def _recipe(task: str, tmp: Path) -> dict[str, Any]:
     r["training"].update(max_steps=2, batch_size=4)
     if task == "seq2seq":  # 2 steps leave T5 copying its start token (pad): empty outputs
         r["training"].update(max_steps=SEQ2SEQ_STEPS, lr=3e-3)
+
     r["backend"] = {"name": "torch"}
     return r
+
+
+def _vlm_recipe(tmp: Path) -> dict[str, Any]:
+    """recipes/image-text-to-text.yaml, tiny, on its first ``VLM_ROWS`` training rows (both
+    kinds of question) under ``VLM_COLUMNS``' names, 20 % held out."""
+    import yaml
+
+    questions = DATA / "digit-questions"
+    rows = []
+    for line in (questions / "train.jsonl").read_text().splitlines()[:VLM_ROWS]:
+        row = json.loads(line)
+        row["image"] = str((questions / row["image"]).resolve())
+        rows.append({VLM_COLUMNS[k]: v for k, v in row.items()})
+    (tmp / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = yaml.safe_load((RECIPES_DIR / "image-text-to-text.yaml").read_text())
+    r["model"]["from_config"].update(hidden_size=32, num_layers=1, num_heads=2)
+    r["task"].update(vision_hidden_size=32, vision_layers=1, vision_heads=2, generate_samples=4)
+    r["task"].update({f"{k}_column": VLM_COLUMNS[k] for k in ("question", "answer", "messages")})
+    r["task"]["max_new_tokens"] = MAX_NEW
+    r["data"] = {"train": "rows.jsonl", "image_column": VLM_COLUMNS["image"], "max_length": 48}
+    r["training"].update(epochs=None, log_every=1, eval_every=None)
+    del r["checkpoint"]  # no checkpoint before final/
+    return r
+
+
+def _vlm_inputs(tmp: Path) -> Path:
+    """A question row and a conversation row (its last assistant turn answered again) on
+    copies of held-out scans, in the run's columns, paths relative to the file."""
+    (tmp / "imgs").mkdir(exist_ok=True)
+    for name in VLM_IMAGES:
+        shutil.copy(DATA / "digits" / "images" / name, tmp / "imgs" / name)
+    chat = [
+        {"role": "user", "content": [{"type": "image"},
+                                     {"type": "text", "text": "Is this digit even or odd?"}]},
+        {"role": "assistant", "content": "odd"},
+    ]  # fmt: skip
+    c = VLM_COLUMNS
+    rows = [
+        {c["image"]: f"imgs/{VLM_IMAGES[0]}", c["question"]: "Which digit is this?"},
+        {c["image"]: f"imgs/{VLM_IMAGES[1]}", c["messages"]: chat},
+        {c["image"]: f"imgs/{VLM_IMAGES[2]}", c["question"]: "Which digit is this?"},
+    ]
+    path = tmp / "inputs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def _inputs(task: str, tmp: Path) -> Path:
@@ -124,6 +183,8 @@ def _inputs(task: str, tmp: Path) -> Path:
         path = tmp / "paths.txt"
         path.write_text("imgs/a/000.png\n\n  imgs/c/001.png \nimgs/f/005.png\n")
         return path
+    if task == VLM:
+        return _vlm_inputs(tmp)
     if task == "speech-recognition":  # held-out clips (absolute paths), a blank line skipped
         path = tmp / "clips.txt"
         clips = [r["audio"] for r in map(json.loads, write_speech_jsonl(

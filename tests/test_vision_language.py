@@ -265,7 +265,10 @@ def test_predict_reads_every_row_before_answering_and_names_a_bad_one(tmp_path):
     for line, needle in (
         (json.dumps({"image": "missing.png"}), r"rows.jsonl:2: missing.png: "),
         ("{not json", r"rows.jsonl:2: not a JSON object"),
-        (json.dumps({"question": "?"}), r"rows.jsonl:2: needs 'image', the image file's path"),
+        (
+            json.dumps({"question": "?"}),
+            r"rows.jsonl:2: needs 'image' \(data.image_column\), the image file's path",
+        ),
     ):
         (tmp_path / "rows.jsonl").write_text(f"{good}\n{line}\n")
         with pytest.raises(InputError, match=needle):

@@ -119,6 +119,50 @@ def test_export_passes_parity_and_generation(exported):
     assert written["exporter"]["name"] == "torchscript"
 
 
+def test_preprocess_onnx_gives_the_image_processors_pixel_values(exported):
+    """onnx/preprocess.onnx (the image classifier's graph) is checked in export.json against
+    the processor, and on images of other sizes (resized down and up, then centre-cropped)
+    gives the processor's pixel_values, which the vision encoder takes."""
+    import onnxruntime as ort
+    from PIL import Image
+
+    from ortft.families.vision_language import exporting
+
+    _, processor, out, _ = exported
+    written = json.loads((out / "export.json").read_text())
+    pre = written["preprocess"]
+    assert written["files"]["preprocess"] == "onnx/preprocess.onnx" == pre["file"]
+    assert pre["passed"] and pre["images"] == 2 and pre["max_abs_diff"] <= pre["tolerance"]
+    assert pre["output"] == "pixel_values: float32 [1, 3, 16, 16]"
+    sess = ort.InferenceSession(str(out / "onnx" / "preprocess.onnx"))
+    vision = ort.InferenceSession(str(out / "onnx" / "vision_encoder.onnx"))
+    rng = np.random.default_rng(3)
+    for shape in ((31, 23, 3), (9, 13, 3)):
+        pixels = rng.integers(0, 256, shape).astype(np.uint8)
+        want = processor.image_processor(images=[Image.fromarray(pixels)], return_tensors="np")
+        got = sess.run(None, {"image": pixels})[0]
+        assert np.abs(got - want["pixel_values"]).max() <= pre["tolerance"], shape
+        assert vision.run(None, {"pixel_values": got})[0].shape[:2] == (1, 4)
+    _, _, line, _ = exporting.card(written)  # the model card's (ortft train, ortft export)
+    assert "`onnx/preprocess.onnx` takes the decoded RGB image" in line
+
+
+def test_a_broken_preprocess_fails_the_export(tmp_path, monkeypatch):
+    """preprocess.onnx is gated as the graphs are: one built without the normalisation fails
+    its check, which fails the export (``parity.failures``: the export's gate)."""
+    from test_export_image import _skip_normalize
+
+    from ortft.export import parity
+    from ortft.families.vision_language.export import builder
+
+    _skip_normalize(monkeypatch)
+    model, processor = tiny_llava()
+    section = builder(model, processor, opset=20, tolerance=1e-4, samples=None).preprocess(tmp_path)
+    assert section["exported"] and not section["passed"] and section["max_abs_diff"] > 0.5
+    (line,) = parity.failures({"preprocess": section})  # type: ignore[typeddict-item]
+    assert line.startswith("preprocess.onnx: max |diff|")
+
+
 def test_export_leaves_the_model_as_it_was(exported):
     model = exported[0]
     # the decoder is traced on eager attention (vlm_graphs.eager_text), then switched back

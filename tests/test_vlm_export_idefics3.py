@@ -80,6 +80,9 @@ def test_export_passes_parity_and_generation(exported):
     assert written["inputs"]["decoder"][:3] == ["inputs_embeds", "attention_mask", "position_ids"]
     assert written["outputs"]["vision_encoder"] == ["image_features"]
     assert written["preprocessor"]["processor"] == "Idefics3Processor"
+    # its processor splits images into tiles: no preprocess.onnx, and export.json says why
+    assert written["preprocess"]["exported"] is False and "preprocess" not in written["files"]
+    assert "Idefics3ImageProcessor" in written["preprocess"]["reason"]
 
 
 def test_the_vision_graph_drops_a_batchs_padding_tiles(exported):

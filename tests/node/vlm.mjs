@@ -8,7 +8,8 @@
 // INPUTS: one JSON line per question, {"image": a PNG's path, "prompt": the chat-templated
 // prompt with its image token}. Each through the folder's processor (it expands the image
 // token) and the model's generate (greedy, generation_config.json's settings, up to MAX_NEW new
-// tokens); one JSON line per input on stdout: {"ids": the sequence generate returns}.
+// tokens); one JSON line per input on stdout: {"ids": the sequence generate returns,
+// "prompt_length": the processor's prompt tokens, image tokens expanded, that it starts with}.
 // ORDER: how the family's processor takes its arguments: "image-text" (LlavaProcessor, the
 // default) or "text-image" (Idefics3Processor and Qwen2VLProcessor: processor(text, images)).
 import { readFileSync } from "node:fs";
@@ -33,5 +34,6 @@ for (const line of lines) {
   const inputs =
     order === "text-image" ? await processor(prompt, [picture]) : await processor(picture, prompt);
   const out = await model.generate({ ...inputs, max_new_tokens: Number(maxNew), do_sample: false });
-  console.log(JSON.stringify({ ids: out.tolist()[0].map(Number) }));
+  const ids = out.tolist()[0].map(Number);
+  console.log(JSON.stringify({ ids, prompt_length: inputs.input_ids.dims[1] }));
 }

@@ -120,21 +120,25 @@ class ImageGraph:
             export_s=export_s,
         )
         result["preprocessor"] = preprocessor(self.processor)
-        result["preprocess"] = self.preprocess(tmp)
+        result["preprocess"] = preprocess(self.processor, tmp, PREPROCESS, self.images, self.source)
         if result["preprocess"].get("passed"):
             result["files"]["preprocess"] = PREPROCESS
             result["end_to_end"] = end_to_end(tmp, self.images, want, self.feeds.get("labels"))
         return result
 
-    def preprocess(self, tmp: Path) -> dict[str, Any]:
-        """export.json's ``preprocess``: the graph's description and its check, or why there is
-        none (``exported: false``)."""
-        problem = image_preprocess.supported_problem(self.processor)
-        if problem is not None:
-            return {"exported": False, "reason": problem}
-        described = image_preprocess.build(self.processor, tmp / PREPROCESS)
-        checked = image_preprocess.check(tmp / PREPROCESS, self.processor, self.images)
-        return {"exported": True, "file": PREPROCESS, **described, "source": self.source, **checked}
+
+def preprocess(
+    processor: Any, folder: Path, file: str, pics: list[np.ndarray], source: str
+) -> dict[str, Any]:
+    """export.json's ``preprocess``: ``file`` (under ``folder``) built from the image processor
+    and checked against it on ``pics`` (decoded uint8 [h, w, 3]), or why there is none
+    (``exported: false``). The vision-language export writes its own with it too."""
+    problem = image_preprocess.supported_problem(processor)
+    if problem is not None:
+        return {"exported": False, "reason": problem}
+    described = image_preprocess.build(processor, folder / file)
+    checked = image_preprocess.check(folder / file, processor, pics)
+    return {"exported": True, "file": file, **described, "source": source, **checked}
 
 
 def end_to_end(

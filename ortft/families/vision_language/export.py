@@ -19,6 +19,10 @@ The checks (export.json):
   features at the image tokens, decode with the cache) against PyTorch's ``generate`` on the
   same image and prompt, with the model's generation config: tokens equal and each compared
   step's logits within the tolerance (``ortft.export.decoder.compare``).
+- ``preprocess``: ``onnx/preprocess.onnx`` (decoded uint8 RGB pixels -> ``pixel_values``, the
+  image classifier's graph: ``ortft.families.vision.preprocess``) against the image processor's
+  PIL output on the samples' images, within one pixel step; a failed check fails the export. A
+  processor the graph cannot express (Idefics3's and Qwen2-VL's) gets none, and it says why.
 """
 
 from __future__ import annotations
@@ -286,8 +290,22 @@ class _Build:
             "exporter": tools.exporter(),
             "ir_version": deploy.ir_version(tmp / graphs.DECODER),
         }
+        result["preprocess"] = self.preprocess(tmp)
+        if result["preprocess"].get("passed"):
+            files["preprocess"] = graphs.PREPROCESS
         result["runtimes"] = [deploy.checked_runtime("loaded; parity and generation checked")]
         return result
+
+    def preprocess(self, tmp: Path) -> dict[str, Any]:
+        """export.json's ``preprocess``: ``onnx/preprocess.onnx`` (the image classifier's graph,
+        ``ortft.families.vision.graphs.preprocess``), raw uint8 RGB pixels to the vision
+        encoder's ``pixel_values``, checked against the image processor on the samples' images;
+        or why the processor has none (Idefics3's and Qwen2-VL's split and pad their images)."""
+        from ortft.families.vision.graphs import preprocess
+
+        pics = [np.asarray(r.image.convert("RGB"), dtype=np.uint8) for r in self.rows]
+        image_processor = self.processor.image_processor
+        return preprocess(image_processor, tmp, graphs.PREPROCESS, pics, self.source)
 
     def parity(self, sessions: graphs.Sessions) -> ParityReport:
         """Each graph against its PyTorch module (see the module doc)."""

@@ -112,7 +112,8 @@ def export_builder(
 
 def runtime_feeds(job: Any) -> dict[str, np.ndarray]:
     """The feeds ``--check-runtime`` runs each graph on (``deploy.graph_feeds`` picks each
-    graph's): the first row's pixels and prompt, its embeddings and positions."""
+    graph's): the first row's pixels and prompt, its embeddings and positions, its decoded
+    image (preprocess.onnx's ``image``)."""
     import torch
 
     from ortft.families.vision_language import vlm_graphs as graphs
@@ -128,6 +129,7 @@ def runtime_feeds(job: Any) -> dict[str, np.ndarray]:
         "attention_mask": mask,
         "inputs_embeds": embeds,
         "position_ids": graphs.positions_of(mask, mask.shape[1]),
+        "image": np.asarray(job.rows[0].image.convert("RGB"), dtype=np.uint8),
     }
 
 
@@ -147,12 +149,33 @@ def card(report: ExportReport) -> tuple[str, str, str, str]:
         f"embeddings in order. Parity max |diff| {report['parity']['max_abs_diff']:.2e}; "
         f"greedy generation equal to PyTorch's: {g.get('passed')}."
     )
+    inputs += "\n" + _preprocess_line(report.get("preprocess") or {})
     code = CARD.format(question=QUESTION)
     return (
         code,
         holds,
         inputs,
         "`onnxruntime`, `numpy`, `Pillow` and `transformers` (the processor)",
+    )
+
+
+def _preprocess_line(pre: dict[str, Any]) -> str:
+    """The card's line on ``onnx/preprocess.onnx``, or on why the export has none."""
+    from ortft.families.vision_language.vlm_graphs import PREPROCESS
+
+    if not pre.get("exported"):
+        return (
+            f"- **Preprocessing:** no `{PREPROCESS}` ({pre.get('reason')}): run the image "
+            'processor, loaded with `backend="pil"` (what training used), for `pixel_values`.'
+        )
+    return (
+        f"- **Preprocessing:** `{PREPROCESS}` takes the decoded RGB image (`image`, uint8 "
+        "[height, width, 3], any size) and gives the vision encoder's `pixel_values` "
+        f"({pre['output'].split(': ', 1)[1]}) as the image processor does: checked on "
+        f"{pre['images']} images, max |diff| {pre['max_abs_diff']:.2e} (at most one pixel "
+        f"step: {pre['tolerance']:.2e}). With it, a client needs onnxruntime, numpy, Pillow "
+        "and tokenizers alone: tokenize the chat-templated prompt (`tokenizer.json`), repeat "
+        "the image token once per image feature, then the loop below."
     )
 
 

@@ -1,9 +1,9 @@
 """``ortft predict`` for image-text-to-text: the answer to each row of a JSONL file.
 
 Input (``--input``): a JSONL file, one row a line (blank lines skipped), each with the image
-file (``image``, relative to the file's folder) and either the
-question (``task.question_column``) or a conversation (``task.messages_column``; a last
-assistant turn, if any, is answered again). Every row is read and its image decoded before
+file (``data.image_column`` of the recipe the model was trained with, ``image`` where none is
+known; relative to the file's folder) and either the question (``task.question_column``) or a
+conversation (``task.messages_column``; a last assistant turn, if any, is answered again). Every row is read and its image decoded before
 anything is printed, so a bad row stops the command with one line, ``rows.jsonl:3: ...``,
 exit 2, and no answers.
 
@@ -24,7 +24,7 @@ from ortft.core.errors import InputError
 from ortft.core.reports import Prediction
 from ortft.data import images
 
-IMAGE_COLUMN = "image"
+IMAGE_COLUMN = "image"  # data.image_column's default: a model without its training recipe
 
 
 def generate(
@@ -75,14 +75,24 @@ def by_length(prompts: list[np.ndarray]) -> dict[int, list[int]]:
     return groups
 
 
-def _rows(task: Any, input_path: str) -> list[tuple[int, str, dict[str, Any]]]:
-    """(line, image path as given, the row with its path resolved) of each JSONL line."""
+def image_column(m: Any) -> str:
+    """The image column the model was trained on (its recipe's ``data.image_column``)."""
+    from ortft.inference.evaluate import training_recipe
+
+    loaded = training_recipe(m)
+    return IMAGE_COLUMN if loaded is None else loaded.recipe.data.image_column
+
+
+def _rows(
+    task: Any, input_path: str, column: str = IMAGE_COLUMN
+) -> list[tuple[int, str, dict[str, Any]]]:
+    """(line, image path as given, the row with its path resolved) of each JSONL line; the
+    image path in ``column``."""
     path = Path(input_path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"--input {input_path}: cannot read it ({err})") from None
-    column = IMAGE_COLUMN
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -92,7 +102,9 @@ def _rows(task: Any, input_path: str) -> list[tuple[int, str, dict[str, Any]]]:
         except ValueError as err:
             raise InputError(f"{input_path}:{n}: not a JSON object ({err})") from None
         if not isinstance(row, dict) or not isinstance(row.get(column), str):
-            raise InputError(f"{input_path}:{n}: needs '{column}', the image file's path")
+            raise InputError(
+                f"{input_path}:{n}: needs '{column}' (data.image_column), the image file's path"
+            )
         shown = row[column]
         row = {**row, column: str(path.parent / shown)}
         try:
@@ -111,7 +123,8 @@ def run(
     """One answer per row; every row read and checked first."""
     processor = m.tokenizer
     task.bind(processor)
-    rows = _rows(task, input_path)
+    column = image_column(m)
+    rows = _rows(task, input_path, column)
     prompts = []
     for n, _, row in rows:
         try:
@@ -123,7 +136,7 @@ def run(
         chunk = list(range(lo, min(len(rows), lo + batch_size)))
         for group in by_length([np.asarray(prompts[k]) for k in chunk]).values():
             idx = [chunk[g] for g in group]
-            decoded = [images.load(rows[k][2][IMAGE_COLUMN]) for k in idx]
+            decoded = [images.load(rows[k][2][column]) for k in idx]
             pixels = images.pixel_values(decoded, processor.image_processor)
             ids = np.stack([np.asarray(prompts[k]) for k in idx])
             for k, (text, new) in zip(

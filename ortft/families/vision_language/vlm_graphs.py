@@ -42,6 +42,9 @@ VISION, EMBED, DECODER = (
     "onnx/embed_tokens.onnx",
     "onnx/decoder_model_merged.onnx",
 )
+# raw uint8 [height, width, 3] RGB -> the vision encoder's pixel_values, where the image
+# processor allows it (``export._Build.preprocess``); transformers.js preprocesses itself
+PREPROCESS = "onnx/preprocess.onnx"
 
 
 class VisionEncoder(torch.nn.Module):
