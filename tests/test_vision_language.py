@@ -273,6 +273,10 @@ def test_predict_reads_every_row_before_answering_and_names_a_bad_one(tmp_path):
         (tmp_path / "rows.jsonl").write_text(f"{good}\n{line}\n")
         with pytest.raises(InputError, match=needle):
             predict._rows(task, str(tmp_path / "rows.jsonl"))
+    # a run trained on data.image_column=picture: its rows' images are read from there
+    (tmp_path / "rows.jsonl").write_text(good.replace('"image"', '"picture"') + "\n" + good + "\n")
+    with pytest.raises(InputError, match=r"rows.jsonl:2: needs 'picture' \(data.image_column\)"):
+        predict._rows(task, str(tmp_path / "rows.jsonl"), "picture")
 
 
 def test_the_run_exports_the_three_graphs_with_its_held_out_rows_checked(run):
