@@ -98,6 +98,9 @@ def test_export_passes_parity_and_generation(exported):
     pre = json.loads((out / "preprocessor_config.json").read_text())
     assert pre["processor_class"] == "Qwen2VLProcessor"
     assert (pre["patch_size"], pre["merge_size"], pre["temporal_patch_size"]) == (4, 2, 2)
+    # its processor flattens patches: no preprocess.onnx, and export.json says why
+    assert written["preprocess"]["exported"] is False and "preprocess" not in written["files"]
+    assert "Qwen2VLImageProcessor" in written["preprocess"]["reason"]
 
 
 def test_the_graphs_take_other_grids_and_multimodal_positions(exported):

@@ -300,7 +300,7 @@ class _Build:
         """export.json's ``preprocess``: ``onnx/preprocess.onnx`` (the image classifier's graph,
         ``ortft.families.vision.graphs.preprocess``), raw uint8 RGB pixels to the vision
         encoder's ``pixel_values``, checked against the image processor on the samples' images;
-        or why the processor has none (Idefics3's and Qwen2-VL's split and pad their images)."""
+        or why the processor has none (Idefics3's tiles, Qwen2-VL's flattened patches)."""
         from ortft.families.vision.graphs import preprocess
 
         pics = [np.asarray(r.image.convert("RGB"), dtype=np.uint8) for r in self.rows]

@@ -3,9 +3,9 @@
 Input (``--input``): a JSONL file, one row a line (blank lines skipped), each with the image
 file (``data.image_column`` of the recipe the model was trained with, ``image`` where none is
 known; relative to the file's folder) and either the question (``task.question_column``) or a
-conversation (``task.messages_column``; a last assistant turn, if any, is answered again). Every row is read and its image decoded before
-anything is printed, so a bad row stops the command with one line, ``rows.jsonl:3: ...``,
-exit 2, and no answers.
+conversation (``task.messages_column``; a last assistant turn, if any, is answered again).
+Every row is read and its image decoded before anything is printed, so a bad row stops the
+command with one line, ``rows.jsonl:3: ...``, exit 2, and no answers.
 
 Output, one object per row in input order: ``index``, ``input`` (the image path as the row
 gives it), ``generated`` (the greedy answer, special tokens left out) and ``new_tokens``.
