@@ -297,14 +297,15 @@ def test_pair_client_matches_predict(
 
 
 @pytest.mark.parametrize(
-    "task", ["sequence-classification", "seq2seq", "image-classification", "speech-recognition"]
+    "task",
+    ["sequence-classification", "seq2seq", "image-classification", "speech-recognition", VLM],
 )
 def test_export_records_the_consumer_runtime(
     task: str, matrix: Matrix, consumer_python: str
 ) -> None:
     """``ortft export --check-runtime PYTHON`` loads the export in that runtime, compares its
-    outputs (every fp32 graph: an image export's preprocess.onnx too), and only then lists it
-    in export.json (and the card)."""
+    outputs (every fp32 graph: an image export's preprocess.onnx too; a vision-language
+    export's four, under onnx/), and only then lists it in export.json (and the card)."""
     run = matrix.run(task)
     report = _export(run, run / "onnx-checked", "--check-runtime", consumer_python)
     assert [r["version"] for r in report["runtimes"]][1:] == [_pinned_version()]

@@ -339,9 +339,9 @@ import numpy as np, onnxruntime as ort
 folder, feeds_path, out_path = sys.argv[1:4]
 feeds = np.load(feeds_path)
 out = {}
-for name in sorted({k.split("/")[0] for k in feeds.files}):
+for name in sorted({k.rsplit("/", 1)[0] for k in feeds.files}):  # a graph's path may hold "/"
     sess = ort.InferenceSession(f"{folder}/{name}", providers=["CPUExecutionProvider"])
-    given = {k.split("/")[1]: feeds[k] for k in feeds.files if k.startswith(name + "/")}
+    given = {k.rsplit("/", 1)[1]: feeds[k] for k in feeds.files if k.rsplit("/", 1)[0] == name}
     for o, v in zip(sess.get_outputs(), sess.run(None, given)):
         out[f"{name}/{o.name}"] = v
 np.savez(out_path, **out)
@@ -421,9 +421,9 @@ def check_runtime(
             raise InputError(f"--check-runtime {python}: the export did not run there: {last}")
         got = dict(np.load(f"{tmp}/out.npz"))
     diff = 0.0
-    for name in sorted({k.split("/")[0] for k in given}):
+    for name in sorted({k.rsplit("/", 1)[0] for k in given}):  # onnx/vision_encoder.onnx/...
         sess = parity.session(folder / name)
-        mine = {k.split("/")[1]: v for k, v in given.items() if k.startswith(name + "/")}
+        mine = {k.rsplit("/", 1)[1]: v for k, v in given.items() if k.rsplit("/", 1)[0] == name}
         for o, v in zip(sess.get_outputs(), sess.run(None, mine), strict=True):
             diff = max(diff, float(np.max(np.abs(got[f"{name}/{o.name}"] - v), initial=0.0)))
     entry = json.loads(proc.stdout.strip().splitlines()[-1])
