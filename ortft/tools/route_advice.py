@@ -58,6 +58,18 @@ MEASURED: dict[str, dict[str, Measured]] = {
         ),
     },
     AVX512_BF16: {
+        # two AMD EPYC VMs disagree, so the advice is the probe that measures the run's own CPU
+        "fp32": Measured(
+            "backend.name=auto (no single answer)",
+            "ort fp32 1.59x ortft's torch fp32 on short texts (55.5 vs 34.9 samples/s) and "
+            "1.60x on long ones (31.1 vs 19.4) on one VM, before backend.unpad; on a Zen 4 "
+            "two days later ort fp32 was level with the fp32 Trainer (1.00x short, 1.06x long; "
+            "torch fp32 not run)",
+            "2 quiet cores of AMD EPYC VMs with AVX-512, 2026-12-01 (CPU model not recorded) "
+            "and 2026-12-03 (Zen 4)",
+            PEER,
+            "AMD",
+        ),
         "bf16": Measured(
             "backend.name=torch precision.dtype=bf16",
             "torch bf16 2.02x ort fp32 on short texts (277 vs 560 ms/step), "
