@@ -62,12 +62,13 @@ MEASURED: dict[str, dict[str, Measured]] = {
         "fp32": Measured(
             "backend.name=auto (no single answer)",
             "ort fp32 1.59x ortft's torch fp32 on short texts (55.5 vs 34.9 samples/s) and "
-            "1.60x on long ones (31.1 vs 19.4) on one VM, before backend.unpad; on a Zen 4 "
-            "two days later ort fp32 was level with the fp32 Trainer (1.00x short, 1.06x long; "
-            "torch fp32 not run)",
+            "1.60x on long ones (31.1 vs 19.4) on one VM; on a Zen 4 two days later ort fp32 "
+            "was level with the fp32 Trainer (1.00x short, 1.06x long; torch fp32 not run) and "
+            "1.14x torch fp32 on sentence embeddings (21.7 vs 19.0); all before backend.unpad, "
+            "which made torch 1.28x faster on short texts on the Intel Xeon (bf16, one table)",
             "2 quiet cores of AMD EPYC VMs with AVX-512, 2026-12-01 (CPU model not recorded) "
             "and 2026-12-03 (Zen 4)",
-            PEER,
+            f"{PEER} and benchmarks/peer_sentence.py",
             "AMD",
         ),
         "bf16": Measured(
