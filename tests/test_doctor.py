@@ -355,3 +355,63 @@ def test_fix_builds_the_missing_extensions_and_plain_doctor_does_not(monkeypatch
     fixed = extension_check("--fix")
     assert built == [True] and fixed["verdict"] == doctor.OK
     assert fixed["value"] == "fused_adam in /ext"
+
+
+# the three classes of CPU the route advice tells apart, as /proc/cpuinfo would give them
+FAKE_CPUS = {
+    "amx": ("Intel(R) Xeon(R) Platinum 8480+", {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}),
+    "avx512_bf16": ("AMD EPYC 9R14 96-Core Processor", {"avx512f", "avx512_bf16"}),
+    "none": ("Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz", {"avx2", "fma"}),
+}
+
+
+@pytest.fixture
+def faked_cpu(monkeypatch):
+    """The doctor's report (text) on a CPU of the class given, without probing the runtime."""
+
+    def report(kind: str) -> str:
+        model, flags = FAKE_CPUS[kind]
+        monkeypatch.setattr(doctor, "cpu_model", lambda: model)
+        monkeypatch.setattr(doctor.hardware, "cpu_flags", lambda: flags)
+        monkeypatch.setattr(doctor, "probe_runtime", lambda stack, fix=False: [])
+        return doctor.render(doctor.collect(versions=good_versions(), stack=ORT), ORT)
+
+    return report
+
+
+def _line(text: str, name: str) -> str:
+    return next(line for line in text.splitlines() if line.split(None, 1)[1].startswith(name))
+
+
+def test_doctor_names_the_faster_route_for_an_amx_cpu(faked_cpu):
+    text = faked_cpu("amx")
+    assert "AMX (amx_bf16, avx512_bf16)" in _line(text, "cpu class")
+    fp32 = _line(text, "cpu fp32 route")
+    assert "backend.name=torch:" in fp32 and "Intel Xeon with AMX" in fp32
+    assert "59.0 vs 32.8" in fp32 and "docs/backends.md" in fp32
+    bf16 = _line(text, "cpu bf16 route")
+    assert "backend.name=torch precision.dtype=bf16:" in bf16 and "87.4 vs 59.0" in bf16
+    assert "not on this vendor's" not in text
+
+
+def test_doctor_names_the_faster_route_for_an_avx512_bf16_cpu(faked_cpu):
+    text = faked_cpu("avx512_bf16")
+    assert "AVX-512 BF16 (avx512_bf16)" in _line(text, "cpu class")
+    fp32 = _line(text, "cpu fp32 route")
+    assert fp32.startswith("info") and "backend.name=auto (no single answer):" in fp32
+    assert "1.59x" in fp32 and "2026-12-01 (CPU model not recorded)" in fp32
+    bf16 = _line(text, "cpu bf16 route")
+    assert "backend.name=torch precision.dtype=bf16:" in bf16 and "AMD EPYC (Zen 4" in bf16
+    assert "not on this vendor's" not in bf16
+
+
+def test_doctor_says_what_was_not_measured(faked_cpu):
+    text = faked_cpu("none")
+    assert "no bf16 units (neither amx_bf16 nor avx512_bf16)" in _line(text, "cpu class")
+    fp32 = _line(text, "cpu fp32 route")
+    assert fp32.startswith("info") and "not measured on a CPU of this class" in fp32
+    assert "backend.name=auto" in fp32
+    assert "bf16 is emulated" in _line(text, "cpu bf16 route")
+    # an AVX-512 BF16 CPU from Intel (Cooper Lake): the AMD figures, flagged as another vendor's
+    intel = doctor.route_advice.advice("Intel(R) Xeon(R) Gold 6348H", {"avx512_bf16"})
+    assert "measured on an AMD CPU, not on this vendor's" in intel[2].value

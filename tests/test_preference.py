@@ -117,17 +117,15 @@ def test_auto_probes_the_preference_loss_and_trains(tmp_path: Path) -> None:
     assert losses(tmp_path / "run")[0] == pytest.approx(np.log(2), abs=1e-5)
 
 
-def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, monkeypatch):
+def _pairs_and_model(tmp_path: Path, n: int, limit: int) -> tuple:
+    """``n`` pairs encoded at ``limit`` tokens and a 1-layer GPT-2, with a tokenizer trained here."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-    from ortft.families.preference import reference
-
-    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path / "cache"))
     rows = [
         json.loads(line)
-        for line in write_pairs(tmp_path / "p.jsonl", 6).read_text().split("\n")
+        for line in write_pairs(tmp_path / "p.jsonl", n).read_text().split("\n")
         if line
     ]
     tok = Tokenizer(models.BPE())
@@ -136,9 +134,19 @@ def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, mo
         [" ".join(r.values()) for r in rows], trainers.BpeTrainer(vocab_size=100)
     )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="0", eos_token="0")
-    encoded = PairRows(Options()).encode(rows, tokenizer, 24)
+    encoded = PairRows(Options()).encode(rows, tokenizer, limit)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=len(tokenizer)))
+    return encoded, model
+
+
+def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, monkeypatch):
+    import torch
+
+    from ortft.families.preference import reference
+
+    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path / "cache"))
+    encoded, model = _pairs_and_model(tmp_path, 6, 24)
     first = reference.WithReference(encoded)
     assert not reference.fill(model, first, "train")  # computed
     again = reference.WithReference(encoded)
@@ -150,6 +158,30 @@ def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, mo
     assert not reference.fill(model, changed, "train")
     assert not np.array_equal(changed.reference, first.reference)
     np.testing.assert_allclose(changed.reference, reference.compute(model, encoded), rtol=1e-6)
+
+
+def test_the_reference_pass_pads_as_training_does(tmp_path, monkeypatch):
+    """Each chunk of pairs runs at its longest row rounded up to data.pad_to_multiple_of, not at
+    data.max_length, and scores every pair as the full-length pass does."""
+    from ortft.data.batches import Padding
+    from ortft.families.preference import losses, reference
+
+    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path / "cache"))
+    encoded, model = _pairs_and_model(tmp_path, 12, 64)
+    full = reference.compute(model, encoded)
+    widths: list[int] = []
+    scores = losses.preference_scores
+
+    def spy(model, batch):
+        widths.append(batch["input_ids"].shape[1])
+        return scores(model, batch)
+
+    monkeypatch.setattr(losses, "preference_scores", spy)
+    split = reference.WithReference(encoded, Padding("longest", 64, 8))
+    reference.fill(model, split, "train")
+    longest = [int(encoded.arrays["_length"][i : i + 8].max()) for i in (0, 8)]
+    assert widths == [-(-n // 8) * 8 for n in longest] and max(widths) < 64, (widths, longest)
+    np.testing.assert_allclose(split.reference, full, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_pairs_are_one_line_naming_the_row() -> None:

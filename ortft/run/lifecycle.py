@@ -147,7 +147,7 @@ class _Run:
         label2id = {name: i for i, name in enumerate(labels)} if labels else None
         train, evals = splits.encode_splits(task, raw, tokenizer, r.data, label2id)
         if isinstance(task, protocols.ScoresReference):  # filled when the engine builds the model
-            train, evals = task.with_reference(train, evals)
+            train, evals = task.with_reference(train, evals, r.data)
         if isinstance(task, protocols.ReportsData):  # files skipped and converted
             self.data_report = task.data_report(
                 {"train": (raw.train, train), "eval": (raw.eval, evals)}

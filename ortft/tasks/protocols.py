@@ -232,9 +232,10 @@ class ScoresReference(Protocol):
     """A task whose loss compares the model with a reference on the same rows (preference: the
     reference log-probs of DPO and IPO). Before the model is built it takes the encoded splits
     and gives them back with the reference's columns, which it fills in ``prepare_model``
-    (``PreparesModel``) from the freshly built model."""
+    (``PreparesModel``) from the freshly built model, its batches padded as ``data`` pads
+    training's."""
 
-    def with_reference(self, train: Any, evals: Any) -> tuple[Any, Any]: ...
+    def with_reference(self, train: Any, evals: Any, data: Any) -> tuple[Any, Any]: ...
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ from typing import Any
 
 from ortft import __version__
 from ortft.env import hardware, ort_training, profiles
+from ortft.tools import route_advice
 from ortft.tools.doctor_verdicts import (
     CONFLICTING_ORT,
     DATA_PACKAGES,
@@ -86,13 +87,18 @@ def gather_versions() -> dict[str, str | None]:
     return found
 
 
-def _cpu() -> str:
+def cpu_model() -> str:
+    """/proc/cpuinfo's model name, else what ``platform`` knows."""
     name = platform.processor() or platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
+    return name
+
+
+def _cpu() -> str:
+    name = cpu_model()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{name}, {usable} usable cores"
 
@@ -347,6 +353,7 @@ def collect(
     checks.append(Check("cpu", INFO, _cpu()))
     checks += check_versions(versions, stack)
     checks += probe_runtime(stack, fix=fix)
+    checks += route_advice.advice(cpu_model(), hardware.cpu_flags())
     for name in ("numpy", "protobuf"):
         checks.append(Check(name, INFO, versions.get(name) or "not installed"))
     return _in_report_order(checks)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ortft.core.constants import IGNORE_INDEX
-from ortft.data.batches import ALIGNED
+from ortft.data.batches import ALIGNED, Padding
 from ortft.families.generation.family import DecoderHooks
 from ortft.families.preference.task import REJECTED, TIE, Options, PairRows
 from ortft.tasks.base import Encoded, Task
@@ -135,14 +135,15 @@ class PreferenceTask(Task):
         return saved.evaluate(self, model, encoded, loaded, batch_size)
 
     # ---- the reference (DPO, IPO)
-    def with_reference(self, train: Any, evals: Any) -> tuple[Any, Any]:
-        """The splits with the reference's columns, filled when the model is built (ORPO has no
-        reference: the splits as they are)."""
+    def with_reference(self, train: Any, evals: Any, data: Any) -> tuple[Any, Any]:
+        """The splits with the reference's columns, filled when the model is built and padded
+        as ``data`` pads training's batches (ORPO has no reference: the splits as they are)."""
         if self.options.loss == "orpo":
             return train, evals
         from ortft.families.preference.reference import WithReference
 
-        out = [WithReference(s) if s is not None else None for s in (train, evals)]
+        padding = Padding.of(data)
+        out = [WithReference(s, padding) if s is not None else None for s in (train, evals)]
         self._splits = [(n, s) for n, s in zip(("train", "eval"), out, strict=True) if s]
         return out[0], out[1]
 

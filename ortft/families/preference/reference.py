@@ -5,7 +5,10 @@ An entry is ``<ORTFT_CACHE>/tokenized/<key>/`` (``ortft cache`` lists and prunes
 token arrays), its key a hash of the reference's weights and of the split's token arrays: a
 changed base model, or changed data, computes afresh. The pass runs in eager PyTorch on the
 freshly built model, before any wrapper (never through ORTModule's graph) and before a resumed
-run loads its checkpoint, so a resumed run reads the entry its first start wrote.
+run loads its checkpoint, so a resumed run reads the entry its first start wrote. Each
+chunk of pairs is cut as training's batches are (``data.padding``: by default its longest row
+rounded up to ``data.pad_to_multiple_of``), not run at ``data.max_length``: the trailing padding
+changes no real token's log-prob under the causal mask, only the time the pass takes.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ortft.data import tokenized
+from ortft.data import batches, tokenized
 from ortft.data.encoded import Encoded
+from ortft.families.preference.task import REJECTED
 
 log = logging.getLogger("ortft")
 ROWS = 8  # pairs per reference forward
@@ -29,11 +33,13 @@ FILE = "reference.npy"  # [pairs, 2]: the chosen and rejected sums, float32
 
 class WithReference(Encoded):
     """A split's arrays with ``ref_chosen`` and ``ref_rejected`` beside them (filled by
-    ``fill`` once the model is built; every batch taken after carries them)."""
+    ``fill`` once the model is built; every batch taken after carries them). ``padding``:
+    the recipe's ``data`` padding, which the reference pass cuts its chunks with."""
 
-    def __init__(self, base: Encoded):
+    def __init__(self, base: Encoded, padding: batches.Padding | None = None):
         self.base = base
         self.arrays = base.arrays
+        self.padding = padding or batches.Padding()
         self.reference: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -51,9 +57,14 @@ class WithReference(Encoded):
         return self.base.column(name)
 
 
-def _chunks(encoded: Encoded) -> Iterator[dict[str, np.ndarray]]:
+def _chunks(
+    encoded: Encoded, padding: batches.Padding | None = None
+) -> Iterator[dict[str, np.ndarray]]:
+    """``ROWS`` pairs at a time, cut to the length ``padding`` gives their longest (whole
+    without one)."""
     for start in range(0, len(encoded), ROWS):
-        yield encoded.take(np.arange(start, min(start + ROWS, len(encoded))))
+        chunk = encoded.take(np.arange(start, min(start + ROWS, len(encoded))))
+        yield chunk if padding is None else batches.cut(chunk, padding, batches.ALIGNED + REJECTED)
 
 
 def weights_hash(model: Any) -> str:
@@ -76,9 +87,9 @@ def data_hash(encoded: Encoded) -> str:
     return h.hexdigest()
 
 
-def compute(model: Any, encoded: Encoded) -> np.ndarray:
+def compute(model: Any, encoded: Encoded, padding: batches.Padding | None = None) -> np.ndarray:
     """[pairs, 2]: each pair's chosen and rejected summed response log-probs under ``model``
-    (eval mode, no gradient, one forward for both sequences)."""
+    (eval mode, no gradient, one forward for both sequences, each chunk cut by ``padding``)."""
     import torch
 
     from ortft.families.preference.losses import preference_scores
@@ -89,7 +100,7 @@ def compute(model: Any, encoded: Encoded) -> np.ndarray:
     device = next(model.parameters()).device
     try:
         with torch.no_grad():
-            for batch in _chunks(encoded):
+            for batch in _chunks(encoded, padding):
                 t = {
                     k: torch.from_numpy(np.ascontiguousarray(v)).to(device)
                     for k, v in batch.items()
@@ -107,7 +118,7 @@ def fill(model: Any, split: WithReference, name: str) -> bool:
     t0 = time.perf_counter()
 
     def build(tmp: Path) -> dict[str, Any]:
-        values = compute(model, split.base)
+        values = compute(model, split.base, split.padding)
         np.save(tmp / FILE, values)
         return {
             "source": f"reference log-probs of the {name} split",

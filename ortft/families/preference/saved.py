@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ortft.core.errors import InputError
-from ortft.data.batches import eval_batches
+from ortft.data.batches import Padding, eval_batches
 
 
 def reference_model(loaded: Any, task: Any, tokenizer: Any) -> Any:
@@ -45,7 +45,7 @@ def evaluate(task: Any, m: Any, encoded: Any, loaded: Any, batch_size: int) -> d
                 "by its recipe.yaml, which this folder lacks (eval the run's final/ or its "
                 "run folder)"
             )
-        split = reference.WithReference(encoded)
+        split = reference.WithReference(encoded, Padding.of(loaded.recipe.data))
         reference.fill(reference_model(loaded, task, m.tokenizer), split, "eval")
     total, weight, rewards = 0.0, 0, []
     for batch in eval_batches(split, batch_size):

@@ -1,0 +1,132 @@
+"""``ortft doctor``'s route advice: which training route was measured faster on a CPU of this
+machine's class, in fp32 and in bf16, and the override that picks it.
+
+A CPU's class is what multiplies bf16 in hardware: AMX (``amx_bf16``, Intel Sapphire Rapids and
+later), AVX-512 BF16 (``avx512_bf16`` alone: AMD Zen 4 and later, Intel Cooper Lake) or neither
+(``ortft.env.hardware`` reads the flags). The advice is ``MEASURED``: figures from
+docs/backends.md, each naming its machine, date and command. Where nothing was measured (a CPU
+without bf16 units, or a vendor other than the measured machine's) the line says so and points
+at ``backend.name=auto``, which times the routes on the run's own first batches; it never
+presents a guess as a measurement. The cached matmul limit (``limit.py``) is not used: it times
+PyTorch's GEMMs only, not ORT's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortft.env import hardware
+from ortft.tools.doctor_verdicts import INFO, Check
+
+AMX, AVX512_BF16, NO_BF16 = "AMX", "AVX-512 BF16", "no bf16 units"
+SOURCE = "docs/backends.md"
+AUTO = "backend.name=auto precision.dtype=auto times torch and ort on the run's first batches"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The faster route for one precision on one class of CPU, as measured on ``machine``."""
+
+    pick: str  # the recipe overrides that select it
+    figures: str  # the measured comparison behind the advice
+    machine: str  # the CPU, its load and the date
+    command: str
+    vendor: str  # the measured CPU's vendor as /proc/cpuinfo names it (AMD, Intel)
+
+
+PEER = "benchmarks/peer.py (MiniLM, batch 16, max_length 128)"
+INTEL_AMX = "2 cores of an Intel Xeon with AMX, quiet"
+AMD_ZEN4 = "2 cores of an AMD EPYC (Zen 4, avx512_bf16)"
+
+MEASURED: dict[str, dict[str, Measured]] = {
+    AMX: {
+        "fp32": Measured(
+            "backend.name=torch",
+            "torch fp32 1.80x ort fp32 on short texts (59.0 vs 32.8 samples/s), "
+            "1.11x on long ones (20.5 vs 18.4)",
+            f"{INTEL_AMX}, 2026-12-04 (short) and 2026-12-02 (long)",
+            PEER,
+            "Intel",
+        ),
+        "bf16": Measured(
+            "backend.name=torch precision.dtype=bf16",
+            "torch bf16 1.48x torch fp32 on short texts (87.4 vs 59.0 samples/s), "
+            "2.05x on long ones (42.1 vs 20.5)",
+            f"{INTEL_AMX}, 2026-12-04 (short) and 2026-12-02 (long)",
+            PEER,
+            "Intel",
+        ),
+    },
+    AVX512_BF16: {
+        # two AMD EPYC VMs disagree, so the advice is the probe that measures the run's own CPU
+        "fp32": Measured(
+            "backend.name=auto (no single answer)",
+            "ort fp32 1.59x ortft's torch fp32 on short texts (55.5 vs 34.9 samples/s) and "
+            "1.60x on long ones (31.1 vs 19.4) on one VM; on a Zen 4 two days later ort fp32 "
+            "was level with the fp32 Trainer (1.00x short, 1.06x long; torch fp32 not run) and "
+            "1.14x torch fp32 on sentence embeddings (21.7 vs 19.0); all before backend.unpad, "
+            "which made torch 1.28x faster on short texts on the Intel Xeon (bf16, one table)",
+            "2 quiet cores of AMD EPYC VMs with AVX-512, 2026-12-01 (CPU model not recorded) "
+            "and 2026-12-03 (Zen 4)",
+            f"{PEER} and benchmarks/peer_sentence.py",
+            "AMD",
+        ),
+        "bf16": Measured(
+            "backend.name=torch precision.dtype=bf16",
+            "torch bf16 2.02x ort fp32 on short texts (277 vs 560 ms/step), "
+            "1.78x on long ones (680 vs 1211)",
+            f"{AMD_ZEN4}, quiet, 2026-12-03",
+            PEER,
+            "AMD",
+        ),
+    },
+}
+
+
+def cpu_class(flags: set[str]) -> str:
+    found = hardware.cpu_bf16(flags)
+    if "amx_bf16" in found:
+        return AMX
+    return AVX512_BF16 if found else NO_BF16
+
+
+def vendor(model: str) -> str | None:
+    for name in ("Intel", "AMD"):
+        if name.lower() in model.lower():
+            return name
+    return None
+
+
+def advice(model: str, flags: set[str]) -> list[Check]:
+    """The doctor's lines for a CPU of ``model`` with ``flags``: its class, then the route
+    measured faster in fp32 and in bf16 on a CPU of that class (or that none was)."""
+    kind = cpu_class(flags)
+    units = ", ".join(hardware.cpu_bf16(flags)) or "neither amx_bf16 nor avx512_bf16"
+    checks = [Check("cpu class", INFO, f"{kind} ({units})")]
+    for dtype in ("fp32", "bf16"):
+        checks.append(_route_line(kind, dtype, vendor(model)))
+    return checks
+
+
+def _route_line(kind: str, dtype: str, found_vendor: str | None) -> Check:
+    name = f"cpu {dtype} route"
+    if kind == NO_BF16 and dtype == "bf16":
+        value = (
+            "none: this CPU has no bf16 units, so bf16 is emulated through fp32 (not measured by "
+            "ortft); train fp32 (precision.dtype=auto keeps it)"
+        )
+        return Check(name, INFO, value)
+    measured = MEASURED.get(kind, {}).get(dtype)
+    if measured is None:
+        value = f"not measured on a CPU of this class ({kind}); {AUTO} and trains with the faster"
+        return Check(name, INFO, value)
+    value = (
+        f"{measured.pick}: {measured.figures}; measured on {measured.machine}, "
+        f"{measured.command} ({SOURCE})"
+    )
+    if found_vendor != measured.vendor:
+        value += (
+            f"; measured on an {measured.vendor} CPU, not on this vendor's: {AUTO}, "
+            "which checks it here"
+        )
+    return Check(name, INFO, value)
