@@ -56,13 +56,16 @@ def test_two_processes_give_one_process_losses_and_metrics(tmp_path: Path, task)
     names = METRICS[task["name"]]
     a, b = _rows(ddp, "train"), _rows(single, "train")
     assert [x["step"] for x in a] == [x["step"] for x in b] == [1, 2, 3]
+    # The rewards are differences of log-prob sums: another batch split rounds those sums in
+    # another order, an absolute float32 error (1.2e-7 seen on an AMD EPYC) however small the
+    # difference; half the batch's rewards (no gather) were 2e-2 off.
     for x, y in zip(a, b, strict=True):
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
         for name in names:
-            assert x[name] == pytest.approx(y[name], rel=1e-5, abs=1e-7), (name, x, y)
+            assert x[name] == pytest.approx(y[name], rel=1e-5, abs=1e-6), (name, x, y)
     (ea,), (eb,) = _rows(ddp, "eval"), _rows(single, "eval")
     for name in ("loss", *names):
-        assert ea[name] == pytest.approx(eb[name], rel=1e-5, abs=1e-7), (name, ea, eb)
+        assert ea[name] == pytest.approx(eb[name], rel=1e-5, abs=1e-6), (name, ea, eb)
     assert a[-1][names[0]] != a[0][names[0]]  # the metrics moved: the check compares something
 
 
