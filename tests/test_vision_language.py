@@ -235,6 +235,26 @@ def test_a_pretrained_idefics3_folder_fits_and_its_processor_takes_each_image_wh
     assert task.expansion() == task_for(processor).expansion()  # 7 ids: markers and 4 tokens
 
 
+def test_validate_names_the_architectures_a_config_builds():
+    """``ortft validate`` (in process): idefics3 and llava build from a config; another
+    image-text-to-text type is one line naming the field, exit 2."""
+    from typer.testing import CliRunner
+
+    from ortft.cli.app import app
+
+    runner = CliRunner()
+    for arch in ARCHS:
+        over = f"model.from_config.architecture={arch}"
+        res = runner.invoke(app, ["validate", str(RECIPE), "--set", over])
+        assert res.exit_code == 0, res.stderr
+    over = "model.from_config.architecture=paligemma"
+    res = runner.invoke(app, ["validate", str(RECIPE), "--set", over])
+    assert res.exit_code == 2
+    assert "model.from_config.architecture=paligemma: image-text-to-text builds llava or " in (
+        res.stderr
+    )
+
+
 TINY = [
     "model.from_config.hidden_size=32", "model.from_config.num_layers=1",
     "task.vision_hidden_size=32", "task.vision_layers=1", "task.freeze_vision=true",
@@ -486,7 +506,8 @@ def test_the_run_resumes_exactly_after_kill_9(arch_run, tmp_path):
 
     arch, run = arch_run
     cut = tmp_path / "cut"
-    overrides = [*TINY, *arch_overrides(arch), "export.enabled=false"]
+    # no export and no generated answers: the losses of steps 3-4 are what is compared
+    overrides = [*TINY, *arch_overrides(arch), "export.enabled=false", "task.generate_samples=0"]
     args = ["train", RECIPE, *overrides, "--output-dir", cut]
     with open(tmp_path / "cut.err", "w") as err:
         proc = start_cli(*args, stdout=subprocess.DEVNULL, stderr=err)
