@@ -114,6 +114,24 @@ def test_encode_learns_the_answers_only_and_expands_the_image_token(processors, 
         assert prompt.startswith(PROMPTS[arch][0]) and prompt.endswith(PROMPTS[arch][1])
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_export_checks_prompt_each_row_as_training_tokenized_it(processors, arch):
+    """The export's check rows (``exporting.samples_of``): the processor, given the row's
+    image and prompt, gives the ids training had before the answer (the image's expansion
+    folded back to the one image token the processor expands again)."""
+    from ortft.families.vision_language.exporting import samples_of
+
+    processor = processors[arch]
+    task = task_for(processor)
+    enc = task.encode(rows(QUESTION, CHAT), processor, Data, None)
+    samples = samples_of(task, enc)
+    assert len(samples) == 2
+    for j, sample in enumerate(samples):
+        x = processor(images=[sample.image], text=[sample.prompt], add_special_tokens=False)
+        start = int(enc.column("_start")[j])
+        assert list(x["input_ids"][0]) == enc.column("input_ids")[j, :start].tolist()
+
+
 def images_of(paths: list[str]) -> list:
     from ortft.data import images
 
