@@ -36,7 +36,11 @@ prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
 x = processor(images=[Image.open("image.png").convert("RGB")], text=[prompt], return_tensors="np")
 ids = x["input_ids"]
 emb = embed.run(None, {{"input_ids": ids}})[0]
-features = vision.run(None, {{"pixel_values": x["pixel_values"].astype(np.float32)}})[0]
+feeds = {{  # pixel_values, and Idefics3's pixel_attention_mask (bool)
+    i.name: x[i.name].astype(bool if i.type == "tensor(bool)" else np.float32)
+    for i in vision.get_inputs()
+}}
+features = vision.run(None, feeds)[0]
 emb[ids == image_token] = features.reshape(-1, emb.shape[-1])  # the image tokens, in order
 past = {{
     i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
