@@ -542,3 +542,20 @@ def test_the_run_resumes_exactly_after_kill_9(arch_run, tmp_path):
     assert summary["resumed_from"].endswith("step-000002")
     want, got = losses(run, by_step=True), losses(cut, by_step=True)
     assert [got[s] for s in (3, 4)] == pytest.approx([want[s] for s in (3, 4)], abs=1e-6)
+
+
+def test_an_audio_folder_is_one_line_naming_what_the_task_reads(tmp_path):
+    """A pretrained folder whose model reads neither an image nor a text first."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    from ortft.backends.torch import load_checks
+
+    sizes = dict(d_model=8, encoder_ffn_dim=8, decoder_ffn_dim=8, vocab_size=60)
+    layers = dict(encoder_layers=1, decoder_layers=1)
+    heads = dict(encoder_attention_heads=1, decoder_attention_heads=1)
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    config = WhisperConfig(**sizes, **layers, **heads, **ids)
+    WhisperForConditionalGeneration(config).save_pretrained(tmp_path)
+    says = r"an audio model \(input_features\); image-text-to-text needs an image or text model"
+    with pytest.raises(InputError, match=says):
+        load_checks.check_fits(str(tmp_path), tasks.get("image-text-to-text"), False)
