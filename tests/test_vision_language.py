@@ -1,6 +1,7 @@
-"""image-text-to-text (the LLaVA family): encoding and its loss mask, the forward ORTModule
-trains against transformers' own, LoRA on the language model, and one tiny run of the shipped
-recipe (module-scoped) that the resume, eval, predict and export tests reuse."""
+"""image-text-to-text (LLaVA and Idefics3, ``ARCHS``): encoding and its loss mask, the forward
+ORTModule trains against transformers' own, LoRA on the language model, and one tiny run of the
+shipped recipe per architecture (module-scoped) that the resume, eval, predict and export tests
+reuse (the card and ``ortft export`` tests: LLaVA's run only)."""
 
 from __future__ import annotations
 
@@ -31,22 +32,44 @@ CHAT = {
 }
 
 
+ARCHS = ("llava", "idefics3")
+# per architecture: the rendered prompt's start and end, the image's expansion as tokens
+PROMPTS = {
+    "llava": ("USER: <image>", "\nASSISTANT: "),
+    "idefics3": ("User:<fake_token_around_image><global-img><image>", "\nAssistant:"),
+}
+
+
 class Data:
     image_column = "image"
     max_length = 48
     on_bad_file = "error"
 
 
-@pytest.fixture(scope="module")
-def processor():
+def processor_of(arch: str):
+    """``arch``'s processor for 8x8 images in 4x4 patches (``patch``: Idefics3's 2x2, whose
+    grid its pixel shuffle halves) around a tokenizer trained here."""
     from ortft.backends.torch import models
-    from ortft.families.vision_language import processor as vl
+    from ortft.families.vision_language import archs
     from ortft.recipe.model import TrainTokenizer
 
     texts = ["Which digit is this?", "four", "Even or odd?", "odd", "seven"] * 20
     spec = TrainTokenizer(kind="byte-bpe", vocab_size=280, min_frequency=1)
-    options = tasks.options("image-text-to-text", image_size=8, patch_size=4)
-    return vl.for_config(options, models.train_tokenizer(texts, spec))
+    options = tasks.options("image-text-to-text", image_size=8, patch_size=PATCH[arch])
+    return archs.named(arch).for_config(options, models.train_tokenizer(texts, spec))
+
+
+PATCH = {"llava": 4, "idefics3": 2}  # 4 image tokens an image in both
+
+
+@pytest.fixture(scope="module")
+def processors():
+    return {arch: processor_of(arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def processor(processors):
+    return processors["llava"]
 
 
 def task_for(processor, **options):
@@ -59,23 +82,60 @@ def rows(*raw):
     return [{**r, "image": str(DIGITS / r["image"])} for r in raw]
 
 
-def test_encode_learns_the_answers_only_and_expands_the_image_token(processor):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_encode_learns_the_answers_only_and_expands_the_image_token(processors, arch):
+    processor = processors[arch]
     task = task_for(processor)
     enc = task.encode(rows(QUESTION, CHAT), processor, Data, None)
     tok, image_id = processor.tokenizer, processor.image_token_id
-    assert task.image_tokens() == 4  # 8x8 pixels in 4x4 patches, CLS left out
+    # LLaVA: 8x8 pixels in 4x4 patches, CLS left out; Idefics3: 4x4 patches of 2x2 shuffled
+    # by 2 into 4 tokens, between its image markers
+    assert task.image_tokens() == 4
+    # the prompt's ids are the processor's own expansion of the chat template's text
+    first = {**QUESTION, "image": str(DIGITS / QUESTION["image"])}
+    msgs = task.messages(first, 0)[:1]
+    text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    image = images_of([first["image"]])[0]
+    want = processor(images=[image], text=[text], add_special_tokens=False)["input_ids"][0]
+    start = int(enc.column("_start")[0])
+    assert enc.column("input_ids")[0, :start].tolist() == list(want)
     for k, answer in enumerate(("four", "odd")):
         ids, labels = enc.column("input_ids")[k], enc.column("labels")[k]
         real = enc.column("attention_mask")[k] == 1
         assert (ids[real] == image_id).sum() == 4  # one token per image feature
         learned = labels[labels != IGNORE_INDEX].tolist()
         # the answer, its end and the turn's newline (as the template renders the turn), only
-        assert tok.decode(learned) == answer + tok.eos_token + "\n"
+        lead = " " if arch == "idefics3" else ""  # SmolVLM's "Assistant:" then " answer"
+        assert tok.decode(learned) == lead + answer + tok.eos_token + "\n"
         start = int(enc.column("_start")[k])
         assert (labels[:start] == IGNORE_INDEX).all() and labels[start] != IGNORE_INDEX
         # the prompt is what the chat template renders up to the open assistant turn
         prompt = tok.decode(ids[:start])
-        assert prompt.startswith("USER: <image>") and prompt.endswith("\nASSISTANT: ")
+        assert prompt.startswith(PROMPTS[arch][0]) and prompt.endswith(PROMPTS[arch][1])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_export_checks_prompt_each_row_as_training_tokenized_it(processors, arch):
+    """The export's check rows (``exporting.samples_of``): the processor, given the row's
+    image and prompt, gives the ids training had before the answer (the image's expansion
+    folded back to the one image token the processor expands again)."""
+    from ortft.families.vision_language.exporting import samples_of
+
+    processor = processors[arch]
+    task = task_for(processor)
+    enc = task.encode(rows(QUESTION, CHAT), processor, Data, None)
+    samples = samples_of(task, enc)
+    assert len(samples) == 2
+    for j, sample in enumerate(samples):
+        x = processor(images=[sample.image], text=[sample.prompt], add_special_tokens=False)
+        start = int(enc.column("_start")[j])
+        assert list(x["input_ids"][0]) == enc.column("input_ids")[j, :start].tolist()
+
+
+def images_of(paths: list[str]) -> list:
+    from ortft.data import images
+
+    return [images.load(p) for p in paths]
 
 
 def test_bad_rows_are_one_line_errors_naming_the_row(processor, tmp_path):
@@ -98,59 +158,119 @@ def test_bad_rows_are_one_line_errors_naming_the_row(processor, tmp_path):
     assert len(task.encode([rows(QUESTION)[0], bad], processor, Skip, None)) == 1
 
 
-def tiny_model(processor):
+def tiny_model(processor, arch: str = "llava"):
     from transformers import AutoModelForImageTextToText
 
-    from ortft.families.vision_language import processor as vl
+    from ortft.families.vision_language import archs
     from ortft.recipe.model import FromConfig
 
-    spec = FromConfig(architecture="llava", hidden_size=32, num_layers=1, num_heads=2)
-    options = tasks.options("image-text-to-text", image_size=8, patch_size=4,
+    spec = FromConfig(architecture=arch, hidden_size=32, num_layers=1, num_heads=2)
+    options = tasks.options("image-text-to-text", image_size=8, patch_size=PATCH[arch],
                             vision_hidden_size=32, vision_layers=1)  # fmt: skip
-    config = vl.model_config(spec, options, processor.tokenizer, 0.0)
+    config = archs.named(arch).model_config(spec, options, processor.tokenizer, 0.0)
     return AutoModelForImageTextToText.from_config(config, attn_implementation="eager")
 
 
-def test_the_trained_forward_gives_transformers_logits(processor):
+# what the collate gives per architecture: Idefics3's one tile a row and its pixel mask
+PIXELS = {
+    "llava": {"pixel_values": (2, 3, 8, 8)},
+    "idefics3": {"pixel_values": (2, 1, 3, 8, 8), "pixel_attention_mask": (2, 1, 8, 8)},
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_trained_forward_gives_transformers_logits(processors, arch):
     """The gather that puts the projected features at the image tokens (what ORTModule
-    exports) against transformers' own forward on pixel_values (masked_scatter)."""
+    exports), with the vision tower inside and outside the module, against transformers' own
+    forward on the pixel inputs (masked_scatter)."""
     import torch
 
-    from ortft.families.vision_language import model as parts
+    from ortft.families.vision_language import archs
 
+    processor = processors[arch]
     torch.manual_seed(0)
-    model = tiny_model(processor).eval()
+    model = tiny_model(processor, arch).eval()
     task = task_for(processor)
+    task.prepare_model(model, processor)
     batch = task.collate(task.encode(rows(QUESTION, CHAT), processor, Data, None).take(
         np.arange(2)), None, 0)  # fmt: skip
     t = {k: torch.from_numpy(v) for k, v in batch.items() if not k.startswith("_")}
+    assert {k: tuple(t[k].shape) for k in PIXELS[arch]} == PIXELS[arch]
     with torch.no_grad():
-        want = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
-                     pixel_values=t["pixel_values"], use_cache=False).logits  # fmt: skip
-        _, got = parts.forward(model, t["input_ids"], t["attention_mask"], t["labels"],
-                               t["pixel_values"], None)  # fmt: skip
-        features = parts.vision_features(model, t["pixel_values"])
-        _, outside = parts.forward(model, t["input_ids"], t["attention_mask"], t["labels"],
-                                   None, features)  # fmt: skip
+        want = model(**t, use_cache=False).logits
+        _, got = task.forward(model, **t)
+        _, outside = task.forward(model, **task.outside_inputs(t))
+    assert "image_features" in task.outside_inputs(t) and archs.of(model).model_type == arch
     assert torch.equal(got, want) and torch.equal(outside, want)
-    assert t["pixel_values"].shape == (2, 3, 8, 8)  # the collate ran the image processor
 
 
-def test_lora_adapts_the_language_model_and_trains_the_projector(processor):
+LANGUAGE = {"llava": "language_model", "idefics3": "text_model"}
+PROJECTOR = {"llava": "multi_modal_projector", "idefics3": "connector"}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lora_adapts_the_language_model_and_trains_the_projector(processors, arch):
     from ortft.backends.torch import models
     from ortft.recipe.model import AdapterSection
 
+    processor = processors[arch]
     task = task_for(processor)
-    model = tiny_model(processor)
+    model = tiny_model(processor, arch)
     task.prepare_model(model, processor)
     adapted = models.apply_adapter(model, AdapterSection(kind="lora", rank=2), task)
     trained = [n for n, p in adapted.named_parameters() if p.requires_grad]
-    assert trained and all("language_model" in n or "multi_modal_projector" in n for n in trained)
+    language, projector = LANGUAGE[arch], PROJECTOR[arch]
+    assert trained and all(language in n or projector in n for n in trained)
     assert any("lora_A" in n and "q_proj" in n for n in trained)
-    assert any("multi_modal_projector" in n for n in trained)
+    assert any(projector in n for n in trained)
     with pytest.raises(InputError, match="adapter.target_modules: out_proj matches no module "
                        "of the language model"):  # fmt: skip
-        task.adapter_targets(model, ["out_proj"])  # CLIP's, not Llama's
+        task.adapter_targets(model, ["out_proj"])  # the vision tower's, not Llama's
+
+
+def test_a_pretrained_idefics3_folder_fits_and_its_processor_takes_each_image_whole(
+    processors, tmp_path
+):
+    """A saved Idefics3 (whose class reads input_ids first, not pixel_values) fits the task;
+    its processor, saved splitting images into tiles, loads with splitting off, as training
+    expands every image alike (``idefics3_model``)."""
+    from types import SimpleNamespace
+
+    from ortft.backends.torch import load_checks
+
+    processor = processors["idefics3"]
+    tiny_model(processor, "idefics3").save_pretrained(tmp_path)
+    processor.image_processor.do_image_splitting = True
+    processor.save_pretrained(tmp_path)
+    processor.image_processor.do_image_splitting = False
+    task = task_for(processor)
+    load_checks.check_fits(str(tmp_path), task, False)
+    loaded = SimpleNamespace(recipe=SimpleNamespace(model=SimpleNamespace(trust_remote_code=False)))
+    got = task.load_processor(loaded, str(tmp_path), None, [])
+    assert type(got).__name__ == "Idefics3Processor"
+    assert got.image_processor.do_image_splitting is False
+    task.bind(got)
+    assert task.expansion() == task_for(processor).expansion()  # 7 ids: markers and 4 tokens
+
+
+def test_validate_names_the_architectures_a_config_builds():
+    """``ortft validate`` (in process): idefics3 and llava build from a config; another
+    image-text-to-text type is one line naming the field, exit 2."""
+    from typer.testing import CliRunner
+
+    from ortft.cli.app import app
+
+    runner = CliRunner()
+    for arch in ARCHS:
+        over = f"model.from_config.architecture={arch}"
+        res = runner.invoke(app, ["validate", str(RECIPE), "--set", over])
+        assert res.exit_code == 0, res.stderr
+    over = "model.from_config.architecture=paligemma"
+    res = runner.invoke(app, ["validate", str(RECIPE), "--set", over])
+    assert res.exit_code == 2
+    assert "model.from_config.architecture=paligemma: image-text-to-text builds llava or " in (
+        res.stderr
+    )
 
 
 TINY = [
@@ -168,27 +288,58 @@ def train(out: Path, *overrides: str):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """4 steps of the shipped recipe, tiny, with the frozen vision tower outside the trained
-    module (ORTModule on the ort profile), a checkpoint every 2 and an eval at the end."""
-    out = tmp_path_factory.mktemp("vlm") / "run"
-    res = train(out)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out
+def trained(tmp_path_factory):
+    """The tiny run of an architecture, trained on first use: 4 steps of the shipped recipe
+    (``model.from_config.architecture`` overridden), the frozen vision tower outside the
+    trained module (ORTModule on the ort profile), a checkpoint every 2, an eval at the end."""
+    done: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in done:
+            out = tmp_path_factory.mktemp(f"vlm-{arch}") / "run"
+            res = train(out, *arch_overrides(arch))
+            assert res.returncode == 0, res.stderr[-3000:]
+            done[arch] = out
+        return done[arch]
+
+    return get
 
 
-def test_the_run_trains_on_the_default_backend_and_final_loads(run):
+def arch_overrides(arch: str) -> list[str]:
+    return [f"model.from_config.architecture={arch}"]
+
+
+@pytest.fixture(scope="module")
+def run(trained):
+    return trained("llava")
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_run(request, trained):
+    """(architecture, its run): a test over every architecture's run."""
+    return request.param, trained(request.param)
+
+
+CLASSES = {
+    "llava": ("LlavaProcessor", "LlavaForConditionalGeneration", "vision_tower"),
+    "idefics3": ("Idefics3Processor", "Idefics3ForConditionalGeneration", "vision_model"),
+}
+
+
+def test_the_run_trains_on_the_default_backend_and_final_loads(arch_run):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    arch, run = arch_run
     summary = json.loads((run / "summary.json").read_text())
     assert summary["backend"]["used"] == DEFAULT_BACKEND and not summary["backend"]["fallback"]
     assert {"eval_loss", "eval_exact_match"} <= set(summary["metrics"])
     assert summary["export"]["passed"] is True  # the recipe exports (test_the_run_exports...)
     processor = AutoProcessor.from_pretrained(run / "final")
-    assert type(processor).__name__ == "LlavaProcessor" and processor.chat_template
+    kind, model_class, tower = CLASSES[arch]
+    assert type(processor).__name__ == kind and processor.chat_template
     model = AutoModelForImageTextToText.from_pretrained(run / "final")
-    assert type(model).__name__ == "LlavaForConditionalGeneration"
-    vision = [p for n, p in model.named_parameters() if "vision_tower" in n]
+    assert type(model).__name__ == model_class
+    vision = [p for n, p in model.named_parameters() if tower in n]
     first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert first["kind"] == "train" and np.isfinite(first["loss"]) and vision
 
@@ -200,9 +351,10 @@ def _questions(n: int) -> str:
     return "".join(json.dumps({**r, "image": str(QUESTIONS / r["image"])}) + "\n" for r in rows)
 
 
-def test_eval_of_the_run_gives_the_training_eval(run, tmp_path):
+def test_eval_of_the_run_gives_the_training_eval(arch_run, tmp_path):
     """``ortft eval`` on the rows training's eval scored (data.max_eval_samples=8, the first 4
     answered): transformers' own forward on pixel_values, its loss and exact match."""
+    _, run = arch_run
     (tmp_path / "eval.jsonl").write_text(_questions(8))
     res = run_cli("eval", run, "--data", tmp_path / "eval.jsonl", "--json")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -230,7 +382,8 @@ def processor_answer(final: Path, image: Path, msgs: list) -> str:
     return processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def test_predict_answers_each_row_as_transformers_does(run, tmp_path):
+def test_predict_answers_each_row_as_transformers_does(arch_run, tmp_path):
+    _, run = arch_run
     shutil.copytree(DIGITS / "images", tmp_path / "images")
     ask = [{"image": "images/0004.png", "question": "Which digit is this?"}, CHAT]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ask))
@@ -279,9 +432,10 @@ def test_predict_reads_every_row_before_answering_and_names_a_bad_one(tmp_path):
         predict._rows(task, str(tmp_path / "rows.jsonl"), "picture")
 
 
-def test_the_run_exports_the_three_graphs_with_its_held_out_rows_checked(run):
+def test_the_run_exports_the_three_graphs_with_its_held_out_rows_checked(arch_run):
     """``ortft train`` published onnx/ through the exporter: the graphs transformers.js reads,
     parity and generation checked on the held-out rows (not synthetic noise), the gates passed."""
+    arch, run = arch_run
     report = json.loads((run / "onnx" / "export.json").read_text())
     assert report["passed"] is True and report["failures"] == []
     assert set(report["files"].values()) >= {
@@ -290,11 +444,13 @@ def test_the_run_exports_the_three_graphs_with_its_held_out_rows_checked(run):
     assert report["parity"]["source"] == "samples" and report["parity"]["samples"] == 4
     assert report["generation"]["passed"] is True and report["generation"]["prompts"] == 4
     assert (run / "onnx" / "README.md").is_file() and not (run / "onnx.failed").exists()
+    assert report["model_type"] == arch
 
 
-def test_predict_and_eval_on_the_export_answer_as_the_pytorch_run(run, tmp_path):
+def test_predict_and_eval_on_the_export_answer_as_the_pytorch_run(arch_run, tmp_path):
     """``ortft predict`` and ``ortft eval`` of onnx/ run the three graphs
     (``exporting.OnnxVisionLanguage``): the same answers, loss and exact match as final/."""
+    _, run = arch_run
     (tmp_path / "rows.jsonl").write_text(_questions(6))
     out = {}
     for source in (run, run / "onnx"):
@@ -364,7 +520,7 @@ def test_ortft_export_of_the_run_publishes_the_same_checks(run, tmp_path):
     assert res.stderr.strip().splitlines()[-1].startswith("error: image-text-to-text exports")
 
 
-def test_the_run_resumes_exactly_after_kill_9(run, tmp_path):
+def test_the_run_resumes_exactly_after_kill_9(arch_run, tmp_path):
     """Killed with kill -9 right after step 2's checkpoint and resumed: steps 3-4 give the
     uninterrupted run's losses."""
     import signal
@@ -373,8 +529,11 @@ def test_the_run_resumes_exactly_after_kill_9(run, tmp_path):
 
     from helpers import start_cli
 
+    arch, run = arch_run
     cut = tmp_path / "cut"
-    args = ["train", RECIPE, *TINY, "export.enabled=false", "--output-dir", cut]
+    # no export and no generated answers: the losses of steps 3-4 are what is compared
+    overrides = [*TINY, *arch_overrides(arch), "export.enabled=false", "task.generate_samples=0"]
+    args = ["train", RECIPE, *overrides, "--output-dir", cut]
     with open(tmp_path / "cut.err", "w") as err:
         proc = start_cli(*args, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 600
@@ -390,3 +549,20 @@ def test_the_run_resumes_exactly_after_kill_9(run, tmp_path):
     assert summary["resumed_from"].endswith("step-000002")
     want, got = losses(run, by_step=True), losses(cut, by_step=True)
     assert [got[s] for s in (3, 4)] == pytest.approx([want[s] for s in (3, 4)], abs=1e-6)
+
+
+def test_an_audio_folder_is_one_line_naming_what_the_task_reads(tmp_path):
+    """A pretrained folder whose model reads neither an image nor a text first."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    from ortft.backends.torch import load_checks
+
+    sizes = dict(d_model=8, encoder_ffn_dim=8, decoder_ffn_dim=8, vocab_size=60)
+    layers = dict(encoder_layers=1, decoder_layers=1)
+    heads = dict(encoder_attention_heads=1, decoder_attention_heads=1)
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    config = WhisperConfig(**sizes, **layers, **heads, **ids)
+    WhisperForConditionalGeneration(config).save_pretrained(tmp_path)
+    says = r"an audio model \(input_features\); image-text-to-text needs an image or text model"
+    with pytest.raises(InputError, match=says):
+        load_checks.check_fits(str(tmp_path), tasks.get("image-text-to-text"), False)

@@ -11,7 +11,7 @@ as the ``Task`` base once did. The hooks a family implements with code are in
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 # How a task's ONNX export is laid out, named by its family: ``encoder`` (one row of logits per
 # example, the default), ``per-token``, ``decoder`` and the families' own layouts. The core reads
@@ -148,6 +148,23 @@ class KnowsArchitectures(Protocol):
 def hf_architectures(task: object) -> tuple[str, ...]:
     """The architecture substrings that imply ``task`` (``KnowsArchitectures``); none."""
     return task.hf_architectures if isinstance(task, KnowsArchitectures) else ()
+
+
+@runtime_checkable
+class ReadsModalities(Protocol):
+    """A task whose models may read first (their class's main input) any of several
+    modalities: a vision-language model reads an image and a text, and its class names either
+    (LLaVA ``pixel_values``, Idefics3 ``input_ids``)."""
+
+    @property
+    def reads_modalities(self) -> tuple[str, ...]: ...
+
+
+def reads_modalities(task: Any) -> tuple[str, ...]:
+    """What a model fitting ``task`` may read first (``ReadsModalities``); its modality."""
+    if isinstance(task, ReadsModalities):
+        return task.reads_modalities
+    return (task.modality,)
 
 
 @runtime_checkable

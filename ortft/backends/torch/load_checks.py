@@ -24,6 +24,7 @@ from typing import Any
 from torch import nn
 
 from ortft.core.errors import InputError
+from ortft.tasks import traits
 
 log = logging.getLogger("ortft")
 
@@ -147,10 +148,11 @@ def check_fits(folder: str, task: Any, trust_remote_code: bool) -> None:
     archs = getattr(config, "architectures", None) or []
     named = f" ({archs[0]})" if archs else ""
     what = f"model.name_or_path: {folder} holds a {kind} model{named}"
-    if reads is not None and reads != task.modality:
+    fitting = traits.reads_modalities(task)
+    if reads is not None and reads not in fitting:
         raise InputError(
             f"{what}, {_a(reads)} model ({cls.main_input_name}); {task.name} needs "
-            f"{_a(task.modality)} model"
+            f"{_a(' or '.join(fitting))} model"
         )
     if built is None:
         raise InputError(

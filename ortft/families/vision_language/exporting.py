@@ -36,7 +36,11 @@ prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
 x = processor(images=[Image.open("image.png").convert("RGB")], text=[prompt], return_tensors="np")
 ids = x["input_ids"]
 emb = embed.run(None, {{"input_ids": ids}})[0]
-features = vision.run(None, {{"pixel_values": x["pixel_values"].astype(np.float32)}})[0]
+feeds = {{  # pixel_values, and Idefics3's pixel_attention_mask (bool)
+    i.name: x[i.name].astype(bool if i.type == "tensor(bool)" else np.float32)
+    for i in vision.get_inputs()
+}}
+features = vision.run(None, feeds)[0]
 emb[ids == image_token] = features.reshape(-1, emb.shape[-1])  # the image tokens, in order
 past = {{
     i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
@@ -59,8 +63,9 @@ print(processor.tokenizer.decode(answer, skip_special_tokens=True))
 
 def samples_of(task: Any, encoded: Any) -> list[Any] | None:
     """The first ``CHECK_ROWS`` held-out rows as the checks' (image, prompt): the image file
-    decoded, the prompt the row's tokens before its last answer with the expanded image tokens
-    folded back to the one the processor expands; None: no rows (synthetic ones are used)."""
+    decoded, the prompt the row's tokens before its last answer with the image's expansion
+    (``task.expansion``) folded back to the one image token the processor expands; None: no
+    rows (synthetic ones are used)."""
     from ortft.data import images
     from ortft.families.vision_language.export import Sample
     from ortft.families.vision_language.task import PATH, START
@@ -71,10 +76,23 @@ def samples_of(task: Any, encoded: Any) -> list[Any] | None:
     out = []
     for j in range(min(CHECK_ROWS, len(encoded))):
         ids = encoded.column("input_ids")[j, : int(encoded.column(START)[j])].tolist()
-        folded = [t for k, t in enumerate(ids) if t != image_id or k == 0 or ids[k - 1] != t]
+        folded = fold(ids, task.expansion(), image_id)
         prompt = tok.decode(folded, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         image = images.load(encoded.column(PATH)[j].decode())
         out.append(Sample(image, prompt))
+    return out
+
+
+def fold(ids: list[int], expansion: list[int], image_id: int) -> list[int]:
+    """``ids`` with each run of ``expansion`` replaced by ``image_id``."""
+    out, k, n = [], 0, len(expansion)
+    while k < len(ids):
+        if ids[k : k + n] == expansion:
+            out.append(image_id)
+            k += n
+        else:
+            out.append(ids[k])
+            k += 1
     return out
 
 
@@ -194,8 +212,11 @@ class OnnxVisionLanguage:
         text = config.get_text_config()
         self.positions = getattr(text, "max_position_embeddings", None)
 
-    def sequences(self, ids: np.ndarray, pixel_values: np.ndarray, max_new: int) -> np.ndarray:
-        """``generate``'s sequences (prompt, then the answer) of prompts of one length."""
+    def sequences(
+        self, ids: np.ndarray, pixel_values: np.ndarray, max_new: int, **extra: np.ndarray
+    ) -> np.ndarray:
+        """``generate``'s sequences (prompt, then the answer) of prompts of one length
+        (``extra``: the other pixel inputs, ``vision_extra``)."""
         import copy
 
         from ortft.export import generation as gen
@@ -204,7 +225,7 @@ class OnnxVisionLanguage:
         gc = copy.deepcopy(self.gc)
         gc.update(max_new_tokens=max_new, do_sample=False, num_beams=1)
         p = gen.plan(gc, ids.shape[1], encoder_decoder=False, max_positions=self.positions)
-        steps = graphs.Steps(self.sessions, pixel_values.astype(np.float32))
+        steps = graphs.Steps(self.sessions, pixel_values.astype(np.float32), **vision_extra(extra))
         seq, _ = gen.generate(steps, np.asarray(ids, dtype=np.int64), p)
         return seq
 
@@ -216,9 +237,9 @@ class OnnxVisionLanguage:
 
         s, ids = self.sessions, batch["input_ids"].astype(np.int64)
         mask = batch["attention_mask"].astype(np.int64)
-        embeds = graphs.merge(
-            s.embeds(ids), ids, s.image_features(batch["pixel_values"]), s.image_token
-        )
+        extra = vision_extra({k: v for k, v in batch.items() if k == "pixel_attention_mask"})
+        features = s.image_features(batch["pixel_values"], **extra)
+        embeds = graphs.merge(s.embeds(ids), ids, features, s.image_token)
         feeds = {
             "inputs_embeds": embeds,
             "attention_mask": mask,
@@ -226,3 +247,9 @@ class OnnxVisionLanguage:
             **parity.empty_past(s.decoder, len(ids)),
         }
         return s.decoder.run(["logits"], feeds)[0]
+
+
+def vision_extra(pixels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The vision graph's other inputs of a collated batch: Idefics3's
+    ``pixel_attention_mask`` is a bool input there (``idefics3_graphs``)."""
+    return {k: v.astype(bool) for k, v in pixels.items() if k == "pixel_attention_mask"}

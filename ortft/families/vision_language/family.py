@@ -24,7 +24,7 @@ from ortft.families.vision_language.task import START, ImageTextToText, Options,
 log = logging.getLogger("ortft")
 
 LANGUAGE_TARGETS = ["q_proj", "v_proj"]  # Llama's attention projections (LoRA's default)
-PROJECTOR = "multi_modal_projector"
+PIXELS = ("pixel_values", "pixel_attention_mask")  # what the vision tower takes of a batch
 
 
 class VisionLanguage(ImageTextToText):
@@ -39,6 +39,15 @@ class VisionLanguage(ImageTextToText):
                 f"model.tokenizer: {self.name} uses the tokenizer saved with "
                 "model.name_or_path (its processor); remove model.tokenizer"
             )
+        if model.from_config:
+            from ortft.families.vision_language.archs import ARCHS
+
+            if model.from_config.architecture not in ARCHS:
+                yield (
+                    f"model.from_config.architecture={model.from_config.architecture}: "
+                    f"{self.name} builds {' or '.join(ARCHS)} from a config; a pretrained "
+                    "model loads from model.name_or_path"
+                )
         if recipe.adapter is not None and not self.options.freeze_vision:
             yield (
                 "task.freeze_vision=false with an adapter: LoRA adapts the language model and "
@@ -46,20 +55,23 @@ class VisionLanguage(ImageTextToText):
             )
 
     def load_processor(self, loaded: Any, source: str | None, saved: Path | None, rows: Any) -> Any:
-        """The model's processor, or for a from_config model a ``LlavaProcessor`` around
-        model.tokenizer.path's tokenizer or one trained on the rows' texts."""
+        """The model's processor (as its architecture trains: ``archs.Arch.ready``), or for a
+        from_config model its architecture's processor (``LlavaProcessor``,
+        ``Idefics3Processor``) around model.tokenizer.path's tokenizer or one trained on the
+        rows' texts."""
         from ortft.backends.torch import models
-        from ortft.families.vision_language import processor
+        from ortft.families.vision_language import archs, processor
 
         found = processor.load(loaded, source, saved)
         if found is not None:
-            return found
+            return archs.of_processor(found).ready(found)
         tokenizer = models.load_tokenizer(loaded)
         if tokenizer is None:
             spec = loaded.recipe.model.tokenizer.train
             tokenizer = models.train_tokenizer(self.texts(rows, loaded.recipe.data), spec)
             log.info("trained a %s tokenizer: %d tokens", spec.kind, len(tokenizer))
-        return processor.for_config(self.options, tokenizer)
+        arch = archs.named(loaded.recipe.model.from_config.architecture)
+        return arch.for_config(self.options, tokenizer)
 
     def processor_from_folder(self, folder: Path, field: str = "model") -> Any:
         from ortft.families.vision_language import processor
@@ -67,15 +79,18 @@ class VisionLanguage(ImageTextToText):
         return processor.from_folder(str(folder), field)
 
     def model_config(self, spec: Any, tokenizer: Any, dropout: float | None) -> Any:
-        from ortft.families.vision_language import processor
+        from ortft.families.vision_language import archs
 
-        return processor.model_config(spec, self.options, tokenizer, dropout)
+        arch = archs.named(spec.architecture)
+        return arch.model_config(spec, self.options, tokenizer, dropout)
 
     def prepare_model(self, model: Any, processor: Any) -> None:
         """Freeze the vision tower (``task.freeze_vision``); keep the model for the features
         computed outside the module; generation stops at the tokenizer's end-of-sequence."""
+        from ortft.families.vision_language import archs
+
         self.llava = model  # the features outside the module are its vision tower's
-        tower = model.model.vision_tower
+        tower = archs.of(model).tower(model)
         for p in tower.parameters():
             p.requires_grad_(not self.options.freeze_vision)
         tok = processor.tokenizer
@@ -90,30 +105,32 @@ class VisionLanguage(ImageTextToText):
             return inputs
         import torch
 
-        from ortft.families.vision_language.model import vision_features
+        from ortft.families.vision_language import archs
 
-        rest = {k: v for k, v in inputs.items() if k != "pixel_values"}
+        pixels = {k: v for k, v in inputs.items() if k in PIXELS}
+        rest = {k: v for k, v in inputs.items() if k not in PIXELS}
         with torch.no_grad():
-            rest["image_features"] = vision_features(self.llava, inputs["pixel_values"])
+            rest["image_features"] = archs.of(self.llava).vision_features(self.llava, pixels)
         return rest
 
     def adapter_targets(self, model: Any, targets: list[str] | None) -> tuple[Any, list[str]]:
         """LoRA on the language model's modules named ``targets`` (default q_proj, v_proj),
         not the vision tower's of the same names; the projector trains in full."""
         from ortft.core.errors import InputError
+        from ortft.families.vision_language import archs
 
+        arch = archs.of(model)
         names = targets or LANGUAGE_TARGETS
-        language = {
-            n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if "language_model." in n
-        }
+        inside = f"{arch.language}."
+        language = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if inside in n}
         missing = [t for t in names if t not in language]
         if missing:
             raise InputError(
                 f"adapter.target_modules: {', '.join(missing)} matches no module of the "
                 f"language model (it has e.g. {', '.join(sorted(language)[:8])})"
             )
-        pattern = r".*language_model\..*\.(" + "|".join(names) + ")"
-        return pattern, [PROJECTOR]
+        pattern = rf".*{arch.language}\..*\.(" + "|".join(names) + ")"
+        return pattern, [arch.projector]
 
     def generate_metrics(self, model: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
         """exact_match: the share of the first ``task.generate_samples`` rows whose greedy
@@ -139,6 +156,7 @@ class VisionLanguage(ImageTextToText):
                     np.stack([prompts[j] for j in group]),
                     batch["pixel_values"][group],
                     self.options.max_new_tokens,
+                    **{k: batch[k][group] for k in PIXELS[1:] if k in batch},
                 )
                 for j, (text, _) in zip(group, got, strict=True):
                     gold = batch["labels"][j, int(starts[idx[j]]) :]
@@ -180,7 +198,7 @@ class VisionLanguage(ImageTextToText):
             out = model(
                 input_ids=torch.from_numpy(batch["input_ids"]),
                 attention_mask=torch.from_numpy(batch["attention_mask"]),
-                pixel_values=torch.from_numpy(batch["pixel_values"]),
+                **{k: torch.from_numpy(batch[k]) for k in PIXELS if k in batch},
                 use_cache=False,
                 return_dict=True,
             )

@@ -1,5 +1,6 @@
-"""The LLaVA model's parts as training runs them (torch): the vision features, and the forward
-that puts the projected features where the image tokens are and runs the language model.
+"""The model's parts as training runs them (torch): LLaVA's vision features, and the forward
+that puts the projected features where the image tokens are and runs the language model (an
+architecture's tower and projector: ``archs``).
 
 transformers' own forward puts them there with ``masked_scatter``; here a gather does it
 (``merged``): the text embeddings and the projected features side by side, and for each position
@@ -51,21 +52,24 @@ def merged(
 
 
 def forward(
+    arch: Any,
     model: Any,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
-    pixel_values: torch.Tensor | None,
+    pixels: dict[str, torch.Tensor],
     image_features: torch.Tensor | None,
 ) -> tuple[Any, Any]:
-    """(loss, logits): the features (given, or the vision tower's of ``pixel_values``)
-    projected and gathered into the token embeddings, then the language model and its head."""
+    """(loss, logits): the features (given, or the vision tower's of ``pixels``: the collated
+    ``pixel_values`` and the architecture's other pixel inputs) projected and gathered into
+    the token embeddings, then the language model and its head. ``arch``: the model's
+    ``archs.Arch`` (its vision tower and projector)."""
     m = llava(model)
     if image_features is None:  # the vision tower trains: it runs inside the module
-        if pixel_values is None:
+        if "pixel_values" not in pixels:
             raise RuntimeError("image-text-to-text: a batch without pixel_values")
-        image_features = vision_features(m, pixel_values)
-    projected = m.model.multi_modal_projector(image_features)
+        image_features = arch.vision_features(m, pixels)
+    projected = arch.project(m, image_features)
     embeds = m.get_input_embeddings()(input_ids)
     inputs = merged(embeds, projected, input_ids, int(m.config.image_token_id))
     out = m(

@@ -23,20 +23,27 @@ import numpy as np
 from ortft.core.errors import InputError
 from ortft.core.reports import Prediction
 from ortft.data import images
+from ortft.families.vision_language.task import pixel_inputs
 
 IMAGE_COLUMN = "image"  # data.image_column's default: a model without its training recipe
 
 
 def generate(
-    model: Any, processor: Any, ids: np.ndarray, pixel_values: np.ndarray, max_new_tokens: int
+    model: Any,
+    processor: Any,
+    ids: np.ndarray,
+    pixel_values: np.ndarray,
+    max_new_tokens: int,
+    **extra: np.ndarray,
 ) -> list[tuple[str, int]]:
     """(the answer, its new tokens) of each row of ``ids`` [batch, prompt] (prompts of one
-    length: no padding) on its image's ``pixel_values``: transformers' ``generate``, greedy,
+    length: no padding) on its image's ``pixel_values`` (``extra``: the architecture's other
+    pixel inputs, Idefics3's ``pixel_attention_mask``): transformers' ``generate``, greedy,
     or an export's graphs generating the same way (``exporting.OnnxVisionLanguage``)."""
     from ortft.families.vision_language.exporting import OnnxVisionLanguage
 
     if isinstance(model, OnnxVisionLanguage):
-        seqs = model.sequences(np.asarray(ids), pixel_values, max_new_tokens)
+        seqs = model.sequences(np.asarray(ids), pixel_values, max_new_tokens, **extra)
         return _answers(processor, seqs[:, np.asarray(ids).shape[1] :].tolist())
     import torch
 
@@ -49,6 +56,7 @@ def generate(
             input_ids=prompt,
             attention_mask=torch.ones_like(prompt),
             pixel_values=torch.as_tensor(pixel_values, device=device),
+            **{k: torch.as_tensor(v, device=device) for k, v in extra.items()},
             max_new_tokens=max_new_tokens,
             do_sample=False,
             num_beams=1,
@@ -137,10 +145,9 @@ def run(
         for group in by_length([np.asarray(prompts[k]) for k in chunk]).values():
             idx = [chunk[g] for g in group]
             decoded = [images.load(rows[k][2][column]) for k in idx]
-            pixels = images.pixel_values(decoded, processor.image_processor)
+            pixels = pixel_inputs(decoded, processor.image_processor)
             ids = np.stack([np.asarray(prompts[k]) for k in idx])
-            for k, (text, new) in zip(
-                idx, generate(m._model, processor, ids, pixels, max_new_tokens), strict=True
-            ):
+            answers = generate(m._model, processor, ids, **pixels, max_new_tokens=max_new_tokens)
+            for k, (text, new) in zip(idx, answers, strict=True):
                 out[k] = {"index": k, "input": rows[k][1], "generated": text, "new_tokens": new}
         yield from (out.pop(k) for k in chunk)

@@ -150,12 +150,19 @@ def model_config(spec: Any, options: Any, tokenizer: Any, dropout: float | None)
     )
 
 
-def image_tokens(processor: Any) -> int:
-    """How many image tokens the processor expands one image token into (the vision tower's
-    features per image): counted on a blank image of the processor's size."""
+def image_expansion(processor: Any) -> list[int]:
+    """The ids the processor expands one image token into (LLaVA: one image token per image
+    feature; Idefics3: its image markers around them), on a blank image of the processor's
+    size. Each image of a run expands alike: LLaVA crops every image to one size, and
+    Idefics3's processor takes every image whole (``idefics3_model``)."""
     from PIL import Image
 
     crop = getattr(processor.image_processor, "crop_size", None) or {}
     size = (int(crop.get("width", 8)), int(crop.get("height", 8)))
-    out = processor(images=[Image.new("RGB", size)], text=[IMAGE_TOKEN], return_tensors="np")
-    return int((out["input_ids"][0] == processor.image_token_id).sum())
+    out = processor(
+        images=[Image.new("RGB", size)],
+        text=[processor.image_token],
+        add_special_tokens=False,
+        return_tensors="np",
+    )
+    return [int(t) for t in out["input_ids"][0]]

@@ -90,6 +90,7 @@ def normalized(text: str) -> str:
 class ImageTextToText(Task):
     name = "image-text-to-text"
     modality = "image"
+    reads_modalities = ("image", "text")  # LLaVA's main input is pixel_values, Idefics3's ids
     auto_class = "AutoModelForImageTextToText"
     row_local = True  # each row checked and encoded on its own
     own_columns = True  # messages, or question and answer: checked per row
@@ -98,12 +99,12 @@ class ImageTextToText(Task):
     predicts = "generate"
     export_kind = "image-text-to-text"  # a label only (ExportsAs); the export lands separately
     eval_metrics = ("eval_loss", "eval_exact_match")
-    hf_architectures = ("LlavaForConditionalGeneration",)
+    hf_architectures = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration")
 
     def __init__(self, options: Options) -> None:
         self.options = options
         self.processor: Any = None  # bound once the run has loaded it (``bind``)
-        self._image_tokens: int | None = None
+        self._expansion: list[int] | None = None
         self.llava: Any = None  # the built model (``prepare_model``)
 
     @property
@@ -135,7 +136,7 @@ class ImageTextToText(Task):
 
     def bind(self, processor: Any) -> None:
         self.processor = processor
-        self._image_tokens = None
+        self._expansion = None
 
     def messages(self, row: dict[str, Any], i: int) -> list[dict[str, Any]]:
         """The row's conversation, each content a list of parts (one image part in all)."""
@@ -226,16 +227,22 @@ class ImageTextToText(Task):
         ids, _, start = self.tokens(self.segments(self.messages(row, i)))
         return ids[:start]
 
-    def image_tokens(self) -> int:
-        if self._image_tokens is None:
-            from ortft.families.vision_language.processor import image_tokens
+    def expansion(self) -> list[int]:
+        """The ids the processor puts where a text has its image token (LLaVA: one image
+        token per image feature; Idefics3: those between its image markers)."""
+        if self._expansion is None:
+            from ortft.families.vision_language.processor import image_expansion
 
-            self._image_tokens = image_tokens(self.processor)
-        return self._image_tokens
+            self._expansion = image_expansion(self.processor)
+        return self._expansion
+
+    def image_tokens(self) -> int:
+        image_id = self.processor.image_token_id
+        return sum(t == image_id for t in self.expansion())
 
     def tokens(self, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[int], int]:
         """(ids, labels, where the last learned piece starts) of rendered pieces; the image
-        token expanded to one token per image feature."""
+        token expanded as the processor expands it (``expansion``)."""
         tok, image_id = self.processor.tokenizer, self.processor.image_token_id
         ids: list[int] = []
         labels: list[int] = []
@@ -243,7 +250,7 @@ class ImageTextToText(Task):
         for text, learned in pieces:
             piece: list[int] = []
             for t in tok(text, add_special_tokens=False)["input_ids"]:
-                piece += [t] * self.image_tokens() if t == image_id else [t]
+                piece += self.expansion() if t == image_id else [t]
             if learned:
                 start = len(ids)
             ids += piece
@@ -278,7 +285,8 @@ class ImageTextToText(Task):
         return _arrays(kept, length, self.processor.tokenizer.pad_token_id)
 
     def collate(self, batch, epoch, seed) -> dict[str, np.ndarray]:
-        """The batch's images decoded and run through the image processor (PIL)."""
+        """The batch's images decoded and run through the image processor (PIL): its
+        ``pixel_values`` and the architecture's other pixel inputs (``pixel_inputs``)."""
         if self.processor is None:
             raise RuntimeError("image-text-to-text: collate before bind(processor)")
         decoded = []
@@ -288,15 +296,25 @@ class ImageTextToText(Task):
                 decoded.append(images.load(path))
             except images.BadImage as err:
                 raise InputError(f"{path}: {err} (the file changed since it was checked)") from None
-        pixels = images.pixel_values(decoded, self.processor.image_processor)
-        return {**batch, "pixel_values": pixels}
+        return {**batch, **pixel_inputs(decoded, self.processor.image_processor)}
 
     def forward(  # type: ignore[override]  # a modality's forward takes its own inputs
-        self, model, input_ids, attention_mask, labels, pixel_values=None, image_features=None
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        labels,
+        pixel_values=None,
+        pixel_attention_mask=None,
+        image_features=None,
     ) -> tuple[Any, Any]:
+        from ortft.families.vision_language import archs
         from ortft.families.vision_language import model as parts
 
-        return parts.forward(model, input_ids, attention_mask, labels, pixel_values, image_features)
+        pixels = {"pixel_values": pixel_values, "pixel_attention_mask": pixel_attention_mask}
+        given = {k: v for k, v in pixels.items() if v is not None}
+        arch = archs.of(model)
+        return parts.forward(arch, model, input_ids, attention_mask, labels, given, image_features)
 
     def metrics(self, loss, logits, labels) -> dict[str, Any]:
         return {"loss": loss}
@@ -304,6 +322,17 @@ class ImageTextToText(Task):
     def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
         """summary.json's data.images (``images.split_report``)."""
         return images.split_report(splits)
+
+
+def pixel_inputs(decoded: list[Any], image_processor: Any) -> dict[str, np.ndarray]:
+    """The image processor's ``pixel_values`` (float32) of RGB Pillow images, and its
+    ``pixel_attention_mask`` where it gives one (Idefics3's: [batch, tiles, H, W]). Each
+    image is its own row's list (Idefics3's processor reads a flat list as one row's images)."""
+    out = image_processor(images=[[image] for image in decoded], return_tensors="np")
+    pixels = {"pixel_values": np.ascontiguousarray(out["pixel_values"], dtype=np.float32)}
+    if out.get("pixel_attention_mask") is not None:
+        pixels["pixel_attention_mask"] = np.asarray(out["pixel_attention_mask"], dtype=np.int64)
+    return pixels
 
 
 def _parts(content: Any, i: int) -> list[dict[str, str]]:
