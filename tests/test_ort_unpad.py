@@ -4,7 +4,8 @@ ORTModule's exported graph (``unpad.arm_in_graph``).
 ORTModule exports the forward once and runs that graph for every later batch, so the padded
 ORTModule run is the reference over batches of different shapes and padding: the loss and every
 gradient must equal it (test_unpad.py's fp32 tolerances), and the graph must hold the gather
-(a NonZero of the mask). Then one CLI run of each setting.
+(a NonZero of the mask): BERT and DistilBERT here, the other listed types in the archs tier.
+Then one CLI run of each setting, and the ``auto`` / ``true`` plan.
 """
 
 from __future__ import annotations
@@ -68,11 +69,28 @@ def graph_ops(wrapped: Any) -> set[str]:
     return {node.op_type for node in model.graph.node}
 
 
-@pytest.mark.parametrize("kind", ["bert", "distilbert"])
+# the fast tier's two: BERT (a feed-forward chunk, ``*Output`` blocks) and DistilBERT (single
+# Linear layers); the archs tier (make test-archs) checks the other listed types
+FAST = ["bert", "distilbert"]
+
+
+@pytest.mark.parametrize("kind", FAST)
 def test_an_unpadded_ort_graph_trains_as_the_padded_one(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """BERT (a feed-forward chunk, ``*Output`` blocks) and DistilBERT (single Linear layers)."""
+    assert_same_ort_steps(kind, monkeypatch)
+
+
+@pytest.mark.archs
+@pytest.mark.parametrize("kind", sorted(unpad.MODEL_TYPES - set(FAST)))
+def test_every_listed_type_trains_unpadded_on_ort_as_padded(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert_same_ort_steps(kind, monkeypatch)
+
+
+def assert_same_ort_steps(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three steps of ``kind`` in ORTModule unpadded equal the padded ORTModule's."""
     model = tiny(kind)
     for module in model.modules():  # ORT's dropout draws from its own generator in each graph
         if isinstance(module, torch.nn.Dropout):
