@@ -8,8 +8,9 @@ A bench is a ``Bench``: its recipe, batch, ortft overrides and a Trainer worker 
 that trains in its own process and writes its timing as JSON; a peer other than the Trainer
 names its own two runners, ``bases``: peer_diffusion.py's diffusers and diffusers-bf16).
 ``main(bench)`` parses the shared flags and runs rounds of its runners (five by default), alternating
-(trainer, trainer-bf16, torch, torch-bf16, ort, trainer, ...), each measurement a fresh process,
-each after a wait for a quiet machine; then the JSON, the table and the bench's ``report``.
+(trainer, trainer-bf16, torch, torch-bf16, ort, auto, trainer, ...), each measurement a fresh
+process, each after a wait for a quiet machine; then the JSON, the table and the bench's
+``report``. ``--threads N`` runs every side on N compute threads.
 ``StepRecorder`` gives a Trainer worker the step ends and losses it reports, timed as ortft's
 side is (``timing``).
 
@@ -49,6 +50,8 @@ ORTFT_RUNNERS = {
     "torch": {"backend.name": "torch"},
     "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
     "ort": {"backend.name": "ort"},
+    # the probe picks among the above; its steps and ORT's export come before the timed steps
+    "auto": {"backend.name": "auto", "precision.dtype": "auto"},
 }
 RUNNERS = (*BASES, *ORTFT_RUNNERS)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -229,8 +232,11 @@ def wait_quiet(max_busy: float, wait: float) -> tuple[float, float]:
 # --------------------------------------------------------------------------- the measurements
 
 
-def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict:
-    """One measurement in a fresh process: its timing and losses, or its error."""
+def measure(
+    bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeout: float, threads: int = 0
+) -> dict:
+    """One measurement in a fresh process: its timing and losses, or its error (``threads``: the
+    compute threads of either side, 0 for their defaults)."""
     tag = f"{runner}-{len(list(tmp.iterdir()))}"
     if runner in bench.peers:
         out = tmp / f"{tag}.json"
@@ -242,9 +248,10 @@ def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeo
             **bench.overrides,
             **bench.ortft_runners[runner],
             "training.max_steps": str(warmup + steps),
+            **({"hardware.threads": str(threads)} if threads else {}),
         }
         cmd = ortft_train(bench.recipe, overrides, run_dir)
-    proc, shared = run_process(cmd, timeout)
+    proc, shared = run_process(cmd, timeout, threads)
     if proc is None or proc.returncode != 0:
         return {"ok": False, "error": failure(proc, timeout)}
     if runner in bench.peers:
@@ -262,11 +269,21 @@ def ortft_train(recipe: Path, overrides: dict[str, str], run_dir: Path) -> list[
             "--output-dir", str(run_dir), "--json"]  # fmt: skip
 
 
-def run_process(cmd: list[str], timeout: float) -> tuple[Any, dict[str, float]]:
-    """Run ``cmd`` offline; the finished process (None if it timed out), its wall time, its
-    peak RSS (``peak_rss_mb``: the process's own ``ru_maxrss``, from ``os.wait4``) and the
-    share of the CPU the rest of the machine took meanwhile (``others_share``)."""
+def process_env(threads: int = 0) -> dict[str, str]:
+    """A measured process's environment: offline; ``threads``: the peer's torch reads
+    OMP_NUM_THREADS (ortft gets hardware.threads from ``measure``)."""
     env = {**os.environ, **OFFLINE, "NO_COLOR": "1"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_process(cmd: list[str], timeout: float, threads: int = 0) -> tuple[Any, dict[str, float]]:
+    """Run ``cmd`` offline (``process_env``); the finished process (None if it timed out), its
+    wall time, its peak RSS (``peak_rss_mb``: the process's own ``ru_maxrss``, from
+    ``os.wait4``) and the share of the CPU the rest of the machine took meanwhile
+    (``others_share``)."""
+    env = process_env(threads)
     t0, busy0, own0 = time.perf_counter(), cpu_busy_s(), _children_cpu_s()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
@@ -346,7 +363,7 @@ def run(bench: Bench, a: argparse.Namespace) -> dict:
             for runner in a.runners:
                 waited, busy = wait_quiet(*quiet)
                 loads.append(os.getloadavg()[0])
-                res = measure(bench, runner, a.steps, a.warmup, Path(tmp), a.timeout)
+                res = measure(bench, runner, a.steps, a.warmup, Path(tmp), a.timeout, a.threads)
                 res.update(load_avg_before=loads[-1], waited_s=waited, busy_before=busy)
                 one[runner] = res
                 what = (
@@ -372,6 +389,7 @@ def run(bench: Bench, a: argparse.Namespace) -> dict:
         **bench.extra,
         "ortft_overrides": bench.overrides,
         "quiet": {"max_busy": quiet[0], "wait_s": quiet[1], "others_max": OTHERS},
+        "threads": a.threads or "default",
         "runners": summarize(
             {r: [one[r] for one in kept] for r in a.runners}, bench.extra_keys, bench.bases
         ),
@@ -528,6 +546,13 @@ def main(bench: Bench, doc: str, parents: tuple[argparse.ArgumentParser, ...] = 
     p.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
     add_quiet_options(p)
     p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="compute threads of every runner (0: their defaults, all cores); 1 on a machine "
+        "that others load, where 2-thread steps wait on descheduled OpenMP workers",
+    )
+    p.add_argument(
         "--out", type=Path, default=REPO / "benchmarks" / "results" / f"{bench.name}.json"
     )
     p.add_argument(
@@ -546,8 +571,8 @@ def main(bench: Bench, doc: str, parents: tuple[argparse.ArgumentParser, ...] = 
         else:
             bench.worker(a.worker == bench.bases[1], a.steps, a.warmup, a.result)
         return
-    if a.pairs < 1 or a.steps < 1 or a.warmup < 1 or a.retries < 0:
-        p.error("--pairs, --steps and --warmup must be >= 1, --retries >= 0")
+    if a.pairs < 1 or a.steps < 1 or a.warmup < 1 or a.retries < 0 or a.threads < 0:
+        p.error("--pairs, --steps and --warmup must be >= 1, --retries and --threads >= 0")
     if set(a.runners) - set(names) or base not in a.runners or len(set(a.runners)) < len(a.runners):
         p.error(f"--runners: each of {', '.join(names)} at most once, {base} among them")
     os.environ.update(OFFLINE)

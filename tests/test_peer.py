@@ -286,7 +286,7 @@ def test_diffusion_peer_trains_what_its_recipe_trains(monkeypatch: pytest.Monkey
 def test_diffusion_benches_refuse_bad_arguments_in_one_line() -> None:
     for script, args, error in [
         ("peer_diffusion.py", ["--runners", "ort,trainer"],
-         "--runners: each of diffusers, diffusers-bf16, torch, torch-bf16, ort at most once, "
+         "--runners: each of diffusers, diffusers-bf16, torch, torch-bf16, ort, auto at most once, "
          "diffusers among them"),
         ("diffusion_frozen.py", ["--rounds", "0"], "--rounds and --calls must be >= 1"),
     ]:  # fmt: skip
@@ -471,3 +471,31 @@ def test_vlm_peer_trains_what_ortft_trains(monkeypatch: pytest.MonkeyPatch) -> N
     assert bool((labels[masked] == -100).all()) and bool((labels[~masked] == ids[~masked]).all())
     assert int((ids[0] == processor.image_token_id).sum()) == 16  # 8x8 in patches of 2x2
     assert lengths == [ids.shape[1]] and tuple(batch["pixel_values"].shape) == (3, 3, 8, 8)
+
+
+def test_shared_peers_run_every_side_on_the_threads_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """peer_common --threads 1: the peer's process gets OMP_NUM_THREADS=1 (its torch reads it),
+    ortft's gets hardware.threads=1 (ortft sets torch's threads itself); --threads 0 leaves
+    both at their defaults; the auto runner probes with precision.dtype=auto."""
+    common = _load("peer_common", monkeypatch)
+    image = _load("peer_image", monkeypatch)
+    seen: list[tuple[list[str], dict[str, str]]] = []
+
+    def fake_run(cmd: list[str], timeout: float, threads: int = 0) -> object:
+        seen.append((cmd, common.process_env(threads)))
+        return subprocess.CompletedProcess(cmd, 1, "", "stopped here"), {}
+
+    monkeypatch.setattr(common, "run_process", fake_run)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for runner in ("trainer", "auto"):
+        for threads in (1, 0):
+            res = common.measure(image.BENCH, runner, 2, 1, tmp_path, 60.0, threads)
+            assert res == {"ok": False, "error": "exit 1: stopped here"}
+    (peer1, env1), (peer0, env0), (auto1, _), (auto0, _) = seen
+    assert "--worker" in peer1 and env1["OMP_NUM_THREADS"] == "1"
+    assert "--worker" in peer0 and "OMP_NUM_THREADS" not in env0
+    assert "hardware.threads=1" in auto1 and "precision.dtype=auto" in auto1
+    assert not any(a.startswith("hardware.threads") for a in auto0)
+    assert "backend.name=auto" in auto0
