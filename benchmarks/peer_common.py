@@ -10,7 +10,9 @@ names its own two runners, ``bases``: peer_diffusion.py's diffusers and diffuser
 (trainer, trainer-bf16, torch, torch-bf16, ort, trainer, ...), each measurement a fresh process,
 each after a wait for a quiet machine; then the JSON, the table and the bench's ``report``.
 ``StepRecorder`` gives a Trainer worker the step ends and losses it reports, timed as ortft's
-side is (``timing``).
+side is (``timing``). ``TaskPeer`` is a task as the one peer table (peers.py) runs it: every
+bench's ``task_peers()`` gives its own (``task_peer(bench, task)`` for a ``Bench``, with ortft's
+``auto`` added), so the table adds no copy of a bench's runners.
 
 A step's time is from the end of the step before to the end of this one, alike on both sides:
 Trainer's ``on_step_end`` callback; ortft's metrics.jsonl ``time_s``. ms/step is the median
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -34,9 +37,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from ortft.tools.processes import run_to_end
 
 REPO = Path(__file__).resolve().parent.parent
 BASES = ("trainer", "trainer-bf16")  # the peer's fp32 and bf16 runners: the ratios' denominators
@@ -55,6 +60,8 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 # measurement waits for a quiet second (--max-busy) and records the CPU share others took while
 # it ran (``others_share``: the machine's busy time from /proc/stat less its own process tree's).
 OTHERS = 0.1  # a run is clean where others took at most this share of the CPU
+# a traceback's last line: "ImportError: cannot import ..."
+EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b:?")
 SUMMARIZED = ("samples_per_s", "ms_per_step", "loss_step1", "train_loss")
 
 
@@ -125,6 +132,34 @@ class Bench:
     @property
     def peers(self) -> tuple[str, ...]:
         return (*self.bases, *self.more_peers)
+
+
+AUTO = {"backend.name": "auto", "precision.dtype": "auto"}  # ortft's own pick of route
+
+
+@dataclass(frozen=True)
+class TaskPeer:
+    """One task's rows of the one peer table (benchmarks/peers.py): the peer's settings (its
+    usual one first: the fp32 it ships with; then its faster ones), ortft's routes, and how to
+    measure one of them in a fresh process: ``measure(runner, steps, warmup, tmp, timeout)``
+    gives ``measure``'s result (``ok``, samples/s, ``peak_rss_mb``, ``others_share`` ...)."""
+
+    task: str
+    model: str
+    batch: int
+    peers: tuple[str, ...]
+    ortft: tuple[str, ...]
+    measure: Callable[[str, int, int, Path, float], dict[str, Any]]
+
+
+def task_peer(bench: Bench, task: str) -> TaskPeer:
+    """``bench`` as a task of the peer table, with ortft's ``auto`` among its routes."""
+    full = replace(bench, ortft_runners={**bench.ortft_runners, "auto": AUTO})
+
+    def one(runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict[str, Any]:
+        return measure(full, runner, steps, warmup, tmp, timeout)
+
+    return TaskPeer(task, bench.model, bench.batch, bench.peers, tuple(full.ortft_runners), one)
 
 
 # --------------------------------------------------------------------------- a Trainer's side
@@ -241,7 +276,7 @@ def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeo
         cmd = ortft_train(bench.recipe, overrides, run_dir)
     proc, shared = run_process(cmd, timeout)
     if proc is None or proc.returncode != 0:
-        return {"ok": False, "error": failure(proc, timeout)}
+        return {"ok": False, **shared, "error": failure(proc, timeout)}
     if runner in bench.peers:
         return {"ok": True, **shared, **json.loads(out.read_text())}
     result = ortft_result(run_dir, proc.stdout, steps, warmup, bench.batch)
@@ -258,25 +293,36 @@ def ortft_train(recipe: Path, overrides: dict[str, str], run_dir: Path) -> list[
 
 
 def run_process(cmd: list[str], timeout: float) -> tuple[Any, dict[str, float]]:
-    """Run ``cmd`` offline; the finished process (None if it timed out), its wall time and the
-    share of the CPU the rest of the machine took meanwhile (``others_share``)."""
+    """Run ``cmd`` offline; the finished process (None if it timed out), its wall time, its peak
+    resident memory (``peak_rss_mb``: the largest of the process and the children it waited
+    for) and the share of the CPU the rest of the machine took meanwhile (``others_share``)."""
     env = {**os.environ, **OFFLINE, "NO_COLOR": "1"}
     t0, busy0, own0 = time.perf_counter(), cpu_busy_s(), _children_cpu_s()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc = None
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        code, usage = run_to_end(cmd, env, out, err, timeout)
+        out.seek(0)
+        err.seek(0)
+        proc = subprocess.CompletedProcess(cmd, code, out.read(), err.read())
     wall = time.perf_counter() - t0
+    if wall >= timeout and code < 0:
+        proc = None
     others = (cpu_busy_s() - busy0) - (_children_cpu_s() - own0)
-    return proc, {"wall_s": wall, "others_share": max(0.0, others) / (wall * (os.cpu_count() or 1))}
+    return proc, {
+        "wall_s": wall,
+        "peak_rss_mb": usage.ru_maxrss / 1024,  # Linux reports KiB
+        "others_share": max(0.0, others) / (wall * (os.cpu_count() or 1)),
+    }
 
 
 def failure(proc: Any, timeout: float) -> str:
-    """A failed process in one line: its exit code and the last line of its stderr."""
+    """A failed process in one line: its exit code and its error (the last line that names an
+    exception, with the lines a wrapped traceback continues it on; else the last line)."""
     if proc is None:
         return f"timed out after {timeout:.0f} s"
-    tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    return f"exit {proc.returncode}: {tail[-1][:300] if tail else ''}"
+    tail = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    named = [i for i, ln in enumerate(tail) if EXCEPTION.match(ln)]
+    what = " ".join(tail[named[-1] :]) if named else (tail[-1] if tail else "")
+    return f"exit {proc.returncode}: {what[:300]}"
 
 
 def ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int, batch: int) -> dict:
