@@ -6,8 +6,10 @@ the fastest fixed route, spreads, peak memory, the share of the measured limit),
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import helpers
@@ -162,3 +164,32 @@ def test_a_run_reports_its_peak_memory_and_stops_at_its_timeout(
     assert shared["peak_rss_mb"] > 300  # the child's own peak (wait4), not this process's
     proc, shared = common.run_process([sys.executable, "-c", "import time; time.sleep(30)"], 1)
     assert proc is None and shared["wall_s"] < 20
+
+
+def test_auto_vs_fixed_plans_its_rounds_from_the_tables_spread(
+    table: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    peers = helpers.load_benchmark("peers", monkeypatch)
+    common = sys.modules["peer_common"]
+    summary = table.summarize_task(_task(table))  # auto / torch-bf16: 30/32, 36/36
+    saved = {"profiles": {"ort": {"tasks": {"text-short": {"summary": summary}}}}}
+    (tmp_path / "peers.json").write_text(json.dumps(saved))
+    fake = common.TaskPeer("text-short", "m", 16, ("trainer",), ("auto", "torch-bf16"), None)
+    monkeypatch.setattr(peers, "task_peers", lambda names: [fake])
+    planned = []
+
+    def run_task(peer: object, runners: list[str], a: argparse.Namespace, limits: object) -> list:
+        planned.append((runners, a.rounds))
+        one = {"auto": _run(35), "torch-bf16": _run(35)}
+        return [table.round_record(QUIET, QUIET, one, limits) for _ in range(a.rounds)]
+
+    monkeypatch.setattr(peers, "run_task", run_task)
+    a = argparse.Namespace(table=tmp_path / "peers.json", profile="ort", tasks=None, rounds=5,
+                           max_rounds=30, allow_busy=False)  # fmt: skip
+    result = peers.auto_vs_fixed(a, _limits(table))
+    # the table's log spread of auto / torch-bf16 (0.046) needs the minimum, 3 rounds
+    assert planned == [(["auto", "torch-bf16"], 3)]
+    got = result["tasks"]["text-short"]
+    assert got["fixed"] == "torch-bf16" and got["planned_rounds"] == 3
+    assert got["ratio"] == pytest.approx(1.0)
+    assert got["verdict"] == "auto within 10% of the fixed route"
