@@ -5,6 +5,7 @@ JSON table (``make bench-peers``; not in CI).
     python benchmarks/peers.py --rounds 3 --profiles ort=.venv/bin/python,current=.venv-current/bin/python
     python benchmarks/peers.py --quick --tasks text-short,image --allow-busy   # a smoke run
     python benchmarks/peers.py --auto-vs-fixed --table benchmarks/results/peers.json
+    python benchmarks/peers.py --merge ort.json current.json --out benchmarks/results/peers
 
 The tasks are the peer benches' (``PEERS``: each module's ``task_peers()`` gives its tasks, their
 runners and how to measure one in a fresh process, ``peer_common.TaskPeer``): text short and
@@ -31,6 +32,7 @@ the useful training FLOPs of a sample) as a share of this machine's measured mat
 dtype it ran, at the task's GEMM shapes (``ortft.tools.limit``); then the round time of every task,
 the rounds that fit in an hour and the spread they leave.
 
+``--merge`` writes tables run apart (a profile each) as one, running nothing.
 ``--auto-vs-fixed`` is the targeted bench: per task, ``auto`` against the table's fastest fixed
 ortft route, alternating, for as many rounds as tell a 10% difference at the spread the table
 measured (``peers_table.rounds_needed``); it gives the ratio's 95% interval and a verdict.
@@ -271,6 +273,24 @@ def auto_vs_fixed(a: argparse.Namespace, limits: table.Limits) -> dict[str, Any]
     }
 
 
+def merge(paths: list[Path], a: argparse.Namespace) -> dict[str, Any]:
+    """Tables run apart (a profile each, or one run again) as one: each profile from the last
+    table that ran it, a skipped one only where no table ran it; the settings of the first."""
+    tables = [json.loads(p.read_text()) for p in paths]
+    parts: dict[str, dict[str, Any]] = {}
+    for saved in tables:
+        for name, part in saved["profiles"].items():
+            if "tasks" in part or name not in parts:
+                parts[name] = part
+    first = tables[0]
+    keys = ("rounds", "steps", "warmup", "quick", "allow_busy")
+    settings = argparse.Namespace(
+        **{**vars(a), **{k: first[k] for k in keys}, **first["limits"]},
+    )
+    settings.allow_busy = any(t["allow_busy"] for t in tables)
+    return assemble(parts, settings)
+
+
 def options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument(
@@ -313,6 +333,9 @@ def options() -> argparse.ArgumentParser:
     )
     p.add_argument("--profile", default="this", help="--auto-vs-fixed: the table's profile")
     p.add_argument("--max-rounds", type=int, default=30, help="--auto-vs-fixed: at most")
+    p.add_argument(
+        "--merge", type=Path, nargs="+", help="tables (.json) run apart to write as one, no runs"
+    )
     p.add_argument("--profile-run", help=argparse.SUPPRESS)  # a profile's own process
     p.add_argument("--part", type=Path, help=argparse.SUPPRESS)
     return p
@@ -335,7 +358,10 @@ def main() -> None:
         profile_part(a, limits)
         return
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    if a.auto_vs_fixed:
+    if a.merge:
+        result = merge(a.merge, a)
+        text = table.markdown(result)
+    elif a.auto_vs_fixed:
         result = auto_vs_fixed(a, limits)
         text = table.auto_markdown(result)
     else:

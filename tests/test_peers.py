@@ -193,3 +193,24 @@ def test_auto_vs_fixed_plans_its_rounds_from_the_tables_spread(
     assert got["fixed"] == "torch-bf16" and got["planned_rounds"] == 3
     assert got["ratio"] == pytest.approx(1.0)
     assert got["verdict"] == "auto within 10% of the fixed route"
+
+
+def test_tables_run_apart_merge_into_one(
+    table: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    peers = helpers.load_benchmark("peers", monkeypatch)
+    machine = {"cpu": "AMD EPYC", "cores": 2, "bf16_flags": []}
+    a = argparse.Namespace(rounds=1, steps=3, warmup=2, quick=True, allow_busy=False,
+                           max_busy=0.2, max_load=3.0)  # fmt: skip
+    one = {"ort": {"tasks": {"image": _task(table)}, "machine": machine},
+           "current": {"skipped": "not installed yet"}}  # fmt: skip
+    two = {"current": {"tasks": {"image": _task(table)}, "machine": machine}}
+    for name, parts in (("one", one), ("two", two)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(peers.assemble(parts, a)))
+    a.allow_busy = True  # the merge takes the tables' own settings, not these
+    merged = peers.merge([tmp_path / "one.json", tmp_path / "two.json"], a)
+    assert list(merged["profiles"]) == ["ort", "current"]
+    assert all("tasks" in p for p in merged["profiles"].values())
+    assert merged["allow_busy"] is False and merged["rounds"] == 1
+    text = table.markdown(merged)
+    assert "| current | image | trainer-bf16 (best peer) |" in text and "skipped" not in text
