@@ -285,6 +285,9 @@ def markdown(table: dict[str, Any]) -> str:
         if "skipped" in p:
             notes.append(f"- profile {profile} skipped: {p['skipped']}")
             continue
+        if p.get("versions"):
+            libs = ", ".join(f"{k} {v}" for k, v in p["versions"].items())
+            notes.append(f"- profile {profile}: {libs}")
         if "stopped" in p:
             notes.append(f"- profile {profile}: {p['stopped']}; the tasks it finished are here")
         for task, t in p["tasks"].items():

@@ -118,7 +118,8 @@ def test_markdown_names_the_cpu_its_class_and_the_refused_round(
 ) -> None:
     peers = helpers.load_benchmark("peers", monkeypatch)
     machine = {"cpu": "AMD EPYC 9R14", "cores": 2, "bf16_flags": ["avx512_bf16"]}
-    ort = {"tasks": {"text-short": _task(table)}, "machine": machine, "stopped": "exit -15"}
+    ort = {"tasks": {"text-short": _task(table)}, "machine": machine, "stopped": "exit -15",
+           "versions": {"torch": "2.6.0", "onnxruntime": "1.19.2"}}  # fmt: skip
     parts = {"ort": ort, "current": {"skipped": "/x/python does not exist"}}
     a = argparse.Namespace(rounds=2, steps=20, warmup=4, quick=False, allow_busy=True,
                            max_busy=0.2, max_load=3.0)  # fmt: skip
@@ -132,6 +133,7 @@ def test_markdown_names_the_cpu_its_class_and_the_refused_round(
     assert "round 2 refused: busy: others took 90% of the CPU before the round" in text
     assert "- profile current skipped: /x/python does not exist" in text
     assert "- profile ort: exit -15; the tasks it finished are here" in text
+    assert "- profile ort: torch 2.6.0, onnxruntime 1.19.2" in text
     assert table.cpu_class([]).startswith("no bf16 matmul units")
     assert peers.alternate(["t", "t-bf16", "t-c"], ["auto", "ort"]) == [
         "t", "auto", "t-bf16", "ort", "t-c"
