@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU STACK
 
-.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-peer-diffusion bench-peer-vlm check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
+.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peers bench-auto-vs-fixed bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-peer-diffusion bench-peer-vlm check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -32,6 +32,8 @@ help:
 	@echo "make bench      ORT vs PyTorch on the CPU recipes in recipes/bench/; JSON in benchmarks/results/"
 	@echo "make bench-attention  sdpa vs eager attention on the torch route, bf16 and fp32 (CPU, ~8 min)"
 	@echo "make bench-peer ortft's routes (auto, ort, torch, bf16, compiled) vs Trainer fp32/bf16/torch_compile, same fine-tune (CPU, ~1 h)"
+	@echo "make bench-peers     one table for every task: each peer's fp32/bf16/compile settings vs ortft ort/torch/torch-bf16/auto, both profiles (CPU; PEERS_ARGS=--quick: a smoke run)"
+	@echo "make bench-auto-vs-fixed auto against the fastest fixed route of benchmarks/results/peers.json, enough rounds to tell 10% (CPU)"
 	@echo "make bench-peer-image  the same for image classification: a ViT on the digits, Trainer fp32 and bf16 (CPU, ~5 min)"
 	@echo "make bench-peer-speech the same for speech recognition: a Whisper on spoken digits, Seq2SeqTrainer fp32 and bf16 (CPU, ~15 min)"
 	@echo "make bench-peer-sentence the same for sentence embeddings: MiniLM on title/ending pairs vs SentenceTransformerTrainer fp32 and bf16 (CPU)"
@@ -151,6 +153,24 @@ PEER_ARGS ?= --rounds 5
 bench-peer: setup
 	@mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/peer.py $(PEER_ARGS) --out benchmarks/results/peer.json
+
+# One table for every task (benchmarks/peers.py): each peer bench's task at the peer's usual and
+# fastest settings against ortft's ort, torch, torch bf16 and auto, alternating, fresh processes,
+# on both profiles (the current one has no ort route); rounds on a busy machine are refused
+# (PEERS_ARGS="--allow-busy" keeps them, marked). Markdown and JSON in benchmarks/results/peers.*.
+# A round of every task: about 27 minutes a profile on 2 quiet cores (an estimate from the earlier
+# peer results, benchmarks/README.md), so --rounds 3 on both profiles is over 2 hours. Not in CI.
+PEERS_ARGS ?= --rounds 3
+PEERS_PROFILES ?= ort=.venv/bin/python,current=.venv-current/bin/python
+bench-peers: setup
+	@mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/peers.py $(PEERS_ARGS) --profiles $(PEERS_PROFILES) --out benchmarks/results/peers
+
+# auto against the fastest fixed route of the table above, per task, for as many rounds as its
+# measured spread needs to tell a 10% difference (at most 30). Not in CI.
+AUTO_ARGS ?=
+bench-auto-vs-fixed: setup
+	$(BIN)/python benchmarks/peers.py --auto-vs-fixed --profile ort --table benchmarks/results/peers.json $(AUTO_ARGS) --out benchmarks/results/auto-vs-fixed
 
 # The same for image classification: a ViT from a config (32x32, hidden 192, 4 layers) on the
 # digits, Trainer fp32 and bf16 against ortft torch and ort, alternating, 5 pairs. Not in CI.

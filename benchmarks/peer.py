@@ -261,33 +261,58 @@ def plan(names: list[str], compiles: bool) -> tuple[dict[str, Route], dict[str, 
     return run, skipped
 
 
-def measure(name: str, route: Route, kind: str, a: argparse.Namespace, tmp: Path) -> dict:
+def measure(
+    name: str, route: Route, kind: str, steps: int, warmup: int, timeout: float, tmp: Path
+) -> dict:
     """One measurement in a fresh process: its timing, losses and eval, or its error."""
     tag = f"{name}-{kind}-{len(list(tmp.iterdir()))}"
     out, run_dir = tmp / f"{tag}.json", tmp / tag
     if route.trainer is not None:
         cmd = [sys.executable, __file__, "--worker", name, "--kind", kind, "--steps",
-               str(a.steps), "--warmup", str(a.warmup), "--result", str(out)]  # fmt: skip
+               str(steps), "--warmup", str(warmup), "--result", str(out)]  # fmt: skip
     else:
         overrides = {**ORTFT_OVERRIDES, **KIND_OVERRIDES[kind], **route.ortft,
-                     "training.max_steps": str(a.warmup + a.steps)}  # fmt: skip
+                     "training.max_steps": str(warmup + steps)}  # fmt: skip
         cmd = common.ortft_train(RECIPE, overrides, run_dir)
-    proc, shared = common.run_process(cmd, a.timeout)
+    proc, shared = common.run_process(cmd, timeout)
     if proc is None or proc.returncode != 0:
         own = json.loads(out.read_text()).get("error") if out.exists() else None
-        return {"ok": False, **shared, "error": own or common.failure(proc, a.timeout)}
+        return {"ok": False, **shared, "error": own or common.failure(proc, timeout)}
     if route.trainer is not None:
         res = json.loads(out.read_text())
         return {"ok": True, **shared, **res, "ran_as": _trainer_setting(route)}
-    res = common.ortft_result(run_dir, proc.stdout, a.steps, a.warmup, BATCH)
+    res = common.ortft_result(run_dir, proc.stdout, steps, warmup, BATCH)
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    kept = [r for r in rows if r["kind"] == "train"][a.warmup : a.warmup + a.steps]
+    kept = [r for r in rows if r["kind"] == "train"][warmup : warmup + steps]
     res["padding_fraction"] = 1 - sum(r["tokens"] for r in kept) / sum(
         r["padded_tokens"] for r in kept
     )
     res["mean_batch_length"] = statistics.mean(L for r in kept for L in r["batch_lengths"])
     res["ran_as"] = ran_as(res, route)
+    res["flops"] = work(run_dir / "final", kept)
     return {"ok": True, **shared, **res}
+
+
+def work(model_dir: Path, kept: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The timed steps' useful training FLOPs per sample (ortft.tools.flops: each row at its
+    real length) and the GEMM shape of the mean micro-batch (for ortft.tools.limit); the
+    same rows cost any route the same, so the peer table applies it to every route."""
+    from ortft.tools import flops
+
+    if not (model_dir / "config.json").exists():
+        return None
+    fm = flops.from_saved(
+        model_dir, "AutoModelForSequenceClassification", "sequence-classification"
+    )
+    if fm is None:
+        return None
+    rows = [BATCH * len(r["batch_lengths"]) for r in kept]  # a step's micro-batches' rows
+    useful = sum(fm.useful(n, r["tokens"], r["tokens_sq"]) for n, r in zip(rows, kept, strict=True))
+    lengths = [n for r in kept for n in r["batch_lengths"]]
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    return {"per_sample": useful / sum(rows), "hidden": hidden, "intermediate": inner,
+            "tokens_per_micro": BATCH * round(statistics.mean(lengths))}  # fmt: skip
 
 
 def ran_as(res: dict[str, Any], route: Route) -> str:
@@ -327,7 +352,7 @@ def run(a: argparse.Namespace, routes: dict[str, Route]) -> list[dict[str, dict[
                 for name in order:
                     waited, busy = common.wait_quiet(a.max_busy, a.wait)
                     load = os.getloadavg()[0]
-                    res = measure(name, routes[name], kind, a, Path(tmp))
+                    res = measure(name, routes[name], kind, a.steps, a.warmup, a.timeout, Path(tmp))
                     res.update(load_avg_before=load, waited_s=waited, busy_before=busy)
                     one[kind][name] = res
                     print(f"peer: round {len(rounds) + 1} {kind:5s} {name:18s} {_line(res)}",
@@ -416,6 +441,27 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     common.write_json(a.out, result)
     print(f"peer: wrote {a.out}", file=sys.stderr)
+
+
+# what the one peer table (benchmarks/peers.py) runs: the Trainer's usual setting and its
+# faster ones, ortft's fixed routes and auto
+TABLE_ROUTES = ("trainer", "trainer-bf16", "trainer-compile", "auto", "ort", "torch", "torch-bf16")
+
+
+def task_peers() -> list[common.TaskPeer]:
+    """This bench's rows of the one peer table: one task per kind of data."""
+    routes, _ = plan(list(TABLE_ROUTES), compile_field())
+    peers = tuple(n for n in routes if routes[n].trainer is not None)
+
+    def kind_peer(kind: str) -> common.TaskPeer:
+        def one(runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict:
+            return measure(runner, routes[runner], kind, steps, warmup, timeout, tmp)
+
+        ortft = tuple(n for n in routes if n not in peers)
+        model = f"all-MiniLM-L6-v2, {kind} texts, max_length {MAX_LENGTH}"
+        return common.TaskPeer(f"text-{kind}", model, BATCH, peers, ortft, one)
+
+    return [kind_peer(kind) for kind in DATA]
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ names its own two runners, ``bases``: peer_diffusion.py's diffusers and diffuser
 process, each after a wait for a quiet machine; then the JSON, the table and the bench's
 ``report``. ``--threads N`` runs every side on N compute threads.
 ``StepRecorder`` gives a Trainer worker the step ends and losses it reports, timed as ortft's
-side is (``timing``).
+side is (``timing``). ``TaskPeer`` is a task as the one peer table (peers.py) runs it: every
+bench's ``task_peers()`` gives its own (``task_peer(bench, task)`` for a ``Bench``, with ortft's
+``auto`` added), so the table adds no copy of a bench's runners.
 
 A step's time is from the end of the step before to the end of this one, alike on both sides:
 Trainer's ``on_step_end`` callback; ortft's metrics.jsonl ``time_s``. ms/step is the median
@@ -36,12 +38,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from ortft.tools.processes import run_to_end
 
 REPO = Path(__file__).resolve().parent.parent
 BASES = ("trainer", "trainer-bf16")  # the peer's fp32 and bf16 runners: the ratios' denominators
@@ -63,6 +66,8 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 # it ran (``others_share``: the machine's busy time from /proc/stat less its own process tree's).
 EXCEPTION = re.compile(r"^[\w.]*(Error|Exception): ")  # a traceback's last line
 OTHERS = 0.1  # a run is clean where others took at most this share of the CPU
+# a traceback's last line: "ImportError: cannot import ..."
+EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b:?")
 SUMMARIZED = ("samples_per_s", "ms_per_step", "loss_step1", "train_loss", "peak_rss_mb")
 
 
@@ -133,6 +138,34 @@ class Bench:
     @property
     def peers(self) -> tuple[str, ...]:
         return (*self.bases, *self.more_peers)
+
+
+AUTO = {"backend.name": "auto", "precision.dtype": "auto"}  # ortft's own pick of route
+
+
+@dataclass(frozen=True)
+class TaskPeer:
+    """One task's rows of the one peer table (benchmarks/peers.py): the peer's settings (its
+    usual one first: the fp32 it ships with; then its faster ones), ortft's routes, and how to
+    measure one of them in a fresh process: ``measure(runner, steps, warmup, tmp, timeout)``
+    gives ``measure``'s result (``ok``, samples/s, ``peak_rss_mb``, ``others_share`` ...)."""
+
+    task: str
+    model: str
+    batch: int
+    peers: tuple[str, ...]
+    ortft: tuple[str, ...]
+    measure: Callable[[str, int, int, Path, float], dict[str, Any]]
+
+
+def task_peer(bench: Bench, task: str) -> TaskPeer:
+    """``bench`` as a task of the peer table, with ortft's ``auto`` among its routes."""
+    full = replace(bench, ortft_runners={**bench.ortft_runners, "auto": AUTO})
+
+    def one(runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict[str, Any]:
+        return measure(full, runner, steps, warmup, tmp, timeout)
+
+    return TaskPeer(task, bench.model, bench.batch, bench.peers, tuple(full.ortft_runners), one)
 
 
 # --------------------------------------------------------------------------- a Trainer's side
@@ -253,7 +286,7 @@ def measure(
         cmd = ortft_train(bench.recipe, overrides, run_dir)
     proc, shared = run_process(cmd, timeout, threads)
     if proc is None or proc.returncode != 0:
-        return {"ok": False, "error": failure(proc, timeout)}
+        return {"ok": False, **shared, "error": failure(proc, timeout)}
     if runner in bench.peers:
         return {"ok": True, **shared, **json.loads(out.read_text())}
     result = ortft_result(run_dir, proc.stdout, steps, warmup, bench.batch)
@@ -280,48 +313,39 @@ def process_env(threads: int = 0) -> dict[str, str]:
 
 def run_process(cmd: list[str], timeout: float, threads: int = 0) -> tuple[Any, dict[str, float]]:
     """Run ``cmd`` offline (``process_env``); the finished process (None if it timed out), its
-    wall time, its peak RSS (``peak_rss_mb``: the process's own ``ru_maxrss``, from
-    ``os.wait4``) and the share of the CPU the rest of the machine took meanwhile
+    wall time, its peak RSS (``peak_rss_mb``: ``ortft.tools.processes``) and the share of the CPU the rest of the machine took meanwhile
     (``others_share``)."""
     env = process_env(threads)
     t0, busy0, own0 = time.perf_counter(), cpu_busy_s(), _children_cpu_s()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
-        fired = threading.Event()
-
-        def kill() -> None:
-            fired.set()
-            child.kill()
-
-        killer = threading.Timer(timeout, kill)
-        killer.start()
-        # wait4, not Popen.wait: the child's rusage, so its own peak RSS, not the largest of
-        # every child this bench has waited for (RUSAGE_CHILDREN)
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)  # a late kill() is a no-op now
-        killer.cancel()
-        timed_out = fired.is_set()
+        code, peak_mb = run_to_end(cmd, env, out, err, timeout)
         out.seek(0)
         err.seek(0)
-        proc = subprocess.CompletedProcess(cmd, child.returncode, out.read(), err.read())
+        proc = subprocess.CompletedProcess(cmd, code, out.read(), err.read())
     wall = time.perf_counter() - t0
+    if wall >= timeout and code < 0:
+        proc = None
     others = (cpu_busy_s() - busy0) - (_children_cpu_s() - own0)
-    return None if timed_out else proc, {
+    return proc, {
         "wall_s": wall,
+        "peak_rss_mb": peak_mb,
         "others_share": max(0.0, others) / (wall * (os.cpu_count() or 1)),
-        "peak_rss_mb": usage.ru_maxrss / 1024,  # Linux: kilobytes
     }
 
 
 def failure(proc: Any, timeout: float) -> str:
-    """A failed process in one line: its exit code and the last line of its stderr."""
+    """A failed process in one line: its exit code and its error (the last line that names an
+    exception, with the lines a wrapped traceback continues it on; else the last line)."""
     if proc is None:
         return f"timed out after {timeout:.0f} s"
-    tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    # a traceback's exception, not the hint printed after it (dynamo's "suppress_errors = True")
-    raised = [ln for ln in tail if EXCEPTION.match(ln)]
-    last = (raised or tail)[-1].strip() if tail else ""
-    return f"exit {proc.returncode}: {last[:300]}"
+    lines = [ln.strip() for ln in proc.stderr.splitlines()]
+    named = [i for i, ln in enumerate(lines) if EXCEPTION.match(ln)]
+    if named:  # the exception and the lines a wrapped traceback continues it on, up to a blank
+        rest = lines[named[-1] :]  # one (dynamo's "suppress_errors" hint follows a blank line)
+        what = " ".join(rest[: rest.index("")] if "" in rest else rest)
+    else:
+        what = next((ln for ln in reversed(lines) if ln), "")
+    return f"exit {proc.returncode}: {what[:300]}"
 
 
 def ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int, batch: int) -> dict:

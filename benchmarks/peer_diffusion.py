@@ -308,5 +308,11 @@ BENCH = common.Bench(
     report=headline,
 )
 
+
+def task_peers() -> list[common.TaskPeer]:
+    """This bench's rows of the one peer table (benchmarks/peers.py)."""
+    return [common.task_peer(BENCH, "text-to-image")]
+
+
 if __name__ == "__main__":
     common.main(BENCH, __doc__ or "")

@@ -55,6 +55,7 @@ each round's best ortft runner over its best TRL runner, samples/s.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -245,6 +246,26 @@ def bench(name: str) -> common.Bench:
         ortft_stderr=ortft_stderr,
         report=report,
     )
+
+
+def task_peers() -> list[common.TaskPeer]:
+    """This bench's rows of the one peer table (benchmarks/peers.py): the default model, each
+    measurement with the environment this script's command line sets (and only those)."""
+    name = model_name()
+    peer = common.task_peer(bench(name), "dpo")
+    own = {MODEL_ENV: name, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+
+    def one(runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict[str, Any]:
+        build_model(name)  # once: it is kept in the cache
+        before = dict(os.environ)
+        os.environ.update(own)
+        try:
+            return peer.measure(runner, steps, warmup, tmp, timeout)
+        finally:
+            os.environ.clear()
+            os.environ.update(before)
+
+    return [dataclasses.replace(peer, measure=one)]
 
 
 if __name__ == "__main__":

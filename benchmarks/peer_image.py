@@ -142,5 +142,11 @@ BENCH = common.Bench(
     extra={"lr": LR, "vit": VIT},
 )
 
+
+def task_peers() -> list[common.TaskPeer]:
+    """This bench's rows of the one peer table (benchmarks/peers.py)."""
+    return [common.task_peer(BENCH, "image")]
+
+
 if __name__ == "__main__":
     common.main(BENCH, __doc__ or "")

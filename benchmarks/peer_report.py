@@ -82,14 +82,14 @@ def checks(kinds: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _x(ratio: dict[str, Any] | None) -> str:
+def ratio_cell(ratio: dict[str, Any] | None) -> str:
     if ratio is None:
         return "—"
     lo, hi = ratio["range"]
     return f"{ratio['median']:.2f}× ({lo:.2f}–{hi:.2f})"
 
 
-def _f(value: float | None, spec: str) -> str:
+def number_cell(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
@@ -108,11 +108,11 @@ def print_table(result: dict[str, Any]) -> None:
             tag = " (best Trainer)" if name == s["best_trainer"] else ""
             ran = r["ran_as"] or "failed"
             print(
-                f"| {kind} | {name}{tag} | {ran} | {_f(r['ms_per_step'], '.0f')} | "
-                f"{_f(r['samples_per_s'], '.1f')} | {_x(r['vs_trainer'])} | "
-                f"{_x(r['vs_best_trainer'])} | {_f(r['loss_step1'], '.4f')} | "
-                f"{_f(r['loss_mean'], '.4f')} | {_f(r['eval_loss'], '.4f')} | "
-                f"{_f(r['eval_accuracy'], '.3f')} | {_f(r['others_share_max'], '.0%')} |"
+                f"| {kind} | {name}{tag} | {ran} | {number_cell(r['ms_per_step'], '.0f')} | "
+                f"{number_cell(r['samples_per_s'], '.1f')} | {ratio_cell(r['vs_trainer'])} | "
+                f"{ratio_cell(r['vs_best_trainer'])} | {number_cell(r['loss_step1'], '.4f')} | "
+                f"{number_cell(r['loss_mean'], '.4f')} | {number_cell(r['eval_loss'], '.4f')} | "
+                f"{number_cell(r['eval_accuracy'], '.3f')} | {number_cell(r['others_share_max'], '.0%')} |"
             )
         for name in result["skipped"]:
             print(f"| {kind} | {name} | skipped | | | | | | | | | |")
@@ -127,7 +127,9 @@ def print_table(result: dict[str, Any]) -> None:
         print(line)
     for c in result["checks"]:
         verdict = "PASS" if c["passed"] else "FAIL"
-        figure = _x(c["figure"]) if c["figure"] else "no figure (a route it needs did not run)"
+        figure = (
+            ratio_cell(c["figure"]) if c["figure"] else "no figure (a route it needs did not run)"
+        )
         print(f"check: {c['kind']:5s} {c['check']}: {verdict} {figure}")
 
 

@@ -132,5 +132,11 @@ BENCH = common.Bench(
     extra={"lr": LR, "max_length": MAX_LENGTH, "scale": SCALE, "pairs_file": str(PAIRS)},
 )
 
+
+def task_peers() -> list[common.TaskPeer]:
+    """This bench's rows of the one peer table (benchmarks/peers.py)."""
+    return [common.task_peer(BENCH, "sentence-embedding")]
+
+
 if __name__ == "__main__":
     common.main(BENCH, __doc__ or "")

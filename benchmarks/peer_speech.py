@@ -205,5 +205,11 @@ BENCH = common.Bench(
     extra_keys=("data_ms_per_step", "vocab_size"),
 )
 
+
+def task_peers() -> list[common.TaskPeer]:
+    """This bench's rows of the one peer table (benchmarks/peers.py)."""
+    return [common.task_peer(BENCH, "speech")]
+
+
 if __name__ == "__main__":
     common.main(BENCH, __doc__ or "")

@@ -237,6 +237,28 @@ BENCH = common.Bench(
     report=report,
 )
 
+
+def task_peers() -> list[common.TaskPeer]:
+    """This bench's row of the one peer table (benchmarks/peers.py), each measurement with the
+    OMP_WAIT_POLICY this script's command line sets (and only for its own runs)."""
+    policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    bench = replace(BENCH, extra={**BENCH.extra, "omp_wait_policy": policy})
+    peer = common.task_peer(bench, "image-text-to-text")
+
+    def one(runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict[str, Any]:
+        before = os.environ.get("OMP_WAIT_POLICY")
+        os.environ["OMP_WAIT_POLICY"] = policy
+        try:
+            return peer.measure(runner, steps, warmup, tmp, timeout)
+        finally:
+            if before is None:
+                os.environ.pop("OMP_WAIT_POLICY")
+            else:
+                os.environ["OMP_WAIT_POLICY"] = before
+
+    return [replace(peer, measure=one)]
+
+
 if __name__ == "__main__":
     # every runner alike (as peer_dpo.py): on a shared machine libgomp's spin-waiting threads
     # make a PyTorch step several times slower (peer_common's note); the environment wins

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
 import json
 import os
 import select
@@ -24,6 +25,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal, overload
 
 from ortft import backends
@@ -276,3 +278,16 @@ def losses(
     if by_step:
         return {r["step"]: r["loss"] for r in train}
     return [r["loss"] for r in train]
+
+
+def load_benchmark(name: str, monkeypatch: Any) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module, its folder on ``sys.path`` (the benches import their
+    neighbours by name) and the module in ``sys.modules`` (a dataclass looks it up there)."""
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module

@@ -15,19 +15,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import helpers
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # peer.py imports its neighbours by name
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)  # a dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def _ok(sps: float, ran_as: str = "fp32", share: float = 0.0) -> dict:
@@ -42,7 +33,7 @@ FAILED = {"ok": False, "others_share": 0.0, "error": "InternalTorchDynamoError: 
 def test_peer_summary_best_trainer_ratios_and_checks(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    report = _load("peer_report", monkeypatch)
+    report = helpers.load_benchmark("peer_report", monkeypatch)
     trainers = ["trainer", "trainer-bf16", "trainer-compile"]
     # two rounds; short: auto 1.6x the best Trainer (bf16), within 10% of torch-bf16; ort 1.6x
     short = [
@@ -87,7 +78,7 @@ def test_peer_summary_best_trainer_ratios_and_checks(
 
 
 def test_peer_summary_without_a_route_has_no_figure(monkeypatch: pytest.MonkeyPatch) -> None:
-    report = _load("peer_report", monkeypatch)
+    report = helpers.load_benchmark("peer_report", monkeypatch)
     kinds = {"short": report.summarize([{"trainer": _ok(10), "ort": FAILED}], ["trainer"])}
     assert kinds["short"]["fastest_fixed"] is None
     assert not any(c["passed"] for c in report.checks(kinds))
@@ -97,7 +88,7 @@ def test_peer_summary_without_a_route_has_no_figure(monkeypatch: pytest.MonkeyPa
 def test_a_failed_route_does_not_make_a_round_unclean(monkeypatch: pytest.MonkeyPatch) -> None:
     """trainer-compile fails in every round: what the machine did meanwhile is no measure, so
     a round is clean or not by the routes that ran (else every round was rerun, --retries)."""
-    peer = _load("peer", monkeypatch)
+    peer = helpers.load_benchmark("peer", monkeypatch)
     busy_failure = {**FAILED, "others_share": 0.6}
     assert peer.clean({"short": {"trainer": _ok(10), "trainer-compile": busy_failure}})
     assert not peer.clean({"short": {"trainer": _ok(10, share=0.2), "ort": _ok(20)}})
@@ -106,7 +97,7 @@ def test_a_failed_route_does_not_make_a_round_unclean(monkeypatch: pytest.Monkey
 def test_shared_peers_summarize_without_the_bf16_base(monkeypatch: pytest.MonkeyPatch) -> None:
     """peer_common --runners trainer,torch,ort (a CPU without native bf16): the ratios to the
     fp32 Trainer as ever, none to the bf16 one that did not run."""
-    common = _load("peer_common", monkeypatch)
+    common = helpers.load_benchmark("peer_common", monkeypatch)
     rows = common.summarize({"trainer": [_ok(10), _ok(10)], "ort": [_ok(12), _ok(14)]})
     assert rows["ort"]["vs_trainer"] == pytest.approx(1.3)
     assert rows["ort"]["vs_trainer_range"] == pytest.approx([1.2, 1.4])
@@ -116,7 +107,7 @@ def test_shared_peers_summarize_without_the_bf16_base(monkeypatch: pytest.Monkey
 def test_peer_route_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled routes run where ortft's recipe has backend.compile, and auto then adds
     backend.compile=auto; without the field they are listed as skipped."""
-    peer = _load("peer", monkeypatch)
+    peer = helpers.load_benchmark("peer", monkeypatch)
     names = list(peer.ROUTES)
     run, skipped = peer.plan(names, compiles=False)
     assert set(skipped) == {"torch-bf16-compile", "torch-compile"}
@@ -160,7 +151,7 @@ def test_peer_benchmark_runs_offline(tmp_path: Path) -> None:
 
 def test_peer_prints_autos_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """The last auto run's probe: every candidate's figure, or why it did not run."""
-    report = _load("peer_report", monkeypatch)
+    report = helpers.load_benchmark("peer_report", monkeypatch)
     probe = {"route": "torch", "backends": {
         "torch": {"dtype": "bf16", "median_step_s": 0.5, "estimated_total_s": 12.0},
         "torch+compile": {"skipped": "the run is too short"},
@@ -177,7 +168,7 @@ def test_peer_prints_autos_probe(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_peer_ran_as(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a route ran as: the summary's compile record (with its graph count) where it has
     one, auto's probe choice, else the route's override."""
-    peer = _load("peer", monkeypatch)
+    peer = helpers.load_benchmark("peer", monkeypatch)
     r = peer.ROUTES
     base = {"backend_used": "torch", "precision": "bf16"}
     summary_says = {**base, "compile": {"compiler": "inductor", "graphs": 5}}
@@ -214,7 +205,7 @@ def test_diffusion_peer_reports_the_issue_check(
 ) -> None:
     """ort / diffusers fp32 (issue 33: >= 1.2x) and torch-bf16 / diffusers-bf16, pair by pair,
     into the JSON's ratios and check, and to stdout; the table's columns name diffusers."""
-    diffusion = _load("peer_diffusion", monkeypatch)
+    diffusion = helpers.load_benchmark("peer_diffusion", monkeypatch)
     result = _diffusion_result(diffusion, DIFFUSION_ROUNDS)
     diffusion.headline(result)
     ratios = result["ratios"]
@@ -234,7 +225,7 @@ def test_diffusion_peer_reports_the_issue_check(
 def test_diffusion_peer_check_fails_below_the_bar_and_needs_ort_and_a_clean_round(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    diffusion = _load("peer_diffusion", monkeypatch)
+    diffusion = helpers.load_benchmark("peer_diffusion", monkeypatch)
     slow = [{**one, "ort": _ok(11.9)} for one in DIFFUSION_ROUNDS]  # 1.19x
     result = _diffusion_result(diffusion, slow)
     diffusion.headline(result)
@@ -259,7 +250,7 @@ def test_diffusion_peer_trains_what_its_recipe_trains(monkeypatch: pytest.Monkey
     torch)."""
     from ortft.recipe import io as recipe_io
 
-    d = _load("peer_diffusion", monkeypatch)
+    d = helpers.load_benchmark("peer_diffusion", monkeypatch)
     overrides = [f"{k}={v}" for k, v in d.ORTFT_OVERRIDES.items()]
     r = recipe_io.load(d.RECIPE, overrides, check_files=False).recipe
     spec, o, t = r.model.from_config, r.model.from_config.options, r.training
@@ -299,7 +290,7 @@ def test_diffusion_benches_refuse_bad_arguments_in_one_line() -> None:
 def test_frozen_placement_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per part: the fastest route, the per-round speed against PyTorch fp32, and a move to ORT
     only past the 15% bar."""
-    frozen = _load("diffusion_frozen", monkeypatch)
+    frozen = helpers.load_benchmark("diffusion_frozen", monkeypatch)
     rounds = [
         {"vae_encoder": {"torch": 20.0, "torch-bf16": 16.0, "ort": 12.5},
          "text_encoder": {"torch": 2.0, "torch-bf16": 2.5, "ort": 1.8}},
@@ -323,7 +314,7 @@ def test_dpo_peer_reports_best_ortft_over_best_trl(
 ) -> None:
     """Round by round: the best ortft runner's samples/s over the best TRL setting's (a failed
     runner counts on neither side); ortft's reference seconds read from its stderr line."""
-    dpo = _load("peer_dpo", monkeypatch)
+    dpo = helpers.load_benchmark("peer_dpo", monkeypatch)
     rounds = [
         {"trl": _ok(4), "trl-fast": _ok(10), "trl-fp32-fast": _ok(6), "torch": _ok(7),
          "torch-bf16": _ok(13), "ort": _ok(9), "auto": FAILED},
@@ -360,44 +351,12 @@ def test_dpo_peer_command_line() -> None:
 # --------------------------------------------------------------------------- peer_common, peer_vlm.py
 
 
-def test_a_run_reports_its_own_peak_rss(monkeypatch: pytest.MonkeyPatch) -> None:
-    """run_process gives each child's own peak RSS (a small child after a big one reads small,
-    which RUSAGE_CHILDREN would not), and None for a child killed at the timeout."""
-    common = _load("peer_common", monkeypatch)
-    big = "b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096])"  # touched: resident
-    proc, shared = common.run_process([sys.executable, "-c", big], 60)
-    assert proc is not None and proc.returncode == 0, proc
-    assert shared["peak_rss_mb"] > 200
-    proc, shared = common.run_process([sys.executable, "-c", "print('small')"], 60)
-    assert proc is not None and proc.stdout == "small\n"
-    assert shared["peak_rss_mb"] < 100
-    proc, shared = common.run_process([sys.executable, "-c", "import time; time.sleep(30)"], 1)
-    assert proc is None and shared["wall_s"] < 10
-
-
-def test_a_failed_run_reads_as_its_exception(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A traceback followed by a hint (dynamo's) reads as the exception; ortft's one-line error
-    as itself."""
-    common = _load("peer_common", monkeypatch)
-    stderr = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
-              "torch._dynamo.exc.InternalTorchDynamoError: AttributeError: no is_exporting\n\n"
-              "You can suppress this exception and fall back to eager by setting:\n"
-              "    torch._dynamo.config.suppress_errors = True\n")  # fmt: skip
-    failed = subprocess.CompletedProcess([], 1, "", stderr)
-    assert common.failure(failed, 60) == (
-        "exit 1: torch._dynamo.exc.InternalTorchDynamoError: AttributeError: no is_exporting"
-    )
-    usage = subprocess.CompletedProcess([], 2, "", "ortft: error: data.train: no such file\n")
-    assert common.failure(usage, 60) == "exit 2: ortft: error: data.train: no such file"
-    assert common.failure(None, 60) == "timed out after 60 s"
-
-
 def test_vlm_peer_reports_best_ortft_over_best_trainer(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Round by round: the best ortft runner over the best Trainer setting (a failed runner
     counts on neither side); the table's peak RSS column."""
-    vlm = _load("peer_vlm", monkeypatch)
+    vlm = helpers.load_benchmark("peer_vlm", monkeypatch)
     rss = {"peak_rss_mb": 800.0}
     rounds = [
         {"trainer": _ok(40), "trainer-bf16": _ok(30), "trainer-compile": FAILED,
@@ -447,7 +406,7 @@ def test_vlm_peer_trains_what_ortft_trains(monkeypatch: pytest.MonkeyPatch) -> N
     """The Trainer's side: the recipe's LLaVA sizes, its vision tower frozen, the projector and
     language model trained; the collator masks the pad and image tokens (and nothing else) and
     pads to the batch's longest row."""
-    vlm = _load("peer_vlm", monkeypatch)
+    vlm = helpers.load_benchmark("peer_vlm", monkeypatch)
     from PIL import Image
 
     from ortft.families.vision_language import build
@@ -479,8 +438,8 @@ def test_shared_peers_run_every_side_on_the_threads_asked(
     """peer_common --threads 1: the peer's process gets OMP_NUM_THREADS=1 (its torch reads it),
     ortft's gets hardware.threads=1 (ortft sets torch's threads itself); --threads 0 leaves
     both at their defaults; the auto runner probes with precision.dtype=auto."""
-    common = _load("peer_common", monkeypatch)
-    image = _load("peer_image", monkeypatch)
+    common = helpers.load_benchmark("peer_common", monkeypatch)
+    image = helpers.load_benchmark("peer_image", monkeypatch)
     seen: list[tuple[list[str], dict[str, str]]] = []
 
     def fake_run(cmd: list[str], timeout: float, threads: int = 0) -> object:

@@ -27,10 +27,8 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +36,7 @@ from typing import Any
 
 from ortft.core.errors import RecipeError, UsageError
 from ortft.run.summary import BackendReport, RunSummary
-from ortft.tools import flops, limit
+from ortft.tools import flops, limit, processes
 from ortft.tools.bench_report import plot, print_table
 from ortft.tools.bench_variants import OPTIONAL, Variant, parse_variants
 
@@ -99,25 +97,17 @@ def _run_one(
     stdout_path, stderr_path = out_dir.with_suffix(".out"), out_dir.with_suffix(".err")
     t0 = time.perf_counter()
     with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
-        try:
-            # wait4 gives this child's own resource usage: its peak RSS
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        returncode, peak_mb = processes.run_to_end(cmd, env, out, err, timeout)
     res = RunResult(
         variant.label,
         repeat,
         ok=False,
         wall_s=time.perf_counter() - t0,
-        rss_mb=usage.ru_maxrss / 1024,
-    )  # Linux reports kilobytes
-    if proc.returncode != 0:
+        rss_mb=peak_mb,
+    )
+    if returncode != 0:
         tail = [ln for ln in stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
-        why = "timed out" if proc.returncode == -9 else f"exit {proc.returncode}"
+        why = "timed out" if returncode == -9 else f"exit {returncode}"
         res.error = f"{why}: {tail[-1][:300] if tail else 'no output'}"
         return res
     summary = RunSummary.from_dict(json.loads(stdout_path.read_text()))  # `ortft train --json`
