@@ -153,6 +153,114 @@ def test_lora_adapts_the_language_model_and_trains_the_projector(processor):
         task.adapter_targets(model, ["out_proj"])  # CLIP's, not Llama's
 
 
+@pytest.fixture(scope="module")
+def qwen_processor():
+    """Qwen2-VL's processor around a tokenizer trained here: 8x8 images in 2x2 patches, merged
+    2 x 2: 4 image tokens."""
+    from ortft.backends.torch import models
+    from ortft.families.vision_language import processor as vl
+    from ortft.recipe.model import TrainTokenizer
+
+    texts = ["Which digit is this?", "four", "Even or odd?", "odd", "seven"] * 20
+    spec = TrainTokenizer(kind="byte-bpe", vocab_size=280, min_frequency=1)
+    options = tasks.options("image-text-to-text", image_size=8, patch_size=2)
+    return vl.for_config(options, models.train_tokenizer(texts, spec), "qwen2_vl")
+
+
+def tiny_qwen(processor):
+    from transformers import AutoModelForImageTextToText
+
+    from ortft.families.vision_language import processor as vl
+    from ortft.recipe.model import FromConfig
+
+    spec = FromConfig(architecture="qwen2_vl", hidden_size=32, num_layers=1, num_heads=2)
+    options = tasks.options("image-text-to-text", image_size=8, patch_size=2,
+                            vision_hidden_size=32, vision_layers=1)  # fmt: skip
+    config = vl.model_config(spec, options, processor.tokenizer, 0.0)
+    return AutoModelForImageTextToText.from_config(config, attn_implementation="eager")
+
+
+def test_qwen2vl_encode_expands_the_image_pad_by_the_grid(qwen_processor, tmp_path):
+    """ChatML around <|vision_start|><|image_pad|><|vision_end|>, the pad expanded into the
+    image's merged patches (as Qwen2VLProcessor's own call expands it), the answer and
+    <|im_end|> learned; a 16x8 image gets its own count (its own grid)."""
+    from PIL import Image
+
+    task = task_for(qwen_processor)
+    wide = tmp_path / "wide.png"
+    Image.open(DIGITS / "images" / "0004.png").resize((16, 8)).save(wide)
+    enc = task.encode(rows(QUESTION, CHAT) + [{**QUESTION, "image": str(wide)}],
+                      qwen_processor, Data, None)  # fmt: skip
+    tok, pad = qwen_processor.tokenizer, qwen_processor.image_token_id
+    ids = enc.column("input_ids")
+    # 8x8: 4x4 patches, 4 tokens; 16x8 resized to 8x4 (at most 64 pixels): 4x2 patches, 2
+    assert [(ids[k] == pad).sum() for k in range(3)] == [4, 4, 2]
+    labels = enc.column("labels")[1]
+    assert tok.decode(labels[labels != IGNORE_INDEX]) == "odd<|im_end|>\n"
+    start = int(enc.column("_start")[0])
+    prompt = tok.decode(ids[0, :start])
+    assert prompt.startswith("<|im_start|>user\n<|vision_start|><|image_pad|>")
+    assert prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    # the processor's own expansion of the rendered prompt gives the same ids
+    text = qwen_processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"},
+                                      {"type": "text", "text": QUESTION["question"]}]}],
+        add_generation_prompt=True, tokenize=False)  # fmt: skip
+    image = Image.open(DIGITS / "images" / "0004.png").convert("RGB")
+    own = qwen_processor(images=[image], text=[text], return_tensors="np")["input_ids"][0]
+    assert own.tolist() == ids[0, :start].tolist()
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_qwen2vl_forward_with_outside_rope_positions_gives_transformers_logits(
+    qwen_processor, frozen, tmp_path
+):
+    """The rope positions (and a frozen tower's blocks) computed before the module, the merger
+    and the gather inside, against transformers' own forward on the flat patches; a 16x8 image
+    beside 8x8 ones (patches padded per row)."""
+    import torch
+    from PIL import Image
+
+    from ortft.families.vision_language import model as parts
+
+    torch.manual_seed(0)
+    model = tiny_qwen(qwen_processor).eval()
+    task = task_for(qwen_processor, freeze_vision=frozen)
+    task.prepare_model(model, qwen_processor)
+    wide = tmp_path / "wide.png"
+    Image.open(DIGITS / "images" / "0004.png").resize((16, 8)).save(wide)
+    enc = task.encode(rows(QUESTION, CHAT) + [{**QUESTION, "image": str(wide)}],
+                      qwen_processor, Data, None)  # fmt: skip
+    batch = task.collate(enc.take(np.arange(3)), None, 0)
+    assert batch["pixel_values"].shape[:2] == (3, 16)  # 16 patches, the wide one's 8 padded
+    t = {k: torch.from_numpy(v) for k, v in batch.items() if not k.startswith("_")}
+    vision = {k: batch[k] for k in ("pixel_values", "image_grid_thw")}
+    with torch.no_grad():
+        want = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
+                     **parts.model_inputs(model, t["input_ids"], vision), use_cache=False).logits  # fmt: skip
+        inputs = task.outside_inputs(t)
+        _, got = task.forward(model, **inputs)
+    assert ("image_features" in inputs) == frozen and "rope_positions" in inputs
+    assert torch.allclose(got, want, atol=1e-5)
+    trained = {n.split(".")[2] for n, p in model.named_parameters() if p.requires_grad and
+               "visual" in n}  # fmt: skip
+    assert trained == ({"merger"} if frozen else {"patch_embed", "blocks", "merger"})
+
+
+def test_qwen2vl_lora_adapts_the_language_model_and_trains_the_merger(qwen_processor):
+    from ortft.backends.torch import models
+    from ortft.recipe.model import AdapterSection
+
+    task = task_for(qwen_processor)
+    model = tiny_qwen(qwen_processor)
+    task.prepare_model(model, qwen_processor)
+    adapted = models.apply_adapter(model, AdapterSection(kind="lora", rank=2), task)
+    trained = [n for n, p in adapted.named_parameters() if p.requires_grad]
+    assert trained and all("language_model" in n or ".merger." in n for n in trained)
+    assert any("lora_A" in n and "q_proj" in n for n in trained)
+    assert any(".merger." in n for n in trained)
+
+
 TINY = [
     "model.from_config.hidden_size=32", "model.from_config.num_layers=1",
     "task.vision_hidden_size=32", "task.vision_layers=1", "task.freeze_vision=true",
@@ -167,6 +275,11 @@ def train(out: Path, *overrides: str):
     return run_cli("train", RECIPE, *TINY, *overrides, "--output-dir", out)
 
 
+# the recipe with a Qwen2-VL: 8x8 digits in 2x2 patches, merged 2 x 2 into 4 image tokens
+QWEN2VL = ["model.from_config.architecture=qwen2_vl", "model.from_config.num_heads=2"]
+ARCHS = {"llava": [], "qwen2_vl": QWEN2VL}
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """4 steps of the shipped recipe, tiny, with the frozen vision tower outside the trained
@@ -177,17 +290,48 @@ def run(tmp_path_factory):
     return out
 
 
-def test_the_run_trains_on_the_default_backend_and_final_loads(run):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+@pytest.fixture(scope="module")
+def qwen_run(tmp_path_factory):
+    """The same 4 steps with a Qwen2-VL: its rope positions and frozen tower outside the
+    trained module, the merger and the language model inside."""
+    out = tmp_path_factory.mktemp("vlm-qwen2vl") / "run"
+    res = train(out, *QWEN2VL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
 
+
+@pytest.fixture(params=list(ARCHS))
+def arch_run(request):
+    """(architecture, its module-scoped run)."""
+    name = "run" if request.param == "llava" else "qwen_run"
+    return request.param, request.getfixturevalue(name)
+
+
+def load_processor(final: Path):
+    """AutoProcessor of final/; a Qwen2-VL's through ortft's loader (without torchvision,
+    transformers 5.24's AutoProcessor cannot build its video processor)."""
+    from transformers import AutoProcessor
+
+    from ortft.families.vision_language import qwen2vl_model
+
+    if qwen2vl_model.is_folder(str(final)):
+        return qwen2vl_model.from_folder(str(final), "final")
+    return AutoProcessor.from_pretrained(final)
+
+
+def test_the_run_trains_on_the_default_backend_and_final_loads(arch_run):
+    from transformers import AutoModelForImageTextToText
+
+    arch, run = arch_run
     summary = json.loads((run / "summary.json").read_text())
     assert summary["backend"]["used"] == DEFAULT_BACKEND and not summary["backend"]["fallback"]
     assert {"eval_loss", "eval_exact_match"} <= set(summary["metrics"])
     assert summary["export"]["passed"] is True  # the recipe exports (test_the_run_exports...)
-    processor = AutoProcessor.from_pretrained(run / "final")
-    assert type(processor).__name__ == "LlavaProcessor" and processor.chat_template
+    processor = load_processor(run / "final")
+    want = {"llava": "Llava", "qwen2_vl": "Qwen2VL"}[arch]
+    assert type(processor).__name__ == f"{want}Processor" and processor.chat_template
     model = AutoModelForImageTextToText.from_pretrained(run / "final")
-    assert type(model).__name__ == "LlavaForConditionalGeneration"
+    assert type(model).__name__ == f"{want}ForConditionalGeneration"
     vision = [p for n, p in model.named_parameters() if "vision_tower" in n]
     first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert first["kind"] == "train" and np.isfinite(first["loss"]) and vision
@@ -200,9 +344,10 @@ def _questions(n: int) -> str:
     return "".join(json.dumps({**r, "image": str(QUESTIONS / r["image"])}) + "\n" for r in rows)
 
 
-def test_eval_of_the_run_gives_the_training_eval(run, tmp_path):
+def test_eval_of_the_run_gives_the_training_eval(arch_run, tmp_path):
     """``ortft eval`` on the rows training's eval scored (data.max_eval_samples=8, the first 4
     answered): transformers' own forward on pixel_values, its loss and exact match."""
+    _, run = arch_run
     (tmp_path / "eval.jsonl").write_text(_questions(8))
     res = run_cli("eval", run, "--data", tmp_path / "eval.jsonl", "--json")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -218,9 +363,9 @@ def processor_answer(final: Path, image: Path, msgs: list) -> str:
     the image token and makes the pixels; ``generate``, greedy."""
     import torch
     from PIL import Image
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
-    processor = AutoProcessor.from_pretrained(final)
+    processor = load_processor(final)
     model = AutoModelForImageTextToText.from_pretrained(final).eval()
     prompt = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     rgb = Image.open(image).convert("RGB")
@@ -230,7 +375,8 @@ def processor_answer(final: Path, image: Path, msgs: list) -> str:
     return processor.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def test_predict_answers_each_row_as_transformers_does(run, tmp_path):
+def test_predict_answers_each_row_as_transformers_does(arch_run, tmp_path):
+    _, run = arch_run
     shutil.copytree(DIGITS / "images", tmp_path / "images")
     ask = [{"image": "images/0004.png", "question": "Which digit is this?"}, CHAT]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ask))
@@ -357,7 +503,7 @@ def test_ortft_export_of_the_run_publishes_the_same_checks(run, tmp_path):
     assert res.stderr.strip().splitlines()[-1].startswith("error: image-text-to-text exports")
 
 
-def test_the_run_resumes_exactly_after_kill_9(run, tmp_path):
+def test_the_run_resumes_exactly_after_kill_9(arch_run, tmp_path):
     """Killed with kill -9 right after step 2's checkpoint and resumed: steps 3-4 give the
     uninterrupted run's losses."""
     import signal
@@ -366,8 +512,9 @@ def test_the_run_resumes_exactly_after_kill_9(run, tmp_path):
 
     from helpers import start_cli
 
+    arch, run = arch_run
     cut = tmp_path / "cut"
-    args = ["train", RECIPE, *TINY, "export.enabled=false", "--output-dir", cut]
+    args = ["train", RECIPE, *TINY, *ARCHS[arch], "export.enabled=false", "--output-dir", cut]
     with open(tmp_path / "cut.err", "w") as err:
         proc = start_cli(*args, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 600

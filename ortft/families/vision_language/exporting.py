@@ -166,6 +166,11 @@ class OnnxVisionLanguage:
 
         from ortft.families.vision_language import vlm_graphs as graphs
 
+        if getattr(config, "model_type", None) == "qwen2_vl":  # its grid and 3-D positions
+            raise InputError(
+                f"{folder}: ortft predict and ortft eval run a Qwen2-VL export's graphs not yet; "
+                "give the run folder (its final/ model) instead"
+            )
         self.sessions = graphs.Sessions(folder, int(config.image_token_id))
         self.gc = GenerationConfig.from_pretrained(folder)
         text = config.get_text_config()

@@ -25,6 +25,8 @@ log = logging.getLogger("ortft")
 
 LANGUAGE_TARGETS = ["q_proj", "v_proj"]  # Llama's attention projections (LoRA's default)
 PROJECTOR = "multi_modal_projector"
+VISION_KEYS = ("pixel_values", "image_grid_thw")  # a batch's image arrays (vision_inputs)
+MERGER = "merger"  # Qwen2-VL's projector: its vision transformer's patch merger
 
 
 class VisionLanguage(ImageTextToText):
@@ -59,7 +61,9 @@ class VisionLanguage(ImageTextToText):
             spec = loaded.recipe.model.tokenizer.train
             tokenizer = models.train_tokenizer(self.texts(rows, loaded.recipe.data), spec)
             log.info("trained a %s tokenizer: %d tokens", spec.kind, len(tokenizer))
-        return processor.for_config(self.options, tokenizer)
+        return processor.for_config(
+            self.options, tokenizer, loaded.recipe.model.from_config.architecture
+        )
 
     def processor_from_folder(self, folder: Path, field: str = "model") -> Any:
         from ortft.families.vision_language import processor
@@ -74,9 +78,10 @@ class VisionLanguage(ImageTextToText):
     def prepare_model(self, model: Any, processor: Any) -> None:
         """Freeze the vision tower (``task.freeze_vision``); keep the model for the features
         computed outside the module; generation stops at the tokenizer's end-of-sequence."""
+        from ortft.families.vision_language.model import vision_parameters
+
         self.llava = model  # the features outside the module are its vision tower's
-        tower = model.model.vision_tower
-        for p in tower.parameters():
+        for p in vision_parameters(model):
             p.requires_grad_(not self.options.freeze_vision)
         tok = processor.tokenizer
         model.generation_config.eos_token_id = tok.eos_token_id
@@ -86,6 +91,10 @@ class VisionLanguage(ImageTextToText):
         """A frozen vision tower's features, computed eagerly under no_grad before the wrapped
         module (on ort: outside ORTModule, whose graph is then the projector and the language
         model): nothing of the tower needs a gradient, and one graph fewer to export."""
+        from ortft.families.vision_language import qwen2vl_model
+
+        if "image_grid_thw" in inputs:  # Qwen2-VL: its rope positions are computed here too
+            return qwen2vl_model.outside(self.llava, inputs, self.options.freeze_vision)
         if not self.options.freeze_vision:
             return inputs
         import torch
@@ -112,8 +121,10 @@ class VisionLanguage(ImageTextToText):
                 f"adapter.target_modules: {', '.join(missing)} matches no module of the "
                 f"language model (it has e.g. {', '.join(sorted(language)[:8])})"
             )
+        from ortft.families.vision_language.qwen2vl_graphs import handles
+
         pattern = r".*language_model\..*\.(" + "|".join(names) + ")"
-        return pattern, [PROJECTOR]
+        return pattern, [MERGER if handles(model) else PROJECTOR]
 
     def generate_metrics(self, model: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
         """exact_match: the share of the first ``task.generate_samples`` rows whose greedy
@@ -133,11 +144,12 @@ class VisionLanguage(ImageTextToText):
             batch = self.collate(encoded.take(idx), None, 0)
             prompts = [batch["input_ids"][j, : int(starts[k])] for j, k in enumerate(idx)]
             for group in by_length(prompts).values():
+                vision = {k: batch[k][group] for k in VISION_KEYS if k in batch}
                 got = generate(
                     model,
                     self.processor,
                     np.stack([prompts[j] for j in group]),
-                    batch["pixel_values"][group],
+                    vision,
                     self.options.max_new_tokens,
                 )
                 for j, (text, _) in zip(group, got, strict=True):
@@ -176,11 +188,15 @@ class VisionLanguage(ImageTextToText):
             return model.logits(batch)
         import torch
 
+        from ortft.families.vision_language.model import model_inputs
+
+        ids = torch.from_numpy(batch["input_ids"])
+        vision = {k: batch[k] for k in VISION_KEYS if k in batch}
         with torch.no_grad():
             out = model(
-                input_ids=torch.from_numpy(batch["input_ids"]),
+                input_ids=ids,
                 attention_mask=torch.from_numpy(batch["attention_mask"]),
-                pixel_values=torch.from_numpy(batch["pixel_values"]),
+                **model_inputs(model, ids, vision),
                 use_cache=False,
                 return_dict=True,
             )

@@ -50,6 +50,26 @@ def merged(
     return torch.gather(both, 1, index.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
 
 
+def vision_parameters(model: Any) -> list[Any]:
+    """What ``task.freeze_vision`` freezes: the vision tower (Qwen2-VL's without its merger,
+    ``qwen2vl_model.vision_tower``)."""
+    from ortft.families.vision_language import qwen2vl_graphs, qwen2vl_model
+
+    if qwen2vl_graphs.handles(model):
+        return qwen2vl_model.vision_tower(model)
+    return list(model.model.vision_tower.parameters())
+
+
+def model_inputs(model: Any, ids: torch.Tensor, vision: dict[str, Any]) -> dict[str, Any]:
+    """What transformers' own forward and ``generate`` take besides the ids, from the collated
+    image arrays (``processor.vision_inputs``)."""
+    from ortft.families.vision_language import qwen2vl_model
+
+    if "image_grid_thw" in vision:
+        return qwen2vl_model.generate_inputs(model, ids, vision)
+    return {"pixel_values": torch.as_tensor(vision["pixel_values"])}
+
+
 def forward(
     model: Any,
     input_ids: torch.Tensor,
@@ -57,9 +77,23 @@ def forward(
     labels: torch.Tensor,
     pixel_values: torch.Tensor | None,
     image_features: torch.Tensor | None,
+    **qwen2vl: Any,
 ) -> tuple[Any, Any]:
     """(loss, logits): the features (given, or the vision tower's of ``pixel_values``)
-    projected and gathered into the token embeddings, then the language model and its head."""
+    projected and gathered into the token embeddings, then the language model and its head.
+    A Qwen2-VL batch (its grid and rope positions in ``qwen2vl``): ``qwen2vl_model.forward``."""
+    if qwen2vl:
+        from ortft.families.vision_language import qwen2vl_model
+
+        return qwen2vl_model.forward(
+            model,
+            input_ids,
+            attention_mask,
+            labels,
+            pixel_values=pixel_values,
+            image_features=image_features,
+            **qwen2vl,
+        )
     m = llava(model)
     if image_features is None:  # the vision tower trains: it runs inside the module
         if pixel_values is None:

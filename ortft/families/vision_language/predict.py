@@ -28,15 +28,17 @@ IMAGE_COLUMN = "image"
 
 
 def generate(
-    model: Any, processor: Any, ids: np.ndarray, pixel_values: np.ndarray, max_new_tokens: int
+    model: Any, processor: Any, ids: np.ndarray, vision: dict[str, np.ndarray], max_new_tokens: int
 ) -> list[tuple[str, int]]:
     """(the answer, its new tokens) of each row of ``ids`` [batch, prompt] (prompts of one
-    length: no padding) on its image's ``pixel_values``: transformers' ``generate``, greedy,
-    or an export's graphs generating the same way (``exporting.OnnxVisionLanguage``)."""
+    length: no padding) on its image's arrays ``vision`` (``processor.vision_inputs``):
+    transformers' ``generate``, greedy, or an export's graphs generating the same way
+    (``exporting.OnnxVisionLanguage``)."""
     from ortft.families.vision_language.exporting import OnnxVisionLanguage
+    from ortft.families.vision_language.model import model_inputs
 
     if isinstance(model, OnnxVisionLanguage):
-        seqs = model.sequences(np.asarray(ids), pixel_values, max_new_tokens)
+        seqs = model.sequences(np.asarray(ids), vision["pixel_values"], max_new_tokens)
         return _answers(processor, seqs[:, np.asarray(ids).shape[1] :].tolist())
     import torch
 
@@ -44,11 +46,12 @@ def generate(
     model.eval()
     device = next(model.parameters()).device
     prompt = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)
+    extra = {k: v.to(device) for k, v in model_inputs(model, prompt.cpu(), vision).items()}
     with torch.no_grad():
         out = model.generate(
             input_ids=prompt,
             attention_mask=torch.ones_like(prompt),
-            pixel_values=torch.as_tensor(pixel_values, device=device),
+            **extra,
             max_new_tokens=max_new_tokens,
             do_sample=False,
             num_beams=1,
@@ -109,13 +112,15 @@ def run(
     task: Any, m: Any, input_path: str, batch_size: int, max_new_tokens: int
 ) -> Iterator[Prediction]:
     """One answer per row; every row read and checked first."""
+    from ortft.families.vision_language.processor import vision_inputs
+
     processor = m.tokenizer
     task.bind(processor)
     rows = _rows(task, input_path)
     prompts = []
     for n, _, row in rows:
         try:
-            prompts.append(task.prompt_ids(row, n - 1))
+            prompts.append(task.prompt_ids(row, n - 1, row[IMAGE_COLUMN]))
         except InputError as err:  # "row N: ..." as training says it
             raise InputError(f"{input_path}:{n}: {str(err).split(': ', 1)[-1]}") from None
     out: dict[int, Prediction] = {}
@@ -124,10 +129,10 @@ def run(
         for group in by_length([np.asarray(prompts[k]) for k in chunk]).values():
             idx = [chunk[g] for g in group]
             decoded = [images.load(rows[k][2][IMAGE_COLUMN]) for k in idx]
-            pixels = images.pixel_values(decoded, processor.image_processor)
+            vision = vision_inputs(processor, decoded)
             ids = np.stack([np.asarray(prompts[k]) for k in idx])
             for k, (text, new) in zip(
-                idx, generate(m._model, processor, ids, pixels, max_new_tokens), strict=True
+                idx, generate(m._model, processor, ids, vision, max_new_tokens), strict=True
             ):
                 out[k] = {"index": k, "input": rows[k][1], "generated": text, "new_tokens": new}
         yield from (out.pop(k) for k in chunk)

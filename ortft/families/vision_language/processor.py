@@ -22,10 +22,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ortft.core.errors import InputError, first_line
 from ortft.recipe.io import LoadedRecipe
 
 IMAGE_TOKEN = "<image>"
+BUILDS = ("llava", "qwen2_vl")  # model.from_config.architecture
 FILES = ("processor_config.json", "preprocessor_config.json")
 # A user turn's parts in order (an image part is the image token), an assistant turn's text then
 # end-of-sequence: the model learns to stop. ``add_generation_prompt`` opens the assistant turn.
@@ -60,8 +63,14 @@ def load(loaded: LoadedRecipe, source: str | None, saved_dir: Path | None) -> An
 
 def from_folder(folder: str, field: str = "model", trust_remote_code: bool = False) -> Any:
     """``AutoProcessor`` of ``folder`` on its PIL backend: an image processor, a tokenizer
-    with an image token and a chat template."""
+    with an image token and a chat template (a Qwen2-VL folder: ``qwen2vl_model.from_folder``,
+    which AutoProcessor cannot load without torchvision)."""
     from transformers import AutoProcessor
+
+    from ortft.families.vision_language import qwen2vl_model
+
+    if qwen2vl_model.is_folder(folder):
+        return qwen2vl_model.from_folder(folder, field)
 
     try:
         processor = AutoProcessor.from_pretrained(
@@ -94,10 +103,16 @@ def with_image_token(tokenizer: Any) -> Any:
     return tokenizer
 
 
-def for_config(options: Any, tokenizer: Any) -> Any:
-    """The ``LlavaProcessor`` of a from_config model: CLIP's image processor (PIL) sized to
-    ``task.image_size``, ``tokenizer`` with the image token, ``CHAT_TEMPLATE``."""
+def for_config(options: Any, tokenizer: Any, architecture: str = "llava") -> Any:
+    """The processor of a from_config model: for ``llava`` a ``LlavaProcessor`` (CLIP's image
+    processor (PIL) sized to ``task.image_size``, ``tokenizer`` with the image token,
+    ``CHAT_TEMPLATE``); for ``qwen2_vl`` ``qwen2vl_model.for_config``'s."""
     from transformers import LlavaProcessor
+
+    from ortft.families.vision_language import qwen2vl_model
+
+    if architecture == qwen2vl_model.ARCHITECTURE:
+        return qwen2vl_model.for_config(options, tokenizer)
     from transformers.models.clip import CLIPImageProcessorPil
 
     size = options.image_size
@@ -122,12 +137,15 @@ def model_config(spec: Any, options: Any, tokenizer: Any, dropout: float | None)
     from transformers import CLIPVisionConfig, LlavaConfig
 
     from ortft.backends.torch import hf_config
+    from ortft.families.vision_language import qwen2vl_model
 
+    if spec.architecture == qwen2vl_model.ARCHITECTURE:
+        return qwen2vl_model.model_config(spec, options, tokenizer, dropout)
     if spec.architecture != "llava":
         raise InputError(
             f"model.from_config.architecture={spec.architecture}: image-text-to-text builds "
-            "LLaVA-style models from a config (architecture: llava); a pretrained one loads "
-            "from model.name_or_path"
+            f"{' or '.join(BUILDS)} models from a config; a pretrained one loads from "
+            "model.name_or_path"
         )
     text = hf_config.generic_config(
         spec.model_copy(update={"architecture": "llama"}), tokenizer, dropout
@@ -148,6 +166,17 @@ def model_config(spec: Any, options: Any, tokenizer: Any, dropout: float | None)
         vision_feature_select_strategy="default",
         vision_feature_layer=-1,
     )
+
+
+def vision_inputs(processor: Any, decoded: list[Any]) -> dict[str, np.ndarray]:
+    """The image processor's arrays of a batch's images: LLaVA's ``pixel_values``, or
+    Qwen2-VL's padded patches and grid (``qwen2vl_model.pixels``)."""
+    from ortft.data import images
+    from ortft.families.vision_language import qwen2vl_model
+
+    if qwen2vl_model.owns(processor):
+        return qwen2vl_model.pixels(decoded, processor)
+    return {"pixel_values": images.pixel_values(decoded, processor.image_processor)}
 
 
 def image_tokens(processor: Any) -> int:

@@ -48,6 +48,10 @@ class VisionEncoder(torch.nn.Module):
         self.merge = int(self.visual.spatial_merge_size)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        return self.visual.merger(self.hidden(pixel_values, grid_thw))
+
+    def hidden(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """The blocks' output, before the patch merger (what training feeds the merger)."""
         v = self.visual
         hidden = v.patch_embed(pixel_values)
         frame, positions = patch_layout(grid_thw, hidden.shape[0], self.merge)
@@ -60,7 +64,7 @@ class VisionEncoder(torch.nn.Module):
         for block in v.blocks:
             hidden = hidden + _attention(block.attn, block.norm1(hidden), cos, sin, bias)
             hidden = hidden + block.mlp(block.norm2(hidden))
-        return v.merger(hidden)
+        return hidden
 
 
 def patch_layout(grid_thw: torch.Tensor, n: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:

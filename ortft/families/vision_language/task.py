@@ -98,7 +98,7 @@ class ImageTextToText(Task):
     predicts = "generate"
     export_kind = "image-text-to-text"  # a label only (ExportsAs); the export lands separately
     eval_metrics = ("eval_loss", "eval_exact_match")
-    hf_architectures = ("LlavaForConditionalGeneration",)
+    hf_architectures = ("LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration")
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -212,7 +212,7 @@ class ImageTextToText(Task):
             done = full
         return out
 
-    def prompt_ids(self, row: dict[str, Any], i: int) -> list[int]:
+    def prompt_ids(self, row: dict[str, Any], i: int, path: str | None = None) -> list[int]:
         """The tokens a row's answer is generated after (``ortft predict``): its conversation up
         to an empty assistant turn, tokenized as in training."""
         o = self.options
@@ -223,27 +223,36 @@ class ImageTextToText(Task):
             row = {**row, o.messages_column: [*msgs, {"role": "assistant", "content": ""}]}
         else:
             row = {**row, o.answer_column: ""}
-        ids, _, start = self.tokens(self.segments(self.messages(row, i)))
+        ids, _, start = self.tokens(self.segments(self.messages(row, i)), path)
         return ids[:start]
 
-    def image_tokens(self) -> int:
+    def image_tokens(self, path: str | None = None) -> int:
+        """The image tokens one image expands into: the processor's constant, or a Qwen2-VL
+        image's own (its grid: ``qwen2vl_model.image_tokens`` of ``path``)."""
+        from ortft.families.vision_language import qwen2vl_model
+
+        if path is not None and qwen2vl_model.owns(self.processor):
+            return qwen2vl_model.image_tokens(self.processor, path)
         if self._image_tokens is None:
             from ortft.families.vision_language.processor import image_tokens
 
             self._image_tokens = image_tokens(self.processor)
         return self._image_tokens
 
-    def tokens(self, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[int], int]:
+    def tokens(
+        self, pieces: list[tuple[str, bool]], path: str | None = None
+    ) -> tuple[list[int], list[int], int]:
         """(ids, labels, where the last learned piece starts) of rendered pieces; the image
-        token expanded to one token per image feature."""
+        token expanded to one token per image feature (of ``path``'s image)."""
         tok, image_id = self.processor.tokenizer, self.processor.image_token_id
+        count = self.image_tokens(path)
         ids: list[int] = []
         labels: list[int] = []
         start = 0
         for text, learned in pieces:
             piece: list[int] = []
             for t in tok(text, add_special_tokens=False)["input_ids"]:
-                piece += [t] * self.image_tokens() if t == image_id else [t]
+                piece += [t] * count if t == image_id else [t]
             if learned:
                 start = len(ids)
             ids += piece
@@ -268,10 +277,11 @@ class ImageTextToText(Task):
             except images.BadImage as err:
                 skip_bad_file(data, i + 1, path, err)
                 continue
-            ids, labels, start = self.tokens(self.segments(msgs))
+            ids, labels, start = self.tokens(self.segments(msgs), path)
             if len(ids) > length:
                 raise InputError(
-                    f"row {i + 1}: {len(ids)} tokens ({self.image_tokens()} of them the image's) "
+                    f"row {i + 1}: {len(ids)} tokens ({self.image_tokens(path)} of them the "
+                    "image's) "
                     f"do not fit data.max_length={length}; raise data.max_length"
                 )
             kept.append((path, mode, ids, labels, start))
@@ -288,15 +298,26 @@ class ImageTextToText(Task):
                 decoded.append(images.load(path))
             except images.BadImage as err:
                 raise InputError(f"{path}: {err} (the file changed since it was checked)") from None
-        pixels = images.pixel_values(decoded, self.processor.image_processor)
-        return {**batch, "pixel_values": pixels}
+        from ortft.families.vision_language.processor import vision_inputs
+
+        return {**batch, **vision_inputs(self.processor, decoded)}
 
     def forward(  # type: ignore[override]  # a modality's forward takes its own inputs
-        self, model, input_ids, attention_mask, labels, pixel_values=None, image_features=None
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        labels,
+        pixel_values=None,
+        image_features=None,
+        **qwen2vl,
     ) -> tuple[Any, Any]:
+        """(loss, logits); ``qwen2vl``: a Qwen2-VL batch's grid and rope positions."""
         from ortft.families.vision_language import model as parts
 
-        return parts.forward(model, input_ids, attention_mask, labels, pixel_values, image_features)
+        return parts.forward(
+            model, input_ids, attention_mask, labels, pixel_values, image_features, **qwen2vl
+        )
 
     def metrics(self, loss, logits, labels) -> dict[str, Any]:
         return {"loss": loss}
