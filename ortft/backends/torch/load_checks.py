@@ -147,7 +147,10 @@ def check_fits(folder: str, task: Any, trust_remote_code: bool) -> None:
     archs = getattr(config, "architectures", None) or []
     named = f" ({archs[0]})" if archs else ""
     what = f"model.name_or_path: {folder} holds a {kind} model{named}"
-    if reads is not None and reads != task.modality:
+    # a task may take models that read more than its modality first (a vision-language
+    # model's class reads input_ids or pixel_values first: ``model_reads``)
+    accepted = getattr(task, "model_reads", (task.modality,))
+    if reads is not None and reads not in accepted:
         raise InputError(
             f"{what}, {_a(reads)} model ({cls.main_input_name}); {task.name} needs "
             f"{_a(task.modality)} model"

@@ -166,27 +166,29 @@ class OnnxVisionLanguage:
 
         from ortft.families.vision_language import vlm_graphs as graphs
 
-        if getattr(config, "model_type", None) == "qwen2_vl":  # its grid and 3-D positions
-            raise InputError(
-                f"{folder}: ortft predict and ortft eval run a Qwen2-VL export's graphs not yet; "
-                "give the run folder (its final/ model) instead"
-            )
+        self.config = config
         self.sessions = graphs.Sessions(folder, int(config.image_token_id))
         self.gc = GenerationConfig.from_pretrained(folder)
         text = config.get_text_config()
         self.positions = getattr(text, "max_position_embeddings", None)
 
-    def sequences(self, ids: np.ndarray, pixel_values: np.ndarray, max_new: int) -> np.ndarray:
-        """``generate``'s sequences (prompt, then the answer) of prompts of one length."""
+    def sequences(self, ids: np.ndarray, vision: dict[str, np.ndarray], max_new: int) -> np.ndarray:
+        """``generate``'s sequences (prompt, then the answer) of prompts of one length, on the
+        rows' image arrays (``processor.vision_inputs``)."""
         import copy
 
         from ortft.export import generation as gen
+        from ortft.families.vision_language import qwen2vl_graphs
         from ortft.families.vision_language import vlm_graphs as graphs
 
         gc = copy.deepcopy(self.gc)
         gc.update(max_new_tokens=max_new, do_sample=False, num_beams=1)
         p = gen.plan(gc, ids.shape[1], encoder_decoder=False, max_positions=self.positions)
-        steps = graphs.Steps(self.sessions, pixel_values.astype(np.float32))
+        if "image_grid_thw" in vision:  # Qwen2-VL: the grid, and its 3-D positions
+            feeds = _qwen2vl_feeds(vision)
+            steps: Any = qwen2vl_graphs.Steps(self.sessions, self.config, **feeds)
+        else:
+            steps = graphs.Steps(self.sessions, vision["pixel_values"].astype(np.float32))
         seq, _ = gen.generate(steps, np.asarray(ids, dtype=np.int64), p)
         return seq
 
@@ -194,17 +196,31 @@ class OnnxVisionLanguage:
         """A right-padded batch's logits: its image features at its image tokens, an empty
         past."""
         from ortft.export import parity
+        from ortft.families.vision_language import qwen2vl_graphs
         from ortft.families.vision_language import vlm_graphs as graphs
 
         s, ids = self.sessions, batch["input_ids"].astype(np.int64)
         mask = batch["attention_mask"].astype(np.int64)
-        embeds = graphs.merge(
-            s.embeds(ids), ids, s.image_features(batch["pixel_values"]), s.image_token
-        )
+        if "image_grid_thw" in batch:
+            feeds = _qwen2vl_feeds(batch)
+            features = s.image_features(**feeds)
+            grid = feeds["grid_thw"]
+            positions = qwen2vl_graphs.rope_index(ids, mask, grid, self.config)[0]
+        else:
+            features = s.image_features(batch["pixel_values"])
+            positions = graphs.positions_of(mask, mask.shape[1])
         feeds = {
-            "inputs_embeds": embeds,
+            "inputs_embeds": graphs.merge(s.embeds(ids), ids, features, s.image_token),
             "attention_mask": mask,
-            "position_ids": graphs.positions_of(mask, mask.shape[1]),
+            "position_ids": positions,
             **parity.empty_past(s.decoder, len(ids)),
         }
         return s.decoder.run(["logits"], feeds)[0]
+
+
+def _qwen2vl_feeds(vision: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A Qwen2-VL export's vision feeds of the padded rows: the flat patches and the grid."""
+    grid = np.asarray(vision["image_grid_thw"], dtype=np.int64)
+    counts = grid.prod(axis=1)
+    flat = [row[:n] for row, n in zip(vision["pixel_values"], counts, strict=True)]
+    return {"pixel_values": np.concatenate(flat).astype(np.float32), "grid_thw": grid}

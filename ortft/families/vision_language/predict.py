@@ -38,7 +38,7 @@ def generate(
     from ortft.families.vision_language.model import model_inputs
 
     if isinstance(model, OnnxVisionLanguage):
-        seqs = model.sequences(np.asarray(ids), vision["pixel_values"], max_new_tokens)
+        seqs = model.sequences(np.asarray(ids), vision, max_new_tokens)
         return _answers(processor, seqs[:, np.asarray(ids).shape[1] :].tolist())
     import torch
 

@@ -90,6 +90,7 @@ def normalized(text: str) -> str:
 class ImageTextToText(Task):
     name = "image-text-to-text"
     modality = "image"
+    model_reads = ("image", "text")  # LLaVA's class reads pixel_values first, Qwen2-VL's input_ids
     auto_class = "AutoModelForImageTextToText"
     row_local = True  # each row checked and encoded on its own
     own_columns = True  # messages, or question and answer: checked per row
