@@ -477,7 +477,7 @@ def test_qwen2vl_export_answers_and_scores_as_the_pytorch_model(qwen_run):
     assert answers[0] == answers[1] and answers[0][0][1] >= 1
 
 
-def test_the_export_card_generates_as_transformers_does(run, tmp_path):
+def test_the_export_card_generates_as_transformers_does(arch_run, tmp_path):
     """The model card's snippet (onnxruntime, numpy, Pillow and the processor), run in a copy
     of the folder on one of the digits: its greedy tokens are ``generate``'s on final/, and its
     last step's logits are within the export's tolerance of ``generate``'s."""
@@ -486,10 +486,11 @@ def test_the_export_card_generates_as_transformers_does(run, tmp_path):
 
     import torch
     from PIL import Image
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
     from ortft.export.deploy import card_snippet
 
+    _, run = arch_run
     folder = tmp_path / "export"
     shutil.copytree(run / "onnx", folder, symlinks=True)
     shutil.copy(DIGITS / "images" / "0004.png", folder / "image.png")
@@ -502,7 +503,7 @@ def test_the_export_card_generates_as_transformers_does(run, tmp_path):
                          text=True, check=False)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    processor = AutoProcessor.from_pretrained(run / "final")
+    processor = load_processor(run / "final")
     model = AutoModelForImageTextToText.from_pretrained(run / "final").eval()
     msgs = [{"role": "user", "content": [{"type": "image"},
                                          {"type": "text", "text": "Which digit is this?"}]}]  # fmt: skip

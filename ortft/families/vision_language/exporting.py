@@ -147,7 +147,10 @@ def card(report: ExportReport) -> tuple[str, str, str, str]:
         f"embeddings in order. Parity max |diff| {report['parity']['max_abs_diff']:.2e}; "
         f"greedy generation equal to PyTorch's: {g.get('passed')}."
     )
-    code = CARD.format(question=QUESTION)
+    from ortft.families.vision_language import qwen2vl_graphs
+
+    qwen2vl = report.get("model_type") == "qwen2_vl"  # the grid and the 3-D positions
+    code = (qwen2vl_graphs.CARD if qwen2vl else CARD).format(question=QUESTION)
     return (
         code,
         holds,
