@@ -450,6 +450,19 @@ def test_predict_and_eval_on_the_export_answer_as_the_pytorch_run(run, tmp_path)
     assert got["metrics"]["exact_match"] == summary["eval_exact_match"]
 
 
+def test_a_qwen2vl_folder_passes_the_model_check_and_loads_its_processor(qwen_run):
+    """A pretrained Qwen2-VL folder (model.name_or_path; the run's final/ here): its class reads
+    input_ids first, which the image-text task takes (``model_reads``); its processor loads
+    without torchvision."""
+    from ortft.backends.torch import load_checks
+
+    task = tasks.get("image-text-to-text")
+    load_checks.check_fits(str(qwen_run / "final"), task, False)  # raises on a misfit
+    processor = task.processor_from_folder(qwen_run / "final")
+    assert type(processor).__name__ == "Qwen2VLProcessor"
+    assert processor.tokenizer.eos_token == "<|im_end|>" and processor.chat_template
+
+
 def test_qwen2vl_export_answers_and_scores_as_the_pytorch_model(qwen_run):
     """In process (cheap): the Qwen2-VL run's onnx/ as ``ortft eval`` and ``ortft predict``
     run it (the flat patches, the grid, the 3-D positions in numpy) against final/ in
