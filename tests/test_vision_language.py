@@ -490,6 +490,10 @@ def test_qwen2vl_export_answers_and_scores_as_the_pytorch_model(qwen_run):
     assert answers[0] == answers[1] and answers[0][0][1] >= 1
 
 
+# Qwen2-VL's card is hand-run (slow: about 50 s on 2 loaded cores, its own process)
+@pytest.mark.parametrize(
+    "arch_run", ["llava", pytest.param("qwen2_vl", marks=pytest.mark.slow)], indirect=True
+)
 def test_the_export_card_generates_as_transformers_does(arch_run, tmp_path):
     """The model card's snippet (onnxruntime, numpy, Pillow and the processor), run in a copy
     of the folder on one of the digits: its greedy tokens are ``generate``'s on final/, and its
