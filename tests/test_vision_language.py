@@ -1,6 +1,7 @@
-"""image-text-to-text (the LLaVA family): encoding and its loss mask, the forward ORTModule
+"""image-text-to-text (LLaVA and Qwen2-VL): encoding and its loss mask, the forward ORTModule
 trains against transformers' own, LoRA on the language model, and one tiny run of the shipped
-recipe (module-scoped) that the resume, eval, predict and export tests reuse."""
+recipe per architecture (module-scoped) that the resume, eval, predict and export tests reuse
+(``arch_run``; Qwen2-VL's resume and card checks are hand-run: slow)."""
 
 from __future__ import annotations
 
