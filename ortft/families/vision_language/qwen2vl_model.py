@@ -56,8 +56,8 @@ def processor_class() -> Any:
     cannot check a ``video_processor`` argument at all (``VideoProcessorMixin`` is not
     importable), so ``Qwen2VLProcessor(...)`` fails even for ``None``, and so does
     ``AutoProcessor.from_pretrained`` of a Qwen2-VL folder. Training needs only the image
-    processor and the tokenizer; the subclass keeps the class name, which the files record, so
-    with torchvision installed ``AutoProcessor`` loads the same folder as transformers' own."""
+    processor and the tokenizer; the subclass keeps the class name, which the files record
+    (whether ``AutoProcessor`` with torchvision reads them is not checked here)."""
     import transformers
 
     class Qwen2VLProcessor(transformers.Qwen2VLProcessor):
