@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU STACK
 
-.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-peer-diffusion check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
+.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-peer-diffusion bench-peer-vlm check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -37,6 +37,7 @@ help:
 	@echo "make bench-peer-sentence the same for sentence embeddings: MiniLM on title/ending pairs vs SentenceTransformerTrainer fp32 and bf16 (CPU)"
 	@echo "make bench-peer-dpo    the same for DPO: a 25M GPT-2 on the preference pairs vs TRL's DPOTrainer (fp32, bf16, precomputed reference) (CPU)"
 	@echo "make bench-peer-diffusion the same for text-to-image: an SD UNet on the digits vs diffusers' own training step fp32 and bf16 (CPU, ~15 min)"
+	@echo "make bench-peer-vlm    the same for image-text-to-text: the recipe's tiny LLaVA on the digit questions vs Trainer fp32, bf16, torch_compile (CPU)"
 	@echo "make check-sentence-embedding  train recipes/sentence-embedding.yaml, assert held-out MRR@10 beats the base model (minutes)"
 	@echo "make check-text-to-image  train recipes/text-to-image.yaml, assert its held-out eval loss falls >= 30% in <= 5 min"
 	@echo "make bench-t2i-digits  train recipes/text-to-image.yaml, draw 5 of each digit, report how often a digits classifier reads the prompted one (~1.5 min)"
@@ -192,6 +193,15 @@ bench-peer-diffusion: setup
 	@mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/peer_diffusion.py $(PEER_DIFFUSION_ARGS) --out benchmarks/results/peer-diffusion.json
 	$(BIN)/python benchmarks/diffusion_frozen.py --out benchmarks/results/diffusion-frozen.json
+
+# Image-text-to-text: ortft torch, torch bf16, ort and auto against transformers' Trainer with
+# Hugging Face's VLM collator (processor(text=chat template, images=...), pad and image tokens
+# masked), fp32, bf16 and torch_compile, on recipes/image-text-to-text.yaml's tiny LLaVA (vision
+# tower frozen) and digit questions, alternating, 3 pairs. Not in CI.
+PEER_VLM_ARGS ?= --pairs 3
+bench-peer-vlm: setup
+	@mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/peer_vlm.py $(PEER_VLM_ARGS) --out benchmarks/results/peer-vlm.json
 
 # By hand, not CI (a few minutes on 2 cores): the base model scored by the recipe's own eval (one
 # step at learning rate 0: warmup starts at 0), then the recipe trained as shipped; exit 3 unless

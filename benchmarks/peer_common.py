@@ -1,20 +1,23 @@
 """What the benchmarks against transformers' Trainer (and diffusers' training loop) share
-(peer_image.py, peer_speech.py, peer_sentence.py and peer_diffusion.py run through ``Bench``
-and ``main``; peer.py, with its routes and two kinds of data, takes the pieces:
+(peer_image.py, peer_speech.py, peer_sentence.py, peer_diffusion.py, peer_dpo.py and
+peer_vlm.py run through ``Bench`` and ``main``; peer.py, with its routes and two kinds of data,
+takes the pieces:
 ``trainer_overrides``, ``StepRecorder``, ``run_process``, ``ortft_result``, ``wait_quiet``).
 
 A bench is a ``Bench``: its recipe, batch, ortft overrides and a Trainer worker (a function
 that trains in its own process and writes its timing as JSON; a peer other than the Trainer
 names its own two runners, ``bases``: peer_diffusion.py's diffusers and diffusers-bf16).
 ``main(bench)`` parses the shared flags and runs rounds of its runners (five by default), alternating
-(trainer, trainer-bf16, torch, torch-bf16, ort, trainer, ...), each measurement a fresh process,
-each after a wait for a quiet machine; then the JSON, the table and the bench's ``report``.
+(trainer, trainer-bf16, torch, torch-bf16, ort, auto, trainer, ...), each measurement a fresh
+process, each after a wait for a quiet machine; then the JSON, the table and the bench's
+``report``. ``--threads N`` runs every side on N compute threads.
 ``StepRecorder`` gives a Trainer worker the step ends and losses it reports, timed as ortft's
 side is (``timing``).
 
 A step's time is from the end of the step before to the end of this one, alike on both sides:
 Trainer's ``on_step_end`` callback; ortft's metrics.jsonl ``time_s``. ms/step is the median
-of the timed steps; samples/s = batch x timed steps / their time.
+of the timed steps; samples/s = batch x timed steps / their time. ``peak_rss_mb``: each
+measured process's own peak RSS.
 
 Offline: HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE / HF_DATASETS_OFFLINE are set for every process.
 
@@ -27,11 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +50,8 @@ ORTFT_RUNNERS = {
     "torch": {"backend.name": "torch"},
     "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
     "ort": {"backend.name": "ort"},
+    # the probe picks among the above; its steps and ORT's export come before the timed steps
+    "auto": {"backend.name": "auto", "precision.dtype": "auto"},
 }
 RUNNERS = (*BASES, *ORTFT_RUNNERS)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -54,8 +61,9 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 # 0.72 s), and a quiet step takes 0.21 s; a bench then read ort at 3.7x the Trainer. So each
 # measurement waits for a quiet second (--max-busy) and records the CPU share others took while
 # it ran (``others_share``: the machine's busy time from /proc/stat less its own process tree's).
+EXCEPTION = re.compile(r"^[\w.]*(Error|Exception): ")  # a traceback's last line
 OTHERS = 0.1  # a run is clean where others took at most this share of the CPU
-SUMMARIZED = ("samples_per_s", "ms_per_step", "loss_step1", "train_loss")
+SUMMARIZED = ("samples_per_s", "ms_per_step", "loss_step1", "train_loss", "peak_rss_mb")
 
 
 def trainer_overrides(lr: float, batch: int, seed: int, **more: str) -> dict[str, str]:
@@ -224,8 +232,11 @@ def wait_quiet(max_busy: float, wait: float) -> tuple[float, float]:
 # --------------------------------------------------------------------------- the measurements
 
 
-def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict:
-    """One measurement in a fresh process: its timing and losses, or its error."""
+def measure(
+    bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeout: float, threads: int = 0
+) -> dict:
+    """One measurement in a fresh process: its timing and losses, or its error (``threads``: the
+    compute threads of either side, 0 for their defaults)."""
     tag = f"{runner}-{len(list(tmp.iterdir()))}"
     if runner in bench.peers:
         out = tmp / f"{tag}.json"
@@ -237,9 +248,10 @@ def measure(bench: Bench, runner: str, steps: int, warmup: int, tmp: Path, timeo
             **bench.overrides,
             **bench.ortft_runners[runner],
             "training.max_steps": str(warmup + steps),
+            **({"hardware.threads": str(threads)} if threads else {}),
         }
         cmd = ortft_train(bench.recipe, overrides, run_dir)
-    proc, shared = run_process(cmd, timeout)
+    proc, shared = run_process(cmd, timeout, threads)
     if proc is None or proc.returncode != 0:
         return {"ok": False, "error": failure(proc, timeout)}
     if runner in bench.peers:
@@ -257,18 +269,48 @@ def ortft_train(recipe: Path, overrides: dict[str, str], run_dir: Path) -> list[
             "--output-dir", str(run_dir), "--json"]  # fmt: skip
 
 
-def run_process(cmd: list[str], timeout: float) -> tuple[Any, dict[str, float]]:
-    """Run ``cmd`` offline; the finished process (None if it timed out), its wall time and the
-    share of the CPU the rest of the machine took meanwhile (``others_share``)."""
+def process_env(threads: int = 0) -> dict[str, str]:
+    """A measured process's environment: offline; ``threads``: the peer's torch reads
+    OMP_NUM_THREADS (ortft gets hardware.threads from ``measure``)."""
     env = {**os.environ, **OFFLINE, "NO_COLOR": "1"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_process(cmd: list[str], timeout: float, threads: int = 0) -> tuple[Any, dict[str, float]]:
+    """Run ``cmd`` offline (``process_env``); the finished process (None if it timed out), its
+    wall time, its peak RSS (``peak_rss_mb``: the process's own ``ru_maxrss``, from
+    ``os.wait4``) and the share of the CPU the rest of the machine took meanwhile
+    (``others_share``)."""
+    env = process_env(threads)
     t0, busy0, own0 = time.perf_counter(), cpu_busy_s(), _children_cpu_s()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc = None
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+        fired = threading.Event()
+
+        def kill() -> None:
+            fired.set()
+            child.kill()
+
+        killer = threading.Timer(timeout, kill)
+        killer.start()
+        # wait4, not Popen.wait: the child's rusage, so its own peak RSS, not the largest of
+        # every child this bench has waited for (RUSAGE_CHILDREN)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)  # a late kill() is a no-op now
+        killer.cancel()
+        timed_out = fired.is_set()
+        out.seek(0)
+        err.seek(0)
+        proc = subprocess.CompletedProcess(cmd, child.returncode, out.read(), err.read())
     wall = time.perf_counter() - t0
     others = (cpu_busy_s() - busy0) - (_children_cpu_s() - own0)
-    return proc, {"wall_s": wall, "others_share": max(0.0, others) / (wall * (os.cpu_count() or 1))}
+    return None if timed_out else proc, {
+        "wall_s": wall,
+        "others_share": max(0.0, others) / (wall * (os.cpu_count() or 1)),
+        "peak_rss_mb": usage.ru_maxrss / 1024,  # Linux: kilobytes
+    }
 
 
 def failure(proc: Any, timeout: float) -> str:
@@ -276,7 +318,10 @@ def failure(proc: Any, timeout: float) -> str:
     if proc is None:
         return f"timed out after {timeout:.0f} s"
     tail = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    return f"exit {proc.returncode}: {tail[-1][:300] if tail else ''}"
+    # a traceback's exception, not the hint printed after it (dynamo's "suppress_errors = True")
+    raised = [ln for ln in tail if EXCEPTION.match(ln)]
+    last = (raised or tail)[-1].strip() if tail else ""
+    return f"exit {proc.returncode}: {last[:300]}"
 
 
 def ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int, batch: int) -> dict:
@@ -318,7 +363,7 @@ def run(bench: Bench, a: argparse.Namespace) -> dict:
             for runner in a.runners:
                 waited, busy = wait_quiet(*quiet)
                 loads.append(os.getloadavg()[0])
-                res = measure(bench, runner, a.steps, a.warmup, Path(tmp), a.timeout)
+                res = measure(bench, runner, a.steps, a.warmup, Path(tmp), a.timeout, a.threads)
                 res.update(load_avg_before=loads[-1], waited_s=waited, busy_before=busy)
                 one[runner] = res
                 what = (
@@ -344,6 +389,7 @@ def run(bench: Bench, a: argparse.Namespace) -> dict:
         **bench.extra,
         "ortft_overrides": bench.overrides,
         "quiet": {"max_busy": quiet[0], "wait_s": quiet[1], "others_max": OTHERS},
+        "threads": a.threads or "default",
         "runners": summarize(
             {r: [one[r] for one in kept] for r in a.runners}, bench.extra_keys, bench.bases
         ),
@@ -398,6 +444,26 @@ def summarize(
     return out
 
 
+def best_ratio(rounds: list[dict[str, dict]], peers: tuple[str, ...]) -> dict[str, Any]:
+    """Round by round, the fastest ortft runner's samples/s over the fastest of ``peers`` (a
+    failed runner counts on neither side): the median, min-max, each round's figure and pair."""
+    ratios, which = [], []
+    for one in rounds:
+        theirs = {k: v["samples_per_s"] for k, v in one.items() if k in peers and v["ok"]}
+        ours = {k: v["samples_per_s"] for k, v in one.items() if k not in peers and v["ok"]}
+        if theirs and ours:
+            best_theirs = max(theirs, key=lambda k: theirs[k])
+            best_ours = max(ours, key=lambda k: ours[k])
+            ratios.append(ours[best_ours] / theirs[best_theirs])
+            which.append(f"{best_ours}/{best_theirs}")
+    return {
+        "median": statistics.median(ratios) if ratios else None,
+        "range": [min(ratios), max(ratios)] if ratios else None,
+        "per_round": [round(r, 3) for r in ratios],
+        "which": which,
+    }
+
+
 def _median_of(runs: list[dict], key: str) -> float | None:
     values = [r[key] for r in runs if r["ok"] and r.get(key) is not None]
     return statistics.median(values) if values else None
@@ -422,7 +488,7 @@ def print_table(bench: Bench, result: dict[str, Any]) -> None:
     )
     fp32, bf16 = bench.bases
     print(f"{'runner':14s} {'ms/step':>8s} {'samples/s':>10s} {'vs ' + fp32:>18s} "
-          f"{'vs ' + bf16:>18s} {'step-1 loss':>11s} {'others max':>10s}")  # fmt: skip
+          f"{'vs ' + bf16:>18s} {'step-1 loss':>11s} {'others max':>10s} {'peak RSS':>9s}")  # fmt: skip
     for runner, r in result["runners"].items():
         ms, sps, loss = r["ms_per_step"], r["samples_per_s"], r["loss_step1"]
         print(
@@ -433,6 +499,7 @@ def print_table(bench: Bench, result: dict[str, Any]) -> None:
             + _ratio(r[f"vs_{bf16}"], r[f"vs_{bf16}_range"])
             + (f" {loss:11.4f}" if loss is not None else f" {'':11s}")
             + (f" {r['others_share_max']:10.0%}" if r["others_share_max"] is not None else "")
+            + (f" {r['peak_rss_mb']:6.0f} MB" if r.get("peak_rss_mb") is not None else "")
         )
     runs = [x for one in result["rounds"] for x in one.values()]
     for error in sorted({x["error"] for x in runs if not x["ok"]}):
@@ -479,6 +546,13 @@ def main(bench: Bench, doc: str, parents: tuple[argparse.ArgumentParser, ...] = 
     p.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
     add_quiet_options(p)
     p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="compute threads of every runner (0: their defaults, all cores); 1 on a machine "
+        "that others load, where 2-thread steps wait on descheduled OpenMP workers",
+    )
+    p.add_argument(
         "--out", type=Path, default=REPO / "benchmarks" / "results" / f"{bench.name}.json"
     )
     p.add_argument(
@@ -497,8 +571,8 @@ def main(bench: Bench, doc: str, parents: tuple[argparse.ArgumentParser, ...] = 
         else:
             bench.worker(a.worker == bench.bases[1], a.steps, a.warmup, a.result)
         return
-    if a.pairs < 1 or a.steps < 1 or a.warmup < 1 or a.retries < 0:
-        p.error("--pairs, --steps and --warmup must be >= 1, --retries >= 0")
+    if a.pairs < 1 or a.steps < 1 or a.warmup < 1 or a.retries < 0 or a.threads < 0:
+        p.error("--pairs, --steps and --warmup must be >= 1, --retries and --threads >= 0")
     if set(a.runners) - set(names) or base not in a.runners or len(set(a.runners)) < len(a.runners):
         p.error(f"--runners: each of {', '.join(names)} at most once, {base} among them")
     os.environ.update(OFFLINE)

@@ -202,25 +202,12 @@ def ortft_stderr(stderr: str) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> None:
     """Each round's best ortft runner over its best TRL runner (samples/s), and the reference
     passes' seconds; added to the JSON as ``best_ratio``."""
-    ratios, which = [], []
-    for one in result["rounds"]:
-        trl = {k: v["samples_per_s"] for k, v in one.items() if k in TRL and v["ok"]}
-        ours = {k: v["samples_per_s"] for k, v in one.items() if k not in TRL and v["ok"]}
-        if trl and ours:
-            best_trl, best_ours = max(trl, key=trl.get), max(ours, key=ours.get)  # type: ignore[arg-type]
-            ratios.append(ours[best_ours] / trl[best_trl])
-            which.append(f"{best_ours}/{best_trl}")
-    result["best_ratio"] = {
-        "median": statistics.median(ratios) if ratios else None,
-        "range": [min(ratios), max(ratios)] if ratios else None,
-        "per_round": [round(r, 3) for r in ratios],
-        "which": which,
-    }
-    if ratios:
+    best = result["best_ratio"] = common.best_ratio(result["rounds"], TRL)
+    if best["median"] is not None:
+        lo, hi = best["range"]
         print(
-            f"peer-dpo: best ortft / best TRL, all {len(ratios)} rounds: "
-            f"{statistics.median(ratios):.2f}× (range {min(ratios):.2f}–{max(ratios):.2f}; "
-            f"{', '.join(which)})"
+            f"peer-dpo: best ortft / best TRL, all {len(best['which'])} rounds: "
+            f"{best['median']:.2f}× (range {lo:.2f}–{hi:.2f}; {', '.join(best['which'])})"
         )
     runs = [(k, v) for one in result["rounds"] for k, v in one.items() if v["ok"]]
     for key, label in (("init_s", "TRL's DPOTrainer()"), ("reference_s", "ortft's reference")):

@@ -286,7 +286,7 @@ def test_diffusion_peer_trains_what_its_recipe_trains(monkeypatch: pytest.Monkey
 def test_diffusion_benches_refuse_bad_arguments_in_one_line() -> None:
     for script, args, error in [
         ("peer_diffusion.py", ["--runners", "ort,trainer"],
-         "--runners: each of diffusers, diffusers-bf16, torch, torch-bf16, ort at most once, "
+         "--runners: each of diffusers, diffusers-bf16, torch, torch-bf16, ort, auto at most once, "
          "diffusers among them"),
         ("diffusion_frozen.py", ["--rounds", "0"], "--rounds and --calls must be >= 1"),
     ]:  # fmt: skip
@@ -355,3 +355,147 @@ def test_dpo_peer_command_line() -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert bad.returncode == 2 and "trl among them" in bad.stderr
+
+
+# --------------------------------------------------------------------------- peer_common, peer_vlm.py
+
+
+def test_a_run_reports_its_own_peak_rss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_process gives each child's own peak RSS (a small child after a big one reads small,
+    which RUSAGE_CHILDREN would not), and None for a child killed at the timeout."""
+    common = _load("peer_common", monkeypatch)
+    big = "b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096])"  # touched: resident
+    proc, shared = common.run_process([sys.executable, "-c", big], 60)
+    assert proc is not None and proc.returncode == 0, proc
+    assert shared["peak_rss_mb"] > 200
+    proc, shared = common.run_process([sys.executable, "-c", "print('small')"], 60)
+    assert proc is not None and proc.stdout == "small\n"
+    assert shared["peak_rss_mb"] < 100
+    proc, shared = common.run_process([sys.executable, "-c", "import time; time.sleep(30)"], 1)
+    assert proc is None and shared["wall_s"] < 10
+
+
+def test_a_failed_run_reads_as_its_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A traceback followed by a hint (dynamo's) reads as the exception; ortft's one-line error
+    as itself."""
+    common = _load("peer_common", monkeypatch)
+    stderr = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+              "torch._dynamo.exc.InternalTorchDynamoError: AttributeError: no is_exporting\n\n"
+              "You can suppress this exception and fall back to eager by setting:\n"
+              "    torch._dynamo.config.suppress_errors = True\n")  # fmt: skip
+    failed = subprocess.CompletedProcess([], 1, "", stderr)
+    assert common.failure(failed, 60) == (
+        "exit 1: torch._dynamo.exc.InternalTorchDynamoError: AttributeError: no is_exporting"
+    )
+    usage = subprocess.CompletedProcess([], 2, "", "ortft: error: data.train: no such file\n")
+    assert common.failure(usage, 60) == "exit 2: ortft: error: data.train: no such file"
+    assert common.failure(None, 60) == "timed out after 60 s"
+
+
+def test_vlm_peer_reports_best_ortft_over_best_trainer(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round by round: the best ortft runner over the best Trainer setting (a failed runner
+    counts on neither side); the table's peak RSS column."""
+    vlm = _load("peer_vlm", monkeypatch)
+    rss = {"peak_rss_mb": 800.0}
+    rounds = [
+        {"trainer": _ok(40), "trainer-bf16": _ok(30), "trainer-compile": FAILED,
+         "torch": _ok(44), "torch-bf16": _ok(36), "ort": _ok(60), "auto": _ok(58)},
+        {"trainer": _ok(40), "trainer-bf16": _ok(50), "trainer-compile": FAILED,
+         "torch": {**_ok(44), **rss}, "torch-bf16": _ok(36), "ort": FAILED, "auto": _ok(55)},
+    ]  # fmt: skip
+    result: dict = {"rounds": rounds}
+    vlm.report(result)
+    best = result["best_ratio"]
+    assert best["per_round"] == pytest.approx([1.5, 1.1])
+    assert best["which"] == ["ort/trainer", "auto/trainer-bf16"]
+    assert "best ortft / best Trainer, all 2 rounds: 1.30× (range 1.10–1.50" in (
+        capsys.readouterr().out
+    )
+    common = sys.modules["peer_common"]
+    by_runner = {r: [one[r] for one in rounds] for r in rounds[0]}
+    table = {"rounds_clean": 2, "rounds_run": 2, "rounds_summarized": "clean", "steps": 20,
+             "warmup": 4, "batch": 32, "rounds": rounds,
+             "machine": {"load_avg_during": [0.1, 0.2, 0.3]},
+             "runners": common.summarize(by_runner, (), vlm.BENCH.bases)}  # fmt: skip
+    common.print_table(vlm.BENCH, table)
+    out = capsys.readouterr().out
+    assert "peak RSS" in out and "   800 MB" in out
+    assert "peer-vlm: failed: " + FAILED["error"] in out
+    vlm.report({"rounds": [{"trainer": _ok(40), "ort": FAILED}]})
+    assert "no figure (no round where both sides ran)" in capsys.readouterr().out
+
+
+def test_vlm_peer_command_line() -> None:
+    """--help names every runner; a runner list without the fp32 Trainer is refused."""
+    script = str(BENCHMARKS / "peer_vlm.py")
+    res = subprocess.run([sys.executable, script, "--help"],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "--runners" in res.stdout and "--pairs" in res.stdout
+    bad = subprocess.run([sys.executable, script, "--runners", "ort,torch"],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert bad.stderr.splitlines()[-1].endswith(
+        "--runners: each of trainer, trainer-bf16, trainer-compile, torch, torch-bf16, ort, "
+        "auto at most once, trainer among them"
+    ), bad.stderr
+
+
+def test_vlm_peer_trains_what_ortft_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Trainer's side: the recipe's LLaVA sizes, its vision tower frozen, the projector and
+    language model trained; the collator masks the pad and image tokens (and nothing else) and
+    pads to the batch's longest row."""
+    vlm = _load("peer_vlm", monkeypatch)
+    from PIL import Image
+
+    from ortft.families.vision_language import build
+
+    r = vlm.recipe()
+    assert r.task.freeze_vision and r.training.batch_size == vlm.BATCH and r.data.eval is None
+    rows = vlm.conversations(build(r.task))[:3]
+    processor, model = vlm.processor_and_model(r, vlm.texts(rows))
+    text, vision = model.config.text_config, model.config.vision_config
+    assert (text.hidden_size, text.num_hidden_layers) == (r.model.from_config.hidden_size, 2)
+    assert (vision.hidden_size, vision.image_size, vision.patch_size) == (64, 8, 2)
+    parts = {n.split(".")[1] if n.startswith("model.") else n.split(".")[0]: p.requires_grad
+             for n, p in model.named_parameters()}  # fmt: skip
+    assert parts == {"vision_tower": False, "multi_modal_projector": True,
+                     "language_model": True, "lm_head": True}  # fmt: skip
+    lengths: list[int] = []
+    items = [{"image": Image.open(path).convert("RGB"), "messages": msgs} for path, msgs in rows]
+    batch = vlm.collator(processor, lengths)(items)
+    ids, labels = batch["input_ids"], batch["labels"]
+    masked = (ids == processor.tokenizer.pad_token_id) | (ids == processor.image_token_id)
+    assert bool((labels[masked] == -100).all()) and bool((labels[~masked] == ids[~masked]).all())
+    assert int((ids[0] == processor.image_token_id).sum()) == 16  # 8x8 in patches of 2x2
+    assert lengths == [ids.shape[1]] and tuple(batch["pixel_values"].shape) == (3, 3, 8, 8)
+
+
+def test_shared_peers_run_every_side_on_the_threads_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """peer_common --threads 1: the peer's process gets OMP_NUM_THREADS=1 (its torch reads it),
+    ortft's gets hardware.threads=1 (ortft sets torch's threads itself); --threads 0 leaves
+    both at their defaults; the auto runner probes with precision.dtype=auto."""
+    common = _load("peer_common", monkeypatch)
+    image = _load("peer_image", monkeypatch)
+    seen: list[tuple[list[str], dict[str, str]]] = []
+
+    def fake_run(cmd: list[str], timeout: float, threads: int = 0) -> object:
+        seen.append((cmd, common.process_env(threads)))
+        return subprocess.CompletedProcess(cmd, 1, "", "stopped here"), {}
+
+    monkeypatch.setattr(common, "run_process", fake_run)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for runner in ("trainer", "auto"):
+        for threads in (1, 0):
+            res = common.measure(image.BENCH, runner, 2, 1, tmp_path, 60.0, threads)
+            assert res == {"ok": False, "error": "exit 1: stopped here"}
+    (peer1, env1), (peer0, env0), (auto1, _), (auto0, _) = seen
+    assert "--worker" in peer1 and env1["OMP_NUM_THREADS"] == "1"
+    assert "--worker" in peer0 and "OMP_NUM_THREADS" not in env0
+    assert "hardware.threads=1" in auto1 and "precision.dtype=auto" in auto1
+    assert not any(a.startswith("hardware.threads") for a in auto0)
+    assert "backend.name=auto" in auto0

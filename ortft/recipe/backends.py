@@ -66,10 +66,11 @@ def compile_problems(recipe: Any) -> list[str]:
 # backend.unpad: the field lives in schema.BackendSection; its type and text are here
 Unpad = Literal[False, True, "auto"]
 UNPAD_DESCRIPTION = (
-    "The torch backend runs the encoder's per-position layers (Linear, and BERT-style "
+    "The torch and ort backends run the encoder's per-position layers (Linear, and BERT-style "
     "feed-forward and output blocks) on the real tokens only, skipping the padding, in training "
-    "forwards: the same values at every real token. auto: on a CPU, where it applies (backend "
-    "torch, not compiled, an encoder of a listed type, a task that reads no padded position: "
+    "forwards (ort: as gathers inside ORTModule's graph): the same values at every real token. "
+    "auto: on a CPU, where it applies (backend torch not compiled, or ort; an encoder of a "
+    "listed type, a task that reads no padded position: "
     "classification, token classification, masked-lm, sentence embeddings; on a GPU no gain "
     "was measured); true: on, also on a GPU (an error where it cannot apply); false: off "
     "(docs/backends.md)."
@@ -86,8 +87,8 @@ def unpad_problems(recipe: Any) -> list[str]:
     if recipe.backend.unpad is not True:
         return []
     why = []
-    if recipe.backend.name != "torch":
-        why.append("it is the torch backend's (set backend.name=torch, or unpad=auto)")
+    if recipe.backend.name not in ("torch", "ort"):
+        why.append("it is the torch and ort backends' (set backend.name=torch or ort)")
     if recipe.backend.compile is not False:
         why.append("a compiled forward would recompile for every batch (backend.compile=false)")
     if not traits.pads_unread(tasks.get(recipe.task.name)):  # default options do

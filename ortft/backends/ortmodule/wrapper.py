@@ -46,6 +46,11 @@ SESSION_DEFAULTS: dict[str, str | None] = {
 }
 
 
+# why backend.unpad=auto leaves the ort route padded: the in-graph gather is checked on BERT
+# and DistilBERT (tests/test_ort_unpad.py), not yet on every family and task ORT trains
+UNPAD_AUTO = "auto: off on the ort backend; backend.unpad=true turns it on (docs/backends.md)"
+
+
 def session_settings() -> dict[str, str]:
     """The session settings in force: defaults overridden by the environment."""
     out = {}
@@ -192,6 +197,8 @@ class OrtBackend:
         self._report = BackendReport(requested="ort", used="ort")
         self._start_exports = 0
         self._checked = False
+        self.unpadder: Any = None  # torch.unpad.Unpadder traced into the graph, where on
+        self.unpad_reason: str | None = None
 
     def attn_implementation(self, device: Any, dtype: str) -> str:
         # ORTModule cannot build gradients for sdpa attention (measured, torch 2.6 / ORT 1.19)
@@ -240,6 +247,7 @@ class OrtBackend:
         # architectures ORTModule cannot otherwise train (DeBERTa, ModernBERT, MoE): patches.py
         self._report.notes.extend(patches.apply(module))
         self._route_kernels(module)
+        self._unpad(module)
         self._report.notes.extend(f"{k}={v}" for k, v in sorted(session_settings().items()))
         self._report.notes.extend(
             f"{k}={os.environ[k]}" for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ
@@ -272,6 +280,23 @@ class OrtBackend:
             swapped = ort_kernels.fuse_tanh_gelu(module)
             if swapped:
                 self._report.notes.append(f"NewGELUActivation -> gelu(tanh) x{swapped}")
+
+    def _unpad(self, module: nn.Module) -> None:
+        """backend.unpad: the encoder's per-position layers on the real tokens, as ops of the
+        exported graph (``unpad.arm_in_graph``); ``unpad.plan`` says where it applies."""
+        from ortft.backends.torch import unpad
+
+        model, task = getattr(module, "model", None), getattr(module, "task", None)
+        if model is None or task is None:  # not a TaskModule: nothing to plan
+            return
+        if self.options.unpad == "auto":
+            self.unpad_reason = UNPAD_AUTO
+            return
+        device = next(module.parameters()).device.type
+        on, self.unpad_reason = unpad.plan(model, task, self.options.unpad, False, device)
+        if on:
+            self.unpadder = unpad.install(unpad.encoder_of(model), in_graph=True)
+            self._report.notes.append(f"unpad (in the ORT graph): {self.unpad_reason}")
 
     def _fell_back(self, reason: str) -> None:
         if not self.options.allow_fallback:
@@ -318,4 +343,11 @@ class OrtBackend:
 
     def report(self) -> BackendReport:
         self._report.ort_exports = export_count() - self._start_exports
+        state = self.unpadder
+        # the graph gathers in every training step; calls counts the patched modules' traces
+        self._report.extra["unpad"] = {
+            "on": state is not None,
+            "why": self.unpad_reason,
+            "traced_gathers": state.calls if state is not None else 0,
+        }
         return self._report

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 #               twice eager's)
 #   length 128: sdpa 503-510, eager 416-432 with dropout; 698-731 against 392-396 without.
 # In fp32 they are within 7% (453 / 457 ms at 64, 910 / 852 at 128, one run each), so fp32 keeps
-# sdpa, as does CUDA (not measured). Not yet measured on an AMD CPU (AVX-512 BF16, no AMX).
+# sdpa, as does CUDA (not measured). An AMD EPYC (Zen 4: AVX-512 BF16, no AMX) trains the ViT,
+# Whisper and MiniLM bench models faster with eager in bf16 too (docs/backends.md).
 # Reproduce: make bench-attention (benchmarks/attention_cpu.py).
 EAGER_ON_CPU_BF16 = "eager attention: sdpa's CPU bf16 kernels train 1.1-1.9x slower (measured)"
 

@@ -17,8 +17,10 @@ gather of a tensor the same forward scattered, or gathered last, is served from 
 of the block before, so a BERT layer gathers once and scatters five times.
 
 Where it applies (``plan``; ``auto`` picks it there, ``true`` elsewhere is an error):
-- the torch backend, eager. A compiled forward would see a new gather length every batch, and
-  ORTModule's graph cannot take a gather computed outside it.
+- the torch backend, eager (a compiled forward would see a new gather length every batch), and
+  the ort backend, traced (``in_graph``): the positions are ops of ORTModule's exported graph
+  (NonZero of the mask, Gather, a Gather times the mask to scatter), so one export serves every
+  batch, and ORT's CPU kernels, which lack its CUDA-only PaddingElimination, skip the padding.
 - ``auto``: on a CPU. On a GPU no gain was measured (``CUDA_AUTO``); ``true`` unpads there too.
 - training forwards only. Eval, predict and export run the model as it is (``arm`` is off
   outside ``module.training``). A backward that recomputes (gradient checkpointing) finds the
@@ -73,8 +75,12 @@ class Unpadder:
     """The real positions of the current training batch, what the patched modules gathered
     and scattered in this forward, and ``calls``: gathered forwards so far (a test's proof)."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_graph: bool = False) -> None:
+        # in_graph: traced into ORTModule's graph (``arm_in_graph``), not run eagerly
+        self.in_graph = in_graph
         self.idx: torch.Tensor | None = None  # flat indices of the real positions
+        self.inverse: torch.Tensor | None = None  # in_graph: each position's packed row
+        self.keep: torch.Tensor | None = None  # in_graph: [positions, 1], whether it is real
         self.shape: tuple[int, int] | None = None  # (batch, length) of the padded batch
         self.calls = 0
         self.patched: list[str] = []
@@ -89,10 +95,17 @@ class Unpadder:
     def arm(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         """The encoder's forward pre-hook: the positions to gather, from its attention mask,
         in a training forward of a batch that has padding; none otherwise."""
-        self.idx, self.shape, self._last = None, None, None
+        self.idx, self.inverse, self.shape, self._last = None, None, None, None
         self._sources.clear()
         mask = kwargs.get("attention_mask")
-        if mask is None or not module.training or not torch.is_grad_enabled() or mask.dim() != 2:
+        if mask is None or not module.training or mask.dim() != 2:
+            return
+        # a checkpointed layer's recompute would be handed this forward's tensors: no memo
+        self.memo = not any(getattr(m, "gradient_checkpointing", False) for m in module.modules())
+        if self.in_graph:
+            self.arm_in_graph(mask)
+            return
+        if not torch.is_grad_enabled():
             return
         flat = mask.reshape(-1)
         if bool(flat.all()):  # no padding: nothing to skip
@@ -105,8 +118,21 @@ class Unpadder:
         pads = (flat == 0).nonzero().squeeze(1)[:extra]
         self.idx = torch.cat([real, pads]) if extra else real
         self.shape = (mask.shape[0], mask.shape[1])
-        # a checkpointed layer's recompute would be handed this forward's tensors: no memo
-        self.memo = not any(getattr(m, "gradient_checkpointing", False) for m in module.modules())
+
+    def arm_in_graph(self, mask: torch.Tensor) -> None:
+        """The positions as ops of the traced graph, with no Python branch on the mask's values:
+        ORTModule exports the forward once and runs that graph for every later batch, whatever
+        its padding. No rounding to ``ROUND`` either (a count is a value of the graph, and ORT's
+        MLAS builds no kernel per matrix height). The scatter is a Gather too, times the
+        mask (``scatter``): a zero row built in the graph (ConstantOfShape, concatenated) made
+        ORT 1.19's gradient build fail on a duplicate name."""
+        real = mask.reshape(-1) != 0
+        self.idx = real.nonzero().squeeze(1)
+        # a real position's row in the packed matrix; a padded one takes row 0, then zeroed
+        rank = real.long().cumsum(0) - 1
+        self.inverse = torch.where(real, rank, torch.zeros_like(rank))
+        self.keep = real.unsqueeze(1)
+        self.shape = (mask.shape[0], mask.shape[1])
 
     def gather(self, t: Any, idx: torch.Tensor) -> Any:
         """[batch, length, width] -> [positions, width]; anything else as it is."""
@@ -119,7 +145,7 @@ class Unpadder:
         last = self._last
         if self.memo and last is not None and last[0] is t and last[1] == t._version:
             return last[2]
-        g = t.reshape(b * n, t.shape[-1]).index_select(0, idx)
+        g = t.reshape(-1, t.shape[-1]).index_select(0, idx)
         if self.memo:
             self._last = (t, t._version, g)
         return g
@@ -128,8 +154,12 @@ class Unpadder:
         """[positions, width] -> [batch, length, width], zeros at the padded positions: nothing
         downstream reads them (module docstring)."""
         b, n = self.shape or (0, 0)
-        full = out.new_zeros(b * n, out.shape[-1]).index_copy(0, idx, out)
-        full = full.view(b, n, out.shape[-1])
+        if self.inverse is not None and self.keep is not None:  # in_graph: Gather, then Mul
+            rows = out.index_select(0, self.inverse) * self.keep.to(out.dtype)
+            full = rows.view(b, n, out.shape[-1])
+        else:
+            full = out.new_zeros(b * n, out.shape[-1]).index_copy(0, idx, out)
+            full = full.view(b, n, out.shape[-1])
         if self.memo:
             self._sources[id(full)] = (full, full._version, out)
         return full
@@ -173,12 +203,12 @@ def _is_block(module: nn.Module) -> bool:
     )
 
 
-def install(encoder: nn.Module) -> Unpadder:
+def install(encoder: nn.Module, in_graph: bool = False) -> Unpadder:
     """Patch ``encoder``'s per-position parts and hook its forward to arm them; the encoder is
     a model's ``base_model`` (a BertModel...). A layer's feed-forward chunk goes whole where
     the layer has one; then ``*Intermediate`` / ``*Output`` blocks; then single Linear layers
-    (LoRA's included)."""
-    state = Unpadder()
+    (LoRA's included). ``in_graph``: for ORTModule, which traces the forward (``arm_in_graph``)."""
+    state = Unpadder(in_graph)
     done: list[str] = []  # what is patched
     skip: list[str] = []  # and what is inside a patched part
     for name, module in encoder.named_modules():
