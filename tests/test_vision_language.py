@@ -641,6 +641,18 @@ def test_qwen2vl_export_answers_and_scores_as_the_pytorch_model(qwen_run):
     vision = {k: batch[k][:1] for k in ("pixel_values", "image_grid_thw")}
     answers = [predict.generate(m, processor, ids, vision, 6) for m in (model, graphs)]
     assert answers[0] == answers[1] and answers[0][0][1] >= 1
+    # the 3-D positions themselves (a tiny random model's logits barely depend on them): the
+    # export's numpy ones are get_rope_index's on every real token
+    import torch
+
+    from ortft.families.vision_language import qwen2vl_model
+
+    t = {k: torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "image_grid_thw")}
+    want = qwen2vl_model.positions(model, *t.values()).permute(1, 0, 2).numpy()
+    feeds = graphs.arch.onnx_feeds({k: batch[k] for k in graphs.arch.pixel_keys})
+    got = graphs.arch.onnx_positions(batch["input_ids"], batch["attention_mask"], feeds, config)
+    real = batch["attention_mask"].astype(bool)
+    assert (got[:, real] == want[:, real]).all()
 
 
 # Qwen2-VL's card is hand-run (slow: about 50 s on 2 loaded cores, its own process)
