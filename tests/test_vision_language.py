@@ -1,7 +1,8 @@
-"""image-text-to-text (LLaVA and Idefics3, ``ARCHS``): encoding and its loss mask, the forward
-ORTModule trains against transformers' own, LoRA on the language model, and one tiny run of the
-shipped recipe per architecture (module-scoped) that the resume, eval, predict and export tests
-reuse (the card and ``ortft export`` tests: LLaVA's run only)."""
+"""image-text-to-text (LLaVA, Idefics3 and Qwen2-VL, ``archs.ARCHS``): encoding and its loss
+mask, the forward ORTModule trains against transformers' own, LoRA on the language model, and
+one tiny run of the shipped recipe per architecture (module-scoped, ``RUNS``) that the resume,
+eval, predict and export tests reuse (``arch_run``; the card test: LLaVA's and Qwen2-VL's runs,
+``ortft export``: LLaVA's; Qwen2-VL's resume and card checks are hand-run: slow)."""
 
 from __future__ import annotations
 
@@ -273,6 +274,115 @@ def test_validate_names_the_architectures_a_config_builds():
     )
 
 
+@pytest.fixture(scope="module")
+def qwen_processor():
+    """Qwen2-VL's processor around a tokenizer trained here: 8x8 images in 2x2 patches, merged
+    2 x 2: 4 image tokens."""
+    from ortft.backends.torch import models
+    from ortft.families.vision_language import archs
+    from ortft.recipe.model import TrainTokenizer
+
+    texts = ["Which digit is this?", "four", "Even or odd?", "odd", "seven"] * 20
+    spec = TrainTokenizer(kind="byte-bpe", vocab_size=280, min_frequency=1)
+    options = tasks.options("image-text-to-text", image_size=8, patch_size=2)
+    return archs.named("qwen2_vl").for_config(options, models.train_tokenizer(texts, spec))
+
+
+def tiny_qwen(processor):
+    from transformers import AutoModelForImageTextToText
+
+    from ortft.families.vision_language import archs
+    from ortft.recipe.model import FromConfig
+
+    spec = FromConfig(architecture="qwen2_vl", hidden_size=32, num_layers=1, num_heads=2)
+    options = tasks.options("image-text-to-text", image_size=8, patch_size=2,
+                            vision_hidden_size=32, vision_layers=1)  # fmt: skip
+    config = archs.named("qwen2_vl").model_config(spec, options, processor.tokenizer, 0.0)
+    return AutoModelForImageTextToText.from_config(config, attn_implementation="eager")
+
+
+def test_qwen2vl_encode_expands_the_image_pad_by_the_grid(qwen_processor, tmp_path):
+    """ChatML around <|vision_start|><|image_pad|><|vision_end|>, the pad expanded into the
+    image's merged patches (as Qwen2VLProcessor's own call expands it), the answer and
+    <|im_end|> learned; a 16x8 image gets its own count (its own grid)."""
+    from PIL import Image
+
+    task = task_for(qwen_processor)
+    wide = tmp_path / "wide.png"
+    Image.open(DIGITS / "images" / "0004.png").resize((16, 8)).save(wide)
+    enc = task.encode(rows(QUESTION, CHAT) + [{**QUESTION, "image": str(wide)}],
+                      qwen_processor, Data, None)  # fmt: skip
+    tok, pad = qwen_processor.tokenizer, qwen_processor.image_token_id
+    ids = enc.column("input_ids")
+    # 8x8: 4x4 patches, 4 tokens; 16x8 resized to 8x4 (at most 64 pixels): 4x2 patches, 2
+    assert [(ids[k] == pad).sum() for k in range(3)] == [4, 4, 2]
+    labels = enc.column("labels")[1]
+    assert tok.decode(labels[labels != IGNORE_INDEX]) == "odd<|im_end|>\n"
+    start = int(enc.column("_start")[0])
+    prompt = tok.decode(ids[0, :start])
+    assert prompt.startswith("<|im_start|>user\n<|vision_start|><|image_pad|>")
+    assert prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    # the processor's own expansion of the rendered prompt gives the same ids
+    text = qwen_processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"},
+                                      {"type": "text", "text": QUESTION["question"]}]}],
+        add_generation_prompt=True, tokenize=False)  # fmt: skip
+    image = Image.open(DIGITS / "images" / "0004.png").convert("RGB")
+    own = qwen_processor(images=[image], text=[text], return_tensors="np")["input_ids"][0]
+    assert own.tolist() == ids[0, :start].tolist()
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_qwen2vl_forward_with_outside_rope_positions_gives_transformers_logits(
+    qwen_processor, frozen, tmp_path
+):
+    """The rope positions (and a frozen tower's blocks) computed before the module, the merger
+    and the gather inside, against transformers' own forward on the flat patches; a 16x8 image
+    beside 8x8 ones (patches padded per row)."""
+    import torch
+    from PIL import Image
+
+    from ortft.families.vision_language import archs
+
+    torch.manual_seed(0)
+    model = tiny_qwen(qwen_processor).eval()
+    task = task_for(qwen_processor, freeze_vision=frozen)
+    task.prepare_model(model, qwen_processor)
+    wide = tmp_path / "wide.png"
+    Image.open(DIGITS / "images" / "0004.png").resize((16, 8)).save(wide)
+    enc = task.encode(rows(QUESTION, CHAT) + [{**QUESTION, "image": str(wide)}],
+                      qwen_processor, Data, None)  # fmt: skip
+    batch = task.collate(enc.take(np.arange(3)), None, 0)
+    assert batch["pixel_values"].shape[:2] == (3, 16)  # 16 patches, the wide one's 8 padded
+    t = {k: torch.from_numpy(v) for k, v in batch.items() if not k.startswith("_")}
+    vision = {k: batch[k] for k in ("pixel_values", "image_grid_thw")}
+    with torch.no_grad():
+        want = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
+                     **archs.of(model).model_inputs(model, t["input_ids"], vision),
+                     use_cache=False).logits  # fmt: skip
+        inputs = task.outside_inputs(t)
+        _, got = task.forward(model, **inputs)
+    assert ("image_features" in inputs) == frozen and "rope_positions" in inputs
+    assert torch.allclose(got, want, atol=1e-5)
+    trained = {n.split(".")[2] for n, p in model.named_parameters() if p.requires_grad and
+               "visual" in n}  # fmt: skip
+    assert trained == ({"merger"} if frozen else {"patch_embed", "blocks", "merger"})
+
+
+def test_qwen2vl_lora_adapts_the_language_model_and_trains_the_merger(qwen_processor):
+    from ortft.backends.torch import models
+    from ortft.recipe.model import AdapterSection
+
+    task = task_for(qwen_processor)
+    model = tiny_qwen(qwen_processor)
+    task.prepare_model(model, qwen_processor)
+    adapted = models.apply_adapter(model, AdapterSection(kind="lora", rank=2), task)
+    trained = [n for n, p in adapted.named_parameters() if p.requires_grad]
+    assert trained and all("language_model" in n or ".merger." in n for n in trained)
+    assert any("lora_A" in n and "q_proj" in n for n in trained)
+    assert any(".merger." in n for n in trained)
+
+
 TINY = [
     "model.from_config.hidden_size=32", "model.from_config.num_layers=1",
     "task.vision_hidden_size=32", "task.vision_layers=1", "task.freeze_vision=true",
@@ -285,6 +395,11 @@ TINY = [
 
 def train(out: Path, *overrides: str):
     return run_cli("train", RECIPE, *TINY, *overrides, "--output-dir", out)
+
+
+RUNS = (*ARCHS, "qwen2_vl")  # the architectures of the tiny runs
+# the recipe with a Qwen2-VL: 8x8 digits in 2x2 patches, merged 2 x 2 into 4 image tokens
+QWEN2VL = ["model.from_config.num_heads=2"]
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +421,7 @@ def trained(tmp_path_factory):
 
 
 def arch_overrides(arch: str) -> list[str]:
-    return [f"model.from_config.architecture={arch}"]
+    return [f"model.from_config.architecture={arch}", *(QWEN2VL if arch == "qwen2_vl" else [])]
 
 
 @pytest.fixture(scope="module")
@@ -314,7 +429,14 @@ def run(trained):
     return trained("llava")
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+@pytest.fixture(scope="module")
+def qwen_run(trained):
+    """The same 4 steps with a Qwen2-VL: its rope positions and frozen tower outside the
+    trained module, the merger and the language model inside."""
+    return trained("qwen2_vl")
+
+
+@pytest.fixture(scope="module", params=RUNS)
 def arch_run(request, trained):
     """(architecture, its run): a test over every architecture's run."""
     return request.param, trained(request.param)
@@ -323,18 +445,31 @@ def arch_run(request, trained):
 CLASSES = {
     "llava": ("LlavaProcessor", "LlavaForConditionalGeneration", "vision_tower"),
     "idefics3": ("Idefics3Processor", "Idefics3ForConditionalGeneration", "vision_model"),
+    "qwen2_vl": ("Qwen2VLProcessor", "Qwen2VLForConditionalGeneration", ".visual."),
 }
 
 
+def load_processor(final: Path):
+    """AutoProcessor of final/; a Qwen2-VL's through ortft's loader (without torchvision,
+    transformers 5.24's AutoProcessor cannot build its video processor)."""
+    from transformers import AutoProcessor
+
+    from ortft.families.vision_language import qwen2vl_model
+
+    if qwen2vl_model.is_folder(str(final)):
+        return qwen2vl_model.from_folder(str(final), "final")
+    return AutoProcessor.from_pretrained(final)
+
+
 def test_the_run_trains_on_the_default_backend_and_final_loads(arch_run):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
     arch, run = arch_run
     summary = json.loads((run / "summary.json").read_text())
     assert summary["backend"]["used"] == DEFAULT_BACKEND and not summary["backend"]["fallback"]
     assert {"eval_loss", "eval_exact_match"} <= set(summary["metrics"])
     assert summary["export"]["passed"] is True  # the recipe exports (test_the_run_exports...)
-    processor = AutoProcessor.from_pretrained(run / "final")
+    processor = load_processor(run / "final")
     kind, model_class, tower = CLASSES[arch]
     assert type(processor).__name__ == kind and processor.chat_template
     model = AutoModelForImageTextToText.from_pretrained(run / "final")
@@ -370,9 +505,9 @@ def processor_answer(final: Path, image: Path, msgs: list) -> str:
     the image token and makes the pixels; ``generate``, greedy."""
     import torch
     from PIL import Image
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
-    processor = AutoProcessor.from_pretrained(final)
+    processor = load_processor(final)
     model = AutoModelForImageTextToText.from_pretrained(final).eval()
     prompt = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     rgb = Image.open(image).convert("RGB")
@@ -468,7 +603,63 @@ def test_predict_and_eval_on_the_export_answer_as_the_pytorch_run(arch_run, tmp_
     assert got["metrics"]["exact_match"] == summary["eval_exact_match"]
 
 
-def test_the_export_card_generates_as_transformers_does(run, tmp_path):
+def test_a_qwen2vl_folder_passes_the_model_check_and_loads_its_processor(qwen_run):
+    """A pretrained Qwen2-VL folder (model.name_or_path; the run's final/ here): its class reads
+    input_ids first, which the image-text task takes (``reads_modalities``); its processor loads
+    without torchvision."""
+    from ortft.backends.torch import load_checks
+
+    task = tasks.get("image-text-to-text")
+    load_checks.check_fits(str(qwen_run / "final"), task, False)  # raises on a misfit
+    processor = task.processor_from_folder(qwen_run / "final")
+    assert type(processor).__name__ == "Qwen2VLProcessor"
+    assert processor.tokenizer.eos_token == "<|im_end|>" and processor.chat_template
+
+
+def test_qwen2vl_export_answers_and_scores_as_the_pytorch_model(qwen_run):
+    """In process (cheap): the Qwen2-VL run's onnx/ as ``ortft eval`` and ``ortft predict``
+    run it (the flat patches, the grid, the 3-D positions in numpy) against final/ in
+    transformers (``batch_logits``, ``generate``) on 4 held-out rows, wide image padding
+    included by the collate."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from ortft.families.vision_language import exporting, predict
+
+    processor = load_processor(qwen_run / "final")
+    task = task_for(processor)
+    held_out = [json.loads(line) for line in _questions(4).splitlines()]
+    batch = task.collate(task.encode(held_out, processor, Data, None).take(np.arange(4)),
+                         None, 0)  # fmt: skip
+    model = AutoModelForImageTextToText.from_pretrained(qwen_run / "final").eval()
+    config = AutoConfig.from_pretrained(qwen_run / "onnx")
+    graphs = exporting.OnnxVisionLanguage(qwen_run / "onnx", config)
+    want = task.batch_logits(model, "torch", batch)
+    got = task.batch_logits(graphs, "onnxruntime", batch)
+    assert np.max(np.abs(got - want)) <= 1e-4
+    start = int(task.encode(held_out[:1], processor, Data, None).column("_start")[0])
+    ids = batch["input_ids"][:1, :start]
+    vision = {k: batch[k][:1] for k in ("pixel_values", "image_grid_thw")}
+    answers = [predict.generate(m, processor, ids, vision, 6) for m in (model, graphs)]
+    assert answers[0] == answers[1] and answers[0][0][1] >= 1
+    # the 3-D positions themselves (a tiny random model's logits barely depend on them): the
+    # export's numpy ones are get_rope_index's on every real token
+    import torch
+
+    from ortft.families.vision_language import qwen2vl_model
+
+    t = {k: torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "image_grid_thw")}
+    want = qwen2vl_model.positions(model, *t.values()).permute(1, 0, 2).numpy()
+    feeds = graphs.arch.onnx_feeds({k: batch[k] for k in graphs.arch.pixel_keys})
+    got = graphs.arch.onnx_positions(batch["input_ids"], batch["attention_mask"], feeds, config)
+    real = batch["attention_mask"].astype(bool)
+    assert (got[:, real] == want[:, real]).all()
+
+
+# Qwen2-VL's card is hand-run (slow: about 50 s on 2 loaded cores, its own process)
+@pytest.mark.parametrize(
+    "arch_run", ["llava", pytest.param("qwen2_vl", marks=pytest.mark.slow)], indirect=True
+)
+def test_the_export_card_generates_as_transformers_does(arch_run, tmp_path):
     """The model card's snippet (onnxruntime, numpy, Pillow and the processor), run in a copy
     of the folder on one of the digits: its greedy tokens are ``generate``'s on final/, and its
     last step's logits are within the export's tolerance of ``generate``'s."""
@@ -477,10 +668,11 @@ def test_the_export_card_generates_as_transformers_does(run, tmp_path):
 
     import torch
     from PIL import Image
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
     from ortft.export.deploy import card_snippet
 
+    _, run = arch_run
     folder = tmp_path / "export"
     shutil.copytree(run / "onnx", folder, symlinks=True)
     shutil.copy(DIGITS / "images" / "0004.png", folder / "image.png")
@@ -493,7 +685,7 @@ def test_the_export_card_generates_as_transformers_does(run, tmp_path):
                          text=True, check=False)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    processor = AutoProcessor.from_pretrained(run / "final")
+    processor = load_processor(run / "final")
     model = AutoModelForImageTextToText.from_pretrained(run / "final").eval()
     msgs = [{"role": "user", "content": [{"type": "image"},
                                          {"type": "text", "text": "Which digit is this?"}]}]  # fmt: skip
@@ -520,6 +712,12 @@ def test_ortft_export_of_the_run_publishes_the_same_checks(run, tmp_path):
     assert res.stderr.strip().splitlines()[-1].startswith("error: image-text-to-text exports")
 
 
+# Qwen2-VL's resume is hand-run (slow: two more runs, about 60 s on 2 loaded cores); it shares
+# the loop, the checkpoint and the data order with the others, and its positions are recomputed
+# from each batch
+@pytest.mark.parametrize(
+    "arch_run", [*ARCHS, pytest.param("qwen2_vl", marks=pytest.mark.slow)], indirect=True
+)
 def test_the_run_resumes_exactly_after_kill_9(arch_run, tmp_path):
     """Killed with kill -9 right after step 2's checkpoint and resumed: steps 3-4 give the
     uninterrupted run's losses."""

@@ -27,19 +27,11 @@ SPECIALS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", 
 
 
 def _processor_class():
-    """Qwen2VLProcessor without a video processor. Without torchvision, transformers 5.24 and
-    5.25 cannot check a ``video_processor`` argument at all (``VideoProcessorMixin`` is not
-    importable), so ``Qwen2VLProcessor(...)`` fails even for ``None``, and so does
-    ``AutoProcessor.from_pretrained`` of a Qwen2-VL folder. The export needs only the image
-    processor and the tokenizer; the subclass keeps the class name, which the files record."""
-    import transformers
+    """Qwen2VLProcessor without a video processor (``qwen2vl_model.processor_class``: without
+    torchvision, transformers 5.24 cannot build one)."""
+    from ortft.families.vision_language.qwen2vl_model import processor_class
 
-    class Qwen2VLProcessor(transformers.Qwen2VLProcessor):
-        @classmethod
-        def get_attributes(cls):
-            return ["image_processor", "tokenizer"]
-
-    return Qwen2VLProcessor
+    return processor_class()
 
 
 def tiny_qwen2vl():

@@ -20,51 +20,12 @@ from ortft.core.reports import ExportReport
 # from in numpy against generate, so a few keep the export's time small
 CHECK_ROWS = 4
 QUESTION = "Which digit is this?"  # the card's example (an image.png beside it)
-CARD = """import numpy as np
-import onnxruntime as ort
-from PIL import Image
-from transformers import AutoProcessor  # the image processor, the chat template
-
-processor = AutoProcessor.from_pretrained(".")
-vision, embed, decoder = (
-    ort.InferenceSession(f"onnx/{{n}}.onnx")
-    for n in ("vision_encoder", "embed_tokens", "decoder_model_merged")
-)
-image_token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
-messages = [{{"role": "user", "content": [{{"type": "image"}}, {{"type": "text", "text": "{question}"}}]}}]
-prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
-x = processor(images=[Image.open("image.png").convert("RGB")], text=[prompt], return_tensors="np")
-ids = x["input_ids"]
-emb = embed.run(None, {{"input_ids": ids}})[0]
-feeds = {{  # pixel_values, and Idefics3's pixel_attention_mask (bool)
-    i.name: x[i.name].astype(bool if i.type == "tensor(bool)" else np.float32)
-    for i in vision.get_inputs()
-}}
-features = vision.run(None, feeds)[0]
-emb[ids == image_token] = features.reshape(-1, emb.shape[-1])  # the image tokens, in order
-past = {{
-    i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
-    for i in decoder.get_inputs() if i.name.startswith("past_key_values")
-}}
-answer, mask = [], np.ones((1, 0), np.int64)
-for _ in range(16):  # greedy
-    mask = np.ones((1, mask.shape[1] + emb.shape[1]), np.int64)
-    pos = np.arange(mask.shape[1] - emb.shape[1], mask.shape[1])[None]
-    out = decoder.run(None, {{"inputs_embeds": emb, "attention_mask": mask, "position_ids": pos, **past}})
-    past = dict(zip(past, out[1:]))
-    token = int(out[0][0, -1].argmax())
-    if token == processor.tokenizer.eos_token_id:
-        break
-    answer.append(token)
-    emb = embed.run(None, {{"input_ids": np.array([[token]])}})[0]
-print(processor.tokenizer.decode(answer, skip_special_tokens=True))
-"""
 
 
 def samples_of(task: Any, encoded: Any) -> list[Any] | None:
     """The first ``CHECK_ROWS`` held-out rows as the checks' (image, prompt): the image file
     decoded, the prompt the row's tokens before its last answer with the image's expansion
-    (``task.expansion``) folded back to the one image token the processor expands; None: no
+    (``task.expansion`` of the row's image) folded back to the one image token the processor expands; None: no
     rows (synthetic ones are used)."""
     from ortft.data import images
     from ortft.families.vision_language.export import Sample
@@ -76,9 +37,10 @@ def samples_of(task: Any, encoded: Any) -> list[Any] | None:
     out = []
     for j in range(min(CHECK_ROWS, len(encoded))):
         ids = encoded.column("input_ids")[j, : int(encoded.column(START)[j])].tolist()
-        folded = fold(ids, task.expansion(), image_id)
+        path = encoded.column(PATH)[j].decode()
+        folded = fold(ids, task.expansion(path), image_id)  # a Qwen2-VL image's own grid
         prompt = tok.decode(folded, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        image = images.load(encoded.column(PATH)[j].decode())
+        image = images.load(path)
         out.append(Sample(image, prompt))
     return out
 
@@ -168,7 +130,9 @@ def card(report: ExportReport) -> tuple[str, str, str, str]:
         f"greedy generation equal to PyTorch's: {g.get('passed')}."
     )
     inputs += "\n" + _preprocess_line(report.get("preprocess") or {})
-    code = CARD.format(question=QUESTION)
+    from ortft.families.vision_language import archs
+
+    code = archs.of_type(report.get("model_type")).card().format(question=QUESTION)
     return (
         code,
         holds,
@@ -205,27 +169,29 @@ class OnnxVisionLanguage:
     def __init__(self, folder: Path, config: Any):
         from transformers import GenerationConfig
 
+        from ortft.families.vision_language import archs
         from ortft.families.vision_language import vlm_graphs as graphs
 
+        self.config = config
+        self.arch = archs.of_type(getattr(config, "model_type", None))
         self.sessions = graphs.Sessions(folder, int(config.image_token_id))
         self.gc = GenerationConfig.from_pretrained(folder)
         text = config.get_text_config()
         self.positions = getattr(text, "max_position_embeddings", None)
 
-    def sequences(
-        self, ids: np.ndarray, pixel_values: np.ndarray, max_new: int, **extra: np.ndarray
-    ) -> np.ndarray:
-        """``generate``'s sequences (prompt, then the answer) of prompts of one length
-        (``extra``: the other pixel inputs, ``vision_extra``)."""
+    def sequences(self, ids: np.ndarray, vision: dict[str, np.ndarray], max_new: int) -> np.ndarray:
+        """``generate``'s sequences (prompt, then the answer) of prompts of one length, on the
+        rows' image arrays (``archs.Arch.pixels``; the vision graph's feeds and the decoding
+        steps of the architecture: ``archs.Arch.onnx_feeds``, ``onnx_steps``)."""
         import copy
 
         from ortft.export import generation as gen
-        from ortft.families.vision_language import vlm_graphs as graphs
 
         gc = copy.deepcopy(self.gc)
         gc.update(max_new_tokens=max_new, do_sample=False, num_beams=1)
         p = gen.plan(gc, ids.shape[1], encoder_decoder=False, max_positions=self.positions)
-        steps = graphs.Steps(self.sessions, pixel_values.astype(np.float32), **vision_extra(extra))
+        feeds = self.arch.onnx_feeds(vision)
+        steps = self.arch.onnx_steps(self.sessions, self.config, feeds)
         seq, _ = gen.generate(steps, np.asarray(ids, dtype=np.int64), p)
         return seq
 
@@ -237,19 +203,13 @@ class OnnxVisionLanguage:
 
         s, ids = self.sessions, batch["input_ids"].astype(np.int64)
         mask = batch["attention_mask"].astype(np.int64)
-        extra = vision_extra({k: v for k, v in batch.items() if k == "pixel_attention_mask"})
-        features = s.image_features(batch["pixel_values"], **extra)
-        embeds = graphs.merge(s.embeds(ids), ids, features, s.image_token)
+        vision = self.arch.onnx_feeds({k: batch[k] for k in self.arch.pixel_keys if k in batch})
+        features = s.image_features(**vision)
+        positions = self.arch.onnx_positions(ids, mask, vision, self.config)
         feeds = {
-            "inputs_embeds": embeds,
+            "inputs_embeds": graphs.merge(s.embeds(ids), ids, features, s.image_token),
             "attention_mask": mask,
-            "position_ids": graphs.positions_of(mask, mask.shape[1]),
+            "position_ids": positions,
             **parity.empty_past(s.decoder, len(ids)),
         }
         return s.decoder.run(["logits"], feeds)[0]
-
-
-def vision_extra(pixels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The vision graph's other inputs of a collated batch: Idefics3's
-    ``pixel_attention_mask`` is a bool input there (``idefics3_graphs``)."""
-    return {k: v.astype(bool) for k, v in pixels.items() if k == "pixel_attention_mask"}

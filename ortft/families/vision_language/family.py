@@ -24,7 +24,6 @@ from ortft.families.vision_language.task import START, ImageTextToText, Options,
 log = logging.getLogger("ortft")
 
 LANGUAGE_TARGETS = ["q_proj", "v_proj"]  # Llama's attention projections (LoRA's default)
-PIXELS = ("pixel_values", "pixel_attention_mask")  # what the vision tower takes of a batch
 
 
 class VisionLanguage(ImageTextToText):
@@ -57,8 +56,8 @@ class VisionLanguage(ImageTextToText):
     def load_processor(self, loaded: Any, source: str | None, saved: Path | None, rows: Any) -> Any:
         """The model's processor (as its architecture trains: ``archs.Arch.ready``), or for a
         from_config model its architecture's processor (``LlavaProcessor``,
-        ``Idefics3Processor``) around model.tokenizer.path's tokenizer or one trained on the
-        rows' texts."""
+        ``Idefics3Processor``, ``Qwen2VLProcessor``) around model.tokenizer.path's tokenizer or
+        one trained on the rows' texts."""
         from ortft.backends.torch import models
         from ortft.families.vision_language import archs, processor
 
@@ -90,28 +89,31 @@ class VisionLanguage(ImageTextToText):
         from ortft.families.vision_language import archs
 
         self.llava = model  # the features outside the module are its vision tower's
-        tower = archs.of(model).tower(model)
-        for p in tower.parameters():
+        for p in archs.of(model).vision_parameters(model):
             p.requires_grad_(not self.options.freeze_vision)
         tok = processor.tokenizer
         model.generation_config.eos_token_id = tok.eos_token_id
         model.generation_config.pad_token_id = tok.pad_token_id
 
     def outside_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """A frozen vision tower's features, computed eagerly under no_grad before the wrapped
-        module (on ort: outside ORTModule, whose graph is then the projector and the language
-        model): nothing of the tower needs a gradient, and one graph fewer to export."""
-        if not self.options.freeze_vision:
-            return inputs
+        """What the wrapped module takes that no exporter traces (the architecture's
+        ``extra_inputs``: Qwen2-VL's rope positions), and a frozen vision tower's features,
+        computed eagerly under no_grad before the wrapped module (on ort: outside ORTModule,
+        whose graph is then the projector and the language model): nothing of the tower needs
+        a gradient, and one graph fewer to export."""
         import torch
 
         from ortft.families.vision_language import archs
 
-        pixels = {k: v for k, v in inputs.items() if k in PIXELS}
-        rest = {k: v for k, v in inputs.items() if k not in PIXELS}
+        arch = archs.of(self.llava)
+        extra = arch.extra_inputs(self.llava, inputs)
+        if not self.options.freeze_vision:
+            return {**inputs, **extra}
+        pixels = {k: v for k, v in inputs.items() if k in arch.pixel_keys}
+        rest = {k: v for k, v in inputs.items() if k not in arch.pixel_keys}
         with torch.no_grad():
-            rest["image_features"] = archs.of(self.llava).vision_features(self.llava, pixels)
-        return rest
+            rest["image_features"] = arch.vision_features(self.llava, pixels)
+        return {**rest, **extra}
 
     def adapter_targets(self, model: Any, targets: list[str] | None) -> tuple[Any, list[str]]:
         """LoRA on the language model's modules named ``targets`` (default q_proj, v_proj),
@@ -141,8 +143,10 @@ class VisionLanguage(ImageTextToText):
             return {}
         if tokenizer is not None:
             self.bind(tokenizer)
+        from ortft.families.vision_language import archs
         from ortft.families.vision_language.predict import by_length, generate
 
+        keys = archs.of_processor(self.processor).pixel_keys
         starts, right = encoded.column(START), 0
         tok = self.processor.tokenizer
         for lo in range(0, n, 32):  # 32 images a batch: bounded memory
@@ -150,13 +154,13 @@ class VisionLanguage(ImageTextToText):
             batch = self.collate(encoded.take(idx), None, 0)
             prompts = [batch["input_ids"][j, : int(starts[k])] for j, k in enumerate(idx)]
             for group in by_length(prompts).values():
+                vision = {k: batch[k][group] for k in keys if k in batch}
                 got = generate(
                     model,
                     self.processor,
                     np.stack([prompts[j] for j in group]),
-                    batch["pixel_values"][group],
+                    vision,
                     self.options.max_new_tokens,
-                    **{k: batch[k][group] for k in PIXELS[1:] if k in batch},
                 )
                 for j, (text, _) in zip(group, got, strict=True):
                     gold = batch["labels"][j, int(starts[idx[j]]) :]
@@ -194,11 +198,16 @@ class VisionLanguage(ImageTextToText):
             return model.logits(batch)
         import torch
 
+        from ortft.families.vision_language import archs
+
+        arch = archs.of(model)
+        ids = torch.from_numpy(batch["input_ids"])
+        vision = {k: batch[k] for k in arch.pixel_keys if k in batch}
         with torch.no_grad():
             out = model(
-                input_ids=torch.from_numpy(batch["input_ids"]),
+                input_ids=ids,
                 attention_mask=torch.from_numpy(batch["attention_mask"]),
-                **{k: torch.from_numpy(batch[k]) for k in PIXELS if k in batch},
+                **arch.model_inputs(model, ids, vision),
                 use_cache=False,
                 return_dict=True,
             )

@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from ortft.core.errors import InputError
+from ortft.families.vision_language.model import Common
 
 log = logging.getLogger("ortft")
 
@@ -43,15 +44,16 @@ CHAT_TEMPLATE = (
 )
 
 
-class Idefics3:
+class Idefics3(Common):
     """``archs.Arch`` for ``Idefics3ForConditionalGeneration``."""
 
     model_type = "idefics3"
     language = "text_model"
     projector = "connector"
+    pixel_keys: tuple[str, ...] = ("pixel_values", "pixel_attention_mask")
 
-    def tower(self, model: Any) -> Any:
-        return model.model.vision_model
+    def vision_parameters(self, model: Any) -> list[Any]:
+        return list(model.model.vision_model.parameters())
 
     def for_config(self, options: Any, tokenizer: Any) -> Any:
         """An ``Idefics3Processor``: Idefics3's image processor (PIL) taking each image whole

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -51,6 +52,22 @@ def merged(
     return torch.gather(both, 1, index.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
 
 
+def pixel_inputs(decoded: list[Any], image_processor: Any) -> dict[str, np.ndarray]:
+    """The image processor's ``pixel_values`` (float32) of RGB Pillow images, and its
+    ``pixel_attention_mask`` where it gives one (Idefics3's: [batch, tiles, H, W]). Each
+    image is its own row's list (Idefics3's processor reads a flat list as one row's images)."""
+    out = image_processor(images=[[image] for image in decoded], return_tensors="np")
+    pixels = {"pixel_values": np.ascontiguousarray(out["pixel_values"], dtype=np.float32)}
+    if out.get("pixel_attention_mask") is not None:
+        pixels["pixel_attention_mask"] = np.asarray(out["pixel_attention_mask"], dtype=np.int64)
+    return pixels
+
+
+def as_tensors(vision: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A batch's image arrays as transformers' own forward and ``generate`` take them."""
+    return {k: torch.as_tensor(v) for k, v in vision.items()}
+
+
 def forward(
     arch: Any,
     model: Any,
@@ -80,3 +97,57 @@ def forward(
         return_dict=True,
     )
     return out.loss, out.logits
+
+
+class Common:
+    """The ``archs.Arch`` parts LLaVA and Idefics3 share: the image processor's arrays, one
+    expansion for every image, nothing computed before the module but the frozen tower's
+    features, this module's ``forward``."""
+
+    def pixels(self, processor: Any, decoded: list[Any]) -> dict[str, Any]:
+        return pixel_inputs(decoded, processor.image_processor)
+
+    def expansion(self, processor: Any, path: str | None) -> list[int] | None:
+        return None
+
+    def extra_inputs(self, model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def forward(
+        self,
+        model: Any,
+        input_ids: Any,
+        attention_mask: Any,
+        labels: Any,
+        inputs: dict[str, Any],
+        image_features: Any,
+    ) -> tuple[Any, Any]:
+        return forward(self, model, input_ids, attention_mask, labels, inputs, image_features)
+
+    def model_inputs(self, model: Any, ids: Any, vision: dict[str, Any]) -> dict[str, Any]:
+        return as_tensors(vision)
+
+    def card(self) -> str:
+        from ortft.families.vision_language.vlm_graphs import CARD
+
+        return CARD
+
+    def onnx_feeds(self, vision: dict[str, Any]) -> dict[str, Any]:
+        """``pixel_values`` as float32; Idefics3's ``pixel_attention_mask`` is a bool input
+        there (``idefics3_graphs``)."""
+        import numpy as np
+
+        feeds = {"pixel_values": np.asarray(vision["pixel_values"], dtype=np.float32)}
+        if "pixel_attention_mask" in vision:
+            feeds["pixel_attention_mask"] = np.asarray(vision["pixel_attention_mask"], dtype=bool)
+        return feeds
+
+    def onnx_steps(self, sessions: Any, config: Any, feeds: dict[str, Any]) -> Any:
+        from ortft.families.vision_language import vlm_graphs
+
+        return vlm_graphs.Steps(sessions, **feeds)
+
+    def onnx_positions(self, ids: Any, mask: Any, feeds: dict[str, Any], config: Any) -> Any:
+        from ortft.families.vision_language import vlm_graphs
+
+        return vlm_graphs.positions_of(mask, mask.shape[1])

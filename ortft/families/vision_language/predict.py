@@ -23,27 +23,23 @@ import numpy as np
 from ortft.core.errors import InputError
 from ortft.core.reports import Prediction
 from ortft.data import images
-from ortft.families.vision_language.task import pixel_inputs
 
 IMAGE_COLUMN = "image"  # data.image_column's default: a model without its training recipe
 
 
 def generate(
-    model: Any,
-    processor: Any,
-    ids: np.ndarray,
-    pixel_values: np.ndarray,
-    max_new_tokens: int,
-    **extra: np.ndarray,
+    model: Any, processor: Any, ids: np.ndarray, vision: dict[str, np.ndarray], max_new_tokens: int
 ) -> list[tuple[str, int]]:
     """(the answer, its new tokens) of each row of ``ids`` [batch, prompt] (prompts of one
-    length: no padding) on its image's ``pixel_values`` (``extra``: the architecture's other
-    pixel inputs, Idefics3's ``pixel_attention_mask``): transformers' ``generate``, greedy,
-    or an export's graphs generating the same way (``exporting.OnnxVisionLanguage``)."""
+    length: no padding) on its image's arrays ``vision`` (the architecture's
+    ``archs.Arch.pixels``: LLaVA's ``pixel_values``, Idefics3's ``pixel_attention_mask`` too,
+    Qwen2-VL's grid): transformers' ``generate``, greedy, or an export's graphs generating the
+    same way (``exporting.OnnxVisionLanguage``)."""
+    from ortft.families.vision_language import archs
     from ortft.families.vision_language.exporting import OnnxVisionLanguage
 
     if isinstance(model, OnnxVisionLanguage):
-        seqs = model.sequences(np.asarray(ids), pixel_values, max_new_tokens, **extra)
+        seqs = model.sequences(np.asarray(ids), vision, max_new_tokens)
         return _answers(processor, seqs[:, np.asarray(ids).shape[1] :].tolist())
     import torch
 
@@ -51,12 +47,13 @@ def generate(
     model.eval()
     device = next(model.parameters()).device
     prompt = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)
+    given = archs.of(model).model_inputs(model, prompt.cpu(), vision)
+    extra = {k: v.to(device) for k, v in given.items()}
     with torch.no_grad():
         out = model.generate(
             input_ids=prompt,
             attention_mask=torch.ones_like(prompt),
-            pixel_values=torch.as_tensor(pixel_values, device=device),
-            **{k: torch.as_tensor(v, device=device) for k, v in extra.items()},
+            **extra,
             max_new_tokens=max_new_tokens,
             do_sample=False,
             num_beams=1,
@@ -129,14 +126,17 @@ def run(
     task: Any, m: Any, input_path: str, batch_size: int, max_new_tokens: int
 ) -> Iterator[Prediction]:
     """One answer per row; every row read and checked first."""
+    from ortft.families.vision_language import archs
+
     processor = m.tokenizer
+    arch = archs.of_processor(processor)
     task.bind(processor)
     column = image_column(m)
     rows = _rows(task, input_path, column)
     prompts = []
     for n, _, row in rows:
         try:
-            prompts.append(task.prompt_ids(row, n - 1))
+            prompts.append(task.prompt_ids(row, n - 1, row[column]))
         except InputError as err:  # "row N: ..." as training says it
             raise InputError(f"{input_path}:{n}: {str(err).split(': ', 1)[-1]}") from None
     out: dict[int, Prediction] = {}
@@ -145,9 +145,9 @@ def run(
         for group in by_length([np.asarray(prompts[k]) for k in chunk]).values():
             idx = [chunk[g] for g in group]
             decoded = [images.load(rows[k][2][column]) for k in idx]
-            pixels = pixel_inputs(decoded, processor.image_processor)
+            vision = arch.pixels(processor, decoded)
             ids = np.stack([np.asarray(prompts[k]) for k in idx])
-            answers = generate(m._model, processor, ids, **pixels, max_new_tokens=max_new_tokens)
+            answers = generate(m._model, processor, ids, vision, max_new_tokens)
             for k, (text, new) in zip(idx, answers, strict=True):
                 out[k] = {"index": k, "input": rows[k][1], "generated": text, "new_tokens": new}
         yield from (out.pop(k) for k in chunk)

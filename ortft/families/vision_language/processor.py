@@ -60,9 +60,14 @@ def load(loaded: LoadedRecipe, source: str | None, saved_dir: Path | None) -> An
 
 def from_folder(folder: str, field: str = "model", trust_remote_code: bool = False) -> Any:
     """``AutoProcessor`` of ``folder`` on its PIL backend: an image processor, a tokenizer
-    with an image token and a chat template."""
+    with an image token and a chat template (a Qwen2-VL folder: ``qwen2vl_model.from_folder``,
+    which AutoProcessor cannot load without torchvision)."""
     from transformers import AutoProcessor
 
+    from ortft.families.vision_language import qwen2vl_model
+
+    if qwen2vl_model.is_folder(folder):
+        return qwen2vl_model.from_folder(folder, field)
     try:
         processor = AutoProcessor.from_pretrained(
             folder, backend="pil", trust_remote_code=trust_remote_code

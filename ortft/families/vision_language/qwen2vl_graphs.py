@@ -48,6 +48,10 @@ class VisionEncoder(torch.nn.Module):
         self.merge = int(self.visual.spatial_merge_size)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        return self.visual.merger(self.hidden(pixel_values, grid_thw))
+
+    def hidden(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """The blocks' output, before the patch merger (what training feeds the merger)."""
         v = self.visual
         hidden = v.patch_embed(pixel_values)
         frame, positions = patch_layout(grid_thw, hidden.shape[0], self.merge)
@@ -60,7 +64,7 @@ class VisionEncoder(torch.nn.Module):
         for block in v.blocks:
             hidden = hidden + _attention(block.attn, block.norm1(hidden), cos, sin, bias)
             hidden = hidden + block.mlp(block.norm2(hidden))
-        return v.merger(hidden)
+        return hidden
 
 
 def patch_layout(grid_thw: torch.Tensor, n: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,3 +243,58 @@ class Qwen2VLLayout(vlm_graphs.SharedLayout):
 
 
 LAYOUT = Qwen2VLLayout()
+
+
+# The model card's snippet of a Qwen2-VL export (``exporting.card``): the image processor and the
+# tokenizer from the folder (transformers' AutoProcessor needs torchvision for Qwen2-VL), the
+# image pad expanded by the grid, and the 3-D positions as ``rope_index`` gives them for one
+# image: the text before it on one position for all three axes, the image on its (t, h, w)
+# grid, the text after from the largest + 1; each new token at the past length + the delta.
+CARD = """import json
+import numpy as np
+import onnxruntime as ort
+from PIL import Image
+from transformers import AutoTokenizer
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+tokenizer = AutoTokenizer.from_pretrained(".")
+image_processor = Qwen2VLImageProcessorPil.from_pretrained(".")
+merge = json.load(open("config.json"))["vision_config"]["spatial_merge_size"]
+vision, embed, decoder = (
+    ort.InferenceSession(f"onnx/{{n}}.onnx")
+    for n in ("vision_encoder", "embed_tokens", "decoder_model_merged")
+)
+x = image_processor(images=[Image.open("image.png").convert("RGB")], return_tensors="np")
+t, h, w = (int(v) for v in x["image_grid_thw"][0])
+n = t * (h // merge) * (w // merge)  # image tokens
+prompt = "<|im_start|>user\\n<|vision_start|>" + "<|image_pad|>" * n
+prompt += "<|vision_end|>{question}<|im_end|>\\n<|im_start|>assistant\\n"
+ids = np.array([tokenizer(prompt)["input_ids"]], dtype=np.int64)
+emb = embed.run(None, {{"input_ids": ids}})[0]
+features = vision.run(None, {{"pixel_values": x["pixel_values"].astype(np.float32),
+                             "grid_thw": x["image_grid_thw"].astype(np.int64)}})[0]
+at = int(np.flatnonzero(ids[0] == tokenizer.convert_tokens_to_ids("<|image_pad|>"))[0])
+emb[0, at : at + n] = features
+grid = np.meshgrid(np.arange(t), np.arange(h // merge), np.arange(w // merge), indexing="ij")
+after = ids.shape[1] - at - n
+pos = np.concatenate([np.tile(np.arange(at), (3, 1)), at + np.stack([g.ravel() for g in grid]),
+                      np.tile(at + max(t, h // merge, w // merge) + np.arange(after), (3, 1))], 1)
+delta = int(pos.max()) + 1 - ids.shape[1]
+pos = pos[:, None, :]
+past = {{
+    i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+    for i in decoder.get_inputs() if i.name.startswith("past_key_values")
+}}
+answer, mask = [], np.ones((1, 0), np.int64)
+for _ in range(16):  # greedy
+    mask = np.ones((1, mask.shape[1] + emb.shape[1]), np.int64)
+    out = decoder.run(None, {{"inputs_embeds": emb, "attention_mask": mask, "position_ids": pos, **past}})
+    past = dict(zip(past, out[1:]))
+    token = int(out[0][0, -1].argmax())
+    if token == tokenizer.eos_token_id:
+        break
+    answer.append(token)
+    emb = embed.run(None, {{"input_ids": np.array([[token]])}})[0]
+    pos = np.full((3, 1, 1), mask.shape[1] + delta, np.int64)
+print(tokenizer.decode(answer, skip_special_tokens=True))
+"""

@@ -90,7 +90,7 @@ def normalized(text: str) -> str:
 class ImageTextToText(Task):
     name = "image-text-to-text"
     modality = "image"
-    reads_modalities = ("image", "text")  # LLaVA's main input is pixel_values, Idefics3's ids
+    reads_modalities = ("image", "text")  # LLaVA's main input is pixel_values, the others' ids
     auto_class = "AutoModelForImageTextToText"
     row_local = True  # each row checked and encoded on its own
     own_columns = True  # messages, or question and answer: checked per row
@@ -99,7 +99,11 @@ class ImageTextToText(Task):
     predicts = "generate"
     export_kind = "image-text-to-text"  # a label only (ExportsAs); the export lands separately
     eval_metrics = ("eval_loss", "eval_exact_match")
-    hf_architectures = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration")
+    hf_architectures = (
+        "LlavaForConditionalGeneration",
+        "Idefics3ForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration",
+    )
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -213,7 +217,7 @@ class ImageTextToText(Task):
             done = full
         return out
 
-    def prompt_ids(self, row: dict[str, Any], i: int) -> list[int]:
+    def prompt_ids(self, row: dict[str, Any], i: int, path: str | None = None) -> list[int]:
         """The tokens a row's answer is generated after (``ortft predict``): its conversation up
         to an empty assistant turn, tokenized as in training."""
         o = self.options
@@ -224,33 +228,42 @@ class ImageTextToText(Task):
             row = {**row, o.messages_column: [*msgs, {"role": "assistant", "content": ""}]}
         else:
             row = {**row, o.answer_column: ""}
-        ids, _, start = self.tokens(self.segments(self.messages(row, i)))
+        ids, _, start = self.tokens(self.segments(self.messages(row, i)), path)
         return ids[:start]
 
-    def expansion(self) -> list[int]:
-        """The ids the processor puts where a text has its image token (LLaVA: one image
-        token per image feature; Idefics3: those between its image markers)."""
+    def expansion(self, path: str | None = None) -> list[int]:
+        """The ids the processor puts where a text has ``path``'s image token (LLaVA: one
+        image token per image feature; Idefics3: those between its image markers; Qwen2-VL:
+        its grid's, ``archs.Arch.expansion``)."""
+        from ortft.families.vision_language import archs
+
+        own = archs.of_processor(self.processor).expansion(self.processor, path)
+        if own is not None:
+            return own
         if self._expansion is None:
             from ortft.families.vision_language.processor import image_expansion
 
             self._expansion = image_expansion(self.processor)
         return self._expansion
 
-    def image_tokens(self) -> int:
+    def image_tokens(self, path: str | None = None) -> int:
         image_id = self.processor.image_token_id
-        return sum(t == image_id for t in self.expansion())
+        return sum(t == image_id for t in self.expansion(path))
 
-    def tokens(self, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[int], int]:
+    def tokens(
+        self, pieces: list[tuple[str, bool]], path: str | None = None
+    ) -> tuple[list[int], list[int], int]:
         """(ids, labels, where the last learned piece starts) of rendered pieces; the image
-        token expanded as the processor expands it (``expansion``)."""
+        token expanded as the processor expands it (``expansion`` of ``path``'s image)."""
         tok, image_id = self.processor.tokenizer, self.processor.image_token_id
+        expanded = self.expansion(path)
         ids: list[int] = []
         labels: list[int] = []
         start = 0
         for text, learned in pieces:
             piece: list[int] = []
             for t in tok(text, add_special_tokens=False)["input_ids"]:
-                piece += self.expansion() if t == image_id else [t]
+                piece += expanded if t == image_id else [t]
             if learned:
                 start = len(ids)
             ids += piece
@@ -275,18 +288,19 @@ class ImageTextToText(Task):
             except images.BadImage as err:
                 skip_bad_file(data, i + 1, path, err)
                 continue
-            ids, labels, start = self.tokens(self.segments(msgs))
+            ids, labels, start = self.tokens(self.segments(msgs), path)
             if len(ids) > length:
+                n = self.image_tokens(path)
                 raise InputError(
-                    f"row {i + 1}: {len(ids)} tokens ({self.image_tokens()} of them the image's) "
+                    f"row {i + 1}: {len(ids)} tokens ({n} of them the image's) "
                     f"do not fit data.max_length={length}; raise data.max_length"
                 )
             kept.append((path, mode, ids, labels, start))
         return _arrays(kept, length, self.processor.tokenizer.pad_token_id)
 
     def collate(self, batch, epoch, seed) -> dict[str, np.ndarray]:
-        """The batch's images decoded and run through the image processor (PIL): its
-        ``pixel_values`` and the architecture's other pixel inputs (``pixel_inputs``)."""
+        """The batch's images decoded and run through the image processor (PIL): the arrays
+        its architecture takes (``archs.Arch.pixels``)."""
         if self.processor is None:
             raise RuntimeError("image-text-to-text: collate before bind(processor)")
         decoded = []
@@ -296,7 +310,9 @@ class ImageTextToText(Task):
                 decoded.append(images.load(path))
             except images.BadImage as err:
                 raise InputError(f"{path}: {err} (the file changed since it was checked)") from None
-        return {**batch, **pixel_inputs(decoded, self.processor.image_processor)}
+        from ortft.families.vision_language import archs
+
+        return {**batch, **archs.of_processor(self.processor).pixels(self.processor, decoded)}
 
     def forward(  # type: ignore[override]  # a modality's forward takes its own inputs
         self,
@@ -304,17 +320,15 @@ class ImageTextToText(Task):
         input_ids,
         attention_mask,
         labels,
-        pixel_values=None,
-        pixel_attention_mask=None,
         image_features=None,
+        **inputs,
     ) -> tuple[Any, Any]:
+        """(loss, logits); ``inputs``: the batch's pixel arrays (``archs.Arch.pixel_keys``)
+        and what was computed before the module (``archs.Arch.extra_inputs``)."""
         from ortft.families.vision_language import archs
-        from ortft.families.vision_language import model as parts
 
-        pixels = {"pixel_values": pixel_values, "pixel_attention_mask": pixel_attention_mask}
-        given = {k: v for k, v in pixels.items() if v is not None}
         arch = archs.of(model)
-        return parts.forward(arch, model, input_ids, attention_mask, labels, given, image_features)
+        return arch.forward(model, input_ids, attention_mask, labels, inputs, image_features)
 
     def metrics(self, loss, logits, labels) -> dict[str, Any]:
         return {"loss": loss}
@@ -322,17 +336,6 @@ class ImageTextToText(Task):
     def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
         """summary.json's data.images (``images.split_report``)."""
         return images.split_report(splits)
-
-
-def pixel_inputs(decoded: list[Any], image_processor: Any) -> dict[str, np.ndarray]:
-    """The image processor's ``pixel_values`` (float32) of RGB Pillow images, and its
-    ``pixel_attention_mask`` where it gives one (Idefics3's: [batch, tiles, H, W]). Each
-    image is its own row's list (Idefics3's processor reads a flat list as one row's images)."""
-    out = image_processor(images=[[image] for image in decoded], return_tensors="np")
-    pixels = {"pixel_values": np.ascontiguousarray(out["pixel_values"], dtype=np.float32)}
-    if out.get("pixel_attention_mask") is not None:
-        pixels["pixel_attention_mask"] = np.asarray(out["pixel_attention_mask"], dtype=np.int64)
-    return pixels
 
 
 def _parts(content: Any, i: int) -> list[dict[str, str]]:

@@ -377,3 +377,45 @@ class SharedLayout:
 
     def steps(self, sessions: Sessions, model: Any, x: Any) -> Steps:
         return Steps(sessions, **self.vision_feeds(x))
+
+
+# The model card's snippet of an export with 2-D positions (LLaVA, Idefics3: ``exporting.card``)
+CARD = """import numpy as np
+import onnxruntime as ort
+from PIL import Image
+from transformers import AutoProcessor  # the image processor, the chat template
+
+processor = AutoProcessor.from_pretrained(".")
+vision, embed, decoder = (
+    ort.InferenceSession(f"onnx/{{n}}.onnx")
+    for n in ("vision_encoder", "embed_tokens", "decoder_model_merged")
+)
+image_token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+messages = [{{"role": "user", "content": [{{"type": "image"}}, {{"type": "text", "text": "{question}"}}]}}]
+prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+x = processor(images=[Image.open("image.png").convert("RGB")], text=[prompt], return_tensors="np")
+ids = x["input_ids"]
+emb = embed.run(None, {{"input_ids": ids}})[0]
+feeds = {{  # pixel_values, and Idefics3's pixel_attention_mask (bool)
+    i.name: x[i.name].astype(bool if i.type == "tensor(bool)" else np.float32)
+    for i in vision.get_inputs()
+}}
+features = vision.run(None, feeds)[0]
+emb[ids == image_token] = features.reshape(-1, emb.shape[-1])  # the image tokens, in order
+past = {{
+    i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+    for i in decoder.get_inputs() if i.name.startswith("past_key_values")
+}}
+answer, mask = [], np.ones((1, 0), np.int64)
+for _ in range(16):  # greedy
+    mask = np.ones((1, mask.shape[1] + emb.shape[1]), np.int64)
+    pos = np.arange(mask.shape[1] - emb.shape[1], mask.shape[1])[None]
+    out = decoder.run(None, {{"inputs_embeds": emb, "attention_mask": mask, "position_ids": pos, **past}})
+    past = dict(zip(past, out[1:]))
+    token = int(out[0][0, -1].argmax())
+    if token == processor.tokenizer.eos_token_id:
+        break
+    answer.append(token)
+    emb = embed.run(None, {{"input_ids": np.array([[token]])}})[0]
+print(processor.tokenizer.decode(answer, skip_special_tokens=True))
+"""
