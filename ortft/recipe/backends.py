@@ -69,11 +69,11 @@ UNPAD_DESCRIPTION = (
     "The torch and ort backends run the encoder's per-position layers (Linear, and BERT-style "
     "feed-forward and output blocks) on the real tokens only, skipping the padding, in training "
     "forwards (ort: as gathers inside ORTModule's graph): the same values at every real token. "
-    "auto: on a CPU, where it applies (backend torch not compiled, or ort; an encoder of a "
-    "listed type, a task that reads no padded position: "
-    "classification, token classification, masked-lm, sentence embeddings; on a GPU no gain "
-    "was measured); true: on, also on a GPU (an error where it cannot apply); false: off "
-    "(docs/backends.md)."
+    "auto: on a CPU, where it applies (backend torch, not compiled; an encoder of a listed "
+    "type, a task that reads no padded position: classification, token classification, "
+    "masked-lm, sentence embeddings; on a GPU no gain was measured); the ort backend stays "
+    "padded under auto. true: on, on torch or ort, also on a GPU (an error where it cannot "
+    "apply); false: off (docs/backends.md)."
 )
 
 
