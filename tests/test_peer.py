@@ -92,6 +92,9 @@ def test_a_failed_route_does_not_make_a_round_unclean(monkeypatch: pytest.Monkey
     busy_failure = {**FAILED, "others_share": 0.6}
     assert peer.clean({"short": {"trainer": _ok(10), "trainer-compile": busy_failure}})
     assert not peer.clean({"short": {"trainer": _ok(10, share=0.2), "ort": _ok(20)}})
+    common = sys.modules["peer_common"]  # the other benches' rounds: one task each
+    assert common.clean({"trainer": _ok(10), "trainer-compile": busy_failure})
+    assert not common.clean({"trainer": _ok(10, share=0.2), "ort": _ok(20)})
 
 
 def test_shared_peers_summarize_without_the_bf16_base(monkeypatch: pytest.MonkeyPatch) -> None:
