@@ -472,6 +472,11 @@ def test_the_run_trains_on_the_default_backend_and_final_loads(arch_run):
     processor = load_processor(run / "final")
     kind, model_class, tower = CLASSES[arch]
     assert type(processor).__name__ == kind and processor.chat_template
+    if arch == "qwen2_vl":  # what AutoProcessor (with torchvision) needs to load the folder
+        video = json.loads((run / "final" / "video_preprocessor_config.json").read_text())
+        image = processor.image_processor
+        assert video["video_processor_type"] == "Qwen2VLVideoProcessor"
+        assert (video["patch_size"], video["merge_size"]) == (image.patch_size, image.merge_size)
     model = AutoModelForImageTextToText.from_pretrained(run / "final")
     assert type(model).__name__ == model_class
     vision = [p for n, p in model.named_parameters() if tower in n]

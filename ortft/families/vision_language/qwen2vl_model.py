@@ -65,7 +65,43 @@ def processor_class() -> Any:
         def get_attributes(cls) -> list[str]:
             return ["image_processor", "tokenizer"]
 
+        def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
+            saved = super().save_pretrained(save_directory, *args, **kwargs)
+            write_video_config(self.image_processor, Path(save_directory))
+            return saved
+
     return Qwen2VLProcessor
+
+
+# what a Qwen2-VL video processor shares with its image processor
+VIDEO_KEYS = (
+    "do_convert_rgb",
+    "do_normalize",
+    "do_rescale",
+    "do_resize",
+    "image_mean",
+    "image_std",
+    "merge_size",
+    "patch_size",
+    "resample",
+    "rescale_factor",
+    "size",
+    "temporal_patch_size",
+)
+
+
+def write_video_config(image_processor: Any, folder: Path) -> None:
+    """``video_preprocessor_config.json`` beside the processor: ``AutoProcessor`` (with
+    torchvision) builds a Qwen2-VL folder's video processor from it and refuses a folder
+    without it. The image processor's settings, as a Qwen2-VL checkpoint's video processor has
+    them; this ``AutoProcessor`` then loads ``final/`` as a ``Qwen2VLProcessor`` (checked by
+    hand with torchvision 0.21, which ortft does not install)."""
+    import json
+
+    settings = image_processor.to_dict()
+    video = {k: settings[k] for k in VIDEO_KEYS if k in settings}
+    video["video_processor_type"] = "Qwen2VLVideoProcessor"
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
 
 
 def is_folder(folder: str) -> bool:
