@@ -106,6 +106,10 @@ ROUTES = {
     "trainer-compile": Route(trainer={"torch_compile": True}),
     "auto": Route(ortft={"backend.name": "auto", "precision.dtype": "auto"}),
     "ort": Route(ortft={"backend.name": "ort", "precision.dtype": "fp32"}),
+    # ort skipping the padding inside ORTModule's graph (auto leaves ort padded)
+    "ort-unpad": Route(
+        ortft={"backend.name": "ort", "precision.dtype": "fp32", "backend.unpad": "true"}
+    ),
     "torch": Route(ortft={**TORCH, "precision.dtype": "fp32"}),
     "torch-bf16": Route(ortft={**TORCH, "precision.dtype": "bf16"}),
     # the same with backend.unpad off: what skipping the padding is worth
@@ -445,7 +449,16 @@ def main() -> None:
 
 # what the one peer table (benchmarks/peers.py) runs: the Trainer's usual setting and its
 # faster ones, ortft's fixed routes and auto
-TABLE_ROUTES = ("trainer", "trainer-bf16", "trainer-compile", "auto", "ort", "torch", "torch-bf16")
+TABLE_ROUTES = (
+    "trainer",
+    "trainer-bf16",
+    "trainer-compile",
+    "auto",
+    "ort",
+    "ort-unpad",
+    "torch",
+    "torch-bf16",
+)
 
 
 def task_peers() -> list[common.TaskPeer]:

@@ -134,6 +134,9 @@ class Bench:
     ortft_runners: dict[str, dict[str, str]] = field(default_factory=lambda: dict(ORTFT_RUNNERS))
     # fields an ortft run reports on stderr only (peer_dpo.py: the reference pass's seconds)
     ortft_stderr: Callable[[str], dict[str, Any]] | None = None
+    # the useful training FLOPs of a sample and the GEMM shape of a micro-batch (``work``'s
+    # dict), the same for every runner: the peer table's FLOP/s and share of the measured limit
+    work: Callable[[], dict[str, Any] | None] | None = None
 
     @property
     def peers(self) -> tuple[str, ...]:
@@ -287,12 +290,27 @@ def measure(
     proc, shared = run_process(cmd, timeout, threads)
     if proc is None or proc.returncode != 0:
         return {"ok": False, **shared, "error": failure(proc, timeout)}
+    flops = {"flops": bench.work()} if bench.work is not None else {}
     if runner in bench.peers:
-        return {"ok": True, **shared, **json.loads(out.read_text())}
+        return {"ok": True, **shared, **json.loads(out.read_text()), **flops}
     result = ortft_result(run_dir, proc.stdout, steps, warmup, bench.batch)
     if bench.ortft_stderr is not None:
         result.update(bench.ortft_stderr(proc.stderr))
-    return {"ok": True, **shared, **result}
+    return {"ok": True, **shared, **result, **flops}
+
+
+def work(fm: Any, config: Any, samples: list[tuple[int, int, int]], batch: int) -> dict[str, Any]:
+    """``work``'s dict from a FLOP model (``ortft.tools.flops``) and every sample's (rows, Σ l,
+    Σ l²): a sample's mean useful training FLOPs, and the GEMMs of a micro-batch of ``batch``
+    samples at the mean length (``ortft.tools.limit.layer_gemms``)."""
+    useful = [fm.useful(rows, tokens, sq) for rows, tokens, sq in samples]
+    mean_len = sum(t for _, t, _ in samples) / sum(r for r, _, _ in samples)
+    return {
+        "per_sample": statistics.mean(useful),
+        "hidden": config.hidden_size,
+        "intermediate": config.intermediate_size,
+        "tokens_per_micro": batch * round(mean_len),
+    }
 
 
 def ortft_train(recipe: Path, overrides: dict[str, str], run_dir: Path) -> list[str]:

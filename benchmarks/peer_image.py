@@ -65,6 +65,7 @@ benchmarks/peer_common.py, shared with peer_speech.py.
 from __future__ import annotations
 
 import csv
+import functools
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,22 @@ def trainer_worker(bf16: bool, steps: int, warmup: int, out: Path) -> None:
     common.write_json(out, record.result(steps, warmup, BATCH, result, model, args))
 
 
+@functools.cache
+def work() -> dict[str, Any]:
+    """Every image is the same 64 patches + [CLS]: its useful training FLOPs (peer_common.work)."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    from ortft.tools import flops
+
+    config = ViTConfig(**VIT, num_labels=10)
+    with torch.device("meta"):
+        model = ViTForImageClassification(config)
+    fm = flops.count(model, config, "image-classification")
+    tokens = (IMAGE // VIT["patch_size"]) ** 2 + 1
+    return common.work(fm, config, [(1, tokens, tokens * tokens)], BATCH)
+
+
 BENCH = common.Bench(
     name="peer-image",
     script=__file__,
@@ -140,6 +157,7 @@ BENCH = common.Bench(
     model="ViT 32x32/4, hidden 192, 4 layers",
     worker=trainer_worker,
     extra={"lr": LR, "vit": VIT},
+    work=work,
 )
 
 

@@ -56,6 +56,8 @@ A shared machine is waited for and recorded as in the other peer benches (``--ma
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -121,6 +123,34 @@ def trainer_worker(bf16: bool, steps: int, warmup: int, out: Path) -> None:
     common.write_json(out, {**record.result(steps, warmup, BATCH, result, encoder, args), **extra})
 
 
+@functools.cache
+def work() -> dict[str, Any]:
+    """A pair's useful training FLOPs (peer_common.work): two rows, its anchor's and its
+    positive's tokens at ``MAX_LENGTH``, averaged over the training pairs (every batch draws from
+    them)."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    from ortft.tools import flops
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir())
+    data = pairs()
+    lengths = [
+        tokenizer(data[k], max_length=MAX_LENGTH, truncation=True, return_length=True)["length"]
+        for k in ("anchor", "positive")
+    ]
+    config = AutoConfig.from_pretrained(model_dir())
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    fm = flops.count(model, config, "sentence-embedding")
+    pooler = getattr(model, "pooler", None)
+    if pooler is not None:  # BertModel applies it to each row's first token; nobody reads it
+        n = pooler.dense.weight.numel()
+        fm = dataclasses.replace(fm, per_token=fm.per_token - n, per_row=fm.per_row + n)
+    samples = [(2, a + p, a * a + p * p) for a, p in zip(*lengths, strict=True)]
+    return common.work(fm, config, samples, BATCH)
+
+
 BENCH = common.Bench(
     name="peer-sentence",
     script=__file__,
@@ -130,6 +160,7 @@ BENCH = common.Bench(
     model="all-MiniLM-L6-v2, MultipleNegativesRankingLoss, 64 tokens",
     worker=trainer_worker,
     extra={"lr": LR, "max_length": MAX_LENGTH, "scale": SCALE, "pairs_file": str(PAIRS)},
+    work=work,
 )
 
 

@@ -65,7 +65,7 @@ PEERS = (
     "peer_diffusion",
     "peer_vlm",
 )
-NEEDS_ORT = ("ort",)  # ortft routes a profile without ORT training cannot run
+NEEDS_ORT = ("ort", "ort-unpad")  # ortft routes a profile without ORT training cannot run
 QUICK = {"rounds": 1, "steps": 3, "warmup": 2, "retries": 0}
 
 
@@ -159,7 +159,9 @@ def task_limit(rounds: list[dict]) -> dict[str, Any] | None:
     from ortft.tools import limit
 
     gemms = limit.layer_gemms(shape["hidden"], shape["intermediate"], shape["tokens_per_micro"])
-    m = limit.measure(gemms, "cpu", torch.get_num_threads(), ("fp32", "bf16"))
+    # measured again, keeping the better rate: a cached rate may be a busy machine's (a loaded
+    # smoke run's cache gave text-long 57 GFLOP/s fp32, the quiet machine 180 and more)
+    m = limit.measure(gemms, "cpu", torch.get_num_threads(), ("fp32", "bf16"), refresh=True)
     return {
         **{d: v["flops"] for d, v in m["dtypes"].items()},
         "shape": shape,

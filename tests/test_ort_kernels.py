@@ -35,7 +35,7 @@ def _grads(fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]
 
 def test_resolve() -> None:
     assert ort_kernels.resolve("auto", "cpu") == (
-        "gelu", "layer_norm", "cross_entropy", "dropout", "conv"
+        "gelu", "layer_norm", "cross_entropy", "dropout", "conv", "index_select"
     )  # fmt: skip
     assert ort_kernels.resolve("auto", "cuda") == ()
     assert ort_kernels.resolve([], "cpu") == ()

@@ -63,10 +63,13 @@ def steps(wrapped: Any) -> list[tuple[float, dict[str, torch.Tensor]]]:
     return out
 
 
-def graph_ops(wrapped: Any) -> set[str]:
+def exported(wrapped: Any) -> Any:
     manager = wrapped._torch_module._execution_manager(True)
-    model = manager._graph_transition_manager._exported_model_info.exported_model
-    return {node.op_type for node in model.graph.node}
+    return manager._graph_transition_manager._exported_model_info.exported_model
+
+
+def graph_ops(wrapped: Any) -> set[str]:
+    return {node.op_type for node in exported(wrapped).graph.node}
 
 
 # the fast tier's two: BERT (a feed-forward chunk, ``*Output`` blocks) and DistilBERT (single
@@ -89,14 +92,34 @@ def test_every_listed_type_trains_unpadded_on_ort_as_padded(
     assert_same_ort_steps(kind, monkeypatch)
 
 
-def assert_same_ort_steps(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three steps of ``kind`` in ORTModule unpadded equal the padded ORTModule's."""
+def test_row_gathers_routed_to_pytorch_train_as_the_padded_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """backend.pytorch_kernels' index_select: the gathers as ATen nodes (PyTorch's index_add
+    for their gradient, not ORT's GatherGrad), the same losses and gradients."""
+    from ortft.backends.ortmodule import kernels
+
+    try:
+        unpadded = assert_same_ort_steps("bert", monkeypatch, routed=("index_select",))
+        assert kernels.routed(exported(unpadded)).get("index_select", 0) >= 2
+    finally:
+        kernels.install((), torch.nn.Linear(1, 1))  # unrouted again for the tests after
+
+
+def assert_same_ort_steps(
+    kind: str, monkeypatch: pytest.MonkeyPatch, routed: tuple[str, ...] = ()
+) -> Any:
+    """Three steps of ``kind`` in ORTModule unpadded equal the padded ORTModule's (``routed``:
+    the PyTorch kernels the unpadded graph runs); the unpadded ORTModule."""
+    from ortft.backends.ortmodule import kernels
+
     model = tiny(kind)
     for module in model.modules():  # ORT's dropout draws from its own generator in each graph
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0  # DistilBERT's head has seq_classif_dropout 0.2
     padded = ort(copy.deepcopy(model), monkeypatch)
     state = unpad.install(unpad.encoder_of(model), in_graph=True)
+    kernels.install(routed, model)
     unpadded = ort(model, monkeypatch)
     reference, got = steps(padded), steps(unpadded)
     assert state.calls > 0, "the unpadded path was never traced"
@@ -106,6 +129,7 @@ def assert_same_ort_steps(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
         assert grads_u.keys() == grads.keys()
         for name, g in grads.items():
             torch.testing.assert_close(grads_u[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    return unpadded
 
 
 def test_an_ort_run_unpads_with_the_losses_of_a_padded_run(work: Path) -> None:

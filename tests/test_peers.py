@@ -233,3 +233,40 @@ def test_tables_run_apart_merge_into_one(
     assert merged["allow_busy"] is False and merged["rounds"] == 1
     text = table.markdown(merged)
     assert "| current | image | trainer-bf16 (best peer) |" in text and "skipped" not in text
+
+
+def test_every_run_of_a_bench_that_counts_its_work_carries_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    common = helpers.load_benchmark("peer_common", monkeypatch)
+    work = {"per_sample": 7.0e8, "hidden": 192, "intermediate": 768, "tokens_per_micro": 2080}
+
+    def ran(cmd: list[str], timeout: float, threads: int = 0) -> tuple[object, dict]:
+        if "--result" in cmd:  # a peer's worker writes its result
+            Path(cmd[cmd.index("--result") + 1]).write_text('{"samples_per_s": 30.0}')
+        return argparse.Namespace(returncode=0, stdout="{}", stderr=""), {"wall_s": 1.0}
+
+    monkeypatch.setattr(common, "run_process", ran)
+    monkeypatch.setattr(common, "ortft_result", lambda *a: {"samples_per_s": 40.0})
+    bench = common.Bench("b", "b.py", tmp_path / "r.yaml", 32, {}, "m", lambda *a: None)
+    counted = common.replace(bench, work=lambda: work)
+    for runner in ("trainer", "torch"):
+        assert common.measure(counted, runner, 2, 1, tmp_path, 60)["flops"] == work
+        assert "flops" not in common.measure(bench, runner, 2, 1, tmp_path, 60)
+
+
+def test_the_image_and_embedding_peers_count_the_flops_by_hand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    image = helpers.load_benchmark("peer_image", monkeypatch).work()
+    # 4 layers of Q, K, V, O (192²) and the MLP (2 x 192 x 768), the 10-way head; 65 tokens
+    weights, tokens = 4 * (4 * 192 * 192 + 2 * 192 * 768) + 192 * 10, 8 * 8 + 1
+    assert image["per_sample"] == 3 * 2 * weights * tokens + 3 * 4 * 4 * 192 * tokens**2
+    assert image["tokens_per_micro"] == 32 * tokens
+    sentence = helpers.load_benchmark("peer_sentence", monkeypatch).work()
+    # MiniLM-L6: 6 layers at 384/1536; two texts a pair, each at most 64 tokens
+    per_token = 6 * (4 * 384 * 384 + 2 * 384 * 1536)
+    assert sentence["hidden"] == 384 and sentence["intermediate"] == 1536
+    low, high = 3 * 2 * per_token * 2 * 3, 3 * 2 * per_token * 128 + 3 * 4 * 6 * 384 * 2 * 64**2
+    assert low < sentence["per_sample"] < high
+    assert 32 * 3 <= sentence["tokens_per_micro"] <= 32 * 64

@@ -572,12 +572,28 @@ def test_export_options_a_diffusers_model_has_no_graph_for_are_one_line(full_run
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.ort
+def test_auto_probes_the_unet_and_trains_as_the_route_it_chose(tmp_path):
+    """backend.name=auto: the probe times the UNet on torch and ort, then the run is the one the
+    chosen route runs on its own (its probe's RNG draws undone), to the loss."""
+    auto = train("text-to-image.yaml", tmp_path / "auto", "training.max_steps=2",
+                 "backend.name=auto", "precision.dtype=auto")  # fmt: skip
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    probe = json.loads((tmp_path / "auto" / "summary.json").read_text())["backend"]["probe"]
+    assert {"torch", "ort"} <= set(probe["backends"])
+    assert all("median_step_s" in b for b in probe["backends"].values()), probe
+    fixed = train("text-to-image.yaml", tmp_path / "fixed", "training.max_steps=2",
+                  f"backend.name={probe['chosen']}", f"precision.dtype={probe['dtype']}")  # fmt: skip
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert losses(tmp_path / "auto") == losses(tmp_path / "fixed")
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         (["adapter.rank=4", "task.ema_decay=0.9"], "task.ema_decay with adapter"),
         (["task.ema_decay=0.9", "checkpoint.final=best"], "checkpoint.final=best with task.ema"),
-        (["backend.name=auto"], "text-to-image has no probe yet"),
+        (["backend.name=auto", "backend.compile=auto"], "times the eager routes only"),
     ],
 )
 def test_combinations_text_to_image_cannot_honour_are_recipe_errors(overrides, message):

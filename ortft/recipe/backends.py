@@ -63,6 +63,9 @@ def compile_problems(recipe: Any) -> list[str]:
     return []
 
 
+# backend.pytorch_kernels' names (backends/ortmodule/kernels.py's KERNELS)
+PytorchKernel = Literal["gelu", "layer_norm", "cross_entropy", "dropout", "conv", "index_select"]
+
 # backend.unpad: the field lives in schema.BackendSection; its type and text are here
 Unpad = Literal[False, True, "auto"]
 UNPAD_DESCRIPTION = (

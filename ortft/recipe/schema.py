@@ -229,14 +229,12 @@ class BackendSection(Section):
     compute_optimizer: bool = Field(
         True, description="ORTModule compute optimizer (label/embedding sparsity)."
     )
-    pytorch_kernels: (
-        Literal["auto"] | list[Literal["gelu", "layer_norm", "cross_entropy", "dropout", "conv"]]
-    ) = Field(
+    pytorch_kernels: Literal["auto"] | list[backend_rules.PytorchKernel] = Field(
         "auto",
         description="Ops the ort backend runs as PyTorch kernels inside the ONNX Runtime graph "
         "(ATen nodes), where ORT's own CPU kernels are slow: gelu, layer_norm, cross_entropy, "
-        "dropout, conv (2-D convolutions). auto: all five on CPU, none on CUDA; [] keeps ORT's "
-        "kernels everywhere.",
+        "dropout, conv (2-D convolutions), index_select (row gathers: backend.unpad's). auto: "
+        "all six on CPU, none on CUDA; [] keeps ORT's kernels everywhere.",
     )
     gpu_allocator: Literal["torch", "ort"] = Field(
         "torch",

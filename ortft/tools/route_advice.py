@@ -35,6 +35,7 @@ class Measured:
 
 
 PEER = "benchmarks/peer.py (MiniLM, batch 16, max_length 128)"
+PEERS = "benchmarks/peers.py (make bench-peers: every task's peer bench)"
 INTEL_AMX = "2 cores of an Intel Xeon with AMX, quiet"
 AMD_ZEN4 = "2 cores of an AMD EPYC (Zen 4, avx512_bf16)"
 
@@ -58,25 +59,27 @@ MEASURED: dict[str, dict[str, Measured]] = {
         ),
     },
     AVX512_BF16: {
-        # two AMD EPYC VMs disagree, so the advice is the probe that measures the run's own CPU
+        # the VMs and the tasks disagree, so the advice is the probe that measures the run's own
         "fp32": Measured(
             "backend.name=auto (no single answer)",
-            "ort fp32 1.59x ortft's torch fp32 on short texts (55.5 vs 34.9 samples/s) and "
-            "1.60x on long ones (31.1 vs 19.4) on one VM; on a Zen 4 two days later ort fp32 "
-            "was level with the fp32 Trainer (1.00x short, 1.06x long; torch fp32 not run) and "
-            "1.14x torch fp32 on sentence embeddings (21.7 vs 19.0); all before backend.unpad, "
-            "which made torch 1.28x faster on short texts on the Intel Xeon (bf16, one table)",
-            "2 quiet cores of AMD EPYC VMs with AVX-512, 2026-12-01 (CPU model not recorded) "
-            "and 2026-12-03 (Zen 4)",
-            f"{PEER} and benchmarks/peer_sentence.py",
+            "on a Zen 4, one table of every task: ortft's torch fp32 (padding skipped) 1.69x ort "
+            "fp32 on short texts (47.2 vs 28.0 samples/s), ort fp32 ahead on long texts "
+            "(1.08x), images (1.06x), speech (1.10x), DPO (1.16x) and the tiny VLM (1.34x), "
+            "level on embeddings and text-to-image; on an older AVX-512 VM ort fp32 ran 1.59x "
+            "torch fp32 on short texts (55.5 vs 34.9, before backend.unpad)",
+            f"{AMD_ZEN4}, quiet, 2026-12-06; an AMD EPYC VM with AVX-512, 2026-12-01 (CPU model "
+            "not recorded)",
+            f"{PEERS} and {PEER}",
             "AMD",
         ),
         "bf16": Measured(
             "backend.name=torch precision.dtype=bf16",
-            "torch bf16 2.02x ort fp32 on short texts (277 vs 560 ms/step), "
-            "1.78x on long ones (680 vs 1211)",
-            f"{AMD_ZEN4}, quiet, 2026-12-03",
-            PEER,
+            "torch bf16 the fastest route on 7 of 8 tasks: 2.46x ort fp32 on short texts (69.0 "
+            "vs 28.0 samples/s), 1.63x on long ones (25.7 vs 15.8), 1.32-1.83x on images, "
+            "speech, embeddings, DPO and text-to-image; the tiny VLM (64-wide) ran faster on "
+            "ort fp32 (torch bf16 0.68x)",
+            f"{AMD_ZEN4}, quiet, 2026-12-06",
+            PEERS,
             "AMD",
         ),
     },

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from ortft.backends.ortmodule import shapes
+
 _ARGS = "int[] stride, int[] padding, int[] dilation, int groups"
 # forward operator -> (its gradient's inputs, outputs, operator), for ORT's gradient builder
 _INPUTS = ["GO(0)", "I(0)", "I(1)", "I(3)", "I(4)", "I(5)", "I(6)"]
@@ -74,9 +76,6 @@ def define(lib: Any, key: str) -> None:
 def _infer_shape(inference: Any, node: Any) -> None:
     """ONNX Runtime's symbolic shape inference of an ``ortft::conv2d`` node: [N, C_out, H', W'],
     each H' as ONNX Conv's (its constant inputs: ``symbolic``)."""
-    from onnx import helper
-    from onnxruntime.tools.symbolic_shape_infer import get_shape_from_sympy_shape
-
     stride, padding, dilation = (inference._try_get_value(node, i) for i in (3, 4, 5))
     n, _, *spatial = inference._get_sympy_shape(node, 0)
     kernel = inference._get_sympy_shape(node, 1)
@@ -84,30 +83,14 @@ def _infer_shape(inference: Any, node: Any) -> None:
         _out_size(size, kernel[2 + i], stride[i], padding[i], dilation[i])
         for i, size in enumerate(spatial)
     ]
-    inference._update_computed_dims(shape)
-    dtype = inference.known_vi_[node.input[0]].type.tensor_type.elem_type
-    vi = inference.known_vi_[node.output[0]]
-    vi.CopyFrom(
-        helper.make_tensor_value_info(node.output[0], dtype, get_shape_from_sympy_shape(shape))
-    )
+    shapes.set_output(inference, node, shape)
 
 
 def register_shape_inference() -> None:
-    """Teach ONNX Runtime's ``SymbolicShapeInference`` (which ORTModule runs on every export) the
-    output shape of ``ortft::conv2d`` (the module docstring says why). Idempotent."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-    init = SymbolicShapeInference.__init__
-    if getattr(init, "_ortft_conv", False):
-        return
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        for op in OPERATORS:
-            self.aten_op_dispatcher_[op] = lambda node: _infer_shape(self, node)
-
-    __init__._ortft_conv = True  # type: ignore[attr-defined]
-    SymbolicShapeInference.__init__ = __init__
+    """Teach ONNX Runtime's shape inference the output shape of ``ortft::conv2d`` (the module
+    docstring says why)."""
+    for op in OPERATORS:
+        shapes.register(op, _infer_shape)
 
 
 def needs_grad(value: Any) -> bool:

@@ -15,6 +15,9 @@ they cost more than the matrix multiplications around them:
   took 196 ms a step forward and 446 ms backward, PyTorch's oneDNN kernels 99 and 226 (torch's
   profiler); routed (``conv.py``), 96 and 207, and a whole UNet step (forward, backward, clip,
   AdamW) went from 835 to 625 ms (one process, alternating; eager PyTorch 589).
+- ``GatherGrad`` (the gradient of the row gathers ``backend.unpad`` traces into the graph):
+  29% of an unpadded MiniLM step's kernel time on the long-text peer bench; routed
+  (``rows.py``), PyTorch's ``index_add``.
 
 ORTModule can already run single PyTorch ops as ``org.pytorch.aten::ATen`` nodes of its graph
 (its embedding is one): ONNX Runtime plans and runs the graph, and calls the PyTorch kernel
@@ -41,9 +44,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ortft.backends.ortmodule import conv
+from ortft.backends.ortmodule import conv, rows
 
-KERNELS = ("gelu", "layer_norm", "cross_entropy", "dropout", "conv")
+KERNELS = ("gelu", "layer_norm", "cross_entropy", "dropout", "conv", "index_select")
 ATEN = "org.pytorch.aten::ATen"
 
 _STATE: dict[str, Any] = {
@@ -60,6 +63,7 @@ OPERATORS = {
     "ortft::cross_entropy": "cross_entropy",
     "ortft::dropout": "dropout",
     **{op: "conv" for op in conv.OPERATORS},
+    **{op: "index_select" for op in rows.OPERATORS},
 }
 
 
@@ -132,6 +136,7 @@ def _define_library() -> None:
     lib.impl("dropout_backward", lambda grad, mask: grad * mask, key)
     conv.define(lib, key)
     conv.register_shape_inference()
+    rows.define(lib, key)
     _STATE["library"] = lib
 
 
@@ -288,6 +293,13 @@ def _convolution(g: Any, *args: Any) -> Any:
     return conv.symbolic(g, _STATE["originals"]["::_convolution"], *args)
 
 
+def _index_select(g: Any, x: Any, dim: Any, index: Any) -> Any:
+    from torch.onnx import symbolic_opset9
+
+    original = _STATE["originals"]["::index_select"] or symbolic_opset9.index_select
+    return rows.symbolic(g, original, x, dim, index)
+
+
 # ---- gradients (ORT's gradient builder) --------------------------------------------------------
 
 
@@ -336,6 +348,10 @@ GRADIENTS = {
         ((op, ""), [_aten(inputs, outputs, backward)])
         for op, inputs, outputs, backward in conv.GRADIENTS
     ],
+    "index_select": [
+        ((op, ""), [_aten(inputs, outputs, backward)])
+        for op, inputs, outputs, backward in rows.GRADIENTS
+    ],
 }
 SYMBOLICS = {
     "gelu": ("::gelu", _gelu),
@@ -343,6 +359,7 @@ SYMBOLICS = {
     "cross_entropy": ("::cross_entropy_loss", _cross_entropy_loss),
     "dropout": ("::dropout", _dropout),
     "conv": ("::_convolution", _convolution),
+    "index_select": ("::index_select", _index_select),
 }
 
 

@@ -98,19 +98,22 @@ def _time_route(
     r = loaded.recipe
     backend = wrapper(route.backend, r.backend, compile=route.compile)
     # the same model the PyTorch engine builds (keep the two in step)
-    vocab = hf_config.vocabulary(task, tokenizer)
-    model = models.build_model(
-        loaded,
-        task.auto_class,
-        vocab,
-        labels,
-        attn=backend.attn_implementation(device, route.dtype),
-        config=hf_config.composed_config(loaded, task, vocab),
-    )
-    if isinstance(task, protocols.PreparesModel):
-        task.prepare_model(model, tokenizer)
-    if r.adapter is not None:
-        model = models.apply_adapter(model, r.adapter, task)
+    if isinstance(task, protocols.BuildsModel):  # the family's own (text-to-image: a UNet)
+        model = task.build_model(loaded, tokenizer, device)  # the run's build rebinds the task
+    else:
+        vocab = hf_config.vocabulary(task, tokenizer)
+        model = models.build_model(
+            loaded,
+            task.auto_class,
+            vocab,
+            labels,
+            attn=backend.attn_implementation(device, route.dtype),
+            config=hf_config.composed_config(loaded, task, vocab),
+        )
+        if isinstance(task, protocols.PreparesModel):
+            task.prepare_model(model, tokenizer)
+        if r.adapter is not None:
+            model = models.apply_adapter(model, r.adapter, task)
     module = models.TaskModule(model, task).to(device)
     wrapped = backend.wrap(module, scratch / route.label)
     wrapped.train()

@@ -35,9 +35,9 @@ class StableDiffusion(TextToImage):
             )
 
     def model_problems(self, recipe: Any) -> Iterator[str]:
-        """A from_config model is a tiny Stable Diffusion; the UNet trains on ort or torch (the
-        probe of backend.name=auto and compile=auto builds transformers models only); the EMA
-        follows a full fine-tune and is what final/ holds."""
+        """A from_config model is a tiny Stable Diffusion; the UNet trains on ort or torch,
+        or the one backend.name=auto's probe times faster (eager: its compiled route is
+        untried on a UNet); the EMA follows a full fine-tune and is what final/ holds."""
         fc, name = recipe.model.from_config, recipe.task.name
         if fc is not None and fc.architecture != ARCHITECTURE:
             yield (
@@ -53,10 +53,10 @@ class StableDiffusion(TextToImage):
                 "checkpoint.final=best with task.ema_decay: final/ holds the EMA weights, but the "
                 "best step is picked on the live weights' eval loss; use checkpoint.final=last"
             )
-        if recipe.backend.name == "auto" or recipe.backend.compile == "auto":
+        if recipe.backend.compile == "auto":
             yield (
-                "backend.name=auto / backend.compile=auto: text-to-image has no probe yet; choose "
-                "backend.name ort or torch"
+                "backend.compile=auto: text-to-image's probe (backend.name=auto) times the eager "
+                "routes only; set backend.compile true or false"
             )
 
     def load_tokenizer(self, loaded: Any, run_dir: Path) -> Any:
