@@ -303,12 +303,15 @@ def work(fm: Any, config: Any, samples: list[tuple[int, int, int]], batch: int) 
     """``work``'s dict from a FLOP model (``ortft.tools.flops``) and every sample's (rows, Σ l,
     Σ l²): a sample's mean useful training FLOPs, and the GEMMs of a micro-batch of ``batch``
     samples at the mean length (``ortft.tools.limit.layer_gemms``)."""
+    from ortft.tools import limit
+
     useful = [fm.useful(rows, tokens, sq) for rows, tokens, sq in samples]
     mean_len = sum(t for _, t, _ in samples) / sum(r for r, _, _ in samples)
+    hidden, intermediate = limit.dims(config)
     return {
         "per_sample": statistics.mean(useful),
-        "hidden": config.hidden_size,
-        "intermediate": config.intermediate_size,
+        "hidden": hidden,
+        "intermediate": intermediate,
         "tokens_per_micro": batch * round(mean_len),
     }
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -221,6 +222,30 @@ def report(result: dict[str, Any]) -> None:
         print(f"peer-dpo: TRL's mean tokens a sequence: {sorted(set(tokens.values()))}")
 
 
+@functools.cache
+def work(name: str) -> dict[str, Any]:
+    """A pair's useful training FLOPs (peer_common.work): the policy's forward and backward on
+    its chosen and its rejected sequence (prompt + response, cut at ``MAX_LENGTH``), averaged
+    over the pairs. The reference's log-probs are precomputed by ortft and ``trl-fast``, so
+    they are no step's work; ``trl`` runs the reference every step, which this leaves out."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ortft.tools import flops
+
+    build_model(name)
+    folder = model_dir(name)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    samples = []
+    for row in trl_rows(tokenizer):
+        a, b = (
+            min(len(tokenizer(row["prompt"] + row[k])["input_ids"]), MAX_LENGTH)
+            for k in ("chosen", "rejected")
+        )
+        samples.append((2, a + b, a * a + b * b))
+    fm = flops.from_saved(folder, "AutoModelForCausalLM", "causal-lm")
+    return common.work(fm, AutoConfig.from_pretrained(folder), samples, 2 * BATCH)
+
+
 def bench(name: str) -> common.Bench:
     folder = model_dir(name)
     return common.Bench(
@@ -245,6 +270,7 @@ def bench(name: str) -> common.Bench:
         ortft_runners=ORTFT_RUNNERS,
         ortft_stderr=ortft_stderr,
         report=report,
+        work=lambda: work(name),
     )
 
 

@@ -4,8 +4,8 @@ kernels (``kernels.py``'s ``index_select``).
 Why: ``backend.unpad`` on the ort backend gathers each layer's real positions into one
 [tokens, width] matrix and back (``torch/unpad.py``'s ``arm_in_graph``). ONNX ``Gather``'s
 gradient in ORT 1.19.2 is ``GatherGrad``, whose CPU kernel took 29% of the kernel time of an
-unpadded MiniLM step on the long-text peer bench (ORT's session profiler, docs/backends.md):
-the unpadded step ran 0.6x the padded one. PyTorch's ``index_add`` does the same sum of rows.
+unpadded MiniLM step on the long-text peer bench (ORT's session profiler, docs/backends.md),
+where the unpadded step ran 0.6x the padded one. PyTorch's ``index_add`` sums the rows faster.
 
 The forward is ``x.index_select(0, index)``, the gradient
 ``zeros_like(x).index_add_(0, index, grad)``: rows gathered twice get both gradients, as
