@@ -160,7 +160,7 @@ def task_limit(rounds: list[dict]) -> dict[str, Any] | None:
 
     gemms = limit.layer_gemms(shape["hidden"], shape["intermediate"], shape["tokens_per_micro"])
     # measured again, keeping the better rate: a cached rate may be a busy machine's (a loaded
-    # smoke run's cache gave text-long 57 GFLOP/s fp32, the quiet machine 180 and more)
+    # smoke run's cache gave text-long 57 GFLOP/s fp32, the quiet machine 191)
     m = limit.measure(gemms, "cpu", torch.get_num_threads(), ("fp32", "bf16"), refresh=True)
     return {
         **{d: v["flops"] for d, v in m["dtypes"].items()},
