@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from ortft.backends.ortmodule import conv, rows
+from ortft.backends.torch.fusions import TanhGelu, fuse_tanh_gelu  # noqa: F401 - re-exported
 
 KERNELS = ("gelu", "layer_norm", "cross_entropy", "dropout", "conv", "index_select")
 ATEN = "org.pytorch.aten::ATen"
@@ -392,22 +393,3 @@ def install(kernels: tuple[str, ...], module: nn.Module) -> None:
 
             symbolics.pop(name, None)  # and from torch.onnx, where an earlier ORTModule put it
             unregister_symbolics([name])
-
-
-class TanhGelu(nn.Module):
-    """``gelu(x, approximate="tanh")``: the function HF's ``NewGELUActivation`` writes out as
-    seven element-wise ops (GPT-2's ``gelu_new``), as one kernel."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.gelu(x, approximate="tanh")
-
-
-def fuse_tanh_gelu(module: nn.Module) -> int:
-    """Replace every ``NewGELUActivation`` in ``module`` by ``TanhGelu``; returns how many."""
-    count = 0
-    for parent in module.modules():
-        for name, child in list(parent.named_children()):
-            if type(child).__name__ == "NewGELUActivation":
-                setattr(parent, name, TanhGelu())
-                count += 1
-    return count

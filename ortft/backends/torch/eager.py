@@ -14,6 +14,7 @@ measurement): ``ORTFT_TORCH_ATTN=eager`` (or ``sdpa``) fixes the attention, what
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,8 @@ from ortft.backends.report import BackendReport
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+log = logging.getLogger("ortft")
 
 # Why bf16 on CPU trains with eager attention, not transformers' default sdpa (torch 2.6, 2 cores
 # of an Intel Xeon with AMX, MiniLM batch 16, bf16 autocast, fused AdamW, ms per step over 3
@@ -71,8 +74,11 @@ class TorchBackend:
     def wrap(self, module: nn.Module, run_dir: Path) -> nn.Module:
         """The module itself (evaluation, saving and export use it), its encoder unpadded where
         ``unpad.plan`` says so."""
-        from ortft.backends.torch import unpad
+        from ortft.backends.torch import fusions, unpad
 
+        swapped = fusions.fuse_tanh_gelu(module)  # the same function in one kernel
+        if swapped:
+            log.info("backend: GPT-2's written-out GELU as gelu(approximate=tanh) x%d", swapped)
         model, task = getattr(module, "model", None), getattr(module, "task", None)
         if model is None or task is None:  # not a TaskModule: nothing to plan
             return module
