@@ -21,7 +21,7 @@ and that gives an ATen operator it does not know an output of fresh symbolic dim
 export said. A 1x1 output multiplied back onto a feature map (RegNet's squeeze-excitation) then
 had its 1s merged with the map's height and width, Mul's gradient skipped the reduction over
 them, and oneDNN got a [4, 32, 2, 2] gradient for a [4, 32, 1, 1] output ("could not create a
-primitive descriptor for a convolution"). ``register_shape_inference`` gives the inference the
+primitive descriptor for a convolution"). ``define`` gives the inference (``shapes.py``) the
 convolution's own output shape.
 """
 
@@ -71,6 +71,8 @@ def define(lib: Any, key: str) -> None:
         "(Tensor, Tensor, Tensor)"
     )
     lib.impl("conv2d_backward", _backward, key)
+    for op in OPERATORS:
+        shapes.register(op, _infer_shape)
 
 
 def _infer_shape(inference: Any, node: Any) -> None:
@@ -84,13 +86,6 @@ def _infer_shape(inference: Any, node: Any) -> None:
         for i, size in enumerate(spatial)
     ]
     shapes.set_output(inference, node, shape)
-
-
-def register_shape_inference() -> None:
-    """Teach ONNX Runtime's shape inference the output shape of ``ortft::conv2d`` (the module
-    docstring says why)."""
-    for op in OPERATORS:
-        shapes.register(op, _infer_shape)
 
 
 def needs_grad(value: Any) -> bool:

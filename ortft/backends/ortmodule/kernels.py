@@ -136,7 +136,6 @@ def _define_library() -> None:
     lib.define("dropout_backward(Tensor grad, Tensor mask) -> Tensor")
     lib.impl("dropout_backward", lambda grad, mask: grad * mask, key)
     conv.define(lib, key)
-    conv.register_shape_inference()
     rows.define(lib, key)
     _STATE["library"] = lib
 
