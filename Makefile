@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU STACK
 
-.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peers bench-auto-vs-fixed bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-peer-diffusion bench-peer-vlm check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
+.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peers bench-auto-vs-fixed bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-unpad-decoder bench-peer-diffusion bench-peer-vlm check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -38,6 +38,7 @@ help:
 	@echo "make bench-peer-speech the same for speech recognition: a Whisper on spoken digits, Seq2SeqTrainer fp32 and bf16 (CPU, ~15 min)"
 	@echo "make bench-peer-sentence the same for sentence embeddings: MiniLM on title/ending pairs vs SentenceTransformerTrainer fp32 and bf16 (CPU)"
 	@echo "make bench-peer-dpo    the same for DPO: a 25M GPT-2 on the preference pairs vs TRL's DPOTrainer (fp32, bf16, precomputed reference) (CPU)"
+	@echo "make bench-unpad-decoder backend.unpad on a 25M GPT-2: instruction tuning unpacked and DPO, unpadded vs padded, alternating (CPU, ~6 min)"
 	@echo "make bench-peer-diffusion the same for text-to-image: an SD UNet on the digits vs diffusers' own training step fp32 and bf16 (CPU, ~15 min)"
 	@echo "make bench-peer-vlm    the same for image-text-to-text: the recipe's tiny LLaVA on the digit questions vs Trainer fp32, bf16, torch_compile (CPU)"
 	@echo "make check-sentence-embedding  train recipes/sentence-embedding.yaml, assert held-out MRR@10 beats the base model (minutes)"
@@ -202,6 +203,12 @@ PEER_DPO_ARGS ?= --pairs 3
 bench-peer-dpo: setup
 	@mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/peer_dpo.py $(PEER_DPO_ARGS) --out benchmarks/results/peer-dpo.json
+
+# backend.unpad on a decoder: the DPO peer's 25M GPT-2, torch bf16, unpadded and padded in
+# alternating fresh processes (instruction tuning with packing off; DPO). Not in CI.
+bench-unpad-decoder: setup
+	@mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/unpad_decoder.py --pairs 4 --out benchmarks/results/unpad-decoder.json
 
 # Text-to-image: ortft torch and ort against diffusers' own train_text_to_image.py step (plain
 # PyTorch, fp32 and bf16 as its --mixed_precision runs it) on a tiny SD UNet (64/128 channels,

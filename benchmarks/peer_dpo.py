@@ -43,6 +43,8 @@ Runners, alternating (trl, trl-fast, trl-fp32-fast, torch, torch-bf16, ort, auto
 - ``torch`` / ``torch-bf16`` / ``ort``: ``ortft train recipes/dpo.yaml --json`` with
   ``ORTFT_OVERRIDES`` and the route's backend (and ``precision.dtype=bf16``); ``auto``:
   ``backend.name=auto precision.dtype=auto`` (its probe picks the route).
+  ``torch-bf16-padded``: ``torch-bf16`` with ``backend.unpad=false``, the step before unpad
+  reached decoders (``--runners torch-bf16,torch-bf16-padded``; not in the peer table).
 
 Timing (peer_common): ``--warmup`` steps (default 4), then ``--steps`` timed steps (default 20),
 each from the end of the step before to its own end. Neither side's reference pass is in the
@@ -80,6 +82,12 @@ TRL = ("trl", "trl-fast", "trl-fp32-fast")
 ORTFT_RUNNERS = {
     "torch": {"backend.name": "torch", "precision.dtype": "fp32"},
     "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
+    # the same, its batches padded as before backend.unpad reached decoders (not in the table)
+    "torch-bf16-padded": {
+        "backend.name": "torch",
+        "precision.dtype": "bf16",
+        "backend.unpad": "false",
+    },
     "ort": {"backend.name": "ort", "precision.dtype": "fp32"},
     "auto": {"backend.name": "auto", "precision.dtype": "auto"},
 }
@@ -278,7 +286,8 @@ def task_peers() -> list[common.TaskPeer]:
     """This bench's rows of the one peer table (benchmarks/peers.py): the default model, each
     measurement with the environment this script's command line sets (and only those)."""
     name = model_name()
-    peer = common.task_peer(bench(name), "dpo")
+    runners = {k: v for k, v in ORTFT_RUNNERS.items() if k != "torch-bf16-padded"}
+    peer = common.task_peer(dataclasses.replace(bench(name), ortft_runners=runners), "dpo")
     own = {MODEL_ENV: name, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 
     def one(runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict[str, Any]:

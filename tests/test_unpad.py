@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import WORDS, tiny_classifier, write_recipe
+from conftest import WORDS, tiny_causal_lm, tiny_classifier, write_recipe
 from helpers import losses, run_cli, summary
+from test_preference import write_pairs
 
 from ortft.backends.torch import unpad
 from ortft.core.errors import InputError
@@ -28,6 +29,10 @@ SIZES = dict(
 )  # fmt: skip
 DISTILBERT = dict(vocab_size=120, dim=32, n_layers=2, n_heads=2, hidden_dim=64, dropout=0.0,
                   attention_dropout=0.0, max_position_embeddings=64)  # fmt: skip
+DECODER = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+               intermediate_size=64, max_position_embeddings=64, num_key_value_heads=1)  # fmt: skip
+GPT2 = dict(vocab_size=120, n_embd=32, n_layer=2, n_head=2, n_inner=64, n_positions=64,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
 
 
 class FakeTask:
@@ -38,7 +43,9 @@ class FakeTask:
 def tiny(kind: str, auto: str = "AutoModelForSequenceClassification") -> torch.nn.Module:
     import transformers
 
-    sizes = DISTILBERT if kind == "distilbert" else dict(SIZES)
+    sizes = {"distilbert": DISTILBERT, "gpt2": GPT2}.get(kind) or dict(SIZES)
+    if kind in unpad.DECODERS - {"gpt2"}:
+        sizes = DECODER
     if kind == "albert":
         sizes["embedding_size"] = 16
     config = transformers.AutoConfig.for_model(kind, **sizes, pad_token_id=0, num_labels=3)
@@ -87,11 +94,29 @@ def assert_same_step(
     return state
 
 
-@pytest.mark.parametrize("kind", sorted(unpad.MODEL_TYPES))
+@pytest.mark.parametrize("kind", sorted(unpad.ENCODERS))
 def test_an_unpadded_classification_step_equals_the_padded_one(kind: str) -> None:
     model = tiny(kind)
     state = assert_same_step(model, batch(), torch.tensor([0, 1, 2, 1]))
     assert state.patched, "nothing was patched"
+
+
+@pytest.mark.parametrize("kind", sorted(unpad.DECODERS))
+def test_an_unpadded_next_token_step_equals_the_padded_one(kind: str) -> None:
+    """A decoder's causal-LM step (the loss of causal-lm, instruction and, per token, the
+    preference log-probs), right-padded, labels -100 at padding; its MLP goes as one block."""
+    inputs = batch()
+    labels = torch.where(inputs["attention_mask"] == 1, inputs["input_ids"], -100)
+    model = tiny(kind, "AutoModelForCausalLM")
+    state = assert_same_step(model, inputs, labels)
+    assert any(name.endswith(".mlp") for name in state.patched), state.patched
+    if kind == "gpt2":  # the module swap the torch route makes first (fusions.py)
+        from ortft.backends.torch import fusions
+
+        model = tiny(kind, "AutoModelForCausalLM")
+        assert fusions.fuse_tanh_gelu(model) == 2
+        state = assert_same_step(model, inputs, labels, bf16=True)
+        assert "h.0.mlp" in state.patched and "h.0.attn.c_attn" in state.patched
 
 
 def test_a_bf16_step_on_the_cpu_equals_the_padded_one() -> None:
@@ -211,4 +236,25 @@ def test_a_run_unpads_by_default_with_the_losses_of_an_unpadded_run(work: Path) 
     on, off = summary(runs["auto"])["backend"]["unpad"], summary(runs["false"])["backend"]["unpad"]
     assert on["on"] is True and on["gathered_forwards"] > 0, on
     assert off == {"on": False, "why": "backend.unpad=false", "gathered_forwards": 0}
+    assert losses(runs["auto"]) == pytest.approx(losses(runs["false"]), rel=1e-4)
+
+
+def test_a_dpo_run_unpads_its_decoder_with_the_losses_of_a_padded_run(tmp_path: Path) -> None:
+    """The torch route's DPO (GPT-2, pairs of varied lengths, chosen and rejected in one
+    batch): unpadded by default, the losses of ``backend.unpad=false``."""
+    write_pairs(tmp_path / "pairs.jsonl", 24)
+    r = tiny_causal_lm("pairs.jsonl", backend="torch", max_steps=4, batch_size=4)
+    r["task"] = {"name": "preference", "loss": "dpo", "beta": 0.5}
+    r["data"].update(eval_fraction=0.0)
+    r["export"] = {"enabled": False}
+    recipe = write_recipe(tmp_path / "dpo.yaml", r)
+    runs = {}
+    for setting in ("auto", "false"):
+        runs[setting] = tmp_path / setting
+        res = run_cli("train", recipe, f"backend.unpad={setting}", "--output-dir", runs[setting],
+                      env={"NO_COLOR": "1"})  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+    on = summary(runs["auto"])["backend"]["unpad"]
+    assert on["on"] is True and on["gathered_forwards"] > 0, on
+    assert summary(runs["false"])["backend"]["unpad"]["on"] is False
     assert losses(runs["auto"]) == pytest.approx(losses(runs["false"]), rel=1e-4)

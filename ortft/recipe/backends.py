@@ -69,14 +69,15 @@ PytorchKernel = Literal["gelu", "layer_norm", "cross_entropy", "dropout", "conv"
 # backend.unpad: the field lives in schema.BackendSection; its type and text are here
 Unpad = Literal[False, True, "auto"]
 UNPAD_DESCRIPTION = (
-    "The torch and ort backends run the encoder's per-position layers (Linear, and BERT-style "
-    "feed-forward and output blocks) on the real tokens only, skipping the padding, in training "
-    "forwards (ort: as gathers inside ORTModule's graph): the same values at every real token. "
-    "auto: on a CPU, where it applies (backend torch, not compiled; an encoder of a listed "
-    "type, a task that reads no padded position: classification, token classification, "
-    "masked-lm, sentence embeddings; on a GPU no gain was measured); the ort backend stays "
-    "padded under auto. true: on, on torch or ort, also on a GPU (an error where it cannot "
-    "apply); false: off (docs/backends.md)."
+    "The torch and ort backends run the transformer's per-position layers (Linear, BERT-style "
+    "feed-forward and output blocks, a decoder's MLP) on the real tokens only, skipping the "
+    "padding, in training forwards (ort: as gathers inside ORTModule's graph): the same values "
+    "at every real token. auto: on a CPU, where it applies (backend torch, not compiled; an "
+    "encoder or decoder of a listed type, a task that reads no padded position: "
+    "classification, token classification, masked-lm, sentence embeddings, causal-lm, "
+    "instruction, preference; on a GPU no gain was measured); the ort backend stays padded "
+    "under auto. true: on, on torch or ort, also on a GPU (an error where it cannot apply); "
+    "false: off (docs/backends.md)."
 )
 
 

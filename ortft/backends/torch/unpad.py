@@ -1,17 +1,21 @@
-"""``backend.unpad``: the encoder's per-position layers train on the real tokens only.
+"""``backend.unpad``: a transformer's per-position layers train on the real tokens only.
 
 A batch padded to its longest row is mostly padding when texts are short: 60% of the positions
-in the short-text peer's batches (Rotten Tomatoes snippets, batch 16, ``benchmarks/peer.py``).
-Linear layers, and the BERT family's feed-forward (``*Intermediate`` then ``*Output``: dense,
-activation, dropout, residual + LayerNorm), act on each position alone. So during a training
-forward they run on the real positions gathered into one [tokens, width] matrix and scatter
-back. A real position's values are unchanged, since attention masks the padded ones out as
-keys. A padded position holds zeros instead of values that nothing reads. Attention itself
-still runs at [batch, heads, length, length], as do the embeddings.
+in the short-text peer's batches (Rotten Tomatoes snippets, batch 16, ``benchmarks/peer.py``),
+31% in the DPO peer's (pairs of 22 tokens on average padded to 32, ``peer_dpo.py``). Linear
+layers (GPT-2's ``Conv1D`` too), the BERT family's feed-forward (``*Intermediate`` then
+``*Output``: dense, activation, dropout, residual + LayerNorm) and a decoder's ``*MLP``
+(GPT-2's, Llama's gated one) act on each position alone. So during a training forward they run
+on the real positions gathered into one [tokens, width] matrix and scatter back. A real
+position's values are unchanged, since attention masks the padded ones out as keys (and a
+decoder's causal mask hides right padding anyway). A padded position holds zeros instead of
+values that nothing reads. Attention itself still runs at [batch, heads, length, length], as
+do the embeddings and norms between the blocks.
 
 What is patched (``install``): a layer's whole ``feed_forward_chunk`` where it has one (BERT,
 RoBERTa, ELECTRA...: the 4 x width activations between its two blocks are never scattered),
-other ``*Output`` blocks, then single Linear layers (q, k, v; DistilBERT's and ALBERT's). A
+other ``*Output`` and ``*MLP`` blocks, then single Linear layers (q, k, v; DistilBERT's and
+ALBERT's; GPT-2's fused ``c_attn``). A
 gather of a tensor the same forward scattered, or gathered last, is served from memory
 (``Unpadder.gather``): q, k and v share one input, and each block's residual is the output
 of the block before, so a BERT layer gathers once and scatters five times.
@@ -26,11 +30,12 @@ Where it applies (``plan``; ``auto`` picks it there, ``true`` elsewhere is an er
   outside ``module.training``). A backward that recomputes (gradient checkpointing) finds the
   same positions, because they stay set until the next forward; the memory of gathers is off
   then, so a recompute never gets the first forward's tensors.
-- the encoder-only model types in ``MODEL_TYPES``, whose per-position blocks are known.
-  DeBERTa-v2 is left out: it puts Linear layers on relative-position tables of shape
+- the model types in ``MODEL_TYPES``, encoders and decoders whose per-position blocks are
+  known. DeBERTa-v2 is left out: it puts Linear layers on relative-position tables of shape
   [1, 2k, width], which a batch of one row at length 2k would take for hidden states.
 - tasks that read no padded position (``traits.PadsUnread``): classification from the first
-  token, token labels that are -100 at padding, masked-LM, pooled sentence embeddings. Question
+  token, token labels that are -100 at padding, masked-LM, pooled sentence embeddings, a
+  decoder's next-token loss and preference log-probs (labels -100 at padding). Question
   answering is left out, because its start/end logits over padded positions enter the softmax.
 
 The parameters and their names are untouched. The patch is a per-instance ``forward`` (or
@@ -46,19 +51,31 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
+from ortft.backends.torch.fusions import TanhGelu
 from ortft.core.errors import InputError
 from ortft.tasks import traits
 
-# encoder-only model types whose per-position blocks are checked equal to the padded forward
+# model types whose per-position blocks are checked equal to the padded forward
 # (tests/test_unpad.py: losses and gradients on tiny models of each)
-MODEL_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "albert", "mpnet"}
-)
+ENCODERS = {
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "camembert",
+    "electra",
+    "distilbert",
+    "albert",
+    "mpnet",
+}
+DECODERS = {"gpt2", "llama", "qwen2"}
+MODEL_TYPES = frozenset(ENCODERS | DECODERS)
 # a block of these layers only is applied per position as a whole (BertOutput: dense, dropout,
-# LayerNorm of it plus the residual input)
-BLOCK_NAME = re.compile(r"(Intermediate|Output)$")
-PER_POSITION = (nn.Linear, nn.LayerNorm, nn.Dropout, nn.GELU, nn.ReLU, nn.Tanh, nn.SiLU)
+# LayerNorm of it plus the residual input; GPT2MLP: c_fc, GELU, c_proj, dropout)
+BLOCK_NAME = re.compile(r"(Intermediate|Output|MLP)$")
+LINEAR = (nn.Linear, Conv1D)  # patched alone where no block holds them
+PER_POSITION = (*LINEAR, nn.LayerNorm, nn.Dropout, nn.GELU, nn.ReLU, nn.Tanh, nn.SiLU, TanhGelu)
 # gathered positions come in multiples of this (``Unpadder.arm``): a Linear of MiniLM's width in
 # bf16 on the Intel Xeon with AMX took 9.8 ms a forward + backward at a matrix height it had
 # not seen and 3.1 ms at one it had (oneDNN's kernel for the shape is built once), 3.6 ms at
@@ -205,9 +222,9 @@ def _is_block(module: nn.Module) -> bool:
 
 def install(encoder: nn.Module, in_graph: bool = False) -> Unpadder:
     """Patch ``encoder``'s per-position parts and hook its forward to arm them; the encoder is
-    a model's ``base_model`` (a BertModel...). A layer's feed-forward chunk goes whole where
-    the layer has one; then ``*Intermediate`` / ``*Output`` blocks; then single Linear layers
-    (LoRA's included). ``in_graph``: for ORTModule, which traces the forward (``arm_in_graph``)."""
+    a model's ``base_model`` (a BertModel, a GPT2Model...). A layer's feed-forward chunk goes
+    whole where the layer has one; then ``*Intermediate`` / ``*Output`` / ``*MLP`` blocks; then
+    single Linear (or Conv1D) layers (LoRA's included). ``in_graph``: for ORTModule, which traces the forward (``arm_in_graph``)."""
     state = Unpadder(in_graph)
     done: list[str] = []  # what is patched
     skip: list[str] = []  # and what is inside a patched part
@@ -218,7 +235,7 @@ def install(encoder: nn.Module, in_graph: bool = False) -> Unpadder:
             module.feed_forward_chunk = types.MethodType(_unpadded_chunk, module)  # type: ignore[assignment]
             skip += [f"{name}.intermediate", f"{name}.output"]
             done.append(f"{name}.feed_forward_chunk")
-        elif _is_block(module) or isinstance(module, nn.Linear):
+        elif _is_block(module) or isinstance(module, LINEAR):
             module.forward = types.MethodType(_unpadded_forward, module)  # type: ignore[method-assign]
             done.append(name)
             skip.append(name)

@@ -31,6 +31,7 @@ class CausalLM(Task):
     starter = STARTER  # ortft init --task
     predicts = "generate"
     ondevice = True
+    pads_unread = True  # backend.unpad applies (unpacked rows: labels -100 at padding)
     eval_metrics = ("eval_loss", "eval_perplexity")
     hf_architectures = ("CausalLM", "LMHead")
 

@@ -67,6 +67,7 @@ class Instruction(Task):
     own_columns = True
     export_kind = "decoder"
     predicts = "generate"  # the input as a prompt, formatted as in training
+    pads_unread = True  # backend.unpad applies: a block's padding has label -100
     eval_metrics = ("eval_loss", "eval_perplexity")
 
     @property

@@ -28,6 +28,7 @@ class PreferenceTask(Task):
     own_columns = True
     row_local = True
     needs_logits = True  # eval: each pair's rewards, for the preference metrics
+    pads_unread = True  # backend.unpad applies: log-probs read the labeled positions only
     export_kind = "decoder"
     predicts = "generate"  # the input as a prompt, formatted as in training
     aligned_keys = ALIGNED + REJECTED

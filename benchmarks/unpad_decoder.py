@@ -1,0 +1,111 @@
+"""``backend.unpad`` on a decoder: the same run unpadded and padded, alternating, fresh processes.
+
+Run (not in CI; a quiet machine):
+
+    python benchmarks/unpad_decoder.py --pairs 3 --out benchmarks/results/unpad-decoder.json
+
+Two fine-tunes of the DPO peer's 25M GPT-2 (``peer_dpo.build_model``: n_embd 512, 8 layers,
+built from a config, seeded), torch backend, bf16, 24 steps, no eval, export or checkpoint:
+
+- ``instruction``: recipes/instruction.yaml's 300 rows with ``data.packing=false`` (each row its
+  own padded row), batch 16, max_length 128;
+- ``dpo``: recipes/dpo.yaml with the DPO peer's overrides (``peer_dpo.overrides``: batch 8
+  pairs, 48 tokens at most).
+
+Each pair runs ``backend.unpad=true`` then ``false``; a run's figure is the median step time
+over steps 5-24 (from metrics.jsonl's ``time_s``). Prints each pair, the ratio padded /
+unpadded per pair (above 1: unpadded is faster), their median and the share of the batches'
+positions that is padding (metrics.jsonl's ``tokens`` and ``padded_tokens``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import peer_common as common  # benchmarks/: the script's folder is on sys.path
+import peer_dpo
+
+STEPS, WARM = 24, 4
+
+
+def overrides(task: str, model: Path) -> tuple[Path, dict[str, str]]:
+    """The recipe and its overrides for ``task``."""
+    shared = {"backend.name": "torch", "precision.dtype": "bf16", "training.max_steps": str(STEPS)}
+    if task == "dpo":
+        return peer_dpo.RECIPE, {**peer_dpo.overrides(model), **shared}
+    recipe = common.REPO / "recipes" / "instruction.yaml"
+    return recipe, common.trainer_overrides(2e-3, 16, 42, **{
+        "model.name_or_path": str(model),
+        "model.from_config": "null",
+        "model.tokenizer.train": "null",  # the model folder's tokenizer
+        "data.eval": "null",
+        "data.packing": "false",
+        "data.max_length": "128",
+        **shared,
+    })  # fmt: skip
+
+
+def one_run(recipe: Path, settings: dict[str, str], unpad: str, out: Path) -> dict[str, Any]:
+    args = [sys.executable, "-m", "ortft.cli.app", "train", str(recipe), "--output-dir", str(out)]
+    args += [f"{k}={v}" for k, v in {**settings, "backend.unpad": unpad}.items()]
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    done = subprocess.run(args, env=env, capture_output=True, text=True, cwd=common.REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"unpad_decoder: {unpad} run failed:\n{done.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    ends = [r["time_s"] for r in rows if r.get("kind") == "train" and "time_s" in r]
+    steps = [(b - a) * 1000 for a, b in zip(ends[WARM:], ends[WARM + 1 :], strict=False)]
+    summary = json.loads((out / "summary.json").read_text())
+    train = [r for r in rows if r.get("kind") == "train"]
+    real, padded = sum(r["tokens"] for r in train), sum(r["padded_tokens"] for r in train)
+    return {
+        "ms_per_step": statistics.median(steps),
+        "padding_share": 1 - real / padded,
+        "unpad": summary["backend"]["unpad"],
+        "losses": [r["loss"] for r in train][:3],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--tasks", default="instruction,dpo")
+    p.add_argument("--out", type=Path, default=None)
+    a = p.parse_args()
+    peer_dpo.build_model("gpt2-25m")
+    model = peer_dpo.model_dir("gpt2-25m")
+    result: dict[str, Any] = {"machine": common.cpu(), "steps": STEPS, "tasks": {}}
+    for task in a.tasks.split(","):
+        recipe, settings = overrides(task, model)
+        pairs = []
+        for i in range(a.pairs):
+            with tempfile.TemporaryDirectory(prefix="unpad-decoder-") as tmp:
+                pair = {s: one_run(recipe, settings, s, Path(tmp) / s) for s in ("true", "false")}
+            pair["ratio"] = pair["false"]["ms_per_step"] / pair["true"]["ms_per_step"]
+            print(
+                f"unpad_decoder: {task} pair {i + 1}: unpadded {pair['true']['ms_per_step']:.0f} ms,"
+                f" padded {pair['false']['ms_per_step']:.0f} ms, {pair['ratio']:.2f}x",
+                flush=True,
+            )
+            pairs.append(pair)
+        ratios = [q["ratio"] for q in pairs]
+        result["tasks"][task] = {"pairs": pairs, "median_ratio": statistics.median(ratios)}
+        print(
+            f"unpad_decoder: {task}: padded / unpadded median {statistics.median(ratios):.2f}x "
+            f"(range {min(ratios):.2f}-{max(ratios):.2f}x, {len(ratios)} pairs); "
+            f"{pairs[0]['true']['padding_share']:.0%} of the positions padding"
+        )
+    if a.out:
+        common.write_json(a.out, result)
+
+
+if __name__ == "__main__":
+    main()
