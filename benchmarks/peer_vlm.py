@@ -20,8 +20,9 @@ recipes/data/digit-questions/train.jsonl (the 8x8 digit scans, "Which digit is t
 gradient norm clipped at 1.0 (Trainer's defaults, set on ortft's side too), seed 42, no
 dropout, CPU.
 
-Runners, alternating (trainer, trainer-bf16, trainer-compile, torch, torch-bf16, ort, auto,
-trainer, ...) for ``--pairs`` rounds; every measurement a fresh process (peer_common):
+Runners, alternating (trainer, trainer-bf16, trainer-compile, torch, torch-bf16, ort,
+torch-compile, auto, trainer, ...) for ``--pairs`` rounds; every measurement a fresh process
+(peer_common):
 
 - ``trainer``: ``transformers.Trainer`` as Hugging Face's VLM fine-tuning recipe runs it: a
   torch ``Dataset`` whose items are the row's image (Pillow, converted to RGB) and its
@@ -35,8 +36,10 @@ trainer, ...) for ``--pairs`` rounds; every measurement a fresh process (peer_co
 - ``trainer-bf16``: the same with ``bf16=True`` (CPU autocast); ``trainer-compile``:
   ``torch_compile=True`` as the Trainer ships it (a failure is its result, in one line).
 - ``torch`` / ``torch-bf16`` / ``ort``: ``ortft train recipes/image-text-to-text.yaml --json``
-  with ``ORTFT_OVERRIDES`` and the route's backend (and ``precision.dtype=bf16``); ``auto``:
-  ``backend.name=auto precision.dtype=auto`` (its probe picks the route).
+  with ``ORTFT_OVERRIDES`` and the route's backend (and ``precision.dtype=bf16``);
+  ``torch-compile``: ``backend.compile=true`` (inductor; its compile is the first warm-up
+  step, as ``trainer-compile``'s is); ``auto``: ``backend.name=auto precision.dtype=auto``
+  (its probe picks the route).
 
 Every runner runs with ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it (as
 peer_dpo.py). Figures: docs/vision-language.md#speed.
@@ -69,6 +72,13 @@ ORTFT_RUNNERS = {
     "torch": {"backend.name": "torch", "precision.dtype": "fp32"},
     "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
     "ort": {"backend.name": "ort", "precision.dtype": "fp32"},
+    # the Trainer's torch_compile as ortft runs it: inductor, its first step (the compile) is
+    # one of the untimed warm-up steps, as the Trainer's is
+    "torch-compile": {
+        "backend.name": "torch",
+        "precision.dtype": "fp32",
+        "backend.compile": "true",
+    },
     "auto": {"backend.name": "auto", "precision.dtype": "auto"},
 }
 # ortft's side of the same fine-tune, over the recipe
