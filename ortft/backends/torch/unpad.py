@@ -2,7 +2,7 @@
 
 A batch padded to its longest row is mostly padding when texts are short: 60% of the positions
 in the short-text peer's batches (Rotten Tomatoes snippets, batch 16, ``benchmarks/peer.py``),
-31% in the DPO peer's (pairs of 22 tokens on average padded to 32, ``peer_dpo.py``). Linear
+29% in the DPO peer's (pairs of 22 tokens on average, ``peer_dpo.py``). Linear
 layers (GPT-2's ``Conv1D`` too), the BERT family's feed-forward (``*Intermediate`` then
 ``*Output``: dense, activation, dropout, residual + LayerNorm) and a decoder's ``*MLP``
 (GPT-2's, Llama's gated one) act on each position alone. So during a training forward they run
@@ -15,10 +15,11 @@ do the embeddings and norms between the blocks.
 What is patched (``install``): a layer's whole ``feed_forward_chunk`` where it has one (BERT,
 RoBERTa, ELECTRA...: the 4 x width activations between its two blocks are never scattered),
 other ``*Output`` and ``*MLP`` blocks, then single Linear layers (q, k, v; DistilBERT's and
-ALBERT's; GPT-2's fused ``c_attn``). A
-gather of a tensor the same forward scattered, or gathered last, is served from memory
-(``Unpadder.gather``): q, k and v share one input, and each block's residual is the output
-of the block before, so a BERT layer gathers once and scatters five times.
+ALBERT's; GPT-2's fused ``c_attn``). A gather of a tensor the same forward scattered, or
+gathered last, is served from memory (``Unpadder.gather``): q, k and v share one input, and
+each block's residual is the output of the block before, so a BERT layer gathers once and
+scatters five times. A GPT-2 layer gathers three times (before ``c_attn``, ``attn.c_proj``
+and the MLP: a LayerNorm or attention stands between them) and scatters three times.
 
 Where it applies (``plan``; ``auto`` picks it there, ``true`` elsewhere is an error):
 - the torch backend, eager (a compiled forward would see a new gather length every batch), and
@@ -224,7 +225,8 @@ def install(encoder: nn.Module, in_graph: bool = False) -> Unpadder:
     """Patch ``encoder``'s per-position parts and hook its forward to arm them; the encoder is
     a model's ``base_model`` (a BertModel, a GPT2Model...). A layer's feed-forward chunk goes
     whole where the layer has one; then ``*Intermediate`` / ``*Output`` / ``*MLP`` blocks; then
-    single Linear (or Conv1D) layers (LoRA's included). ``in_graph``: for ORTModule, which traces the forward (``arm_in_graph``)."""
+    single Linear (or Conv1D) layers (LoRA's included). ``in_graph``: for ORTModule, which
+    traces the forward (``arm_in_graph``)."""
     state = Unpadder(in_graph)
     done: list[str] = []  # what is patched
     skip: list[str] = []  # and what is inside a patched part
@@ -267,7 +269,7 @@ def plan(
     if compiled:
         why = "the forward is compiled (a new gather length every batch would recompile)"
     elif not traits.pads_unread(task):
-        why = f"task {task.name} reads padded positions (or is not a text encoder task)"
+        why = f"task {task.name} reads padded positions (or is not a text task)"
     elif kind not in MODEL_TYPES:
         why = f"model type {kind} is not one of {', '.join(sorted(MODEL_TYPES))}"
     elif setting == "auto" and device != "cpu":
