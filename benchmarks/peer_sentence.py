@@ -27,8 +27,8 @@ Runners, alternating (trainer, trainer-bf16, torch, torch-bf16, ort, trainer, ..
   ``output_dir``. Its batch sampler is the default (``BatchSamplers.BATCH_SAMPLER``, as
   ortft's plain shuffle; ``NO_DUPLICATES`` only matters for repeated texts, which the pairs
   leave out). Attention: what sentence-transformers loads by default, sdpa (the JSON's
-  ``attention``). It calls the encoder twice a step (anchors, then positives); ortft once, on
-  both stacked.
+  ``attention``). It calls the encoder twice a step (anchors, then positives), each at its
+  own length; so does ortft (one call per text kind, ``families/embedding/task.py``).
 - ``trainer-bf16``: the same with ``bf16=True`` (CPU autocast to bfloat16).
 - ``torch`` / ``torch-bf16`` / ``ort``: ``ortft train recipes/sentence-embedding.yaml --json``
   with ``ORTFT_OVERRIDES`` (fp32; no eval, export or checkpoints) and ``backend.name`` torch
