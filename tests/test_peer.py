@@ -401,7 +401,7 @@ def test_vlm_peer_command_line() -> None:
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     assert bad.stderr.splitlines()[-1].endswith(
         "--runners: each of trainer, trainer-bf16, trainer-compile, torch, torch-bf16, ort, "
-        "auto at most once, trainer among them"
+        "torch-compile, auto at most once, trainer among them"
     ), bad.stderr
 
 
