@@ -44,7 +44,8 @@ Runners, alternating (trl, trl-fast, trl-fp32-fast, torch, torch-bf16, ort, auto
   ``ORTFT_OVERRIDES`` and the route's backend (and ``precision.dtype=bf16``); ``auto``:
   ``backend.name=auto precision.dtype=auto`` (its probe picks the route).
   ``torch-bf16-padded``: ``torch-bf16`` with ``backend.unpad=false``, the step before unpad
-  reached decoders (``--runners torch-bf16,torch-bf16-padded``; not in the peer table).
+  reached decoders (``--runners trl,trl-fast,torch-bf16,torch-bf16-padded``; not in the peer
+  table).
 
 Timing (peer_common): ``--warmup`` steps (default 4), then ``--steps`` timed steps (default 20),
 each from the end of the step before to its own end. Neither side's reference pass is in the
