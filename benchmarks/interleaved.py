@@ -58,12 +58,13 @@ def ort(kind: str, kernels: tuple[str, ...]) -> tuple[torch.nn.Module, dict[str,
 
     from ortft.backends.ortmodule import kernels as ort_kernels
     from ortft.backends.ortmodule import wrapper as ort_backend
+    from ortft.backends.torch import fusions
 
     model, batch = build(kind, "eager")
     ort_backend._install_session_tweaks()  # spinning off (ortft's default)
     ort_kernels.install(kernels, model)
     if "gelu" in kernels:
-        ort_kernels.fuse_tanh_gelu(model)
+        fusions.fuse_tanh_gelu(model)
     wrapped = ORTModule(model)
     wrapped(**batch)[0].backward()  # export now, under this kernel setting
     wrapped.zero_grad(set_to_none=True)

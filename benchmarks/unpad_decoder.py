@@ -12,8 +12,9 @@ built from a config, seeded), torch backend, bf16, 24 steps, no eval, export or 
 - ``dpo``: recipes/dpo.yaml with the DPO peer's overrides (``peer_dpo.overrides``: batch 8
   pairs, 48 tokens at most).
 
-Each pair runs ``backend.unpad=true`` then ``false``; a run's figure is the median step time
-over steps 5-24 (from metrics.jsonl's ``time_s``). Prints each pair, the ratio padded /
+Each pair runs ``backend.unpad=true`` then ``false``, each a fresh process as peer_common
+runs one (offline, its peak RSS and the share of the CPU others took); a run's figure is the
+median step time over steps 5-24 (from metrics.jsonl's ``time_s``). Prints each pair, the ratio padded /
 unpadded per pair (above 1: unpadded is faster), their median and the share of the batches'
 positions that is padding (metrics.jsonl's ``tokens`` and ``padded_tokens``).
 """
@@ -24,8 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import peer_common as common  # benchmarks/: the script's folder is on sys.path
 import peer_dpo
 
 STEPS, WARM = 24, 4
+TIMEOUT = 900.0  # seconds a run may take
 
 
 def overrides(task: str, model: Path) -> tuple[Path, dict[str, str]]:
@@ -54,23 +54,22 @@ def overrides(task: str, model: Path) -> tuple[Path, dict[str, str]]:
 
 
 def one_run(recipe: Path, settings: dict[str, str], unpad: str, out: Path) -> dict[str, Any]:
-    args = [sys.executable, "-m", "ortft.cli.app", "train", str(recipe), "--output-dir", str(out)]
-    args += [f"{k}={v}" for k, v in {**settings, "backend.unpad": unpad}.items()]
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    done = subprocess.run(args, env=env, capture_output=True, text=True, cwd=common.REPO)
-    if done.returncode != 0:
-        raise SystemExit(f"unpad_decoder: {unpad} run failed:\n{done.stderr[-2000:]}")
+    """One ``ortft train`` in a fresh process (peer_common's, offline): its median timed step,
+    padding share, unpad record and first losses."""
+    cmd = common.ortft_train(recipe, {**settings, "backend.unpad": unpad}, out)
+    proc, shared = common.run_process(cmd, TIMEOUT)
+    if proc is None or proc.returncode != 0:
+        raise SystemExit(f"unpad_decoder: {unpad} run failed: {common.failure(proc, TIMEOUT)}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    ends = [r["time_s"] for r in rows if r.get("kind") == "train" and "time_s" in r]
-    steps = [(b - a) * 1000 for a, b in zip(ends[WARM:], ends[WARM + 1 :], strict=False)]
-    summary = json.loads((out / "summary.json").read_text())
     train = [r for r in rows if r.get("kind") == "train"]
     real, padded = sum(r["tokens"] for r in train), sum(r["padded_tokens"] for r in train)
+    timing = common.timing([r["time_s"] for r in train], STEPS - WARM, WARM, 1)
     return {
-        "ms_per_step": statistics.median(steps),
+        "ms_per_step": timing["ms_per_step"],
         "padding_share": 1 - real / padded,
-        "unpad": summary["backend"]["unpad"],
+        "unpad": json.loads(proc.stdout)["backend"]["unpad"],
         "losses": [r["loss"] for r in train][:3],
+        **shared,
     }
 
 
@@ -80,6 +79,7 @@ def main() -> None:
     p.add_argument("--tasks", default="instruction,dpo")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the peer benches (peer_dpo.py)
     peer_dpo.build_model("gpt2-25m")
     model = peer_dpo.model_dir("gpt2-25m")
     result: dict[str, Any] = {"machine": common.cpu(), "steps": STEPS, "tasks": {}}

@@ -184,16 +184,18 @@ def test_fuse_tanh_gelu_is_the_same_function() -> None:
     """GPT-2's NewGELUActivation (the tanh formula in Python ops) -> gelu(approximate=tanh)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from ortft.backends.torch import fusions
+
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=50))
     act = model.transformer.h[0].mlp.act
     assert type(act).__name__ == "NewGELUActivation"
     x = torch.randn(2, 8, 128) * 3
     before = act(x)
-    assert ort_kernels.fuse_tanh_gelu(model) == 2
-    assert isinstance(model.transformer.h[0].mlp.act, ort_kernels.TanhGelu)
+    assert fusions.fuse_tanh_gelu(model) == 2
+    assert isinstance(model.transformer.h[0].mlp.act, fusions.TanhGelu)
     torch.testing.assert_close(model.transformer.h[0].mlp.act(x), before, rtol=1e-6, atol=1e-6)
-    assert ort_kernels.fuse_tanh_gelu(model) == 0
+    assert fusions.fuse_tanh_gelu(model) == 0
 
 
 def test_bad_kernel_name_is_a_recipe_error(cls_recipe: Path) -> None:

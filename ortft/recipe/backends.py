@@ -63,7 +63,7 @@ def compile_problems(recipe: Any) -> list[str]:
     return []
 
 
-# backend.pytorch_kernels' names (backends/ortmodule/kernels.py's KERNELS)
+# backend.pytorch_kernels' names (backends/ortmodule/kernels.py routes each)
 PytorchKernel = Literal["gelu", "layer_norm", "cross_entropy", "dropout", "conv", "index_select"]
 
 # backend.unpad: the field lives in schema.BackendSection; its type and text are here

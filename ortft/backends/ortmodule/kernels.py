@@ -39,15 +39,15 @@ and its input needs a gradient (``conv.py``). Everything else keeps ORTModule's 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import nn
 
 from ortft.backends.ortmodule import conv, rows
-from ortft.backends.torch.fusions import TanhGelu, fuse_tanh_gelu  # noqa: F401 - re-exported
+from ortft.recipe.backends import PytorchKernel
 
-KERNELS = ("gelu", "layer_norm", "cross_entropy", "dropout", "conv", "index_select")
+KERNELS: tuple[str, ...] = get_args(PytorchKernel)  # the recipe's names, in its order
 ATEN = "org.pytorch.aten::ATen"
 
 _STATE: dict[str, Any] = {

@@ -271,13 +271,14 @@ class OrtBackend:
     def _route_kernels(self, module: nn.Module) -> None:
         """backend.pytorch_kernels: ops that run as PyTorch kernels inside the ORT graph."""
         from ortft.backends.ortmodule import kernels as ort_kernels
+        from ortft.backends.torch import fusions
 
         param = next(module.parameters(), None)
         device = param.device.type if param is not None else "cpu"
         kernels = ort_kernels.resolve(self.options.pytorch_kernels, device)
         ort_kernels.install(kernels, module)
         if "gelu" in kernels:
-            swapped = ort_kernels.fuse_tanh_gelu(module)
+            swapped = fusions.fuse_tanh_gelu(module)
             if swapped:
                 self._report.notes.append(f"NewGELUActivation -> gelu(tanh) x{swapped}")
 
