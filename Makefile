@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU STACK
 
-.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peers bench-auto-vs-fixed bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-unpad-decoder bench-peer-diffusion bench-peer-vlm check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
+.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peers bench-auto-vs-fixed bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-unpad-decoder bench-dropout-masks bench-peer-diffusion bench-peer-vlm check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -39,6 +39,7 @@ help:
 	@echo "make bench-peer-sentence the same for sentence embeddings: MiniLM on title/ending pairs vs SentenceTransformerTrainer fp32 and bf16 (CPU)"
 	@echo "make bench-peer-dpo    the same for DPO: a 25M GPT-2 on the preference pairs vs TRL's DPOTrainer (fp32, bf16, precomputed reference) (CPU)"
 	@echo "make bench-unpad-decoder backend.unpad on a 25M GPT-2: instruction tuning unpacked and DPO, unpadded vs padded, alternating (CPU, ~6 min)"
+	@echo "make bench-dropout-masks backend.dropout_masks: 16-bit masks vs torch's dropout, text and embedding peers, alternating (current profile, CPU, ~15 min)"
 	@echo "make bench-peer-diffusion the same for text-to-image: an SD UNet on the digits vs diffusers' own training step fp32 and bf16 (CPU, ~15 min)"
 	@echo "make bench-peer-vlm    the same for image-text-to-text: the recipe's tiny LLaVA on the digit questions vs Trainer fp32, bf16, torch_compile (CPU)"
 	@echo "make check-sentence-embedding  train recipes/sentence-embedding.yaml, assert held-out MRR@10 beats the base model (minutes)"
@@ -110,7 +111,7 @@ test-current:
 	$(MAKE) setup STACK=current
 	.venv-current/bin/pytest -m "not gpu and not ort" -n $(TEST_JOBS) --dist loadgroup \
 	  tests/test_task_matrix.py tests/test_consumer.py tests/test_consumer_genai.py \
-	  tests/test_consumer_int4.py tests/test_profiles.py
+	  tests/test_consumer_int4.py tests/test_profiles.py tests/test_dropout_masks.py
 	LEARN_OVERRIDES=backend.name=auto .venv-current/bin/pytest -m learn -n 0 \
 	  -k "quickstart.yaml" tests/test_shipped_recipes.py
 
@@ -209,6 +210,11 @@ bench-peer-dpo: setup
 bench-unpad-decoder: setup
 	@mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/unpad_decoder.py --pairs 4 --out benchmarks/results/unpad-decoder.json
+
+bench-dropout-masks:
+	$(MAKE) setup STACK=current
+	@mkdir -p benchmarks/results
+	.venv-current/bin/python benchmarks/dropout_masks.py --pairs 3 --out benchmarks/results/dropout-masks-current.json
 
 # Text-to-image: ortft torch and ort against diffusers' own train_text_to_image.py step (plain
 # PyTorch, fp32 and bf16 as its --mixed_precision runs it) on a tiny SD UNet (64/128 channels,

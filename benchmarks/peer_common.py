@@ -369,6 +369,41 @@ def failure(proc: Any, timeout: float) -> str:
     return f"exit {proc.returncode}: {what[:300]}"
 
 
+def ab_pairs(
+    label: str,
+    task: str,
+    settings: tuple[str, str],
+    one_run: Callable[[str, Path], dict[str, Any]],
+    pairs: int,
+) -> dict[str, Any]:
+    """``pairs`` rounds of one run at two settings, the first first, each in its own folder
+    (``one_run(setting, run_dir)`` gives its ``ms_per_step`` and ``others_share``): every pair
+    and its ratio second / first (above 1: the first setting is faster), printed as each ends,
+    and their median."""
+    first, second = settings
+    done = []
+    for i in range(pairs):
+        with tempfile.TemporaryDirectory(prefix=f"{label}-") as tmp:
+            pair = {s: one_run(s, Path(tmp) / s) for s in settings}
+        a, b = pair[first]["ms_per_step"], pair[second]["ms_per_step"]
+        pair["ratio"] = b / a
+        others = max(pair[s]["others_share"] for s in settings)
+        print(
+            f"{label}: {task} pair {i + 1}: {first} {a:.0f} ms, {second} {b:.0f} ms, "
+            f"{b / a:.2f}x (others {others:.0%})",
+            flush=True,
+        )
+        done.append(pair)
+    ratios = [q["ratio"] for q in done]
+    median = statistics.median(ratios)
+    print(
+        f"{label}: {task}: {second} / {first} median {median:.2f}x "
+        f"(range {min(ratios):.2f}-{max(ratios):.2f}x, {len(ratios)} pairs)",
+        flush=True,
+    )
+    return {"pairs": done, "median_ratio": median}
+
+
 def ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int, batch: int) -> dict:
     summary = json.loads(stdout)  # `ortft train --json`: the summary
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -14,18 +14,18 @@ built from a config, seeded), torch backend, bf16, 24 steps, no eval, export or 
 
 Each pair runs ``backend.unpad=true`` then ``false``, each a fresh process as peer_common
 runs one (offline, its peak RSS and the share of the CPU others took); a run's figure is the
-median step time over steps 5-24 (from metrics.jsonl's ``time_s``). Prints each pair, the ratio padded /
-unpadded per pair (above 1: unpadded is faster), their median and the share of the batches'
-positions that is padding (metrics.jsonl's ``tokens`` and ``padded_tokens``).
+median step time over steps 5-24 (from metrics.jsonl's ``time_s``). Prints each pair
+(``true``: unpadded, ``false``: padded), the ratio padded / unpadded per pair (above 1:
+unpadded is faster), their median and the share of the batches' positions that is padding
+(metrics.jsonl's ``tokens`` and ``padded_tokens``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -85,25 +85,15 @@ def main() -> None:
     result: dict[str, Any] = {"machine": common.cpu(), "steps": STEPS, "tasks": {}}
     for task in a.tasks.split(","):
         recipe, settings = overrides(task, model)
-        pairs = []
-        for i in range(a.pairs):
-            with tempfile.TemporaryDirectory(prefix="unpad-decoder-") as tmp:
-                pair = {s: one_run(recipe, settings, s, Path(tmp) / s) for s in ("true", "false")}
-            pair["ratio"] = pair["false"]["ms_per_step"] / pair["true"]["ms_per_step"]
-            on, off = pair["true"]["ms_per_step"], pair["false"]["ms_per_step"]
-            print(
-                f"unpad_decoder: {task} pair {i + 1}: unpadded {on:.0f} ms, padded {off:.0f} ms, "
-                f"{pair['ratio']:.2f}x",
-                flush=True,
-            )
-            pairs.append(pair)
-        ratios = [q["ratio"] for q in pairs]
-        result["tasks"][task] = {"pairs": pairs, "median_ratio": statistics.median(ratios)}
-        print(
-            f"unpad_decoder: {task}: padded / unpadded median {statistics.median(ratios):.2f}x "
-            f"(range {min(ratios):.2f}-{max(ratios):.2f}x, {len(ratios)} pairs); "
-            f"{pairs[0]['true']['padding_share']:.0%} of the positions padding"
+        result["tasks"][task] = common.ab_pairs(
+            "unpad_decoder",
+            task,
+            ("true", "false"),  # backend.unpad: unpadded first
+            functools.partial(one_run, recipe, settings),
+            a.pairs,
         )
+        share = result["tasks"][task]["pairs"][0]["true"]["padding_share"]
+        print(f"unpad_decoder: {task}: {share:.0%} of the positions padding")
     if a.out:
         common.write_json(a.out, result)
 

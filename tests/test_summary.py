@@ -275,8 +275,8 @@ def test_a_run_summary_reads_what_train_writes(tmp_path: Path) -> None:
     assert s.to_dict() == written == json.loads(res.stdout)
     golden = json.loads((DATA / "summary_v1_torch.json").read_text())
     # what format_version 1 gained since the golden file was written: the batching block, and
-    # the torch backend's unpad record (backend.unpad)
-    assert _shape(written) == _shape(golden) | {"data", "backend.unpad"}
+    # the torch backend's unpad record (backend.unpad) and dropout-mask one (backend.dropout_masks)
+    assert _shape(written) == _shape(golden) | {"data", "backend.unpad", "backend.dropout_masks"}
     assert set(written["data"]) == {
         "padding",
         "padding_fraction",

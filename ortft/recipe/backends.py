@@ -100,6 +100,40 @@ def unpad_problems(recipe: Any) -> list[str]:
     return [f"backend.unpad=true: {w}" for w in why]
 
 
+# backend.dropout_masks: the field lives in schema.BackendSection; its type and text are here
+DropoutMasks = Literal["auto", "torch", "int16"]
+DROPOUT_MASKS_DESCRIPTION = (
+    "Where the torch backend's training dropout draws its keep-masks. torch: torch's own "
+    "dropout (bernoulli_). int16 (on a CPU; a GPU keeps torch's): four masks' values from each "
+    "64-bit draw of torch's CPU generator, kept where a 16-bit integer clears the threshold (the keep-probability rounded "
+    "to 2^-16, at most 7.6e-6 off, and the kept values scaled by its inverse); checkpoints "
+    "save the generator, so resuming draws the same masks. auto: int16 on a CPU with torch 2.7 "
+    "or later, whose CPU bernoulli_ no longer draws with MKL (on torch 2.13 dropout's masks "
+    "took 16-20% of an encoder's bf16 step), torch elsewhere. Eager forwards only: not with "
+    "backend.compile, gradient checkpointing or deepspeed (docs/backends.md)."
+)
+
+
+def dropout_masks_field() -> Any:
+    return Field("auto", description=DROPOUT_MASKS_DESCRIPTION)
+
+
+def dropout_masks_problems(recipe: Any) -> list[str]:
+    """backend.dropout_masks=int16 where the torch backend's eager forward does not run it."""
+    if recipe.backend.dropout_masks != "int16":
+        return []
+    why = []
+    if recipe.backend.name not in ("torch", "auto"):
+        why.append("it is the torch backend's (set backend.name=torch or auto)")
+    if recipe.backend.compile is True:
+        why.append("a compiled forward draws its own masks (backend.compile=false)")
+    if recipe.hardware.gradient_checkpointing:
+        why.append("gradient checkpointing recomputes the forward with torch's masks")
+    if recipe.deepspeed is not None:
+        why.append("DeepSpeed's engine runs the forward")
+    return [f"backend.dropout_masks=int16: {w}" for w in why]
+
+
 def ortmodule_fields_set(recipe: Any) -> list[str]:
     """The ORTModule-only backend fields this recipe sets to other than their defaults."""
     section = recipe.backend
@@ -208,4 +242,4 @@ def problems(recipe: Any) -> list[str]:
     """What the recipe's backend cannot do (none for a registered engine)."""
     check = RULES.get(recipe.backend.name)
     own = check(recipe) if check is not None else []
-    return compile_problems(recipe) + unpad_problems(recipe) + own
+    return compile_problems(recipe) + unpad_problems(recipe) + dropout_masks_problems(recipe) + own

@@ -203,6 +203,7 @@ class BackendSection(Section):
 
     compile: backend_rules.Compile = backend_rules.compile_field()
     unpad: backend_rules.Unpad = backend_rules.unpad_field()
+    dropout_masks: backend_rules.DropoutMasks = backend_rules.dropout_masks_field()
     trainable: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = (
         Field(
             None,

@@ -4,7 +4,8 @@ the device and precision at hand (``attention``).
 ``backend.compile: true`` (or the ``auto`` probe's choice) runs the forward through
 ``torch.compile`` (``compiled.py``): the engine puts ``outer`` around its forward, outside DDP.
 Eager, ``backend.unpad`` runs the encoder's per-position layers on the real tokens only
-(``unpad.py``).
+(``unpad.py``), and ``backend.dropout_masks`` draws dropout's masks 16 bits at a time on a CPU
+(``dropout.py``).
 
 A bench-only variant is switched on by an environment variable that ``ortft bench`` sets for
 its worker processes (not a recipe field: a recipe describes a training run, this describes a
@@ -58,13 +59,19 @@ def attention(device: torch.device, dtype: str) -> tuple[str, str | None]:
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, compile: bool = False, unpad: Any = False) -> None:
+    def __init__(
+        self, compile: bool = False, unpad: Any = False, dropout_masks: str = "torch"
+    ) -> None:
         self.attention_note: str | None = None  # why the model's attention is not sdpa
         self.compile = compile
         self.clock: Any = None  # compiled: the first step's time (compiled.CompileClock)
         self.unpad_setting = unpad  # backend.unpad: true, false or auto
         self.unpadder: Any = None  # unpad.Unpadder, where the run unpads
         self.unpad_reason: str | None = None
+        self.masks_setting = dropout_masks  # backend.dropout_masks: auto, torch or int16
+        self.masks: Any = None  # dropout.Masks, where the run draws its own
+        self.masks_applied = False  # outer put them around the forward (not DeepSpeed's)
+        self.masks_reason: str | None = None
 
     def attn_implementation(self, device: torch.device, dtype: str) -> str:
         """The attention the model is built with (``attention``), noted for the report."""
@@ -86,10 +93,23 @@ class TorchBackend:
         on, self.unpad_reason = unpad.plan(model, task, self.unpad_setting, self.compile, device)
         if on:
             self.unpadder = unpad.install(unpad.encoder_of(model))
+        self._plan_masks(model, device)
         return module
 
+    def _plan_masks(self, model: nn.Module, device: str) -> None:
+        from ortft.backends.torch import dropout
+
+        on, self.masks_reason = dropout.plan(self.masks_setting, self.compile, device, model)
+        self.masks = dropout.Masks() if on else None
+
     def outer(self, forward: nn.Module) -> Any:
-        """The training forward: compiled around DDP (or the module) when compile is on."""
+        """The training forward: compiled around DDP (or the module) when compile is on, inside
+        ``dropout.Masks`` where the run draws its own dropout masks."""
+        if self.masks is not None:
+            from ortft.backends.torch import dropout
+
+            self.masks_applied = True
+            return dropout.Forward(forward, self.masks)
         if not self.compile:
             return forward
         from ortft.backends.torch import compiled
@@ -116,6 +136,16 @@ class TorchBackend:
             "why": self.unpad_reason,
             "gathered_forwards": self.unpadder.calls if self.unpadder is not None else 0,
         }
+        why = self.masks_reason
+        if self.masks is not None and not self.masks_applied:
+            why = "torch's dropout (the forward is not this backend's: DeepSpeed)"
+        extra["dropout_masks"] = {
+            "own": self.masks_applied,
+            "why": why,
+            "calls": self.masks.calls if self.masks_applied else 0,
+        }
+        if self.masks_applied:
+            notes.append(f"dropout: {self.masks_reason}")
         if self.compile:
             extra["compile"] = self.clock.record() if self.clock is not None else {}
             notes.append(f"torch.compile ({extra['compile'].get('compiler')}, dynamic shapes)")
