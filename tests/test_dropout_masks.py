@@ -129,6 +129,9 @@ def test_probabilities_at_the_edges_stay_torchs() -> None:
         assert torch.equal(torch.nn.functional.dropout(x, 0.0), x)
         torch.nn.functional.dropout(x, 1e-6)  # rounds to keeping every element: torch's
         torch.nn.functional.dropout(x, 0.5, training=False)
+        y = torch.ones(64)
+        torch.nn.functional.dropout(y, 0.5, inplace=True)  # in place: torch's, as asked
+        assert 0 < int((y == 0).sum()) < 64
         with pytest.raises(RuntimeError):  # not floating point: torch's own error
             torch.nn.functional.dropout(torch.arange(4), 0.5)
     assert masks.calls == 0

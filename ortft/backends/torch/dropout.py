@@ -16,7 +16,7 @@ keeps it (no more memory).
 ``Masks`` is a ``TorchFunctionMode`` around the training forward (``Forward``), so it reaches
 ``nn.Dropout`` modules and the functional dropout a model's attention calls alike; every other
 call passes through. It intercepts ``torch.nn.functional.dropout`` only, on CPU tensors, in
-training, for 0 < p < 1.
+training, for 0 < p < 1, out of place (an in-place call stays torch's).
 """
 
 from __future__ import annotations
@@ -92,12 +92,10 @@ class Masks(TorchFunctionMode):
         if func is torch.nn.functional.dropout:
             bound = _DROPOUT_ARGS.bind(*args, **kwargs)
             bound.apply_defaults()
-            x, p, training = (
-                bound.arguments["input"],
-                bound.arguments["p"],
-                bound.arguments["training"],
-            )
-            if applies(x, float(p), bool(training)):
+            args_of = bound.arguments
+            x, p, training = args_of["input"], args_of["p"], args_of["training"]
+            # an in-place call may be relied on for its side effect: torch's keeps it
+            if not args_of["inplace"] and applies(x, float(p), bool(training)):
                 self.calls += 1
                 return dropout(x, float(p))
         return func(*args, **kwargs)
