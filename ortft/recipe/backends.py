@@ -108,8 +108,8 @@ DROPOUT_MASKS_DESCRIPTION = (
     "64-bit draw of torch's CPU generator, kept where a 16-bit integer clears the threshold (the keep-probability rounded "
     "to 2^-16, at most 7.6e-6 off, and the kept values scaled by its inverse); checkpoints "
     "save the generator, so resuming draws the same masks. auto: int16 on a CPU with torch 2.7 "
-    "or later, whose CPU bernoulli_ no longer draws with MKL (on torch 2.13 dropout's masks "
-    "took 16-20% of an encoder's bf16 step), torch elsewhere. Eager forwards only: not with "
+    "or later, whose CPU bernoulli_ is taken to draw without MKL (2.6 draws with it; on "
+    "torch 2.13 dropout's masks took 16-20% of an encoder's bf16 step), torch elsewhere. Eager forwards only: not with "
     "backend.compile, gradient checkpointing or deepspeed (docs/backends.md)."
 )
 
