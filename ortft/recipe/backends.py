@@ -109,8 +109,9 @@ DROPOUT_MASKS_DESCRIPTION = (
     "to 2^-16, at most 7.6e-6 off, and the kept values scaled by its inverse); checkpoints "
     "save the generator, so resuming draws the same masks. auto: int16 on a CPU with torch 2.7 "
     "or later, whose CPU bernoulli_ is taken to draw without MKL (2.6 draws with it; on "
-    "torch 2.13 dropout's masks took 16-20% of an encoder's bf16 step), torch elsewhere. Eager forwards only: not with "
-    "backend.compile, gradient checkpointing or deepspeed (docs/backends.md)."
+    "torch 2.13 dropout's masks took 16-20% of an encoder's bf16 step), torch elsewhere. "
+    "Eager forwards only: not with backend.compile, gradient checkpointing or deepspeed "
+    "(docs/backends.md)."
 )
 
 
