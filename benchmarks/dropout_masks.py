@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
+import importlib.metadata
 import os
 from pathlib import Path
 from typing import Any
@@ -47,16 +47,14 @@ def overrides(task: str) -> tuple[Path, dict[str, str]]:
 
 def one_run(recipe: Path, settings: dict[str, str], masks: str, out: Path) -> dict[str, Any]:
     """One ``ortft train`` in a fresh process: its median timed step and dropout record."""
-    cmd = common.ortft_train(recipe, {**settings, "backend.dropout_masks": masks}, out)
-    proc, shared = common.run_process(cmd, TIMEOUT)
-    if proc is None or proc.returncode != 0:
-        raise SystemExit(f"dropout_masks: {masks} run failed: {common.failure(proc, TIMEOUT)}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r.get("kind") == "train"]
+    overrides = {**settings, "backend.dropout_masks": masks}
+    summary, train, shared = common.ortft_run(
+        f"dropout_masks {masks}", recipe, overrides, out, TIMEOUT
+    )
     timing = common.timing([r["time_s"] for r in train], STEPS - WARM, WARM, 1)
     return {
         "ms_per_step": timing["ms_per_step"],
-        "dropout_masks": json.loads(proc.stdout)["backend"]["dropout_masks"],
+        "dropout_masks": summary["backend"]["dropout_masks"],
         "losses": [r["loss"] for r in train][:3],
         **shared,
     }
@@ -69,11 +67,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the peer benches
-    import torch
-
     result: dict[str, Any] = {
         "machine": common.cpu(),
-        "torch": torch.__version__,
+        "torch": importlib.metadata.version("torch"),
         "steps": STEPS,
         "tasks": {},
     }

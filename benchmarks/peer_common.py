@@ -369,6 +369,19 @@ def failure(proc: Any, timeout: float) -> str:
     return f"exit {proc.returncode}: {what[:300]}"
 
 
+def ortft_run(
+    label: str, recipe: Path, overrides: dict[str, str], out: Path, timeout: float
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, float]]:
+    """``ortft train`` in a fresh process (``run_process``: offline, its peak RSS and the share
+    of the CPU others took): its summary, its training rows of metrics.jsonl and
+    ``run_process``'s figures. A failed run ends the bench with one line."""
+    proc, shared = run_process(ortft_train(recipe, overrides, out), timeout)
+    if proc is None or proc.returncode != 0:
+        raise SystemExit(f"{label}: run failed: {failure(proc, timeout)}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return json.loads(proc.stdout), [r for r in rows if r.get("kind") == "train"], shared
+
+
 def ab_pairs(
     label: str,
     task: str,

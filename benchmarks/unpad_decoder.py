@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -56,18 +55,16 @@ def overrides(task: str, model: Path) -> tuple[Path, dict[str, str]]:
 def one_run(recipe: Path, settings: dict[str, str], unpad: str, out: Path) -> dict[str, Any]:
     """One ``ortft train`` in a fresh process (peer_common's, offline): its median timed step,
     padding share, unpad record and first losses."""
-    cmd = common.ortft_train(recipe, {**settings, "backend.unpad": unpad}, out)
-    proc, shared = common.run_process(cmd, TIMEOUT)
-    if proc is None or proc.returncode != 0:
-        raise SystemExit(f"unpad_decoder: {unpad} run failed: {common.failure(proc, TIMEOUT)}")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r.get("kind") == "train"]
+    overrides = {**settings, "backend.unpad": unpad}
+    summary, train, shared = common.ortft_run(
+        f"unpad_decoder {unpad}", recipe, overrides, out, TIMEOUT
+    )
     real, padded = sum(r["tokens"] for r in train), sum(r["padded_tokens"] for r in train)
     timing = common.timing([r["time_s"] for r in train], STEPS - WARM, WARM, 1)
     return {
         "ms_per_step": timing["ms_per_step"],
         "padding_share": 1 - real / padded,
-        "unpad": json.loads(proc.stdout)["backend"]["unpad"],
+        "unpad": summary["backend"]["unpad"],
         "losses": [r["loss"] for r in train][:3],
         **shared,
     }
