@@ -16,6 +16,11 @@ Each pair runs ``backend.dropout_masks=int16`` then ``torch``, each a fresh proc
 peer_common runs one (offline; its peak RSS and the share of the CPU others took); a run's figure
 is the median step time over steps 5-24 (metrics.jsonl's ``time_s``). Prints each pair, the
 ratio torch / int16 per pair (above 1: the 16-bit masks are faster) and their median.
+
+``--micro`` times one dropout's forward + backward instead, in this process on 2 threads: torch's
+``F.dropout`` against ``backends/torch/dropout.dropout`` on bf16 tensors the size of MiniLM's
+attention probabilities ([16, 12, 128, 128]) and of a 300-row hidden state ([300, 384]): 10
+alternating rounds of 5 calls each after one round's warm-up, the median round's mean.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import argparse
 import functools
 import importlib.metadata
 import os
+import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +41,7 @@ import peer_sentence
 STEPS, WARM = 24, 4
 TIMEOUT = 900.0  # seconds a run may take
 SETTINGS = ("int16", "torch")
+ROUNDS = 10  # --micro's timed rounds
 
 
 def overrides(task: str) -> tuple[Path, dict[str, str]]:
@@ -60,12 +68,51 @@ def one_run(recipe: Path, settings: dict[str, str], masks: str, out: Path) -> di
     }
 
 
+def micro_shape(shape: tuple[int, ...]) -> tuple[float, float]:
+    """Milliseconds a forward + backward of torch's dropout and of the 16-bit masks take on a
+    bf16 tensor of ``shape``: the median over ``ROUNDS`` alternating rounds."""
+    import torch
+
+    from ortft.backends.torch import dropout
+
+    x = torch.randn(shape, dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(shape, dtype=torch.bfloat16)
+    steps = {
+        "torch": lambda: torch.nn.functional.dropout(x, 0.1, True).backward(grad),
+        "int16": lambda: dropout.dropout(x, 0.1).backward(grad),
+    }
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(ROUNDS + 1):  # the first round warms up
+        for name, step in steps.items():
+            start = time.perf_counter()
+            for _ in range(5):
+                step()
+            times[name].append((time.perf_counter() - start) / 5 * 1e3)
+    own, masks = (statistics.median(times[name][1:]) for name in steps)
+    return own, masks
+
+
+def micro() -> None:
+    """One dropout's forward + backward, torch's against the 16-bit masks (module docstring)."""
+    import torch
+
+    torch.set_num_threads(2)
+    print(f"dropout_masks --micro: torch {torch.__version__}, p 0.1, bf16, 2 threads")
+    for shape in ((16, 12, 128, 128), (300, 384)):
+        own, masks = micro_shape(shape)
+        print(f"  {list(shape)}: torch {own:.2f} ms, int16 {masks:.2f} ms, {own / masks:.2f}x")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--tasks", default="text-short,text-long,sentence")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--micro", action="store_true", help="time one dropout call instead")
     a = p.parse_args()
+    if a.micro:
+        micro()
+        return
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the peer benches
     result: dict[str, Any] = {
         "machine": common.cpu(),

@@ -51,8 +51,12 @@ def test_masks_come_from_torchs_generator_in_every_layout() -> None:
     out, scale = dropout.dropout(t, 0.3), dropout.LEVELS / dropout.kept_levels(0.3)
     assert out.shape == t.shape and 0 < int((out == 0).sum()) < t.numel()
     assert torch.equal(out, torch.where(out == 0, 0.0, t * scale))
-    b = dropout.dropout(x.bfloat16(), 0.3)
+    b = dropout.dropout(x.bfloat16().requires_grad_(), 0.3)
     assert b.dtype == torch.bfloat16
+    # the backward keeps one tensor, the scaled mask in the input's dtype: torch's CPU dropout
+    # keeps its noise so, hence the same memory
+    (kept,) = b.grad_fn.saved_tensors
+    assert kept.dtype == torch.bfloat16 and kept.shape == x.shape
 
 
 def tiny_bert(rate: float) -> torch.nn.Module:

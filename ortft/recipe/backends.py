@@ -104,13 +104,14 @@ def unpad_problems(recipe: Any) -> list[str]:
 DropoutMasks = Literal["auto", "torch", "int16"]
 DROPOUT_MASKS_DESCRIPTION = (
     "Where the torch backend's training dropout draws its keep-masks. torch: torch's own "
-    "dropout (bernoulli_). int16 (on a CPU; a GPU keeps torch's): four masks' values from each "
-    "64-bit draw of torch's CPU generator, kept where a 16-bit integer clears the threshold (the keep-probability rounded "
-    "to 2^-16, at most 7.6e-6 off, and the kept values scaled by its inverse); checkpoints "
-    "save the generator, so resuming draws the same masks. auto: int16 on a CPU with torch 2.7 "
-    "or later, whose CPU bernoulli_ is taken to draw without MKL (2.6 draws with it; on "
-    "torch 2.13 dropout's masks took 16-20% of an encoder's bf16 step), torch elsewhere. "
-    "Eager forwards only: not with backend.compile, gradient checkpointing or deepspeed "
+    "dropout (bernoulli_). int16 (on a CPU; a GPU keeps torch's): 16 random bits an element, "
+    "from numpy's SFC64 generator seeded at each call by torch's CPU generator, kept where the "
+    "16-bit integer clears the threshold (the keep-probability rounded to 2^-16, at most "
+    "7.6e-6 off, and the kept values scaled by its inverse); checkpoints save torch's "
+    "generator, so resuming draws the same masks. auto: int16 on a CPU with torch 2.7 or "
+    "later, whose CPU bernoulli_ is taken to draw without MKL (2.6 draws with it; on torch "
+    "2.13 dropout's masks took 16-20% of an encoder's bf16 step), torch elsewhere. Eager "
+    "forwards only: not with backend.compile, gradient checkpointing or deepspeed "
     "(docs/backends.md)."
 )
 

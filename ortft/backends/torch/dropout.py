@@ -5,13 +5,14 @@ generator; later open-source builds turn that path off (pytorch#132395: its rese
 variates) and draw one Mersenne-Twister number per element. On torch 2.13 dropout's masks then
 took 16-20% of a small encoder's bf16 training step, against 4% on 2.6 (docs/backends.md).
 
-Here one 64-bit draw gives four 16-bit integers, and an element is kept where its integer is
+Here each element takes 16 random bits, four to a 64-bit word, and is kept where its integer is
 at or above the threshold: a keep-probability of ``1 - p`` rounded to a multiple of 2^-16 (at
 most 7.6e-6 off), with the kept values scaled by the inverse of that rounded probability, so
-the expectation is the input's, as torch's dropout keeps it. The draws come from torch's
-default CPU generator, which every checkpoint saves, so a resumed run draws the masks the
-uninterrupted one did. The mask is kept as booleans for the backward, as torch's own dropout
-keeps it (no more memory).
+the expectation is the input's, as torch's dropout keeps it. The words come from numpy's SFC64
+generator (twice the rate of torch's serial 64-bit ``random_`` on a CPU), seeded for each call
+by one draw of torch's default CPU generator, which every checkpoint saves: a resumed run draws
+the masks the uninterrupted one did. The forward saves the scaled mask in the input's dtype, as
+torch's CPU dropout saves its noise, so the backward is one product.
 
 ``Masks`` is a ``TorchFunctionMode`` around the training forward (``Forward``), so it reaches
 ``nn.Dropout`` modules and the functional dropout a model's attention calls alike; every other
@@ -24,6 +25,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -40,27 +42,31 @@ def kept_levels(p: float) -> int:
     return round((1.0 - p) * LEVELS)
 
 
+def random_words(n: int) -> torch.Tensor:
+    """``n`` uniform 64-bit integers from SFC64, seeded by one draw of torch's generator."""
+    seed = int(torch.empty((), dtype=torch.int64).random_())
+    return torch.from_numpy(np.random.SFC64(seed).random_raw(n).view(np.int64))
+
+
 def keep_mask(shape: torch.Size, p: float) -> torch.Tensor:
     """Booleans of ``shape``, each True with probability ``kept_levels(p) / 2^16``."""
     n = shape.numel()
-    draws = torch.empty((n + 3) // 4, dtype=torch.int64)
-    draws.random_(-(1 << 63), None)  # every 64-bit value: four uniform 16-bit integers
-    lanes = draws.view(torch.int16)[:n].view(shape)
+    lanes = random_words((n + 3) // 4).view(torch.int16)[:n].view(shape)
     return lanes >= (LEVELS // 2 - kept_levels(p))  # int16 runs from -2^15 to 2^15 - 1
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, p: float) -> torch.Tensor:
-        keep = keep_mask(x.shape, p)
-        ctx.scale = LEVELS / kept_levels(p)
-        ctx.save_for_backward(keep)
-        return x * keep.to(x.dtype).mul_(ctx.scale)
+        keep = keep_mask(x.shape, p).view(torch.uint8)  # uint8 casts to floats vectorised, bool not
+        kept = keep.to(x.dtype).mul_(LEVELS / kept_levels(p))
+        ctx.save_for_backward(kept)
+        return x * kept
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (keep,) = ctx.saved_tensors
-        return grad * keep.to(grad.dtype).mul_(ctx.scale), None
+        (kept,) = ctx.saved_tensors
+        return grad * kept, None
 
 
 def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
