@@ -15,7 +15,9 @@ def wrapper(name: str, options: Any, compile: bool | None = None) -> Any:
         from ortft.backends.torch.eager import TorchBackend
 
         compiled = options.compile is True if compile is None else compile
-        return TorchBackend(compiled, options.unpad, options.dropout_masks)
+        return TorchBackend(
+            compile=compiled, unpad=options.unpad, dropout_masks=options.dropout_masks
+        )
     if name == "ort":
         from ortft.backends.ortmodule.wrapper import OrtBackend
 
