@@ -17,6 +17,11 @@ peer_common runs one (offline; its peak RSS and the share of the CPU others took
 is the median step time over steps 5-24 (metrics.jsonl's ``time_s``). Prints each pair, the
 ratio torch / int16 per pair (above 1: the 16-bit masks are faster) and their median.
 
+``--attention`` runs the same tasks in fp32 with the masks (``int16``) on both sides and sets the
+attention against itself instead: ``eager``, which the backend picks where it draws the masks
+(its ``F.dropout`` takes them), against ``sdpa`` (``ORTFT_TORCH_ATTN=sdpa``: the kernel draws
+its attention dropout with torch's ``bernoulli_``), the choice before; the ratio is sdpa / eager.
+
 ``--micro`` times one dropout's forward + backward instead, in this process on 2 threads: torch's
 ``F.dropout`` against ``backends/torch/dropout.dropout`` on bf16 tensors the size of MiniLM's
 attention probabilities ([16, 12, 128, 128]) and of a 300-row hidden state ([300, 384]): 10
@@ -68,6 +73,18 @@ def one_run(recipe: Path, settings: dict[str, str], masks: str, out: Path) -> di
     }
 
 
+def attention_run(
+    recipe: Path, settings: dict[str, str], attention: str, out: Path
+) -> dict[str, Any]:
+    """``one_run`` in fp32 with the masks drawn and ``attention`` fixed (``--attention``)."""
+    os.environ["ORTFT_TORCH_ATTN"] = attention  # the child process inherits it
+    try:
+        fp32 = {**settings, "precision.dtype": "fp32"}
+        return one_run(recipe, fp32, "int16", out)
+    finally:
+        del os.environ["ORTFT_TORCH_ATTN"]
+
+
 def micro_shape(shape: tuple[int, ...]) -> tuple[float, float]:
     """Milliseconds a forward + backward of torch's dropout and of the 16-bit masks take on a
     bf16 tensor of ``shape``: the median over ``ROUNDS`` alternating rounds."""
@@ -109,6 +126,7 @@ def main() -> None:
     p.add_argument("--tasks", default="text-short,text-long,sentence")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--micro", action="store_true", help="time one dropout call instead")
+    p.add_argument("--attention", action="store_true", help="fp32 with the masks: eager / sdpa")
     a = p.parse_args()
     if a.micro:
         micro()
@@ -120,13 +138,15 @@ def main() -> None:
         "steps": STEPS,
         "tasks": {},
     }
+    run, settings_ab = (attention_run, ("eager", "sdpa")) if a.attention else (one_run, SETTINGS)
+    result["compared"] = "attention, fp32, int16 masks" if a.attention else "dropout_masks, bf16"
     for task in a.tasks.split(","):
         recipe, settings = overrides(task)
         result["tasks"][task] = common.ab_pairs(
             "dropout_masks",
             task,
-            SETTINGS,
-            functools.partial(one_run, recipe, settings),
+            settings_ab,
+            functools.partial(run, recipe, settings),
             a.pairs,
         )
     if a.out:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from helpers import losses, run_cli, summary
 from test_unpad import SIZES, batch
 
 from ortft.backends.torch import dropout
+from ortft.backends.torch.eager import EAGER_WITH_OWN_MASKS
 
 
 def test_masks_keep_at_the_rounded_rate_and_scale_to_the_input_mean() -> None:
@@ -159,6 +161,25 @@ def test_the_plan_says_where_the_masks_apply(monkeypatch: pytest.MonkeyPatch) ->
     assert "gradient checkpointing" in dropout.plan("int16", False, "cpu", model)[1]
 
 
+def test_fp32_attention_turns_eager_where_the_masks_draw() -> None:
+    """sdpa draws its attention dropout inside the kernel, where the masks cannot reach it."""
+    from ortft.backends.torch import eager, models
+
+    cpu = torch.device("cpu")
+    for setting, rate, attention in [("int16", 0.1, "eager"), ("torch", 0.1, "sdpa"),
+                                     ("int16", 0.0, "sdpa")]:  # fmt: skip
+        backend = eager.TorchBackend(dropout_masks=setting)
+        assert backend.attn_implementation(cpu, "fp32") == "sdpa"
+        model = tiny_bert(rate)
+        model.set_attn_implementation("sdpa")
+        task = SimpleNamespace(forward=None)  # wrap reads none of it: unpad is off
+        backend.wrap(models.TaskModule(model, task), Path("unused"))
+        assert model.config._attn_implementation == attention, (setting, rate)
+        assert backend.attention == attention
+        note = backend.report().notes
+        assert (eager.EAGER_WITH_OWN_MASKS in note) is (attention == "eager"), note
+
+
 def test_recipe_rules_refuse_int16_where_the_eager_forward_is_not_torchs() -> None:
     from pydantic import ValidationError
 
@@ -197,6 +218,7 @@ def test_a_run_draws_its_masks_and_resumes_bit_for_bit(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     record = summary(run)["backend"]["dropout_masks"]
     assert record["own"] is True and record["calls"] >= 6, record
+    assert EAGER_WITH_OWN_MASKS in summary(run)["backend"]["notes"]  # fp32: sdpa turned eager
     full = losses(run)
     for name in ("final", "step-000006", "summary.json"):  # as if killed after step 3
         target = run / name
@@ -209,4 +231,5 @@ def test_a_run_draws_its_masks_and_resumes_bit_for_bit(tmp_path: Path) -> None:
                   tmp_path / "torch", env={"NO_COLOR": "1"})  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     assert summary(tmp_path / "torch")["backend"]["dropout_masks"]["own"] is False
+    assert EAGER_WITH_OWN_MASKS not in summary(tmp_path / "torch")["backend"]["notes"]
     assert losses(tmp_path / "torch") != full  # torch's masks are others

@@ -5,7 +5,7 @@ the device and precision at hand (``attention``).
 ``torch.compile`` (``compiled.py``): the engine puts ``outer`` around its forward, outside DDP.
 Eager, ``backend.unpad`` runs the encoder's per-position layers on the real tokens only
 (``unpad.py``), and ``backend.dropout_masks`` draws dropout's masks 16 bits at a time on a CPU
-(``dropout.py``).
+(``dropout.py``); where it does, an fp32 model built with sdpa switches to eager attention.
 
 A bench-only variant is switched on by an environment variable that ``ortft bench`` sets for
 its worker processes (not a recipe field: a recipe describes a training run, this describes a
@@ -40,6 +40,11 @@ log = logging.getLogger("ortft")
 # Whisper and MiniLM bench models faster with eager in bf16 too (docs/backends.md).
 # Reproduce: make bench-attention (benchmarks/attention_cpu.py).
 EAGER_ON_CPU_BF16 = "eager attention: sdpa's CPU bf16 kernels train 1.1-1.9x slower (measured)"
+# In fp32 the dropout decides: sdpa draws its attention dropout inside the kernel with torch's
+# bernoulli_ (serial on torch >= 2.7), where eager attention calls F.dropout, which the backend's
+# 16-bit masks replace (dropout.py). So where the masks are drawn, fp32 switches to eager too
+# (docs/backends.md; python benchmarks/dropout_masks.py --attention).
+EAGER_WITH_OWN_MASKS = "eager attention: its dropout takes the 16-bit masks, sdpa's does not"
 
 
 def attention(device: torch.device, dtype: str) -> tuple[str, str | None]:
@@ -62,6 +67,7 @@ class TorchBackend:
     def __init__(
         self, compile: bool = False, unpad: Any = False, dropout_masks: str = "torch"
     ) -> None:
+        self.attention: str | None = None  # the model's (attn_implementation, _eager_for_masks)
         self.attention_note: str | None = None  # why the model's attention is not sdpa
         self.compile = compile
         self.clock: Any = None  # compiled: the first step's time (compiled.CompileClock)
@@ -75,8 +81,8 @@ class TorchBackend:
 
     def attn_implementation(self, device: torch.device, dtype: str) -> str:
         """The attention the model is built with (``attention``), noted for the report."""
-        implementation, self.attention_note = attention(device, dtype)
-        return implementation
+        self.attention, self.attention_note = attention(device, dtype)
+        return self.attention
 
     def wrap(self, module: nn.Module, run_dir: Path) -> nn.Module:
         """The module itself (evaluation, saving and export use it), its encoder unpadded where
@@ -101,6 +107,18 @@ class TorchBackend:
 
         on, self.masks_reason = dropout.plan(self.masks_setting, self.compile, device, model)
         self.masks = dropout.Masks() if on else None
+        if on and self.attention == "sdpa" and self.attention_note is None:
+            self._eager_for_masks(model)
+
+    def _eager_for_masks(self, model: nn.Module) -> None:
+        """Switch a model built with sdpa (fp32 on a CPU) to eager attention, whose dropout the
+        masks draw (``EAGER_WITH_OWN_MASKS``); a model that cannot switch keeps sdpa."""
+        switch = getattr(model, "set_attn_implementation", None)
+        if switch is None:
+            return
+        switch("eager")
+        if getattr(model.config, "_attn_implementation", None) == "eager":
+            self.attention, self.attention_note = "eager", EAGER_WITH_OWN_MASKS
 
     def outer(self, forward: nn.Module) -> Any:
         """The training forward: compiled around DDP (or the module) when compile is on, inside
