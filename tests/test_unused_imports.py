@@ -1,5 +1,7 @@
 """A run without DeepSpeed does not import it (ortft.env.unused): accelerate's unwrap in every
-``save_pretrained`` and ORTModule's own import would, at seconds of CPU per process."""
+``save_pretrained`` and ORTModule's own import would, at seconds of CPU per process. After the
+run the process sees DeepSpeed again, accelerate's helpers for it included, which transformers'
+``Trainer`` imports."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ _TRAIN_THEN_LIST = (
     "try:\n    main()\nfinally:\n"
     "    seen = [m for m in ('deepspeed', 'mlflow') if sys.modules.get(m) is not None]\n"
     "    print('IMPORTED', *seen, file=sys.stderr)\n"
+    "    import transformers.trainer  # imports accelerate's DeepSpeedSchedulerWrapper\n"
+    "    print('TRAINER', file=sys.stderr)\n"
 )
 
 
@@ -29,7 +33,7 @@ def test_a_run_without_deepspeed_imports_neither_it_nor_mlflow(
     res = run_cli("train", cls_recipe, *args, code=_TRAIN_THEN_LIST, env={"NO_COLOR": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     assert (run / "onnx" / "model.onnx").is_file() and (run / "step-000001").is_dir()
-    assert res.stderr.splitlines()[-1] == "IMPORTED", res.stderr[-2000:]
+    assert res.stderr.splitlines()[-2:] == ["IMPORTED", "TRAINER"], res.stderr[-2000:]
 
 
 def test_the_scope_hides_deepspeed_and_gives_it_back() -> None:
