@@ -86,7 +86,7 @@ class TorchBackend:
 
     def wrap(self, module: nn.Module, run_dir: Path) -> nn.Module:
         """The module itself (evaluation, saving and export use it), its encoder unpadded where
-        ``unpad.plan`` says so."""
+        ``unpad.plan`` says so, its sdpa attention turned eager where the masks are drawn."""
         from ortft.backends.torch import fusions, unpad
 
         swapped = fusions.fuse_tanh_gelu(module)  # the same function in one kernel
@@ -100,6 +100,8 @@ class TorchBackend:
         if on:
             self.unpadder = unpad.install(unpad.encoder_of(model))
         self._plan_masks(model, device)
+        if self.masks is not None and self.attention == "sdpa" and self.attention_note is None:
+            self._eager_for_masks(model)
         return module
 
     def _plan_masks(self, model: nn.Module, device: str) -> None:
@@ -107,8 +109,6 @@ class TorchBackend:
 
         on, self.masks_reason = dropout.plan(self.masks_setting, self.compile, device, model)
         self.masks = dropout.Masks() if on else None
-        if on and self.attention == "sdpa" and self.attention_note is None:
-            self._eager_for_masks(model)
 
     def _eager_for_masks(self, model: nn.Module) -> None:
         """Switch a model built with sdpa (fp32 on a CPU) to eager attention, whose dropout the
