@@ -132,9 +132,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--models", default="vit,whisper")
     a = p.parse_args()
+    builders = {"vit": vit, "whisper": whisper}
+    unknown = sorted(set(a.models.split(",")) - set(builders))
+    if unknown:
+        p.error(f"--models: unknown {', '.join(unknown)} (use vit, whisper)")
+    if a.rounds < 1 or a.threads < 1:
+        p.error("--rounds and --threads must be >= 1")
     torch.set_num_threads(a.threads)
     print(f"bf16_weights: torch {torch.__version__}, {a.threads} thread(s), {a.rounds} rounds")
-    builders = {"vit": vit, "whisper": whisper}
     for name in a.models.split(","):
         compare(name, builders[name], a.rounds)
 
