@@ -173,7 +173,9 @@ def test_fp32_attention_turns_eager_where_the_masks_draw() -> None:
         model = tiny_bert(rate)
         model.set_attn_implementation("sdpa")
         task = SimpleNamespace(forward=None)  # wrap reads none of it: unpad is off
-        backend.wrap(models.TaskModule(model, task), Path("unused"))
+        module = backend.wrap(models.TaskModule(model, task), Path("unused"))
+        assert model.config._attn_implementation == "sdpa"  # planned, not applied (DeepSpeed)
+        backend.outer(module)  # the training forward: the masks applied
         assert model.config._attn_implementation == attention, (setting, rate)
         assert backend.attention == attention
         note = backend.report().notes

@@ -77,6 +77,7 @@ class TorchBackend:
         self.masks_setting = dropout_masks  # backend.dropout_masks: auto, torch or int16
         self.masks: Any = None  # dropout.Masks, where the run draws its own
         self.masks_applied = False  # outer put them around the forward (not DeepSpeed's)
+        self.model: Any = None  # the TaskModule's model (wrap), whose attention outer may switch
         self.masks_reason: str | None = None
 
     def attn_implementation(self, device: torch.device, dtype: str) -> str:
@@ -86,7 +87,7 @@ class TorchBackend:
 
     def wrap(self, module: nn.Module, run_dir: Path) -> nn.Module:
         """The module itself (evaluation, saving and export use it), its encoder unpadded where
-        ``unpad.plan`` says so, its sdpa attention turned eager where the masks are drawn."""
+        ``unpad.plan`` says so."""
         from ortft.backends.torch import fusions, unpad
 
         swapped = fusions.fuse_tanh_gelu(module)  # the same function in one kernel
@@ -100,8 +101,7 @@ class TorchBackend:
         if on:
             self.unpadder = unpad.install(unpad.encoder_of(model))
         self._plan_masks(model, device)
-        if self.masks is not None and self.attention == "sdpa" and self.attention_note is None:
-            self._eager_for_masks(model)
+        self.model = model  # outer switches its attention where it applies the masks
         return module
 
     def _plan_masks(self, model: nn.Module, device: str) -> None:
@@ -122,11 +122,15 @@ class TorchBackend:
 
     def outer(self, forward: nn.Module) -> Any:
         """The training forward: compiled around DDP (or the module) when compile is on, inside
-        ``dropout.Masks`` where the run draws its own dropout masks."""
+        ``dropout.Masks`` where the run draws its own dropout masks (the model's sdpa attention
+        then turned eager: ``_eager_for_masks``). DeepSpeed's engine runs its own forward and
+        never calls this, so its runs keep torch's dropout and their attention."""
         if self.masks is not None:
             from ortft.backends.torch import dropout
 
             self.masks_applied = True
+            if self.attention == "sdpa" and self.attention_note is None:
+                self._eager_for_masks(self.model)
             return dropout.Forward(forward, self.masks)
         if not self.compile:
             return forward
