@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
+import peer_common as common  # benchmarks/: the script's folder is on sys.path
 import peer_image
 import peer_speech
 import torch
@@ -102,14 +101,6 @@ def bf16_weights_step(model: torch.nn.Module, batch: dict[str, Any]) -> Callable
     return step
 
 
-def timed(step: Callable[[], None]) -> float:
-    """Milliseconds a step takes, the mean of 3."""
-    start = time.perf_counter()
-    for _ in range(3):
-        step()
-    return (time.perf_counter() - start) / 3 * 1e3
-
-
 def compare(name: str, build: Callable[[], tuple[torch.nn.Module, dict]], rounds: int) -> None:
     torch.manual_seed(0)
     model, batch = build()
@@ -118,11 +109,8 @@ def compare(name: str, build: Callable[[], tuple[torch.nn.Module, dict]], rounds
         "autocast": autocast_step(copy.deepcopy(model), batch),
         "bf16 weights": bf16_weights_step(copy.deepcopy(model), batch),
     }
-    times: dict[str, list[float]] = {label: [] for label in steps}
-    for _ in range(rounds + 1):  # the first round warms up
-        for label, step in steps.items():
-            times[label].append(timed(step))
-    amp, pure = (statistics.median(times[label][1:]) for label in steps)
+    ms = common.alternating_ms(steps, rounds, repeat=3)
+    amp, pure = ms["autocast"], ms["bf16 weights"]
     print(f"{name}: autocast {amp:.1f} ms, bf16 weights {pure:.1f} ms, {amp / pure:.2f}x")
 
 

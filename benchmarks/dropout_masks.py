@@ -34,8 +34,6 @@ import argparse
 import functools
 import importlib.metadata
 import os
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -97,19 +95,15 @@ def micro_shape(shape: tuple[int, ...]) -> tuple[float, float]:
 
     x = torch.randn(shape, dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn(shape, dtype=torch.bfloat16)
-    steps = {
-        "torch": lambda: torch.nn.functional.dropout(x, 0.1, True).backward(grad),
-        "int16": lambda: dropout.dropout(x, 0.1).backward(grad),
-    }
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(ROUNDS + 1):  # the first round warms up
-        for name, step in steps.items():
-            start = time.perf_counter()
-            for _ in range(5):
-                step()
-            times[name].append((time.perf_counter() - start) / 5 * 1e3)
-    own, masks = (statistics.median(times[name][1:]) for name in steps)
-    return own, masks
+    ms = common.alternating_ms(
+        {
+            "torch": lambda: torch.nn.functional.dropout(x, 0.1, True).backward(grad),
+            "int16": lambda: dropout.dropout(x, 0.1).backward(grad),
+        },
+        ROUNDS,
+        repeat=5,
+    )
+    return ms["torch"], ms["int16"]
 
 
 def micro() -> None:

@@ -233,6 +233,21 @@ def timing(ends: list[float], steps: int, warmup: int, batch: int) -> dict[str, 
     }
 
 
+def alternating_ms(
+    calls: dict[str, Callable[[], Any]], rounds: int, repeat: int
+) -> dict[str, float]:
+    """In this process, ``calls`` in turn for one untimed round and ``rounds`` timed ones of
+    ``repeat`` calls each: per name, the median round's mean milliseconds a call."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds + 1):  # the first round warms up
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(repeat):
+                call()
+            times[name].append((time.perf_counter() - start) / repeat * 1e3)
+    return {name: statistics.median(ms[1:]) for name, ms in times.items()}
+
+
 def write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=1))
 
