@@ -112,6 +112,8 @@ ROUTES = {
     ),
     "torch": Route(ortft={**TORCH, "precision.dtype": "fp32"}),
     "torch-bf16": Route(ortft={**TORCH, "precision.dtype": "bf16"}),
+    # bf16 with the weights in bf16 too (fp32 master weights for the optimizer)
+    "torch-bf16w": Route(ortft={**TORCH, "precision.dtype": "bf16", "precision.weights": "bf16"}),
     # the same with backend.unpad off: what skipping the padding is worth
     "torch-bf16-padded": Route(
         ortft={**TORCH, "precision.dtype": "bf16", "backend.unpad": "false"}
@@ -329,6 +331,8 @@ def ran_as(res: dict[str, Any], route: Route) -> str:
         )
     graphs = compiled.get("graphs") if isinstance(compiled, dict) else None
     words = f"{res['backend_used']} {res.get('precision') or 'fp32'}"
+    if res.get("weights") == "bf16":
+        words += " (bf16 weights)"
     if not compiled:
         return words
     return words + (f" compiled ({graphs} graphs)" if graphs is not None else " compiled")
@@ -458,6 +462,7 @@ TABLE_ROUTES = (
     "ort-unpad",
     "torch",
     "torch-bf16",
+    "torch-bf16w",
 )
 
 

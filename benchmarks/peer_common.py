@@ -52,6 +52,12 @@ BASES = ("trainer", "trainer-bf16")  # the peer's fp32 and bf16 runners: the rat
 ORTFT_RUNNERS = {
     "torch": {"backend.name": "torch"},
     "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
+    # bf16 with the weights in bf16 too (fp32 master weights for the optimizer)
+    "torch-bf16w": {
+        "backend.name": "torch",
+        "precision.dtype": "bf16",
+        "precision.weights": "bf16",
+    },
     "ort": {"backend.name": "ort"},
     # the probe picks among the above; its steps and ORT's export come before the timed steps
     "auto": {"backend.name": "auto", "precision.dtype": "auto"},
@@ -449,6 +455,7 @@ def ortft_result(run_dir: Path, stdout: str, steps: int, warmup: int, batch: int
         "eval_loss": summary["metrics"].get("eval_loss"),
         "eval_accuracy": summary["metrics"].get("eval_accuracy"),
         "precision": (summary.get("precision") or {}).get("dtype"),
+        "weights": (summary.get("precision") or {}).get("weights", "fp32"),
         "compile": summary["backend"].get("compile"),  # backend.compile, where this ortft has it
         "probe": summary["backend"].get("probe"),  # backend.name=auto: every candidate's figures
     }

@@ -187,11 +187,15 @@ def profile_part(a: argparse.Namespace, limits: table.Limits) -> None:
     for peer in task_peers(a.tasks):
         ortft = [n for n in peer.ortft if ort or n not in NEEDS_ORT]
         skipped = {n: "no ORT training in this profile" for n in peer.ortft if n not in ortft}
-        rounds = run_task(peer, alternate(list(peer.peers), ortft), a, limits)
+        peers = list(peer.peers)
+        if a.runners is not None:  # a targeted comparison: only the rows named
+            peers = [n for n in peers if n in a.runners]
+            ortft = [n for n in ortft if n in a.runners]
+        rounds = run_task(peer, alternate(peers, ortft), a, limits)
         tasks[peer.task] = {
             "model": peer.model,
             "batch": peer.batch,
-            "peers": list(peer.peers),
+            "peers": peers,
             "ortft": ortft,
             "skipped": skipped,
             "rounds": rounds,
@@ -312,6 +316,13 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3, help="kept rounds per task")
     p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps before them")
+    p.add_argument(
+        "--runners",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=None,
+        help="only these rows, peer settings and ortft routes (e.g. torch-bf16,torch-bf16w): "
+        "a targeted comparison; the default runs every row",
+    )
     p.add_argument("--quick", action="store_true", help="a smoke run: 1 round, 3 steps, 2 warm-up")
     common.add_quiet_options(p)
     p.add_argument(

@@ -80,7 +80,10 @@ def ran_as(res: dict[str, Any], dtype: str) -> str:
     """What a run ran as: its bench's own words, else ortft's backend and dtype, else the dtype."""
     if res.get("ran_as"):
         return str(res["ran_as"])
-    return f"{res['backend_used']} {dtype}" if res.get("backend_used") else dtype
+    if not res.get("backend_used"):
+        return dtype
+    weights = " (bf16 weights)" if res.get("weights") == "bf16" else ""
+    return f"{res['backend_used']} {dtype}{weights}"
 
 
 def _ratios(rounds: list[dict], name: str, base: str | None) -> list[float]:

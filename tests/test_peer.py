@@ -280,8 +280,8 @@ def test_diffusion_peer_trains_what_its_recipe_trains(monkeypatch: pytest.Monkey
 def test_diffusion_benches_refuse_bad_arguments_in_one_line() -> None:
     for script, args, error in [
         ("peer_diffusion.py", ["--runners", "ort,trainer"],
-         "--runners: each of diffusers, diffusers-bf16, torch, torch-bf16, ort, auto at most once, "
-         "diffusers among them"),
+         "--runners: each of diffusers, diffusers-bf16, torch, torch-bf16, torch-bf16w, ort, "
+         "auto at most once, diffusers among them"),
         ("diffusion_frozen.py", ["--rounds", "0"], "--rounds and --calls must be >= 1"),
     ]:  # fmt: skip
         res = subprocess.run([sys.executable, str(BENCHMARKS / script), *args],
@@ -400,8 +400,8 @@ def test_vlm_peer_command_line() -> None:
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     assert bad.stderr.splitlines()[-1].endswith(
-        "--runners: each of trainer, trainer-bf16, trainer-compile, torch, torch-bf16, ort, "
-        "torch-compile, auto at most once, trainer among them"
+        "--runners: each of trainer, trainer-bf16, trainer-compile, torch, torch-bf16, "
+        "torch-bf16w, ort, torch-compile, auto at most once, trainer among them"
     ), bad.stderr
 
 

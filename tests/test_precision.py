@@ -73,12 +73,14 @@ def _overfit(tmp_path: Path, runs: dict[str, list[str]]) -> dict[str, list[float
 def test_precision_matrix_on_cpu(tmp_path: Path) -> None:
     """fp32 and bf16 on the torch backend (+ gradient checkpointing), on one batch overfit for
     10 steps: finite losses; the fp32 route equals the fp32 run, and bf16's loss falls like
-    fp32's (a bf16 step that left the weights alone would stay at ln 2)."""
+    fp32's, with fp32 weights under autocast and with a bf16 copy (precision.weights=bf16) (a
+    bf16 step that left the weights alone would stay at ln 2)."""
     got = _overfit(
         tmp_path,
         {
             "torch-fp32": TORCH_FP32,
             "torch-bf16": [*TORCH_FP32, "precision.dtype=bf16"],
+            "torch-bf16w": [*TORCH_FP32, "precision.dtype=bf16", "precision.weights=bf16"],
             "torch-fp32-ckpt": ["backend.name=torch", "hardware.gradient_checkpointing=true"],
         },
     )
@@ -86,6 +88,8 @@ def test_precision_matrix_on_cpu(tmp_path: Path) -> None:
     assert got["torch-fp32-ckpt"] == pytest.approx(ref, abs=1e-6)  # recompute: the same maths
     # bf16 keeps 8 bits of mantissa: measured 0.425 against fp32's 0.401 (0.693 -> 0.292)
     assert_falls_like(ref, got["torch-bf16"], share=0.8)
+    # a bf16 copy trained, the fp32 weights stepped (master_weights.py): falls like fp32 too
+    assert_falls_like(ref, got["torch-bf16w"], share=0.8)
     summary = json.loads((tmp_path / "torch-bf16" / "summary.json").read_text())
     assert summary["precision"] == {"dtype": "bf16", "skipped_steps": 0}
     # bf16 on CPU trains with eager attention (eager.attention), fp32 with transformers' sdpa

@@ -60,9 +60,12 @@ class Precision:
     skipped_steps: int = 0  # fp16 steps skipped by loss scaling (an overflow), not an error
     requested: str | None = None  # the recipe's precision.dtype, when it was auto
     reason: str | None = None  # why auto chose dtype
+    weights: str = "fp32"  # bf16: a bf16 copy trained, the optimizer stepped fp32 weights
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"dtype": self.dtype, "skipped_steps": self.skipped_steps}
+        if self.weights != "fp32":
+            out["weights"] = self.weights
         if self.requested is not None:
             out.update(requested=self.requested, reason=self.reason)
         return out

@@ -65,6 +65,8 @@ def combination_problems(r: Recipe) -> Iterator[str]:
             "precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training on cpu; "
             "use bf16 (backend.name=torch) or fp32"
         )
+    if r.precision.weights == "bf16":
+        yield from bf16_weights_problems(r)
     if isinstance(r.deepspeed, dict):
         from ortft.recipe import deepspeed as zero
 
@@ -80,6 +82,19 @@ def combination_problems(r: Recipe) -> Iterator[str]:
         yield "; ".join(found)
     if r.adapter is not None and r.backend.trainable:
         yield "backend.trainable and adapter both choose what trains; use one of them"
+
+
+def bf16_weights_problems(r: Recipe) -> Iterator[str]:
+    """precision.weights=bf16 needs a bf16 run on the torch route (auto: where it resolves so)."""
+    if r.precision.dtype not in ("bf16", "auto"):
+        yield f"precision.weights=bf16 needs precision.dtype bf16 or auto, not {r.precision.dtype}"
+    if r.backend.name not in ("torch", "auto"):
+        yield f"precision.weights=bf16 needs backend.name torch (or auto), not {r.backend.name}"
+    if r.deepspeed is not None:
+        yield (
+            "precision.weights=bf16 with deepspeed: DeepSpeed's bf16 already casts the model "
+            "and keeps fp32 master weights; leave precision.weights at fp32"
+        )
 
 
 def reads_text(task: tasks.Task) -> bool:

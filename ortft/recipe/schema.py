@@ -2,7 +2,8 @@
 
 A recipe never names code to import: every choice is an enum/Literal, so a YAML file from
 anywhere can be validated and run without executing anything it says.
-The sections live here (``model:`` and ``adapter:`` in ``recipe/model.py``); ``task:`` is the union of the registered tasks' options
+The sections live here (``model:`` and ``adapter:`` in ``recipe/model.py``, ``logging:`` in
+``recipe/tracking.py``); ``task:`` is the union of the registered tasks' options
 (``recipe/task.py``, each task's options in its own ``ortft/tasks/`` file), ``hpo:`` is in
 ``recipe/hpo.py``, the cross-field rules in ``recipe/rules.py``. Loading (YAML + dotted
 overrides, errors with their YAML line) lives in ``recipe/io.py``.
@@ -45,6 +46,7 @@ from ortft.recipe.model import (  # noqa: F401 - re-exported
 )
 from ortft.recipe.rules import has_eval_data  # noqa: F401 - re-exported
 from ortft.recipe.task import TaskField
+from ortft.recipe.tracking import LoggingSection  # noqa: F401 - re-exported
 
 FORMAT_VERSION = 1
 
@@ -158,6 +160,15 @@ class PrecisionSection(Section):
         "bf16 where the device runs it natively (a CPU with avx512_bf16 or AMX and "
         "backend.name=torch; a GPU of compute capability 8.0 or newer), else fp32. The choice and "
         "its reason go to stderr and summary.json's precision.",
+    )
+    weights: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="fp32: a bf16 run autocasts around the fp32 weights. bf16 (with dtype bf16 "
+        "or auto, backend.name torch or auto, no deepspeed): the training forward and backward "
+        "run on a bf16 copy of the model, which saves autocast's casts; the optimizer steps the "
+        "fp32 weights (master weights), which checkpoints, evaluation, final/ and the export "
+        "read, and gradients add up in fp32. Where dtype auto resolves to fp32 (or backend auto "
+        "to ort) the run trains in fp32 and says so.",
     )
 
     @model_validator(mode="before")
@@ -296,83 +307,6 @@ class ExportSection(Section):
         "behaviour: a failed check is recorded (export.json, summary.json), the export goes "
         "to onnx.failed/ and the run exits 0; neither check is then a gate.",
     )
-
-
-TrackerName = Literal["tensorboard", "mlflow", "wandb"]
-# MLflow's own store schemes (mlflow.tracking._tracking_service.utils); a bare word or a typo
-# such as "htpp://" is caught here, before any training
-_TRACKING_SCHEMES = (
-    "file",
-    "sqlite",
-    "postgresql",
-    "mysql",
-    "mssql",
-    "http",
-    "https",
-    "databricks",
-)
-
-
-def tracking_uri_problem(uri: str) -> str | None:
-    """Why ``uri`` is no MLflow tracking URI (None: it is one)."""
-    scheme, sep, rest = uri.partition(":")
-    if not sep or scheme.split("+")[0] not in _TRACKING_SCHEMES:
-        return (
-            f"{uri!r} is not a tracking URI: use file:/path/mlruns, sqlite:///path.db, "
-            "http(s)://host:port or databricks"
-        )
-    if scheme in ("http", "https") and not re.match(r"//[^/:]+", rest):
-        return f"{uri!r} names no host"
-    return None
-
-
-class LoggingSection(Section):
-    trackers: list[TrackerName] = Field(
-        default_factory=list,
-        description="Experiment trackers that receive the run's params, metrics and artifacts "
-        "(docs/tracking.md): tensorboard (<run>/tensorboard/), mlflow, wandb; none by default.",
-    )
-    experiment: str | None = Field(
-        None,
-        description="MLflow experiment / W&B project (default: MLFLOW_EXPERIMENT_NAME or "
-        "WANDB_PROJECT, else 'ortft').",
-    )
-    run_name: str | None = Field(
-        None, description="The tracker run's name (default: the run directory's name)."
-    )
-    tags: dict[str, str] = Field(
-        default_factory=dict, description="Extra tags on the tracker run (MLflow tags, W&B tags)."
-    )
-    tracking_uri: str | None = Field(
-        None,
-        description="MLflow tracking URI: file:/path, sqlite:///x.db, http(s)://host:port "
-        "(default: MLFLOW_TRACKING_URI, else file:<run>/mlruns). W&B uses WANDB_* variables.",
-    )
-    tensorboard: bool = Field(
-        False, description="Deprecated: same as trackers: [tensorboard] (a note on stderr)."
-    )
-    plot: bool = Field(
-        False, description="Write <run>/curves.png, loss and eval curves (needs matplotlib)."
-    )
-
-    @field_validator("tracking_uri")
-    @classmethod
-    def _uri(cls, value: str | None) -> str | None:
-        problem = value and tracking_uri_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-
-    @model_validator(mode="after")
-    def _tensorboard_flag(self) -> LoggingSection:
-        if self.tensorboard and "tensorboard" not in self.trackers:
-            import logging
-
-            logging.getLogger("ortft").warning(
-                "logging.tensorboard is deprecated: write logging.trackers: [tensorboard]"
-            )
-            self.trackers = [*self.trackers, "tensorboard"]
-        return self
 
 
 class Recipe(Section):

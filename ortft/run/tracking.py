@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ortft.core.errors import InputError, first_line
-from ortft.recipe.schema import LoggingSection
+from ortft.recipe.tracking import LoggingSection
 from ortft.run import report, trackers
 
 log = logging.getLogger("ortft")

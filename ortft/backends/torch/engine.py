@@ -24,7 +24,15 @@ import torch
 
 from ortft.backends import Started, StepResult
 from ortft.backends.report import BackendReport, Precision
-from ortft.backends.torch import amp, compiled, distributed, hf_config, load_checks, models
+from ortft.backends.torch import (
+    amp,
+    compiled,
+    distributed,
+    hf_config,
+    load_checks,
+    master_weights,
+    models,
+)
 from ortft.backends.torch import device as runtime
 from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
@@ -82,6 +90,7 @@ class PyTorchEngine:
         self.head: dict[str, Any] | None = None  # load_checks.settle_head's record
         self.dtype: str = self.recipe.precision.dtype  # precision.dtype=auto: resolved at start
         self.dtype_reason: str | None = None
+        self.bf16: master_weights.Bf16Copy | None = None  # precision.weights=bf16 (prepare)
 
     # ---- start: device, threads, seeds, the process group
     def start(self, recipe: Any) -> Started:
@@ -224,7 +233,9 @@ class PyTorchEngine:
                 task.load_state_dict(ck.task_state, resume_from)
             state = ck.state
         self.micro_step = state.micro_step  # ORT's random stream follows the data position
-        self.wrapped = self.wrapper.wrap(self.module, run_dir)  # after loading: ORT shares tensors
+        self.bf16 = self._bf16_copy()  # precision.weights=bf16: train a bf16 copy
+        trained = self.module if self.bf16 is None else models.TaskModule(self.bf16.copy, task)
+        self.wrapped = self.wrapper.wrap(trained, run_dir)  # after loading: ORT shares tensors
         self.wrapped.train()
         if r.deepspeed is not None:  # ZeRO 1/2 around ORTModule; the engine does DDP's job too
             from ortft.backends.torch import deepspeed
@@ -251,6 +262,21 @@ class PyTorchEngine:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == "fp16")
         amp.load_scaler_state(self.scaler, ck.scaler if ck is not None else None)
         return state
+
+    def _bf16_copy(self) -> master_weights.Bf16Copy | None:
+        """precision.weights=bf16 where the run trains in bf16 on the torch route (a resolved
+        auto may not: then fp32 weights, noted); built after a resume loaded the masters."""
+        if self.recipe.precision.weights != "bf16":
+            return None
+        if self.dtype != "bf16" or self.wrapper.name != "torch":
+            log.info(
+                "precision.weights=bf16 unused: this run trains %s on %s",
+                self.dtype,
+                self.wrapper.name,
+            )
+            return None
+        log.info("precision: a bf16 copy of the model trains; the optimizer steps fp32 weights")
+        return master_weights.Bf16Copy(self.model)
 
     def _build_model(self, loaded, task, tokenizer, labels) -> torch.nn.Module:
         r = self.recipe
@@ -318,6 +344,8 @@ class PyTorchEngine:
                 self.deepspeed.step()  # clip + optimizer + schedule at the accumulation boundary
             else:  # DDP averages the ranks' gradients: x world makes that a sum of shares
                 self.scaler.scale(loss * (share * world)).backward()
+                if self.bf16 is not None:  # into the fp32 masters, where micro-batches add up
+                    self.bf16.collect_grads()
             self.wrapper.after_step(self.wrapped)
             loss_sum += loss.detach().float() * share
         if self.deepspeed is None:
@@ -325,6 +353,8 @@ class PyTorchEngine:
             applied = amp.optimizer_step(
                 self.optimizer, self.scheduler, self.scaler, self.params, r.max_grad_norm
             )
+            if self.bf16 is not None:
+                self.bf16.update()
         else:
             applied = self.deepspeed.was_step_applied()
         if applied and isinstance(self.task, protocols.TrainsState):
@@ -341,11 +371,14 @@ class PyTorchEngine:
     # ---- eval
     def eval_mode(self, on: bool) -> None:
         self.wrapped.train(not on)
+        if self.bf16 is not None:  # the fp32 model evaluates: the weights final/ will hold
+            self.module.train(not on)
 
     def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[float, np.ndarray | None]:
         valid = int(batch["_valid"])
+        module = self.wrapped if self.bf16 is None else self.module
         with torch.no_grad():
-            loss, logits = self._call(self.wrapped, to_device(batch, self.device))
+            loss, logits = self._call(module, to_device(batch, self.device))
         out = logits[:valid].float().cpu().numpy() if traits.needs_logits(self.task) else None
         return float(loss), out
 
@@ -470,7 +503,8 @@ class PyTorchEngine:
 
     def precision(self) -> Precision:
         auto = "auto" if self.recipe.precision.dtype == "auto" else None
-        return Precision(self.dtype, self.skipped_steps, auto, self.dtype_reason)
+        weights = "bf16" if self.bf16 is not None else "fp32"
+        return Precision(self.dtype, self.skipped_steps, auto, self.dtype_reason, weights)
 
     def report(self) -> BackendReport:
         if self.wrapper is None:  # failed before the model was built

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ortft.core.errors import InputError
-from ortft.recipe.schema import LoggingSection, tracking_uri_problem
+from ortft.recipe.tracking import LoggingSection, tracking_uri_problem
 
 # tracker -> the module it imports, the package that brings it (pinned in requirements/lock.txt)
 PACKAGES = {
