@@ -373,6 +373,13 @@ def main() -> None:
         a.profiles = dict(x.split("=", 1) for x in a.profiles.split(","))
     except ValueError:
         p.error(f"--profiles: NAME=PYTHON,... not {a.profiles!r}")
+    if a.runners is not None:
+        known = {n for t in task_peers(a.tasks) for n in (*t.peers, *t.ortft)}
+        unknown = [n for n in a.runners if n not in known]
+        if unknown or not a.runners:
+            p.error(
+                f"--runners: {', '.join(unknown) or 'none named'} (known: {', '.join(sorted(known))})"
+            )
     limits = table.Limits(a.max_busy, a.max_load, common.OTHERS, a.allow_busy)
     os.environ.update(common.OFFLINE)
     if a.profile_run:

@@ -270,3 +270,18 @@ def test_the_image_and_embedding_peers_count_the_flops_by_hand(
     low, high = 3 * 2 * per_token * 2 * 3, 3 * 2 * per_token * 128 + 3 * 4 * 6 * 384 * 2 * 64**2
     assert low < sentence["per_sample"] < high
     assert 32 * 3 <= sentence["tokens_per_micro"] <= 32 * 64
+
+
+def test_runners_refuse_a_row_no_task_has() -> None:
+    """--runners names the rows of a targeted comparison: one that none of the tasks has is a
+    one-line usage error (exit 2) naming it and the rows there are, before anything runs."""
+    import subprocess
+
+    script = Path(__file__).parent.parent / "benchmarks" / "peers.py"
+    bad = subprocess.run(
+        [sys.executable, str(script), "--tasks", "image", "--runners", "torch-bf16,nope"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert bad.stderr.splitlines()[-1].startswith("peers.py: error: --runners: nope (known: ")
+    assert "torch-bf16w" in bad.stderr.splitlines()[-1]

@@ -19,6 +19,7 @@ own) and its embedding tables (``Bf16Copy._share``), which train as under autoca
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -75,7 +76,8 @@ class Bf16Copy:
             else:
                 master.grad.add_(grad)
 
-    def _grads(self) -> Any:
+    def _grads(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Each master with its copy's gradient, which is taken from the copy."""
         for master, c in zip(self.masters, self.copies, strict=True):
             if c.grad is not None:  # a part the loss did not reach (an unused pooler): None
                 yield master, c.grad
