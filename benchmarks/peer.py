@@ -112,8 +112,7 @@ ROUTES = {
     ),
     "torch": Route(ortft={**TORCH, "precision.dtype": "fp32"}),
     "torch-bf16": Route(ortft={**TORCH, "precision.dtype": "bf16"}),
-    # bf16 with the weights in bf16 too (fp32 master weights for the optimizer)
-    "torch-bf16w": Route(ortft={**TORCH, "precision.dtype": "bf16", "precision.weights": "bf16"}),
+    "torch-bf16w": Route(ortft=common.BF16_WEIGHTS),
     # the same with backend.unpad off: what skipping the padding is worth
     "torch-bf16-padded": Route(
         ortft={**TORCH, "precision.dtype": "bf16", "backend.unpad": "false"}

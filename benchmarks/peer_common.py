@@ -49,15 +49,12 @@ from ortft.tools.processes import run_to_end
 REPO = Path(__file__).resolve().parent.parent
 BASES = ("trainer", "trainer-bf16")  # the peer's fp32 and bf16 runners: the ratios' denominators
 # an ortft runner's overrides beyond the bench's own (torch-bf16: bf16 autocast, as Trainer's bf16)
+# bf16 with the weights in bf16 too (fp32 master weights for the optimizer): every bench's row
+BF16_WEIGHTS = {"backend.name": "torch", "precision.dtype": "bf16", "precision.weights": "bf16"}
 ORTFT_RUNNERS = {
     "torch": {"backend.name": "torch"},
     "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
-    # bf16 with the weights in bf16 too (fp32 master weights for the optimizer)
-    "torch-bf16w": {
-        "backend.name": "torch",
-        "precision.dtype": "bf16",
-        "precision.weights": "bf16",
-    },
+    "torch-bf16w": BF16_WEIGHTS,
     "ort": {"backend.name": "ort"},
     # the probe picks among the above; its steps and ORT's export come before the timed steps
     "auto": {"backend.name": "auto", "precision.dtype": "auto"},

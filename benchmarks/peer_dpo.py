@@ -83,12 +83,7 @@ TRL = ("trl", "trl-fast", "trl-fp32-fast")
 ORTFT_RUNNERS = {
     "torch": {"backend.name": "torch", "precision.dtype": "fp32"},
     "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
-    # bf16 with the weights in bf16 too (fp32 master weights for the optimizer)
-    "torch-bf16w": {
-        "backend.name": "torch",
-        "precision.dtype": "bf16",
-        "precision.weights": "bf16",
-    },
+    "torch-bf16w": common.BF16_WEIGHTS,
     # the same, its batches padded as before backend.unpad reached decoders (not in the table)
     "torch-bf16-padded": {
         "backend.name": "torch",

@@ -71,12 +71,7 @@ TRAINERS = ("trainer", "trainer-bf16", "trainer-compile")
 ORTFT_RUNNERS = {
     "torch": {"backend.name": "torch", "precision.dtype": "fp32"},
     "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
-    # bf16 with the weights in bf16 too (fp32 master weights for the optimizer)
-    "torch-bf16w": {
-        "backend.name": "torch",
-        "precision.dtype": "bf16",
-        "precision.weights": "bf16",
-    },
+    "torch-bf16w": common.BF16_WEIGHTS,
     "ort": {"backend.name": "ort", "precision.dtype": "fp32"},
     # the Trainer's torch_compile as ortft runs it: inductor, its first step (the compile) is
     # one of the untimed warm-up steps, as the Trainer's is

@@ -233,10 +233,15 @@ class PyTorchEngine:
                 task.load_state_dict(ck.task_state, resume_from)
             state = ck.state
         self.micro_step = state.micro_step  # ORT's random stream follows the data position
-        self.bf16 = self._bf16_copy()  # precision.weights=bf16: train a bf16 copy
+        # precision.weights=bf16: a bf16 copy trains, built from the masters a resume loaded
+        self.bf16 = master_weights.for_run(
+            r.precision.weights, self.dtype, self.wrapper.name, self.model
+        )
         trained = self.module if self.bf16 is None else models.TaskModule(self.bf16.copy, task)
         self.wrapped = self.wrapper.wrap(trained, run_dir)  # after loading: ORT shares tensors
         self.wrapped.train()
+        # the fp32 model evaluates under a bf16 copy: the weights final/ will hold
+        self.evaluated = self.wrapped if self.bf16 is None else self.module
         if r.deepspeed is not None:  # ZeRO 1/2 around ORTModule; the engine does DDP's job too
             from ortft.backends.torch import deepspeed
 
@@ -262,21 +267,6 @@ class PyTorchEngine:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == "fp16")
         amp.load_scaler_state(self.scaler, ck.scaler if ck is not None else None)
         return state
-
-    def _bf16_copy(self) -> master_weights.Bf16Copy | None:
-        """precision.weights=bf16 where the run trains in bf16 on the torch route (a resolved
-        auto may not: then fp32 weights, noted); built after a resume loaded the masters."""
-        if self.recipe.precision.weights != "bf16":
-            return None
-        if self.dtype != "bf16" or self.wrapper.name != "torch":
-            log.info(
-                "precision.weights=bf16 unused: this run trains %s on %s",
-                self.dtype,
-                self.wrapper.name,
-            )
-            return None
-        log.info("precision: a bf16 copy of the model trains; the optimizer steps fp32 weights")
-        return master_weights.Bf16Copy(self.model)
 
     def _build_model(self, loaded, task, tokenizer, labels) -> torch.nn.Module:
         r = self.recipe
@@ -370,15 +360,12 @@ class PyTorchEngine:
 
     # ---- eval
     def eval_mode(self, on: bool) -> None:
-        self.wrapped.train(not on)
-        if self.bf16 is not None:  # the fp32 model evaluates: the weights final/ will hold
-            self.module.train(not on)
+        self.evaluated.train(not on)
 
     def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[float, np.ndarray | None]:
         valid = int(batch["_valid"])
-        module = self.wrapped if self.bf16 is None else self.module
         with torch.no_grad():
-            loss, logits = self._call(module, to_device(batch, self.device))
+            loss, logits = self._call(self.evaluated, to_device(batch, self.device))
         out = logits[:valid].float().cpu().numpy() if traits.needs_logits(self.task) else None
         return float(loss), out
 

@@ -19,18 +19,32 @@ own) and its embedding tables (``Bf16Copy._share``), which train as under autoca
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+log = logging.getLogger("ortft")
+
+
+def for_run(weights: str, dtype: str, route: str, model: nn.Module) -> Bf16Copy | None:
+    """The copy where ``precision.weights`` is bf16 and the run trains bf16 on the torch route
+    (a resolved auto may not: then the fp32 weights train, and stderr says so)."""
+    if weights != "bf16":
+        return None
+    if dtype != "bf16" or route != "torch":
+        log.info("precision.weights=bf16 unused: this run trains %s on %s", dtype, route)
+        return None
+    log.info("precision: a bf16 copy of the model trains; the optimizer steps fp32 weights")
+    return Bf16Copy(model)
+
 
 class Bf16Copy:
     """The bf16 copy of ``model`` and the pairing of its trainable parameters with the model's."""
 
     def __init__(self, model: nn.Module):
-        self.model = model
         self.copy = copy.deepcopy(model)
         shared = self._share(model)
         with torch.no_grad():
