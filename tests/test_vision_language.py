@@ -183,10 +183,12 @@ PIXELS = {
 def test_the_trained_forward_gives_transformers_logits(processors, arch):
     """The gather that puts the projected features at the image tokens (what ORTModule
     exports), with the vision tower inside and outside the module, against transformers' own
-    forward on the pixel inputs (masked_scatter)."""
+    forward on the pixel inputs (masked_scatter): its loss, and its logits at the answers'
+    positions, the only ones the trained head computes."""
     import torch
 
     from ortft.families.vision_language import archs
+    from ortft.families.vision_language.model import label_positions
 
     processor = processors[arch]
     torch.manual_seed(0)
@@ -198,11 +200,15 @@ def test_the_trained_forward_gives_transformers_logits(processors, arch):
     t = {k: torch.from_numpy(v) for k, v in batch.items() if not k.startswith("_")}
     assert {k: tuple(t[k].shape) for k in PIXELS[arch]} == PIXELS[arch]
     with torch.no_grad():
-        want = model(**t, use_cache=False).logits
-        _, got = task.forward(model, **t)
-        _, outside = task.forward(model, **task.outside_inputs(t))
+        full = model(**t, use_cache=False)
+        loss, got = task.forward(model, **t)
+        outside_loss, outside = task.forward(model, **task.outside_inputs(t))
     assert "image_features" in task.outside_inputs(t) and archs.of(model).model_type == arch
-    assert torch.equal(got, want) and torch.equal(outside, want)
+    index = label_positions(t["labels"])
+    assert len(index) == int((t["labels"][:, 1:] != -100).sum()) < t["labels"].numel() / 4
+    want = full.logits.reshape(-1, full.logits.shape[-1])[index]
+    assert torch.allclose(got, want, atol=1e-6) and torch.allclose(outside, want, atol=1e-6)
+    assert torch.allclose(loss, full.loss) and torch.allclose(outside_loss, full.loss)
 
 
 LANGUAGE = {"llava": "language_model", "idefics3": "text_model"}
@@ -357,13 +363,15 @@ def test_qwen2vl_forward_with_outside_rope_positions_gives_transformers_logits(
     t = {k: torch.from_numpy(v) for k, v in batch.items() if not k.startswith("_")}
     vision = {k: batch[k] for k in ("pixel_values", "image_grid_thw")}
     with torch.no_grad():
-        want = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
+        full = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
                      **archs.of(model).model_inputs(model, t["input_ids"], vision),
-                     use_cache=False).logits  # fmt: skip
+                     labels=t["labels"], use_cache=False)  # fmt: skip
         inputs = task.outside_inputs(t)
-        _, got = task.forward(model, **inputs)
+        loss, got = task.forward(model, **inputs)
     assert ("image_features" in inputs) == frozen and "rope_positions" in inputs
-    assert torch.allclose(got, want, atol=1e-5)
+    want = full.logits.reshape(-1, full.logits.shape[-1])[inputs["label_index"]]
+    assert len(got) == int((t["labels"][:, 1:] != -100).sum())  # the answers' positions only
+    assert torch.allclose(got, want, atol=1e-5) and torch.allclose(loss, full.loss, atol=1e-6)
     trained = {n.split(".")[2] for n, p in model.named_parameters() if p.requires_grad and
                "visual" in n}  # fmt: skip
     assert trained == ({"merger"} if frozen else {"patch_embed", "blocks", "merger"})

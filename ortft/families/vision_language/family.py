@@ -97,16 +97,19 @@ class VisionLanguage(ImageTextToText):
 
     def outside_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """What the wrapped module takes that no exporter traces (the architecture's
-        ``extra_inputs``: Qwen2-VL's rope positions), and a frozen vision tower's features,
-        computed eagerly under no_grad before the wrapped module (on ort: outside ORTModule,
-        whose graph is then the projector and the language model): nothing of the tower needs
-        a gradient, and one graph fewer to export."""
+        ``extra_inputs``: Qwen2-VL's rope positions; the positions the head runs at), and a
+        frozen vision tower's features, computed eagerly under no_grad before the wrapped
+        module (on ort: outside ORTModule, whose graph is then the projector and the language
+        model): nothing of the tower needs a gradient, and one graph fewer to export."""
         import torch
 
         from ortft.families.vision_language import archs
+        from ortft.families.vision_language.model import label_positions
 
         arch = archs.of(self.llava)
         extra = arch.extra_inputs(self.llava, inputs)
+        # where the head runs (model.next_token_loss): an input, so no graph holds a NonZero
+        extra["label_index"] = label_positions(inputs["labels"])
         if not self.options.freeze_vision:
             return {**inputs, **extra}
         pixels = {k: v for k, v in inputs.items() if k in arch.pixel_keys}

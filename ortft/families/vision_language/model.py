@@ -7,6 +7,12 @@ transformers' own forward puts them there with ``masked_scatter``; here a gather
 the index of its row in that concatenation. A ``GatherElements`` in ONNX, whose gradient ORT
 has, so ORTModule trains the projector and the language model as one graph. The logits are the
 same as transformers' forward gives on ``pixel_values`` (a test checks it).
+
+The language model's head runs only where the loss reads it (``next_token_loss``): at the
+positions whose next token is an answer's. transformers' forward projects every position onto
+the vocabulary, the image tokens and the question's too, and its loss then ignores all but the
+answers' (the positions ``label_positions`` gives). The loss is the same; the logits returned are
+those positions' rows, [answer tokens, vocabulary], which is all the family reads of them.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+
+from ortft.core.constants import IGNORE_INDEX
 
 
 def llava(model: Any) -> Any:
@@ -52,6 +61,27 @@ def merged(
     return torch.gather(both, 1, index.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
 
 
+def label_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The flat indices, into [batch x length], of the positions whose next token carries a
+    label: where a causal LM's next-token loss reads the logits."""
+    following = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+    return (following.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+
+
+def next_token_loss(
+    head: Any, hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, logits): the mean next-token cross-entropy of ``labels`` (transformers'
+    ``ForCausalLMLoss``), with ``head`` applied to the hidden states [B, L, H] only at ``index``
+    (``label_positions``; computed here where the caller has not)."""
+    if index is None:
+        index = label_positions(labels)
+    states = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
+    logits = head(states)
+    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX).reshape(-1).index_select(0, index)
+    return F.cross_entropy(logits.float(), targets), logits
+
+
 def pixel_inputs(decoded: list[Any], image_processor: Any) -> dict[str, np.ndarray]:
     """The image processor's ``pixel_values`` (float32) of RGB Pillow images, and its
     ``pixel_attention_mask`` where it gives one (Idefics3's: [batch, tiles, H, W]). Each
@@ -79,8 +109,9 @@ def forward(
 ) -> tuple[Any, Any]:
     """(loss, logits): the features (given, or the vision tower's of ``pixels``: the collated
     ``pixel_values`` and the architecture's other pixel inputs) projected and gathered into
-    the token embeddings, then the language model and its head. ``arch``: the model's
-    ``archs.Arch`` (its vision tower and projector)."""
+    the token embeddings, then the language model and its head at the answers' positions
+    (``next_token_loss``; ``pixels["label_index"]`` where they were found before the module).
+    ``arch``: the model's ``archs.Arch`` (its vision tower and projector)."""
     m = llava(model)
     if image_features is None:  # the vision tower trains: it runs inside the module
         if "pixel_values" not in pixels:
@@ -89,14 +120,11 @@ def forward(
     projected = arch.project(m, image_features)
     embeds = m.get_input_embeddings()(input_ids)
     inputs = merged(embeds, projected, input_ids, int(m.config.image_token_id))
-    out = m(
-        inputs_embeds=inputs,
-        attention_mask=attention_mask,
-        labels=labels,
-        use_cache=False,
-        return_dict=True,
+    out = m.model(
+        inputs_embeds=inputs, attention_mask=attention_mask, use_cache=False, return_dict=True
     )
-    return out.loss, out.logits
+    index = pixels.get("label_index")
+    return next_token_loss(m.lm_head, out.last_hidden_state, labels, index)
 
 
 class Common:

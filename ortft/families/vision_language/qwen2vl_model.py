@@ -314,10 +314,12 @@ def forward(
     pixel_values: Any = None,
     image_grid_thw: Any = None,
     image_features: Any = None,
+    label_index: Any = None,
 ) -> tuple[Any, Any]:
     """(loss, logits): the vision transformer's output (given, or computed here from the
     pixels), merged 2 x 2 by the merger, gathered into the token embeddings; the language model
-    on the M-RoPE positions."""
+    on the M-RoPE positions, its head at the answers' positions (``model.next_token_loss``)."""
+    from ortft.families.vision_language.model import next_token_loss
     from ortft.families.vision_language.qwen2vl_graphs import VisionEncoder
 
     base = getattr(model, "get_base_model", None)  # peft's wrapper: LoRA sits in it in place
@@ -330,15 +332,14 @@ def forward(
     projected = m.model.visual.merger(image_features)
     embeds = m.get_input_embeddings()(input_ids)
     inputs = merged(embeds, projected, input_ids, int(m.config.image_token_id))
-    out = m(
+    out = m.model(
         inputs_embeds=inputs,
         attention_mask=attention_mask,
         position_ids=rope_positions.permute(1, 0, 2),
-        labels=labels,
         use_cache=False,
         return_dict=True,
     )
-    return out.loss, out.logits
+    return next_token_loss(m.lm_head, out.last_hidden_state, labels, label_index)
 
 
 class Qwen2VL:
@@ -413,6 +414,7 @@ class Qwen2VL:
             pixel_values=inputs.get("pixel_values"),
             image_grid_thw=inputs.get("image_grid_thw"),
             image_features=image_features,
+            label_index=inputs.get("label_index"),
         )
 
     def model_inputs(self, model: Any, ids: Any, vision: dict[str, Any]) -> dict[str, Any]:
