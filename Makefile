@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 GPU ?=
 export PYTHON VENV GPU STACK
 
-.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peers bench-auto-vs-fixed bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-unpad-decoder bench-dropout-masks bench-peer-diffusion bench-peer-vlm bench-vlm-head check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
+.PHONY: help setup demo doctor test test-current test-py312 test-learn test-archs test-archs-full test-consumer test-slow quality style bench bench-attention bench-peer bench-peers bench-auto-vs-fixed bench-peer-image bench-peer-speech bench-peer-sentence bench-peer-dpo bench-unpad-decoder bench-dropout-masks bench-peer-diffusion bench-peer-vlm bench-lm-head check-sentence-embedding check-text-to-image bench-t2i-digits bench-data bench-image-rss soak-ddp gpu-check gpu-check-torch clean
 
 help:
 	@echo "make setup      create $(VENV): pinned stack + ORTModule's C++ extensions (idempotent)"
@@ -42,7 +42,7 @@ help:
 	@echo "make bench-dropout-masks backend.dropout_masks: 16-bit masks vs torch's dropout, text and embedding peers, alternating (current profile, CPU, ~15 min)"
 	@echo "make bench-peer-diffusion the same for text-to-image: an SD UNet on the digits vs diffusers' own training step fp32 and bf16 (CPU, ~15 min)"
 	@echo "make bench-peer-vlm    the same for image-text-to-text: the recipe's tiny LLaVA on the digit questions vs Trainer fp32, bf16, torch_compile (CPU)"
-	@echo "make bench-vlm-head    image-text-to-text's head at the answers only vs transformers' forward, LLaVA-1.5's sequence shape, alternating (CPU, ~1 min)"
+	@echo "make bench-lm-head    image-text-to-text's head at the answers only vs transformers' forward, LLaVA-1.5's sequence shape, alternating (CPU, ~1 min)"
 	@echo "make check-sentence-embedding  train recipes/sentence-embedding.yaml, assert held-out MRR@10 beats the base model (minutes)"
 	@echo "make check-text-to-image  train recipes/text-to-image.yaml, assert its held-out eval loss falls >= 30% in <= 5 min"
 	@echo "make bench-t2i-digits  train recipes/text-to-image.yaml, draw 5 of each digit, report how often a digits classifier reads the prompted one (~1.5 min)"
@@ -240,8 +240,8 @@ bench-peer-vlm: setup
 # Image-text-to-text's training head at the answers' positions only against transformers'
 # forward (every position projected onto the vocabulary), on a Llama of hidden 256 at LLaVA-1.5's
 # sequence shape and vocabulary, alternating in one process. Not in CI.
-bench-vlm-head: setup
-	$(BIN)/python benchmarks/vlm_head.py --rounds 6
+bench-lm-head: setup
+	$(BIN)/python benchmarks/lm_head.py --rounds 6
 
 # By hand, not CI (a few minutes on 2 cores): the base model scored by the recipe's own eval (one
 # step at learning rate 0: warmup starts at 0), then the recipe trained as shipped; exit 3 unless

@@ -19,6 +19,9 @@ The model (``--model``):
   2048, the tokenizer of recipes/data/preference-start/ (331 tokens): 25.4M parameters, random
   weights (seed 0), written once to ``<ORTFT_CACHE>/bench/peer-dpo-gpt2-25m/``. At about 28
   tokens a sequence a step is ~65 GFLOP, so the model's compute dominates the step.
+- ``gpt2-25m-vocab50k``: the same with GPT-2's own vocabulary size, 50257 (the tokenizer gets
+  ``<unused{i}>`` tokens past its 331, which the texts never hold, but the head projects onto
+  all of them, as a real GPT-2's does): 51.0M parameters (tied), where the head is about half a token's forward FLOPs.
 - ``start``: recipes/data/preference-start/ itself (the recipe's tiny GPT-2, 154k parameters):
   a step is mostly each side's per-step overhead.
 
@@ -76,8 +79,9 @@ RECIPE = common.REPO / "recipes" / "dpo.yaml"
 START = common.REPO / "recipes" / "data" / "preference-start"
 PAIRS = common.REPO / "recipes" / "data" / "preference-train.jsonl"
 BATCH, LR, SEED, MAX_LENGTH, BETA = 8, 1e-5, 42, 48, 0.1
-# n_embd, n_layer, n_head, n_inner of the model built from a config
-SIZES = {"gpt2-25m": (512, 8, 8, 2048)}
+# n_embd, n_layer, n_head, n_inner and vocabulary (None: the tokenizer's) of the model built
+# from a config
+SIZES = {"gpt2-25m": (512, 8, 8, 2048, None), "gpt2-25m-vocab50k": (512, 8, 8, 2048, 50257)}
 MODEL_ENV = "PEER_DPO_MODEL"  # the parent's --model, read again by each worker process
 TRL = ("trl", "trl-fast", "trl-fp32-fast")
 ORTFT_RUNNERS = {
@@ -117,9 +121,11 @@ def build_model(name: str) -> None:
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
     tokenizer = AutoTokenizer.from_pretrained(START)
-    n_embd, n_layer, n_head, n_inner = SIZES[name]
+    n_embd, n_layer, n_head, n_inner, vocab = SIZES[name]
+    if vocab:  # tokens the texts never hold, so the tokenizer sizes the model's vocabulary
+        tokenizer.add_tokens([f"<unused{i}>" for i in range(vocab - len(tokenizer))])
     config = GPT2Config(
-        vocab_size=len(tokenizer), n_positions=128, n_embd=n_embd, n_layer=n_layer,
+        vocab_size=vocab or len(tokenizer), n_positions=128, n_embd=n_embd, n_layer=n_layer,
         n_head=n_head, n_inner=n_inner, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -343,7 +343,7 @@ def test_dpo_peer_command_line() -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert "--model {start,gpt2-25m}" in res.stdout and "--runners" in res.stdout
+    assert "--model {start,gpt2-25m,gpt2-25m-vocab50k}" in res.stdout and "--runners" in res.stdout
     bad = subprocess.run(
         [sys.executable, str(BENCHMARKS / "peer_dpo.py"), "--model", "start", "--runners", "ort"],
         capture_output=True, text=True, timeout=60, check=False,

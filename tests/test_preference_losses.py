@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ortft.families.preference.family import PreferenceTask
 from ortft.families.preference.losses import concatenated, preference_loss, token_logps
 from ortft.families.preference.task import Options, PairRows
 from ortft.tasks.base import Encoded
@@ -46,11 +47,19 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _ortft(kind: str, model, batch, beta: float = 0.1, sft_weight: float = 0.0):
-    both = concatenated(batch)
-    token = token_logps(model, both["input_ids"], both["attention_mask"])
-    scored = {**both, "ref_chosen": REF[:, 0], "ref_rejected": REF[:, 1]}
-    loss, _ = preference_loss(kind, beta, 0.0, token, scored, sft_weight)
+    """The loss as a training step computes it: the family's wrapped forward (the head at the
+    positions the loss reads, ``module_inputs``' index) and its loss outside the module."""
+    task = PreferenceTask(Options(loss=kind, beta=beta, sft_weight=sft_weight))
+    full = {**batch, "ref_chosen": REF[:, 0], "ref_rejected": REF[:, 1]}
+    inputs = task.module_inputs(full)
+    rows: list[int] = []
+    hook = model.lm_head.register_forward_hook(lambda m, args, out: rows.append(len(args[0])))
+    output = task.forward(model, **inputs)
+    hook.remove()
+    loss, _ = task.outside_loss(output, full)
     loss.backward()
+    # the head ran once, at the positions read only (ORPO's: every attended token's)
+    assert rows == [len(inputs["index"])] and rows[0] < inputs["input_ids"].numel(), rows
     return loss
 
 

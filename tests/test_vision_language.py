@@ -188,7 +188,7 @@ def test_the_trained_forward_gives_transformers_logits(processors, arch):
     import torch
 
     from ortft.families.vision_language import archs
-    from ortft.families.vision_language.model import label_positions
+    from ortft.tasks.lm_head import label_positions
 
     processor = processors[arch]
     torch.manual_seed(0)

@@ -197,9 +197,10 @@ class ComposesConfig(Protocol):
 
 @runtime_checkable
 class RunsOutside(Protocol):
-    """A task whose frozen part runs before the wrapped module, eagerly and without gradients
-    (vision-language: the frozen vision tower turns ``pixel_values`` into image features, so
-    ORTModule's graph is the projector and the language model). ``outside_inputs`` maps the
+    """A task part of whose forward runs before the wrapped module, eagerly and without
+    gradients (vision-language: the frozen vision tower turns ``pixel_values`` into image
+    features, so ORTModule's graph is the projector and the language model; causal LMs: the
+    positions their head runs at, ``ortft.tasks.lm_head``). ``outside_inputs`` maps the
     batch's tensors to the module's."""
 
     def outside_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]: ...

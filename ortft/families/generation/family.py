@@ -18,6 +18,7 @@ import numpy as np
 
 from ortft.core.reports import ExportReport, Prediction
 from ortft.families.generation import causal_lm, instruction, seq2seq
+from ortft.families.generation.head import HeadAtLabels
 from ortft.tasks.base import Task
 from ortft.tasks.protocols import Builder, JsCall
 
@@ -92,12 +93,13 @@ class DecoderHooks(TextPrompt, Task):
         return predict.decoder(model, input_texts(inputs), max_new_tokens)
 
 
-class CausalDecoder(causal_lm.CausalLM, DecoderHooks):
-    """``CausalLM`` with the decoder's hooks."""
+class CausalDecoder(HeadAtLabels, causal_lm.CausalLM, DecoderHooks):
+    """``CausalLM`` with the decoder's hooks, its head at the labelled positions."""
 
 
-class InstructionDecoder(instruction.Instruction, DecoderHooks):
-    """``Instruction`` with the decoder's hooks (its prompt: the training template's)."""
+class InstructionDecoder(HeadAtLabels, instruction.Instruction, DecoderHooks):
+    """``Instruction`` with the decoder's hooks (its prompt: the training template's), its head
+    at the labelled positions."""
 
 
 class Seq2SeqPair(seq2seq.Seq2Seq, TextPrompt):

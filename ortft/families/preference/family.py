@@ -87,26 +87,38 @@ class PreferenceTask(Task):
     def forward(
         self, model: Any, input_ids: Any, attention_mask: Any, labels: Any = None, **extra: Any
     ) -> Any:
-        """The wrapped module's forward: each position's next-token log-probability (the
-        causal LM's graph, ending before any preference arithmetic)."""
+        """The wrapped module's forward: the next-token log-probabilities of the positions
+        ``extra["index"]`` names (the causal LM's graph, ending before any preference
+        arithmetic)."""
         from ortft.families.preference.losses import token_logps
 
-        return token_logps(model, input_ids, attention_mask)
+        return token_logps(model, input_ids, attention_mask, extra.get("index"))
 
     def module_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
-        from ortft.families.preference.losses import concatenated
+        """The pairs' sequences, chosen then rejected, and the positions the loss reads
+        (found here, outside the wrapped module: its graph takes them as an input)."""
+        from ortft.families.preference.losses import concatenated, read_positions
 
         both = concatenated(batch)
-        return {"input_ids": both["input_ids"], "attention_mask": both["attention_mask"]}
+        index = read_positions(self.options.loss, both["labels"], both["attention_mask"])
+        ids, mask = both["input_ids"], both["attention_mask"]
+        return {"input_ids": ids, "attention_mask": mask, "index": index}
 
     def outside_loss(self, output: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
-        from ortft.families.preference.losses import concatenated, preference_loss
+        from ortft.families.preference.losses import (
+            concatenated,
+            preference_loss,
+            read_positions,
+            spread,
+        )
 
         o = self.options
         both = concatenated(batch)
+        index = read_positions(o.loss, both["labels"], both["attention_mask"])
+        token = spread(output, index, *both["input_ids"].shape)
         scored: dict[str, Any] = dict(both)
         scored.update({k: batch[k] for k in ("ref_chosen", "ref_rejected") if k in batch})
-        return preference_loss(o.loss, o.beta, o.label_smoothing, output, scored, o.sft_weight)
+        return preference_loss(o.loss, o.beta, o.label_smoothing, token, scored, o.sft_weight)
 
     def counted(self, batch: dict[str, np.ndarray]) -> int:
         """Pairs (the loss is a mean over pairs; a padded eval copy has no chosen label)."""

@@ -1,7 +1,8 @@
 """The preference losses, on the log-probabilities the causal LM gives its sequences.
 
-The wrapped module (ORTModule's graph) ends at each position's next-token log-probability
-(``token_logps``); everything here runs outside it, in PyTorch. A batch is the
+The wrapped module (ORTModule's graph) ends at the next-token log-probabilities of the
+positions the loss reads (``token_logps``, ``read_positions``: the head runs at those alone);
+everything here runs outside it, in PyTorch. A batch is the
 chosen sequences then the rejected ones, concatenated on the batch dimension (one forward for
 both, as TRL's ``DPOTrainer`` does). The formulas are TRL 1.16.0's (docs/preference.md cites
 the lines): DPO is ``loss_type="sigmoid"`` (with ``label_smoothing``: the conservative DPO of
@@ -18,16 +19,48 @@ import torch
 import torch.nn.functional as F
 
 from ortft.core.constants import IGNORE_INDEX
+from ortft.tasks import lm_head
 
 
-def token_logps(model: Any, input_ids: Any, attention_mask: Any) -> Any:
+def token_logps(model: Any, input_ids: Any, attention_mask: Any, index: Any = None) -> Any:
     """Each position's log-probability of the next token, [rows, length - 1] (a log-softmax
-    and a gather: ORT 1.19 builds no gradient for a ReduceLogSumExp)."""
+    and a gather: ORT 1.19 builds no gradient for a ReduceLogSumExp); with ``index``
+    (``lm_head.next_positions``) only those positions', flat, the head run at them alone
+    where the model allows (``lm_head.split``)."""
+    parts = None if index is None else lm_head.split(model)
+    if parts is not None:
+        body, head = parts
+        hidden = body(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True
+        ).last_hidden_state
+        logps = torch.log_softmax(head(lm_head.at(hidden, index)).float(), dim=-1)
+        return logps.gather(-1, lm_head.next_tokens(input_ids, index).unsqueeze(-1)).squeeze(-1)
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True
     ).logits[:, :-1]
     logps = torch.log_softmax(logits.float(), dim=-1)
-    return logps.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    token = logps.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return token if index is None else pick(token, index)
+
+
+def pick(token: Any, index: Any) -> Any:
+    """The values of ``token`` [rows, length - 1] at the flat positions ``index`` (what
+    ``token_logps`` gives with an index; ``spread`` undoes it)."""
+    return F.pad(token, (0, 1)).reshape(-1).index_select(0, index)
+
+
+def read_positions(kind: str, labels: Any, attention_mask: Any) -> Any:
+    """The flat positions (``lm_head.next_positions``) whose log-probs ``preference_loss``
+    reads: the responses' for DPO and IPO, every attended token's for ORPO (its chosen NLL)."""
+    counted = attention_mask.bool() if kind == "orpo" else labels != IGNORE_INDEX
+    return lm_head.next_positions(counted)
+
+
+def spread(values: Any, index: Any, rows: int, length: int) -> Any:
+    """``token_logps`` at ``index`` back in its [rows, length - 1] layout, zeros elsewhere
+    (``preference_loss`` weighs only the positions read)."""
+    flat = values.new_zeros(rows * length).index_copy(0, index, values)
+    return flat.view(rows, length)[:, :-1]
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:

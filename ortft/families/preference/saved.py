@@ -36,6 +36,7 @@ def evaluate(task: Any, m: Any, encoded: Any, loaded: Any, batch_size: int) -> d
     import torch
 
     from ortft.families.preference import reference
+    from ortft.families.preference.losses import concatenated, pick, read_positions
 
     split = encoded
     if task.options.loss != "orpo":
@@ -58,8 +59,10 @@ def evaluate(task: Any, m: Any, encoded: Any, loaded: Any, batch_size: int) -> d
             for p in ("", "rejected_")
         ]
         tensors = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items() if k[0] != "_"}
+        both = concatenated(tensors)  # what the training module gives: the positions read
+        index = read_positions(task.options.loss, both["labels"], both["attention_mask"])
         with torch.no_grad():
-            loss, pair_rewards = task.outside_loss(torch.cat(token), tensors)
+            loss, pair_rewards = task.outside_loss(pick(torch.cat(token), index), tensors)
         n = task.counted(batch)
         total, weight = total + float(loss) * n, weight + n
         rewards.append(pair_rewards[:valid].numpy())

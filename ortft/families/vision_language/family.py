@@ -104,11 +104,11 @@ class VisionLanguage(ImageTextToText):
         import torch
 
         from ortft.families.vision_language import archs
-        from ortft.families.vision_language.model import label_positions
+        from ortft.tasks.lm_head import label_positions
 
         arch = archs.of(self.llava)
         extra = arch.extra_inputs(self.llava, inputs)
-        # where the head runs (model.next_token_loss): an input, so no graph holds a NonZero
+        # where the head runs (ortft.tasks.lm_head): an input, so no graph holds a NonZero
         extra["label_index"] = label_positions(inputs["labels"])
         if not self.options.freeze_vision:
             return {**inputs, **extra}

@@ -8,11 +8,11 @@ the index of its row in that concatenation. A ``GatherElements`` in ONNX, whose 
 has, so ORTModule trains the projector and the language model as one graph. The logits are the
 same as transformers' forward gives on ``pixel_values`` (a test checks it).
 
-The language model's head runs only where the loss reads it (``next_token_loss``): at the
+The language model's head runs only where the loss reads it (``ortft.tasks.lm_head``): at the
 positions whose next token is an answer's. transformers' forward projects every position onto
 the vocabulary, the image tokens and the question's too, and its loss then ignores all but the
-answers' (the positions ``label_positions`` gives). The loss is the same; the logits returned are
-those positions' rows, [answer tokens, vocabulary], which is all the family reads of them.
+answers'. The loss is the same; the logits returned are those positions' rows, [answer tokens,
+vocabulary], which is all the family reads of them.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ortft.core.constants import IGNORE_INDEX
+from ortft.tasks.lm_head import next_token_loss
 
 
 def llava(model: Any) -> Any:
@@ -59,27 +58,6 @@ def merged(
     index = torch.where(is_image, length + nth, positions)
     both = torch.cat([embeds, features.to(embeds.dtype)], dim=1)
     return torch.gather(both, 1, index.unsqueeze(-1).expand(-1, -1, embeds.shape[-1]))
-
-
-def label_positions(labels: torch.Tensor) -> torch.Tensor:
-    """The flat indices, into [batch x length], of the positions whose next token carries a
-    label: where a causal LM's next-token loss reads the logits."""
-    following = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
-    return (following.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
-
-
-def next_token_loss(
-    head: Any, hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, logits): the mean next-token cross-entropy of ``labels`` (transformers'
-    ``ForCausalLMLoss``), with ``head`` applied to the hidden states [B, L, H] only at ``index``
-    (``label_positions``; computed here where the caller has not)."""
-    if index is None:
-        index = label_positions(labels)
-    states = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
-    logits = head(states)
-    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX).reshape(-1).index_select(0, index)
-    return F.cross_entropy(logits.float(), targets), logits
 
 
 def pixel_inputs(decoded: list[Any], image_processor: Any) -> dict[str, np.ndarray]:

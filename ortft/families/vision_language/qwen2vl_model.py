@@ -318,9 +318,9 @@ def forward(
 ) -> tuple[Any, Any]:
     """(loss, logits): the vision transformer's output (given, or computed here from the
     pixels), merged 2 x 2 by the merger, gathered into the token embeddings; the language model
-    on the M-RoPE positions, its head at the answers' positions (``model.next_token_loss``)."""
-    from ortft.families.vision_language.model import next_token_loss
+    on the M-RoPE positions, its head at the answers' positions (``ortft.tasks.lm_head``)."""
     from ortft.families.vision_language.qwen2vl_graphs import VisionEncoder
+    from ortft.tasks.lm_head import next_token_loss
 
     base = getattr(model, "get_base_model", None)  # peft's wrapper: LoRA sits in it in place
     m = base() if base is not None else model

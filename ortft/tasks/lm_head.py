@@ -1,0 +1,70 @@
+"""A causal LM's head (the projection onto the vocabulary) run only where the loss reads it.
+
+transformers' ``*ForCausalLM`` forward projects every position onto the vocabulary and its loss
+then ignores the positions labelled -100: a prompt, an image's tokens, padding. Where the tasks
+read only some positions (image-text-to-text: the answers; preference tuning: the responses),
+they run the model's body, take the hidden states at those positions (``next_positions``, found
+before the wrapped module, so ORTModule's and inductor's graphs take them as an input) and
+project only those. At a real vocabulary the head is much of a small model's step and its
+logits most of its activation memory (docs/vision-language.md#speed, docs/preference.md#speed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ortft.core.constants import IGNORE_INDEX
+
+# Model types whose causal LM's logits are the head applied to the body's last hidden state, with
+# nothing after it (Gemma 2's final soft-capping, Cohere's logit scale and Granite's logit
+# divisor are after it: those models run transformers' own forward).
+PLAIN_HEAD = frozenset({"gpt2", "gpt_neox", "llama", "mistral", "phi3", "qwen2", "qwen3"})
+
+
+def next_positions(counted: torch.Tensor) -> torch.Tensor:
+    """The flat indices, into [rows x length], of the positions whose *next* token is counted
+    (``counted``: [rows, length] booleans): where a next-token loss reads the logits."""
+    following = F.pad(counted[:, 1:], (0, 1), value=False)
+    return following.reshape(-1).nonzero().squeeze(1)
+
+
+def label_positions(labels: torch.Tensor) -> torch.Tensor:
+    """``next_positions`` of the positions whose next label is not -100."""
+    return next_positions(labels != IGNORE_INDEX)
+
+
+def next_tokens(ids: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The token each position of ``index`` predicts: ``ids`` [rows, length] shifted by one."""
+    return F.pad(ids[:, 1:], (0, 1), value=0).reshape(-1).index_select(0, index)
+
+
+def at(hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The rows of hidden states [rows, length, width] at the flat positions ``index``."""
+    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
+
+
+def next_token_loss(
+    head: Any, hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, logits): the mean next-token cross-entropy of ``labels`` (transformers'
+    ``ForCausalLMLoss``), with ``head`` applied to the hidden states [B, L, H] only at ``index``
+    (``label_positions``; computed here where the caller has not)."""
+    if index is None:
+        index = label_positions(labels)
+    logits = head(at(hidden, index))
+    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX).reshape(-1).index_select(0, index)
+    return F.cross_entropy(logits.float(), targets), logits
+
+
+def split(model: Any) -> tuple[Any, Any] | None:
+    """(body, head) of a causal LM whose logits are its head on its body's last hidden state
+    (``PLAIN_HEAD``; inside a peft wrapper, whose LoRA layers sit in the model in place), else
+    None: that model runs transformers' own forward."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "model_type", None) not in PLAIN_HEAD:
+        return None
+    body, head = base.base_model, base.get_output_embeddings()
+    return (body, head) if body is not base and head is not None else None
