@@ -229,7 +229,9 @@ def test_routed_and_unrouted_runs_agree(tmp_path: Path) -> None:
         str(tmp_path / "b"),
         env={"GOMP_SPINCOUNT": "5000"},
     )
-    assert routed["backend"]["pytorch_kernels"] == {"gelu": 2, "layer_norm": 5, "cross_entropy": 1}
+    # index_select: the gather of the labelled positions' hidden states (ortft.tasks.lm_head)
+    routed_ops = {"gelu": 2, "layer_norm": 5, "cross_entropy": 1, "index_select": 1}
+    assert routed["backend"]["pytorch_kernels"] == routed_ops
     assert routed["backend"]["used"] == "ort" and not routed["backend"]["fallback"]
     assert "GOMP_SPINCOUNT=1000" in routed["backend"]["notes"]
     assert "ORTFT_ORT_SPINNING=0" in routed["backend"]["notes"]

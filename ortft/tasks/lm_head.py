@@ -2,11 +2,12 @@
 
 transformers' ``*ForCausalLM`` forward projects every position onto the vocabulary and its loss
 then ignores the positions labelled -100: a prompt, an image's tokens, padding. Where the tasks
-read only some positions (image-text-to-text: the answers; preference tuning: the responses),
-they run the model's body, take the hidden states at those positions (``next_positions``, found
-before the wrapped module, so ORTModule's and inductor's graphs take them as an input) and
-project only those. At a real vocabulary the head is much of a small model's step and its
-logits most of its activation memory (docs/vision-language.md#speed, docs/preference.md#speed).
+read only some positions (causal-lm and instruction: the labelled tokens; image-text-to-text:
+the answers; preference tuning: the responses, or ORPO's attended tokens), they run the model's
+body, take the hidden states at those positions (``next_positions``, found before the wrapped
+module, so ORTModule's and inductor's graphs take them as an input) and project only those. At
+a real vocabulary the head is much of a small model's step and its logits most of its
+activation memory (docs/vision-language.md#speed, docs/preference.md#speed, docs/tasks.md).
 """
 
 from __future__ import annotations
