@@ -25,11 +25,16 @@ from ortft.core.constants import IGNORE_INDEX
 PLAIN_HEAD = frozenset({"gpt2", "gpt_neox", "llama", "mistral", "phi3", "qwen2", "qwen3"})
 
 
+def following(values: torch.Tensor, fill: Any) -> torch.Tensor:
+    """Each position's next value of ``values`` [rows, length] (``fill`` after the last),
+    flat over [rows x length]: what the flat positions of this module index."""
+    return F.pad(values[:, 1:], (0, 1), value=fill).reshape(-1)
+
+
 def next_positions(counted: torch.Tensor) -> torch.Tensor:
     """The flat indices, into [rows x length], of the positions whose *next* token is counted
     (``counted``: [rows, length] booleans): where a next-token loss reads the logits."""
-    following = F.pad(counted[:, 1:], (0, 1), value=False)
-    return following.reshape(-1).nonzero().squeeze(1)
+    return following(counted, False).nonzero().squeeze(1)
 
 
 def label_positions(labels: torch.Tensor) -> torch.Tensor:
@@ -39,7 +44,7 @@ def label_positions(labels: torch.Tensor) -> torch.Tensor:
 
 def next_tokens(ids: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """The token each position of ``index`` predicts: ``ids`` [rows, length] shifted by one."""
-    return F.pad(ids[:, 1:], (0, 1), value=0).reshape(-1).index_select(0, index)
+    return following(ids, 0).index_select(0, index)
 
 
 def at(hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -56,7 +61,7 @@ def next_token_loss(
     if index is None:
         index = label_positions(labels)
     logits = head(at(hidden, index))
-    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX).reshape(-1).index_select(0, index)
+    targets = following(labels, IGNORE_INDEX).index_select(0, index)
     return F.cross_entropy(logits.float(), targets), logits
 
 

@@ -46,7 +46,7 @@ def token_logps(model: Any, input_ids: Any, attention_mask: Any, index: Any = No
 def pick(token: Any, index: Any) -> Any:
     """The values of ``token`` [rows, length - 1] at the flat positions ``index`` (what
     ``token_logps`` gives with an index; ``spread`` undoes it)."""
-    return F.pad(token, (0, 1)).reshape(-1).index_select(0, index)
+    return F.pad(token, (0, 1)).reshape(-1).index_select(0, index)  # already shifted by one
 
 
 def read_positions(kind: str, labels: Any, attention_mask: Any) -> Any:
