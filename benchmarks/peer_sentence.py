@@ -140,8 +140,11 @@ def work() -> dict[str, Any]:
         for k in ("anchor", "positive")
     ]
     config = AutoConfig.from_pretrained(model_dir())
+    # the class imported outside the meta context: on torch 2.6 transformers' import of it
+    # builds tensors, which fail there (as ortft.tools.flops says)
+    model_class = AutoModel._model_mapping[type(config)]
     with torch.device("meta"):
-        model = AutoModel.from_config(config)
+        model = model_class(config)
     fm = flops.count(model, config, "sentence-embedding")
     pooler = getattr(model, "pooler", None)
     if pooler is not None:  # BertModel applies it to each row's first token; nobody reads it

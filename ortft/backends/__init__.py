@@ -54,6 +54,11 @@ class Started:
     reason: str  # why this device ("auto: no CUDA GPU visible")
     world_size: int = 1  # processes under torchrun; the loop's global batch is batch_size x this
     distributed: dict[str, Any] = field(default_factory=lambda: {"world_size": 1})
+    heap: str = "system"  # hardware.heap as applied (ortft.env.heap)
+
+    def describe(self) -> str:
+        """The run's log line: the device and why, its threads and its heap."""
+        return f"{self.device} ({self.reason}), {self.threads} threads, heap {self.heap}"
 
 
 @dataclass

@@ -185,6 +185,13 @@ class HardwareSection(Section):
         None,
         description="CPU threads for torch and ORT (default: all cores, shared by torchrun's processes).",
     )
+    heap: Literal["auto", "system"] = Field(
+        "auto",
+        description="auto: on a CPU under glibc, the training process keeps the memory it "
+        "frees for the next step (no block mapped on its own, the heap never trimmed), so a "
+        "step does not fault its pages in again; its RSS then stays at its peak until it ends. "
+        "system: the C library's defaults. Recorded in summary.json's provenance.heap.",
+    )
     gradient_checkpointing: bool = Field(
         False,
         description="backend.name=torch: recompute activations in the backward (transformers' "

@@ -128,8 +128,9 @@ class _Run:
         started = self.engine.start(self.recipe)
         provenance = self.summary.provenance
         provenance.device, provenance.threads = started.device, started.threads
+        provenance.heap = started.heap
         self.summary.distributed = started.distributed
-        log.info("device: %s (%s), %d threads", started.device, started.reason, started.threads)
+        log.info("device: %s", started.describe())
         for name, value in provenance.developer_overrides.items():
             what = devenv.OVERRIDES[name]
             log.warning("developer override %s=%s: %s (in summary.json)", name, value, what)

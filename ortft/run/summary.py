@@ -5,7 +5,7 @@ summary.json (format_version 1) — written at the end of every run, also failed
   last an `ortft hpo` trial ended by the median rule), error (one line or null),
   task, max_steps, parameters, trainable_parameters,
   provenance {ortft, python, platform, packages{}, recipe_sha256, git_commit, git_dirty,
-  started_at, finished_at, device, threads},
+  started_at, finished_at, device, threads, heap},
   paths {run_dir, final, [artifacts: ort-ondevice], recipe (the recipe file, absolute), onnx,
   checkpoints[], last_checkpoint},
   export {parity report, or null}, resumed_from,
@@ -92,6 +92,7 @@ class Provenance:
     finished_at: str | None = None
     device: str = ""
     threads: int = 0
+    heap: str = ""  # hardware.heap as applied: ortft.env.heap.KEPT or "system"
     # ORTFT_* variables that change how the run trains (ortft.core.devenv), as they were set;
     # written only when one was
     developer_overrides: dict[str, str] = field(default_factory=dict)

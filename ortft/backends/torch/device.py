@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ortft.core.errors import InputError
+from ortft.env import heap
 from ortft.recipe.schema import HardwareSection
 
 log = logging.getLogger("ortft")
@@ -21,6 +22,7 @@ class Runtime:
     device: torch.device
     threads: int
     reason: str
+    heap: str = heap.SYSTEM  # hardware.heap as applied (``heap.keep``)
 
 
 def resolve(hw: HardwareSection) -> Runtime:
@@ -40,7 +42,8 @@ def resolve(hw: HardwareSection) -> Runtime:
     torch.set_num_threads(threads)
     # ORT's CPU provider sizes its thread pool from OMP_NUM_THREADS when it is set
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    return Runtime(device=device, threads=threads, reason=reason)
+    kept = heap.keep() if hw.heap == "auto" and device.type == "cpu" else None
+    return Runtime(device=device, threads=threads, reason=reason, heap=kept or heap.SYSTEM)
 
 
 def seed_everything(seed: int) -> None:

@@ -118,7 +118,9 @@ class PyTorchEngine:
         runtime.seed_everything(recipe.training.seed)
         if recipe.training.deterministic:
             runtime.make_deterministic()
-        return Started(str(rt.device), rt.threads, rt.reason, world, distributed.summary())
+        return Started(
+            str(rt.device), rt.threads, rt.reason, world, distributed.summary(), heap=rt.heap
+        )
 
     def _probes(self) -> bool:
         """backend.name=auto, or backend.compile=auto: a probe picks the route (auto.py)."""
