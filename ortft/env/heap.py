@@ -9,8 +9,8 @@ word-embedding gradient ([30522, 384] fp32, 47 MB) is mapped, faulted in and unm
 step of the sentence-embedding task.
 
 ``keep`` turns both off through ``mallopt``: no block gets its own mapping and the heap is never
-trimmed, so a step reuses pages the steps before touched. The peak RSS is the same (measured on
-the peer benches, docs/backends.md); what changes is that the RSS stays at its peak until the
+trimmed, so a step reuses pages the steps before touched. The peak RSS stayed within 3% on the
+peer benches (docs/backends.md); what changes is that the RSS stays at its peak until the
 process ends, where glibc would have returned some memory between steps.
 
 Torch-free (ctypes): ``ortft validate`` and the doctor import nothing heavier.

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ortft.core.errors import InputError
-from ortft.env import heap
+from ortft.env import heap as process_heap
 from ortft.recipe.schema import HardwareSection
 
 log = logging.getLogger("ortft")
@@ -22,7 +22,7 @@ class Runtime:
     device: torch.device
     threads: int
     reason: str
-    heap: str = heap.SYSTEM  # hardware.heap as applied (``heap.keep``)
+    heap: str = process_heap.SYSTEM  # hardware.heap as applied (``process_heap.keep``)
 
 
 def resolve(hw: HardwareSection) -> Runtime:
@@ -42,8 +42,8 @@ def resolve(hw: HardwareSection) -> Runtime:
     torch.set_num_threads(threads)
     # ORT's CPU provider sizes its thread pool from OMP_NUM_THREADS when it is set
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    kept = heap.keep() if hw.heap == "auto" and device.type == "cpu" else None
-    return Runtime(device=device, threads=threads, reason=reason, heap=kept or heap.SYSTEM)
+    kept = process_heap.keep() if hw.heap == "auto" and device.type == "cpu" else None
+    return Runtime(device=device, threads=threads, reason=reason, heap=kept or process_heap.SYSTEM)
 
 
 def seed_everything(seed: int) -> None:
