@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ortft.backends.report import BackendReport, Precision
 from ortft.core.reports import ExportReport
+from ortft.env import heap as process_heap
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,7 +55,7 @@ class Started:
     reason: str  # why this device ("auto: no CUDA GPU visible")
     world_size: int = 1  # processes under torchrun; the loop's global batch is batch_size x this
     distributed: dict[str, Any] = field(default_factory=lambda: {"world_size": 1})
-    heap: str = "system"  # hardware.heap as applied (ortft.env.heap)
+    heap: str = process_heap.SYSTEM  # hardware.heap as applied (ortft.env.heap)
 
     def describe(self) -> str:
         """The run's log line: the device and why, its threads and its heap."""

@@ -28,19 +28,19 @@ KEPT = "kept (glibc mallopt: no per-block mmap, no trimming)"
 SYSTEM = "system"
 
 
-def keep() -> str | None:
-    """Tell glibc's malloc to keep what this process frees (module docstring). ``KEPT`` when it
-    took both settings; None where the C library is not glibc (musl, macOS, Windows), which has
-    no such settings, or refused one."""
+def keep() -> str:
+    """Tell glibc's malloc to keep what this process frees (module docstring). What applied:
+    ``KEPT`` when it took both settings; ``SYSTEM`` where the C library is not glibc (musl,
+    macOS, Windows), which has no such settings, or refused one."""
     if platform.libc_ver()[0] != "glibc":
-        return None
+        return SYSTEM
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
-        return None
+        return SYSTEM
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     # mallopt returns 1 on success; -1 as the trim threshold turns trimming off (mallopt(3))
     if mallopt(M_MMAP_MAX, 0) != 1 or mallopt(M_TRIM_THRESHOLD, -1) != 1:
-        return None
+        return SYSTEM
     return KEPT

@@ -25,6 +25,21 @@ from ortft.core.constants import IGNORE_INDEX
 PLAIN_HEAD = frozenset({"gpt2", "gpt_neox", "llama", "mistral", "phi3", "qwen2", "qwen3"})
 
 
+def hidden_states(
+    body: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: Any
+) -> torch.Tensor:
+    """The body's last hidden states [rows, length, width] in a training forward (no KV
+    cache): what the head then runs on at the positions read."""
+    out = body(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        use_cache=False,
+        return_dict=True,
+        **extra,
+    )
+    return out.last_hidden_state
+
+
 def following(values: torch.Tensor, fill: Any) -> torch.Tensor:
     """Each position's next value of ``values`` [rows, length] (``fill`` after the last),
     flat over [rows x length]: what the flat positions of this module index."""

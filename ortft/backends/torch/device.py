@@ -42,8 +42,10 @@ def resolve(hw: HardwareSection) -> Runtime:
     torch.set_num_threads(threads)
     # ORT's CPU provider sizes its thread pool from OMP_NUM_THREADS when it is set
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    kept = process_heap.keep() if hw.heap == "auto" and device.type == "cpu" else None
-    return Runtime(device=device, threads=threads, reason=reason, heap=kept or process_heap.SYSTEM)
+    heap = (
+        process_heap.keep() if hw.heap == "auto" and device.type == "cpu" else process_heap.SYSTEM
+    )
+    return Runtime(device=device, threads=threads, reason=reason, heap=heap)
 
 
 def seed_everything(seed: int) -> None:

@@ -32,13 +32,7 @@ class HeadAtLabels(Task):
         if parts is None:
             return super().forward(model, input_ids, attention_mask, labels, **extra)
         body, head = parts
-        hidden = body(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            use_cache=False,
-            return_dict=True,
-            **extra,
-        ).last_hidden_state
+        hidden = lm_head.hidden_states(body, input_ids, attention_mask, **extra)
         return lm_head.next_token_loss(head, hidden, labels, index)
 
     def outside_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:

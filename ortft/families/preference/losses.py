@@ -30,9 +30,7 @@ def token_logps(model: Any, input_ids: Any, attention_mask: Any, index: Any = No
     parts = None if index is None else lm_head.split(model)
     if parts is not None:
         body, head = parts
-        hidden = body(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True
-        ).last_hidden_state
+        hidden = lm_head.hidden_states(body, input_ids, attention_mask)
         logps = torch.log_softmax(head(lm_head.at(hidden, index)).float(), dim=-1)
         return logps.gather(-1, lm_head.next_tokens(input_ids, index).unsqueeze(-1)).squeeze(-1)
     logits = model(
