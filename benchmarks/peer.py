@@ -30,7 +30,7 @@ round (drift cancels), the two kinds in turn; every measurement is a fresh proce
   as the Trainer ships (not patched: on torch 2.6 + transformers 5.24 it fails in dynamo,
   and that failure, in one line, is its result). The best Trainer is the fastest that ran.
 - ortft, ``ortft train recipes/bench/minilm-news.yaml --json`` with ``ORTFT_OVERRIDES`` and the
-  route's own: ``auto`` (backend.name=auto precision.dtype=auto, and backend.compile=auto where
+  route's own: ``auto`` (backend.name=auto precision.dtype=auto precision.weights=auto, and backend.compile=auto where
   this ortft's recipe has that field), and the fixed routes ``ort`` and ``torch`` (fp32),
   ``torch-bf16`` (``torch-bf16-padded``: with backend.unpad=false), ``torch-bf16-compile`` and
   ``torch-compile`` (the last two need backend.compile: listed as skipped without it).
@@ -104,7 +104,7 @@ ROUTES = {
     "trainer": Route(trainer={}),
     "trainer-bf16": Route(trainer={"bf16": True}),
     "trainer-compile": Route(trainer={"torch_compile": True}),
-    "auto": Route(ortft={"backend.name": "auto", "precision.dtype": "auto"}),
+    "auto": Route(ortft=common.AUTO),
     "ort": Route(ortft={"backend.name": "ort", "precision.dtype": "fp32"}),
     # ort skipping the padding inside ORTModule's graph (auto leaves ort padded)
     "ort-unpad": Route(

@@ -51,13 +51,15 @@ BASES = ("trainer", "trainer-bf16")  # the peer's fp32 and bf16 runners: the rat
 # an ortft runner's overrides beyond the bench's own (torch-bf16: bf16 autocast, as Trainer's bf16)
 # bf16 with the weights in bf16 too (fp32 master weights for the optimizer): every bench's row
 BF16_WEIGHTS = {"backend.name": "torch", "precision.dtype": "bf16", "precision.weights": "bf16"}
+# ortft's own pick of route, precision and weights: the probe times the others' candidates
+AUTO = {"backend.name": "auto", "precision.dtype": "auto", "precision.weights": "auto"}
 ORTFT_RUNNERS = {
     "torch": {"backend.name": "torch"},
     "torch-bf16": {"backend.name": "torch", "precision.dtype": "bf16"},
     "torch-bf16w": BF16_WEIGHTS,
     "ort": {"backend.name": "ort"},
     # the probe picks among the above; its steps and ORT's export come before the timed steps
-    "auto": {"backend.name": "auto", "precision.dtype": "auto"},
+    "auto": AUTO,
 }
 RUNNERS = (*BASES, *ORTFT_RUNNERS)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -144,9 +146,6 @@ class Bench:
     @property
     def peers(self) -> tuple[str, ...]:
         return (*self.bases, *self.more_peers)
-
-
-AUTO = {"backend.name": "auto", "precision.dtype": "auto"}  # ortft's own pick of route
 
 
 @dataclass(frozen=True)

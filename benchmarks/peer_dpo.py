@@ -45,7 +45,7 @@ Runners, alternating (trl, trl-fast, trl-fp32-fast, torch, torch-bf16, ort, auto
 - ``trl-fp32-fast``: the same in fp32 (``bf16=False``): the fp32 routes' fair peer.
 - ``torch`` / ``torch-bf16`` / ``ort``: ``ortft train recipes/dpo.yaml --json`` with
   ``ORTFT_OVERRIDES`` and the route's backend (and ``precision.dtype=bf16``); ``auto``:
-  ``backend.name=auto precision.dtype=auto`` (its probe picks the route).
+  ``backend.name=auto precision.dtype=auto precision.weights=auto`` (its probe picks the route).
   ``torch-bf16-padded``: ``torch-bf16`` with ``backend.unpad=false``, the step before unpad
   reached decoders (``--runners trl,trl-fast,torch-bf16,torch-bf16-padded``; not in the peer
   table).
@@ -95,7 +95,7 @@ ORTFT_RUNNERS = {
         "backend.unpad": "false",
     },
     "ort": {"backend.name": "ort", "precision.dtype": "fp32"},
-    "auto": {"backend.name": "auto", "precision.dtype": "auto"},
+    "auto": common.AUTO,
 }
 REFERENCE_LINE = re.compile(r"reference log-probs: \d+ train pairs \(computed in ([\d.]+)s\)")
 

@@ -38,8 +38,8 @@ torch-compile, auto, trainer, ...) for ``--pairs`` rounds; every measurement a f
 - ``torch`` / ``torch-bf16`` / ``ort``: ``ortft train recipes/image-text-to-text.yaml --json``
   with ``ORTFT_OVERRIDES`` and the route's backend (and ``precision.dtype=bf16``);
   ``torch-compile``: ``backend.compile=true`` (inductor; its compile is the first warm-up
-  step, as ``trainer-compile``'s is); ``auto``: ``backend.name=auto precision.dtype=auto``
-  (its probe picks the route).
+  step, as ``trainer-compile``'s is); ``auto``: ``backend.name=auto precision.dtype=auto
+  precision.weights=auto`` (its probe picks the route and its precision).
 
 Every runner runs with ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it (as
 peer_dpo.py). Figures: docs/vision-language.md#speed.
@@ -80,7 +80,7 @@ ORTFT_RUNNERS = {
         "precision.dtype": "fp32",
         "backend.compile": "true",
     },
-    "auto": {"backend.name": "auto", "precision.dtype": "auto"},
+    "auto": common.AUTO,
 }
 # ortft's side of the same fine-tune, over the recipe
 VLM_OVERRIDES = {

@@ -106,3 +106,59 @@ def test_an_ort_run_on_cpu_stays_fp32_and_says_why(recipe, tmp_path):
     assert precision["reason"].startswith("auto: ") and precision["reason"] in res.stderr
     if hardware.cpu_bf16():
         assert "no bf16 training kernels" in precision["reason"]
+
+
+@pytest.mark.parametrize(
+    ("fastest", "fixed"),
+    [
+        ("fp32", ["precision.dtype=fp32"]),
+        ("bf16w", ["precision.dtype=bf16", "precision.weights=bf16"]),
+    ],
+)
+def test_the_probe_weighs_fp32_and_bf16_weights_and_the_run_trains_what_it_chose(
+    recipe, tmp_path, monkeypatch, fastest, fixed
+):
+    """Under precision.dtype and precision.weights auto on a bf16 CPU (flags faked), the probe
+    times eager torch in bf16, fp32 and with bf16 weights; the alternative made fastest here
+    (its probe steps scaled down) is what the run trains with, loss for loss the run that names
+    that precision, and summary.json says so."""
+    from ortft.backends.torch import auto
+
+    monkeypatch.setattr(hardware, "cpu_bf16", lambda: ["avx512_bf16"])
+    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path / "cache"))  # no compile time known
+    timed = auto._time_route
+
+    def _time_route(route, *args, **kwargs):
+        times = timed(route, *args, **kwargs)
+        return [t / 100 for t in times] if route.tag == fastest else times
+
+    monkeypatch.setattr(auto, "_time_route", _time_route)
+    out = tmp_path / "probed"
+    args = ["train", str(recipe), "backend.name=torch", "backend.compile=auto",
+            "precision.weights=auto", "--output-dir", str(out)]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    probe, precision = summary["backend"]["probe"], summary["precision"]
+    compiled = f"torch+compile-{fastest}"  # in the precision of the fastest eager candidate
+    assert set(probe["backends"]) == {"torch", "torch-fp32", "torch-bf16w", compiled}
+    assert "too short" in probe["backends"][compiled]["skipped"]
+    assert probe["route"] == f"torch-{fastest}"
+    weights = "bf16" if fastest == "bf16w" else "fp32"
+    assert (precision["dtype"], precision.get("weights", "fp32")) == (probe["dtype"], weights)
+    assert (
+        precision["reason"].startswith("auto: the probe timed")
+        and precision["reason"] in res.stderr
+    )
+    ref = tmp_path / "fixed"
+    res = CliRunner().invoke(app, ["train", str(recipe), "backend.name=torch", *fixed,
+                                   "--output-dir", str(ref)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert losses(out) == losses(ref)  # the probe left no trace: every RNG restored
+
+
+def test_weights_auto_needs_the_probe(recipe):
+    res = CliRunner().invoke(app, ["validate", str(recipe), "--set=precision.weights=auto",
+                                   "--set=backend.name=torch"])  # fmt: skip
+    assert res.exit_code == 2
+    assert "precision.weights=auto is chosen by the probe" in res.output

@@ -65,7 +65,7 @@ def combination_problems(r: Recipe) -> Iterator[str]:
             "precision.dtype=fp16 needs CUDA: PyTorch has no fp16 training on cpu; "
             "use bf16 (backend.name=torch) or fp32"
         )
-    if r.precision.weights == "bf16":
+    if r.precision.weights != "fp32":
         yield from bf16_weights_problems(r)
     if isinstance(r.deepspeed, dict):
         from ortft.recipe import deepspeed as zero
@@ -85,14 +85,21 @@ def combination_problems(r: Recipe) -> Iterator[str]:
 
 
 def bf16_weights_problems(r: Recipe) -> Iterator[str]:
-    """precision.weights=bf16 needs a bf16 run on the torch route (auto: where it resolves so)."""
+    """precision.weights=bf16 needs a bf16 run on the torch route (auto: where it resolves so);
+    precision.weights=auto needs the probe that weighs it."""
+    key = f"precision.weights={r.precision.weights}"
     if r.precision.dtype not in ("bf16", "auto"):
-        yield f"precision.weights=bf16 needs precision.dtype bf16 or auto, not {r.precision.dtype}"
+        yield f"{key} needs precision.dtype bf16 or auto, not {r.precision.dtype}"
     if r.backend.name not in ("torch", "auto"):
-        yield f"precision.weights=bf16 needs backend.name torch (or auto), not {r.backend.name}"
+        yield f"{key} needs backend.name torch (or auto), not {r.backend.name}"
+    if r.precision.weights == "auto" and "auto" not in (r.backend.name, r.backend.compile):
+        yield (
+            "precision.weights=auto is chosen by the probe, which runs under backend.name=auto "
+            "or backend.compile=auto; set one of them, or precision.weights bf16 or fp32"
+        )
     if r.deepspeed is not None:
         yield (
-            "precision.weights=bf16 with deepspeed: DeepSpeed's bf16 already casts the model "
+            f"{key} with deepspeed: DeepSpeed's bf16 already casts the model "
             "and keeps fp32 master weights; leave precision.weights at fp32"
         )
 

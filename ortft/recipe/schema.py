@@ -161,14 +161,16 @@ class PrecisionSection(Section):
         "backend.name=torch; a GPU of compute capability 8.0 or newer), else fp32. The choice and "
         "its reason go to stderr and summary.json's precision.",
     )
-    weights: Literal["fp32", "bf16"] = Field(
+    weights: Literal["fp32", "bf16", "auto"] = Field(
         "fp32",
         description="fp32: a bf16 run autocasts around the fp32 weights. bf16 (with dtype bf16 "
         "or auto, backend.name torch or auto, no deepspeed): the training forward and backward "
         "run on a bf16 copy of the model, which saves autocast's casts; the optimizer steps the "
         "fp32 weights (master weights), which checkpoints, evaluation, final/ and the export "
         "read, and gradients add up in fp32. Where dtype auto resolves to fp32 (or backend auto "
-        "to ort) the run trains in fp32 and says so.",
+        "to ort) the run trains in fp32 and says so. auto (with backend.name auto or "
+        "backend.compile auto): the probe also times the bf16 copy and trains with it where it "
+        "is the fastest route.",
     )
 
     @model_validator(mode="before")

@@ -1,11 +1,18 @@
 """``backend.name: auto`` (and ``backend.compile: auto``): time a few steps of each route the
 recipe allows on its first batches, then train with the one whose whole run is estimated fastest.
 
-A route is (backend, compile, dtype): ``torch`` eager, ``torch`` compiled (``backend.compile``
-true: only compiled; auto: both; false: only eager), and ``ort`` under ``backend.name: auto``
-where ONNX Runtime training is installed (else recorded as skipped, with why); each in the
-precision it runs natively when ``precision.dtype: auto`` (bf16 on torch where the
-hardware has it, fp32 on ORT's CPU provider: ``device.resolve_precision``).
+A route is (backend, compile, dtype, weights): ``torch`` eager, ``torch`` compiled
+(``backend.compile`` true: only compiled; auto: both; false: only eager), and ``ort`` under
+``backend.name: auto`` where ONNX Runtime training is installed (else recorded as skipped, with
+why); each in the precision it runs natively when ``precision.dtype: auto`` (bf16 on torch where
+the hardware has it, fp32 on ORT's CPU provider: ``device.resolve_precision``).
+
+Where torch's native precision is bf16, eager torch is also timed in the alternatives the recipe
+leaves open: fp32 under ``precision.dtype: auto`` (a small model's bf16 step can be slower than
+its fp32 one: bf16 pays casts and small GEMMs gain little), and a bf16 copy of the weights under
+``precision.weights: auto`` (``master_weights``). The compiled candidate runs in the precision of
+the fastest eager one (a compile is too dear to pay once per precision), and is not offered
+these alternatives under ``backend.compile: true``.
 
 Each candidate gets its own freshly built model and optimizer, which are thrown away after
 the probe; every RNG is saved before and restored after, so the run that follows is exactly
@@ -41,7 +48,7 @@ from typing import Any
 
 import torch
 
-from ortft.backends.torch import compiled, hf_config, models
+from ortft.backends.torch import compiled, hf_config, master_weights, models
 from ortft.backends.torch import device as runtime
 from ortft.backends.torch.wrappers import wrapper
 from ortft.checkpoint import store as checkpoint
@@ -63,22 +70,78 @@ class Route:
     backend: str
     compile: bool
     dtype: str
+    weights: str = "fp32"  # bf16: a bf16 copy of the model trains (master_weights)
+    tag: str = ""  # names an alternative to the native precision: fp32, bf16w
 
     @property
     def label(self) -> str:
-        return self.backend + ("+compile" if self.compile else "")
+        return (
+            self.backend
+            + ("+compile" if self.compile else "")
+            + (f"-{self.tag}" if self.tag else "")
+        )
 
 
 def routes(recipe: Any, device: torch.device) -> list[Route]:
-    """The candidates, torch first (ORT's spinning thread pool would slow torch after it)."""
+    """The candidates, torch first (ORT's spinning thread pool would slow torch after it); the
+    compiled one's precision is settled once the eager ones are timed (``follow``)."""
     b = recipe.backend
     compiles = {False: [False], True: [True], "auto": [False, True]}[b.compile]
-    backends = ["torch", "ort"] if b.name == "auto" else ["torch"]
-    out = []
-    for name in backends:
-        dtype, _ = runtime.resolve_precision(recipe.precision.dtype, name, device)
-        out += [Route(name, c, dtype) for c in (compiles if name == "torch" else [False])]
+    torch_dtype, _ = runtime.resolve_precision(recipe.precision.dtype, "torch", device)
+    out = [Route("torch", False, torch_dtype)] if False in compiles else []
+    if torch_dtype == "bf16" and b.compile is not True:  # the alternatives (module docstring)
+        if recipe.precision.dtype == "auto":
+            out.append(Route("torch", False, "fp32", tag="fp32"))
+        if recipe.precision.weights == "auto":
+            out.append(Route("torch", False, "bf16", weights="bf16", tag="bf16w"))
+    if True in compiles:
+        out.append(Route("torch", True, torch_dtype))
+    if b.name == "auto":
+        ort_dtype, _ = runtime.resolve_precision(recipe.precision.dtype, "ort", device)
+        out.append(Route("ort", False, ort_dtype))
     return out
+
+
+def fastest_eager(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The timed eager torch candidate with the shortest median step (None: none ran)."""
+    eager = [
+        b
+        for b in result["backends"].values()
+        if b["backend"] == "torch" and not b["compile"] and "median_step_s" in b
+    ]
+    return min(eager, key=lambda b: b["median_step_s"]) if eager else None
+
+
+def follow(route: Route, result: dict[str, Any]) -> Route:
+    """The compiled candidate in the precision of the fastest eager one, where one ran."""
+    best = fastest_eager(result)
+    if not route.compile or best is None:
+        return route
+    weights = best.get("weights", "fp32")
+    tag = "bf16w" if weights == "bf16" else ("fp32" if best["dtype"] != route.dtype else "")
+    return Route("torch", True, best["dtype"], weights, tag)
+
+
+def _build_model(
+    loaded: LoadedRecipe, task: Any, tokenizer: Any, labels: Any, device: torch.device, attn: str
+) -> Any:
+    """The same model the PyTorch engine builds (keep the two in step)."""
+    if isinstance(task, protocols.BuildsModel):  # the family's own (text-to-image: a UNet)
+        return task.build_model(loaded, tokenizer, device)  # the run's build rebinds the task
+    vocab = hf_config.vocabulary(task, tokenizer)
+    model = models.build_model(
+        loaded,
+        task.auto_class,
+        vocab,
+        labels,
+        attn=attn,
+        config=hf_config.composed_config(loaded, task, vocab),
+    )
+    if isinstance(task, protocols.PreparesModel):
+        task.prepare_model(model, tokenizer)
+    if loaded.recipe.adapter is not None:
+        model = models.apply_adapter(model, loaded.recipe.adapter, task)
+    return model
 
 
 def _time_route(
@@ -97,25 +160,13 @@ def _time_route(
     of each batch (tokens per row after padding) is appended to ``widths``."""
     r = loaded.recipe
     backend = wrapper(route.backend, r.backend, compile=route.compile)
-    # the same model the PyTorch engine builds (keep the two in step)
-    if isinstance(task, protocols.BuildsModel):  # the family's own (text-to-image: a UNet)
-        model = task.build_model(loaded, tokenizer, device)  # the run's build rebinds the task
-    else:
-        vocab = hf_config.vocabulary(task, tokenizer)
-        model = models.build_model(
-            loaded,
-            task.auto_class,
-            vocab,
-            labels,
-            attn=backend.attn_implementation(device, route.dtype),
-            config=hf_config.composed_config(loaded, task, vocab),
-        )
-        if isinstance(task, protocols.PreparesModel):
-            task.prepare_model(model, tokenizer)
-        if r.adapter is not None:
-            model = models.apply_adapter(model, r.adapter, task)
+    attn = backend.attn_implementation(device, route.dtype)
+    model = _build_model(loaded, task, tokenizer, labels, device, attn)
     module = models.TaskModule(model, task).to(device)
-    wrapped = backend.wrap(module, scratch / route.label)
+    # precision.weights: a bf16 copy trains, the optimizer steps the masters (as the engine)
+    copy = master_weights.Bf16Copy(model) if route.weights == "bf16" else None
+    trained = module if copy is None else models.TaskModule(copy.copy, task)
+    wrapped = backend.wrap(trained, scratch / route.label)
     wrapped.train()
     outer = getattr(backend, "outer", None)
     forward = outer(wrapped) if outer is not None else wrapped
@@ -149,11 +200,15 @@ def _time_route(
             else:
                 loss, _ = forward(**inputs)
         loss.backward()
+        if copy is not None:
+            copy.collect_grads()
         backend.after_step(wrapped)
         if r.training.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(params, r.training.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if copy is not None:
+            copy.update()
         float(loss)  # wait for the step to finish (a no-op on CPU)
         times.append(time.perf_counter() - t0)
     return times
@@ -163,9 +218,7 @@ def _figures(route: Route, times: list[float], widths: list[int], steps: int) ->
     median = statistics.median(times[1:])
     one_off = max(times[0] - median, 0.0)
     return {
-        "backend": route.backend,
-        "compile": route.compile,
-        "dtype": route.dtype,
+        **_entry(route),
         "first_step_s": round(times[0], 4),
         "step_times_s": [round(t, 4) for t in times[1:]],
         "median_step_s": round(median, 4),
@@ -173,6 +226,11 @@ def _figures(route: Route, times: list[float], widths: list[int], steps: int) ->
         "estimated_total_s": round(one_off + median * steps, 3),
         "sequence_lengths": widths,
     }
+
+
+def _entry(route: Route) -> dict[str, Any]:
+    entry = {"backend": route.backend, "compile": route.compile, "dtype": route.dtype}
+    return entry if route.weights == "fp32" else {**entry, "weights": route.weights}
 
 
 def compile_skip(eager: dict[str, Any] | None, known_s: float | None, steps: int) -> str | None:
@@ -197,13 +255,13 @@ def _skip(route: Route, recipe: Any, result: dict[str, Any], steps: int, key: st
         return ort_training.absent()
     if route.compile and recipe.backend.compile == "auto":
         known = compiled.known_compile_s(key)
-        return compile_skip(result["backends"].get("torch"), known, steps)
+        return compile_skip(fastest_eager(result), known, steps)
     return None
 
 
 def _probe_one(route: Route, args: tuple, result: dict[str, Any], steps: int, key: str) -> None:
     """Time one route into ``result["backends"][label]`` (or record why it did not run)."""
-    entry = {"backend": route.backend, "compile": route.compile, "dtype": route.dtype}
+    entry = _entry(route)
     skip = _skip(route, args[0].recipe, result, steps, key)
     if skip is not None:
         result["backends"][route.label] = {**entry, "skipped": skip}
@@ -247,7 +305,8 @@ def choose(
     try:
         with tempfile.TemporaryDirectory(prefix="ortft-probe-") as scratch:
             args = (loaded, task, tokenizer, labels, encoded, device, build_optimizer)
-            for route in candidates:
+            for candidate in candidates:
+                route = follow(candidate, result)
                 key = compiled.route_key(loaded.recipe, device, route.dtype)
                 _probe_one(route, (*args, Path(scratch)), result, steps, key)
     finally:
@@ -257,8 +316,15 @@ def choose(
         raise BackendError("backend.name=auto: no route could run this model")
     label = min(timed, key=lambda n: timed[n]["estimated_total_s"])
     best = timed[label]
-    result.update(chosen=best["backend"], route=label, compile=best["compile"], dtype=best["dtype"])
-    log.info("backend: auto chose %s %s (%s)", label, best["dtype"], _why(result, steps))
+    weights = best.get("weights", "fp32")
+    result.update(
+        chosen=best["backend"],
+        route=label,
+        compile=best["compile"],
+        dtype=best["dtype"],
+        weights=weights,
+    )
+    log.info("backend: auto chose %s %s (%s)", label, _precision(best), _why(result, steps))
     return (best["backend"], best["compile"]), result
 
 
@@ -268,7 +334,7 @@ def _why(result: dict[str, Any], steps: int) -> str:
         if "estimated_total_s" in b:
             one_off = f" + {b['one_off_s']:.1f} s once" if b["one_off_s"] >= 0.05 else ""
             parts.append(
-                f"{label} {b['dtype']} {b['median_step_s'] * 1000:.0f} ms/step{one_off} "
+                f"{label} {_precision(b)} {b['median_step_s'] * 1000:.0f} ms/step{one_off} "
                 f"= {b['estimated_total_s']:.0f} s"
             )
         else:
@@ -276,3 +342,24 @@ def _why(result: dict[str, Any], steps: int) -> str:
                 f"{label} not probed ({b['skipped']})" if "skipped" in b else f"{label} failed"
             )
     return f"probe, {PROBE_STEPS} steps each; estimated over {steps} steps: " + ", ".join(parts)
+
+
+def _precision(b: dict[str, Any]) -> str:
+    return b["dtype"] + (" (bf16 weights)" if b.get("weights") == "bf16" else "")
+
+
+def precision_reason(result: dict[str, Any], native: str) -> str | None:
+    """Why the probe's chosen precision differs from ``native`` (None: it does not)."""
+    if result["dtype"] == native and result["weights"] == "fp32":
+        return None
+    chosen = result["backends"][result["route"]]
+    ms = chosen["median_step_s"] * 1000
+    others = [
+        f"{label} {_precision(b)} {b['median_step_s'] * 1000:.0f}"
+        for label, b in result["backends"].items()
+        if "median_step_s" in b and b is not chosen
+    ]
+    return (
+        f"auto: the probe timed {_precision(chosen)} fastest on this model "
+        f"({ms:.0f} ms/step; " + ", ".join(others) + " ms/step)"
+    )

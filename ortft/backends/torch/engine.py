@@ -133,6 +133,36 @@ class PyTorchEngine:
             log.info("precision: %s (%s)", self.dtype, self.dtype_reason)
         runtime.check_precision(self.dtype, backend, device)
 
+    def _probe(
+        self,
+        loaded: LoadedRecipe,
+        task: Task,
+        tokenizer: Any,
+        labels: Any,
+        train: Encoded,
+        steps: int,
+    ) -> tuple[str, bool]:
+        """The route the probe chose (backend, compile), its precision taken (auto.py)."""
+        from ortft.backends.torch import auto
+
+        (name, compiled), self.probe = auto.choose(
+            loaded, task, tokenizer, labels, train, self.device, build_optimizer, steps
+        )
+        if self.name == "auto":
+            self._resolve_precision(name, self.device)
+        reason = auto.precision_reason(self.probe, self.dtype)
+        if reason is not None:  # it weighed an alternative to the native dtype, and chose it
+            self.dtype, self.dtype_reason = self.probe["dtype"], reason
+            log.info("precision: %s", reason)
+        return name, compiled
+
+    def _weights(self) -> str:
+        """precision.weights, with auto made concrete: the probe's choice (fp32 where none ran)."""
+        weights = self.recipe.precision.weights
+        if weights != "auto":
+            return weights
+        return self.probe["weights"] if self.probe is not None else "fp32"
+
     def is_main(self) -> bool:
         return distributed.is_main()
 
@@ -204,13 +234,9 @@ class PyTorchEngine:
         self.task, self._tokenizer = task, tokenizer
         wrapper_name, compiled = self.name, None
         if self._probes():  # time a few steps of each route on the first batches
-            from ortft.backends.torch import auto
-
-            (wrapper_name, compiled), self.probe = auto.choose(
-                loaded, task, tokenizer, labels, train, self.device, build_optimizer, total_steps
+            wrapper_name, compiled = self._probe(
+                loaded, task, tokenizer, labels, train, total_steps
             )
-        if self.name == "auto":
-            self._resolve_precision(wrapper_name, self.device)
         self.wrapper = wrapper(wrapper_name, r.backend, compile=compiled)
         # a transformers PreTrainedModel (or a family's own): its save_pretrained, peft methods
         self.model: Any = self._build_model(loaded, task, tokenizer, labels)
@@ -237,7 +263,7 @@ class PyTorchEngine:
         self.micro_step = state.micro_step  # ORT's random stream follows the data position
         # precision.weights=bf16: a bf16 copy trains, built from the masters a resume loaded
         self.bf16 = master_weights.for_run(
-            r.precision.weights, self.dtype, self.wrapper.name, self.model
+            self._weights(), self.dtype, self.wrapper.name, self.model
         )
         trained = self.module if self.bf16 is None else models.TaskModule(self.bf16.copy, task)
         self.wrapped = self.wrapper.wrap(trained, run_dir)  # after loading: ORT shares tensors
