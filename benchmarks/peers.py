@@ -288,13 +288,17 @@ def auto_vs_fixed(a: argparse.Namespace, limits: table.Limits) -> dict[str, Any]
 
 
 def merge(paths: list[Path], a: argparse.Namespace) -> dict[str, Any]:
-    """Tables run apart (a profile each, or one run again) as one: each profile from the last
-    table that ran it, a skipped one only where no table ran it; the settings of the first."""
+    """Tables run apart (a profile each, some tasks each, or one run again) as one: each
+    profile's tasks from the last table that ran them, a skipped profile only where no table
+    ran it; the settings of the first."""
     tables = [json.loads(p.read_text()) for p in paths]
     parts: dict[str, dict[str, Any]] = {}
     for saved in tables:
         for name, part in saved["profiles"].items():
-            if "tasks" in part or name not in parts:
+            earlier = parts.get(name, {}).get("tasks")
+            if "tasks" in part and earlier is not None:  # the same profile, other tasks
+                parts[name] = {**part, "tasks": {**earlier, **part["tasks"]}}
+            elif "tasks" in part or name not in parts:
                 parts[name] = part
     first = tables[0]
     keys = ("rounds", "steps", "warmup", "quick", "allow_busy")

@@ -233,6 +233,11 @@ def test_tables_run_apart_merge_into_one(
     assert merged["allow_busy"] is False and merged["rounds"] == 1
     text = table.markdown(merged)
     assert "| current | image | trainer-bf16 (best peer) |" in text and "skipped" not in text
+    # the same profile run again on other tasks: its tasks join the earlier ones
+    three = {"current": {"tasks": {"speech": _task(table)}, "machine": machine}}
+    (tmp_path / "three.json").write_text(json.dumps(peers.assemble(three, a)))
+    merged = peers.merge([tmp_path / n for n in ("one.json", "two.json", "three.json")], a)
+    assert list(merged["profiles"]["current"]["tasks"]) == ["image", "speech"]
 
 
 def test_every_run_of_a_bench_that_counts_its_work_carries_it(

@@ -162,3 +162,44 @@ def test_weights_auto_needs_the_probe(recipe):
                                    "--set=backend.name=torch"])  # fmt: skip
     assert res.exit_code == 2
     assert "precision.weights=auto is chosen by the probe" in res.output
+
+
+def test_a_candidate_out_of_memory_is_recorded_and_the_others_weighed(
+    recipe, tmp_path, monkeypatch
+):
+    """The fp32 candidate runs out of memory: the probe records why and trains with the rest."""
+    from ortft.backends.torch import auto
+
+    monkeypatch.setattr(hardware, "cpu_bf16", lambda: ["avx512_bf16"])
+    timed = auto._time_route
+
+    def _time_route(route, *args, **kwargs):
+        if route.tag == "fp32":
+            raise torch.OutOfMemoryError("out of memory: tried to allocate 2 GiB\nmore")
+        return timed(route, *args, **kwargs)
+
+    monkeypatch.setattr(auto, "_time_route", _time_route)
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["train", str(recipe), "backend.name=torch",
+                                   "backend.compile=auto", "--output-dir", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    probe = json.loads((out / "summary.json").read_text())["backend"]["probe"]
+    assert probe["backends"]["torch-fp32"]["error"] == "out of memory: tried to allocate 2 GiB"
+    assert probe["route"] == "torch" and probe["dtype"] == "bf16"
+
+
+def test_the_candidates_on_a_cpu_and_on_a_gpu(recipe, monkeypatch):
+    """fp32 is weighed on a CPU only (a GPU's bf16 is the faster, and fp32 may not fit);
+    bf16 weights wherever torch's own precision is bf16; none under backend.compile true."""
+    from ortft.backends.torch import auto
+    from ortft.recipe import io
+
+    monkeypatch.setattr(hardware, "cpu_bf16", lambda: ["amx_bf16"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    sets = ["backend.name=auto", "backend.compile=auto", "precision.weights=auto"]
+    r = io.load(recipe, sets).recipe
+    labels = {d.type: [c.label for c in auto.routes(r, d)] for d in (CPU, CUDA)}
+    assert labels["cpu"] == ["torch", "torch-fp32", "torch-bf16w", "torch+compile", "ort"]
+    assert labels["cuda"] == ["torch", "torch-bf16w", "torch+compile", "ort"]
+    r = io.load(recipe, [*sets[:2], "backend.compile=true"]).recipe
+    assert [c.label for c in auto.routes(r, CPU)] == ["torch+compile", "ort"]

@@ -8,8 +8,8 @@ why); each in the precision it runs natively when ``precision.dtype: auto`` (bf1
 the hardware has it, fp32 on ORT's CPU provider: ``device.resolve_precision``).
 
 Where torch's native precision is bf16, eager torch is also timed in the alternatives the recipe
-leaves open: fp32 under ``precision.dtype: auto`` (a small model's bf16 step can be slower than
-its fp32 one: bf16 pays casts and small GEMMs gain little), and a bf16 copy of the weights under
+leaves open: fp32 under ``precision.dtype: auto`` on a CPU (a small model's bf16 step can be
+slower than its fp32 one there: bf16 pays casts and small GEMMs gain little), and a bf16 copy of the weights under
 ``precision.weights: auto`` (``master_weights``). The compiled candidate runs in the precision of
 the fastest eager one (a compile is too dear to pay once per precision), and is not offered
 these alternatives under ``backend.compile: true``.
@@ -90,7 +90,8 @@ def routes(recipe: Any, device: torch.device) -> list[Route]:
     torch_dtype, _ = runtime.resolve_precision(recipe.precision.dtype, "torch", device)
     out = [Route("torch", False, torch_dtype)] if False in compiles else []
     if torch_dtype == "bf16" and b.compile is not True:  # the alternatives (module docstring)
-        if recipe.precision.dtype == "auto":
+        # on a CPU only: a GPU's bf16 step is the faster, and fp32's memory might not fit
+        if recipe.precision.dtype == "auto" and device.type == "cpu":
             out.append(Route("torch", False, "fp32", tag="fp32"))
         if recipe.precision.weights == "auto":
             out.append(Route("torch", False, "bf16", weights="bf16", tag="bf16w"))
@@ -270,9 +271,9 @@ def _probe_one(route: Route, args: tuple, result: dict[str, Any], steps: int, ke
     widths: list[int] = []
     try:
         times = _time_route(route, *args, widths=widths)  # type: ignore[misc]  # args: 8 items
-    except BackendError as err:  # ORT cannot run this model: torch it is
-        result["backends"][route.label] = {**entry, "error": str(err)}
-        log.info("auto: %s cannot run this model (%s)", route.label, err)
+    except (BackendError, torch.OutOfMemoryError) as err:  # ORT cannot run it; it does not fit
+        result["backends"][route.label] = {**entry, "error": str(err).splitlines()[0]}
+        log.info("auto: %s cannot run this model (%s)", route.label, str(err).splitlines()[0])
         return
     finally:
         if route.compile:
