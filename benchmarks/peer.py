@@ -30,8 +30,8 @@ round (drift cancels), the two kinds in turn; every measurement is a fresh proce
   as the Trainer ships (not patched: on torch 2.6 + transformers 5.24 it fails in dynamo,
   and that failure, in one line, is its result). The best Trainer is the fastest that ran.
 - ortft, ``ortft train recipes/bench/minilm-news.yaml --json`` with ``ORTFT_OVERRIDES`` and the
-  route's own: ``auto`` (backend.name=auto precision.dtype=auto precision.weights=auto, and backend.compile=auto where
-  this ortft's recipe has that field), and the fixed routes ``ort`` and ``torch`` (fp32),
+  route's own: ``auto`` (backend.name=auto precision.dtype=auto precision.weights=auto, and
+  backend.compile=auto where this ortft's recipe has that field), and the fixed routes ``ort`` and ``torch`` (fp32),
   ``torch-bf16`` (``torch-bf16-padded``: with backend.unpad=false), ``torch-bf16-compile`` and
   ``torch-compile`` (the last two need backend.compile: listed as skipped without it).
 

@@ -20,7 +20,10 @@ from ortft.tools.doctor_verdicts import INFO, Check
 
 AMX, AVX512_BF16, NO_BF16 = "AMX", "AVX-512 BF16", "no bf16 units"
 SOURCE = "docs/backends.md"
-AUTO = "backend.name=auto precision.dtype=auto times torch and ort on the run's first batches"
+AUTO = (
+    "backend.name=auto precision.dtype=auto precision.weights=auto times torch (in bf16, fp32 "
+    "and with bf16 weights) and ort on the run's first batches"
+)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ the hardware has it, fp32 on ORT's CPU provider: ``device.resolve_precision``).
 
 Where torch's native precision is bf16, eager torch is also timed in the alternatives the recipe
 leaves open: fp32 under ``precision.dtype: auto`` on a CPU (a small model's bf16 step can be
-slower than its fp32 one there: bf16 pays casts and small GEMMs gain little), and a bf16 copy of the weights under
-``precision.weights: auto`` (``master_weights``). The compiled candidate runs in the precision of
-the fastest eager one (a compile is too dear to pay once per precision), and is not offered
-these alternatives under ``backend.compile: true``.
+slower than its fp32 one there: bf16 pays casts, and small GEMMs gain little from it), and a
+bf16 copy of the weights under ``precision.weights: auto`` (``master_weights``). The compiled
+candidate runs in the precision of the fastest eager one (a compile is too dear to pay once per
+precision); under ``backend.compile: true`` there are no alternatives. A candidate that runs
+out of memory is recorded with its error, as one ORT cannot export is, and the rest weighed.
 
 Each candidate gets its own freshly built model and optimizer, which are thrown away after
 the probe; every RNG is saved before and restored after, so the run that follows is exactly
