@@ -118,7 +118,8 @@ def test_peer_route_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     run, skipped = peer.plan(names, compiles=True)
     assert not skipped and list(run) == names
     assert run["auto"].ortft == {
-        "backend.name": "auto", "precision.dtype": "auto", "backend.compile": "auto"
+        "backend.name": "auto", "precision.dtype": "auto", "precision.weights": "auto",
+        "backend.compile": "auto",
     }  # fmt: skip
     assert run["torch-bf16-compile"].ortft["backend.compile"] == "true"
     assert run["trainer-compile"].trainer == {"torch_compile": True}  # as the Trainer ships

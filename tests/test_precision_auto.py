@@ -171,6 +171,7 @@ def test_a_candidate_out_of_memory_is_recorded_and_the_others_weighed(
     from ortft.backends.torch import auto
 
     monkeypatch.setattr(hardware, "cpu_bf16", lambda: ["avx512_bf16"])
+    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path / "cache"))  # no compile time known
     timed = auto._time_route
 
     def _time_route(route, *args, **kwargs):
