@@ -43,7 +43,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,24 +104,26 @@ def routes(recipe: Any, device: torch.device) -> list[Route]:
     return out
 
 
-def fastest_eager(result: dict[str, Any]) -> dict[str, Any] | None:
-    """The timed eager torch candidate with the shortest median step (None: none ran)."""
+def fastest_eager(result: dict[str, Any]) -> str | None:
+    """The label of the timed eager torch candidate with the shortest median step (None: none
+    ran)."""
+    timed = result["backends"]
     eager = [
-        b
-        for b in result["backends"].values()
+        label
+        for label, b in timed.items()
         if b["backend"] == "torch" and not b["compile"] and "median_step_s" in b
     ]
-    return min(eager, key=lambda b: b["median_step_s"]) if eager else None
+    return min(eager, key=lambda label: timed[label]["median_step_s"]) if eager else None
 
 
-def follow(route: Route, result: dict[str, Any]) -> Route:
-    """The compiled candidate in the precision of the fastest eager one, where one ran."""
+def follow(route: Route, result: dict[str, Any], candidates: list[Route]) -> Route:
+    """The compiled candidate in the precision of the fastest eager one, where one ran: that
+    candidate, compiled (its tag names the precision it followed)."""
     best = fastest_eager(result)
     if not route.compile or best is None:
         return route
-    weights = best.get("weights", "fp32")
-    tag = "bf16w" if weights == "bf16" else ("fp32" if best["dtype"] != route.dtype else "")
-    return Route("torch", True, best["dtype"], weights, tag)
+    eager = next(c for c in candidates if c.label == best)
+    return replace(eager, compile=True)
 
 
 def _build_model(
@@ -257,7 +259,8 @@ def _skip(route: Route, recipe: Any, result: dict[str, Any], steps: int, key: st
         return ort_training.absent()
     if route.compile and recipe.backend.compile == "auto":
         known = compiled.known_compile_s(key)
-        return compile_skip(fastest_eager(result), known, steps)
+        best = fastest_eager(result)
+        return compile_skip(result["backends"][best] if best else None, known, steps)
     return None
 
 
@@ -273,8 +276,9 @@ def _probe_one(route: Route, args: tuple, result: dict[str, Any], steps: int, ke
     try:
         times = _time_route(route, *args, widths=widths)  # type: ignore[misc]  # args: 8 items
     except (BackendError, torch.OutOfMemoryError) as err:  # ORT cannot run it; it does not fit
-        result["backends"][route.label] = {**entry, "error": str(err).splitlines()[0]}
-        log.info("auto: %s cannot run this model (%s)", route.label, str(err).splitlines()[0])
+        why = str(err).partition("\n")[0]
+        result["backends"][route.label] = {**entry, "error": why}
+        log.info("auto: %s cannot run this model (%s)", route.label, why)
         return
     finally:
         if route.compile:
@@ -308,7 +312,7 @@ def choose(
         with tempfile.TemporaryDirectory(prefix="ortft-probe-") as scratch:
             args = (loaded, task, tokenizer, labels, encoded, device, build_optimizer)
             for candidate in candidates:
-                route = follow(candidate, result)
+                route = follow(candidate, result, candidates)
                 key = compiled.route_key(loaded.recipe, device, route.dtype)
                 _probe_one(route, (*args, Path(scratch)), result, steps, key)
     finally:
