@@ -128,7 +128,8 @@ def main() -> None:
     if a.micro:
         micro()
         return
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the peer benches
+    # its recorded results ran so (as the peer benches did until 2026-12-07); both sides alike
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     result: dict[str, Any] = {
         "machine": common.cpu(),
         "torch": importlib.metadata.version("torch"),

@@ -296,7 +296,7 @@ def task_peers() -> list[common.TaskPeer]:
     name = model_name()
     runners = {k: v for k, v in ORTFT_RUNNERS.items() if k != "torch-bf16-padded"}
     peer = common.task_peer(dataclasses.replace(bench(name), ortft_runners=runners), "dpo")
-    own = {MODEL_ENV: name, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    own = {MODEL_ENV: name}
 
     def one(runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict[str, Any]:
         build_model(name)  # once: it is kept in the cache
@@ -318,9 +318,6 @@ if __name__ == "__main__":
     )
     known, _ = own.parse_known_args()
     os.environ[MODEL_ENV] = known.model  # the workers (fresh processes) read it
-    # every runner alike: on a shared machine libgomp's spin-waiting threads make a PyTorch
-    # step several times slower (peer_common's note); the environment wins
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if not {"-h", "--help", "--worker"} & set(sys.argv):
         build_model(known.model)
     common.main(bench(known.model), __doc__ or "", parents=(own,))

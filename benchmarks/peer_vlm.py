@@ -41,8 +41,9 @@ torch-compile, auto, trainer, ...) for ``--pairs`` rounds; every measurement a f
   step, as ``trainer-compile``'s is); ``auto``: ``backend.name=auto precision.dtype=auto
   precision.weights=auto`` (its probe picks the route and its precision).
 
-Every runner runs with ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it (as
-peer_dpo.py). Figures: docs/vision-language.md#speed.
+Every runner runs with the environment's ``OMP_WAIT_POLICY`` (libgomp's default where it sets
+none, as every peer bench; the JSON's ``omp_wait_policy``). Figures:
+docs/vision-language.md#speed.
 
 Timing (peer_common): ``--warmup`` steps (default 4: ORT's export, allocator growth), then
 ``--steps`` timed steps (default 20), each from the end of the step before to its own end:
@@ -250,28 +251,12 @@ BENCH = common.Bench(
 
 
 def task_peers() -> list[common.TaskPeer]:
-    """This bench's row of the one peer table (benchmarks/peers.py), each measurement with the
-    OMP_WAIT_POLICY this script's command line sets (and only for its own runs)."""
-    policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    """This bench's row of the one peer table (benchmarks/peers.py)."""
+    policy = os.environ.get("OMP_WAIT_POLICY")
     bench = replace(BENCH, extra={**BENCH.extra, "omp_wait_policy": policy})
-    peer = common.task_peer(bench, "image-text-to-text")
-
-    def one(runner: str, steps: int, warmup: int, tmp: Path, timeout: float) -> dict[str, Any]:
-        before = os.environ.get("OMP_WAIT_POLICY")
-        os.environ["OMP_WAIT_POLICY"] = policy
-        try:
-            return peer.measure(runner, steps, warmup, tmp, timeout)
-        finally:
-            if before is None:
-                os.environ.pop("OMP_WAIT_POLICY")
-            else:
-                os.environ["OMP_WAIT_POLICY"] = before
-
-    return [replace(peer, measure=one)]
+    return [common.task_peer(bench, "image-text-to-text")]
 
 
 if __name__ == "__main__":
-    # every runner alike (as peer_dpo.py): on a shared machine libgomp's spin-waiting threads
-    # make a PyTorch step several times slower (peer_common's note); the environment wins
-    policy = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    policy = os.environ.get("OMP_WAIT_POLICY")
     common.main(replace(BENCH, extra={**BENCH.extra, "omp_wait_policy": policy}), __doc__ or "")

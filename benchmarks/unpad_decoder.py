@@ -76,7 +76,8 @@ def main() -> None:
     p.add_argument("--tasks", default="instruction,dpo")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args()
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the peer benches (peer_dpo.py)
+    # its recorded results ran so (as the peer benches did until 2026-12-07); both sides alike
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     peer_dpo.build_model("gpt2-25m")
     model = peer_dpo.model_dir("gpt2-25m")
     result: dict[str, Any] = {"machine": common.cpu(), "steps": STEPS, "tasks": {}}

@@ -116,8 +116,10 @@ class Unpadder:
         self.idx, self.inverse, self.shape, self._last = None, None, None, None
         self._sources.clear()
         mask = kwargs.get("attention_mask")
-        if mask is None or not module.training or mask.dim() != 2:
+        if mask is None or not module.training or mask.dim() not in (2, 4):
             return
+        if mask.dim() == 4:  # a mask of its own (preference's shared prefix): its real tokens
+            mask = real_positions(mask)
         # a checkpointed layer's recompute would be handed this forward's tensors: no memo
         self.memo = not any(getattr(m, "gradient_checkpointing", False) for m in module.modules())
         if self.in_graph:
@@ -192,6 +194,15 @@ class Unpadder:
             return fn(module, *args, **kwargs)  # not a [batch, length, width] input
         self.calls += 1
         return self.scatter(fn(module, *gathered, **kwargs), idx)
+
+
+def real_positions(mask: torch.Tensor) -> torch.Tensor:
+    """[batch, length] booleans: the real positions of a 4D attention mask (booleans, or
+    added to the scores: 0 where allowed), the keys some query may attend to. A real token may
+    attend to itself, and no query to padding (transformers' masks and ``task.share_prefix``'s
+    alike)."""
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    return allowed[:, 0].any(dim=1)
 
 
 def _unpadded_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -6,16 +6,21 @@ computes once on the freshly built model and caches (``ScoresReference`` with
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from ortft.core.constants import IGNORE_INDEX
+from ortft.core.errors import InputError
 from ortft.data.batches import ALIGNED, Padding
 from ortft.families.generation.family import DecoderHooks
 from ortft.families.preference.task import REJECTED, TIE, Options, PairRows
 from ortft.tasks.base import Encoded, Task
+
+log = logging.getLogger("ortft")
 
 
 class PreferenceTask(Task):
@@ -44,6 +49,10 @@ class PreferenceTask(Task):
         self.options = options
         self.rows = PairRows(options)
         self._splits: list[tuple[str, Any]] = []  # the splits whose reference prepare fills
+        self.shares_prefix = False  # task.share_prefix, resolved for the model (prepare_model)
+        # summary.json's data.share_prefix: the data report is taken before the model is built,
+        # and prepare_model adds whether the run shares to this same dict
+        self._share_report: dict[str, Any] = {}
 
     @property
     def options_key(self) -> str:
@@ -92,7 +101,14 @@ class PreferenceTask(Task):
         arithmetic)."""
         from ortft.families.preference.losses import token_logps
 
-        return token_logps(model, input_ids, attention_mask, extra.get("index"))
+        return token_logps(
+            model,
+            input_ids,
+            attention_mask,
+            extra.get("index"),
+            extra.get("targets"),
+            extra.get("position_ids"),
+        )
 
     def module_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         """The pairs' sequences, chosen then rejected, and the positions the loss reads
@@ -101,6 +117,11 @@ class PreferenceTask(Task):
 
         both = concatenated(batch)
         index = read_positions(self.options.loss, both["labels"], both["attention_mask"])
+        if self.shares_prefix:  # one row a pair (sharing.py): the same log-probs, in order
+            from ortft.families.preference import sharing
+
+            layout = sharing.shared(both, index)
+            return dataclasses.asdict(layout)
         ids, mask = both["input_ids"], both["attention_mask"]
         return {"input_ids": ids, "attention_mask": mask, "index": index}
 
@@ -119,6 +140,19 @@ class PreferenceTask(Task):
         scored: dict[str, Any] = dict(both)
         scored.update({k: batch[k] for k in ("ref_chosen", "ref_rejected") if k in batch})
         return preference_loss(o.loss, o.beta, o.label_smoothing, token, scored, o.sft_weight)
+
+    def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+        """summary.json's data.share_prefix: the training pairs' real tokens as two rows a
+        pair and as one (``task.share_prefix``); ``on`` is added when the model is built."""
+        encoded = splits["train"][1]
+        tokens = [encoded.column(f"{p}attention_mask") for p in ("", "rejected_")]
+        ids = [encoded.column(f"{p}input_ids") for p in ("", "rejected_")]
+        same = (ids[0] == ids[1]) & (tokens[0] != 0) & (tokens[1] != 0)
+        two_rows = int(tokens[0].sum() + tokens[1].sum())
+        self._share_report.update(
+            tokens_two_rows=two_rows, tokens_shared=two_rows - int(np.cumprod(same, 1).sum())
+        )
+        return {"share_prefix": self._share_report}
 
     def counted(self, batch: dict[str, np.ndarray]) -> int:
         """Pairs (the loss is a mean over pairs; a padded eval copy has no chosen label)."""
@@ -147,6 +181,20 @@ class PreferenceTask(Task):
 
         return saved.evaluate(self, model, encoded, loaded, batch_size)
 
+    def _shares_prefix(self, model: Any) -> bool:
+        """``task.share_prefix`` resolved for ``model``."""
+        from ortft.families.preference import sharing
+
+        setting = self.options.share_prefix
+        kind = getattr(model.config, "model_type", None)
+        if setting is True and kind not in sharing.MODEL_TYPES:
+            raise InputError(
+                f"task.share_prefix=true: a {kind} model's forward is not known to take the "
+                f"shared rows' mask and positions as given (it applies to "
+                f"{', '.join(sorted(sharing.MODEL_TYPES))}; set it to auto or false)"
+            )
+        return setting is not False and kind in sharing.MODEL_TYPES
+
     # ---- the reference (DPO, IPO)
     def with_reference(self, train: Any, evals: Any, data: Any) -> tuple[Any, Any]:
         """The splits with the reference's columns, filled when the model is built and padded
@@ -161,9 +209,19 @@ class PreferenceTask(Task):
         return out[0], out[1]
 
     def prepare_model(self, model: Any, processor: Any) -> None:
-        """The freshly built model is the reference: fill each split's log-probs from it."""
+        """Whether pairs share their prefix (by the model's type), and, the freshly built
+        model being the reference, each split's log-probs from it."""
         from ortft.families.preference.reference import fill
 
+        self.shares_prefix = self._shares_prefix(model)
+        if "on" not in self._share_report:  # once (the auto probe builds several models)
+            log.info(
+                "preference: %s",
+                "each pair runs as one sequence, its shared prefix once (task.share_prefix)"
+                if self.shares_prefix
+                else "two rows a pair (task.share_prefix)",
+            )
+        self._share_report["on"] = self.shares_prefix
         for name, split in self._splits:
             if split.reference is None:
                 fill(model, split, name)

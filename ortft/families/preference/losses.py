@@ -19,26 +19,47 @@ import torch
 import torch.nn.functional as F
 
 from ortft.core.constants import IGNORE_INDEX
+from ortft.families.preference import sharing
 from ortft.tasks import lm_head
 
 
-def token_logps(model: Any, input_ids: Any, attention_mask: Any, index: Any = None) -> Any:
+def token_logps(
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    index: Any = None,
+    targets: Any = None,
+    position_ids: Any = None,
+) -> Any:
     """Each position's log-probability of the next token, [rows, length - 1] (a log-softmax
     and a gather: ORT 1.19 builds no gradient for a ReduceLogSumExp); with ``index``
     (``lm_head.next_positions``) only those positions', flat, the head run at them alone
-    where the model allows (``lm_head.split``)."""
+    where the model allows (``lm_head.split``). ``task.share_prefix``'s rows
+    (``sharing.shared``) come with a 3D ``attention_mask`` (query by key), their ``position_ids`` and the
+    ``targets`` each position of ``index`` predicts (not the next token of its row)."""
+    extra = {} if position_ids is None else {"position_ids": position_ids}
+    if attention_mask.dim() == 3:  # shared rows: [rows, length, length]
+        attention_mask = sharing.attention_for(model, attention_mask)
+    if index is not None and targets is None:
+        targets = lm_head.next_tokens(input_ids, index)
     parts = None if index is None else lm_head.split(model)
     if parts is not None:
         body, head = parts
-        hidden = lm_head.hidden_states(body, input_ids, attention_mask)
+        hidden = lm_head.hidden_states(body, input_ids, attention_mask, **extra)
         logps = torch.log_softmax(head(lm_head.at(hidden, index)).float(), dim=-1)
-        return logps.gather(-1, lm_head.next_tokens(input_ids, index).unsqueeze(-1)).squeeze(-1)
+        return logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True
-    ).logits[:, :-1]
-    logps = torch.log_softmax(logits.float(), dim=-1)
-    token = logps.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return token if index is None else pick(token, index)
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        use_cache=False,
+        return_dict=True,
+        **extra,
+    ).logits
+    if index is not None:
+        logps = torch.log_softmax(lm_head.at(logits, index).float(), dim=-1)
+        return logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logps = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logps.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
 def pick(token: Any, index: Any) -> Any:

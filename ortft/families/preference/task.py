@@ -93,6 +93,16 @@ class Options(PairOptions):
         "the chosen answers less likely too.",
     )
 
+    share_prefix: Literal[False, True, "auto"] = Field(
+        "auto",
+        description="preference: each pair runs as one sequence: the tokens its chosen and "
+        "rejected sequences share (the prompt, and their responses' common start) once, then "
+        "each response's rest, the rejected one's masked from the chosen one's: the same "
+        "log-probs from fewer tokens (docs/preference.md#speed). auto: where the model's type "
+        "takes it (gpt2, gpt_neox, llama, qwen2, qwen3, phi3); true: the same, an error "
+        "elsewhere; false: two rows a pair, as TRL's DPOTrainer.",
+    )
+
     @model_validator(mode="after")
     def _loss_options(self) -> Options:
         if self.loss == "orpo" and self.sft_weight:
