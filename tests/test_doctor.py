@@ -390,7 +390,7 @@ def test_doctor_names_the_faster_route_for_an_amx_cpu(faked_cpu):
     assert "backend.name=torch:" in fp32 and "Intel Xeon with AMX" in fp32
     assert "59.0 vs 32.8" in fp32 and "docs/backends.md" in fp32
     bf16 = _line(text, "cpu bf16 route")
-    assert "backend.name=torch precision.dtype=bf16:" in bf16 and "87.4 vs 59.0" in bf16
+    assert "precision.dtype=bf16 precision.weights=bf16:" in bf16 and "94.7 vs 85.9" in bf16
     assert "not on this vendor's" not in text
 
 

@@ -53,11 +53,14 @@ MEASURED: dict[str, dict[str, Measured]] = {
             "Intel",
         ),
         "bf16": Measured(
-            "backend.name=torch precision.dtype=bf16",
-            "torch bf16 1.48x torch fp32 on short texts (87.4 vs 59.0 samples/s), "
-            "2.05x on long ones (42.1 vs 20.5)",
-            f"{INTEL_AMX}, 2026-12-04 (short) and 2026-12-02 (long)",
-            PEER,
+            "backend.name=torch precision.dtype=bf16 precision.weights=bf16",
+            "a bf16 copy of the weights (fp32 masters) the fastest fixed route on 6 of 8 tasks, "
+            "1.04-1.10x torch autocast bf16: short texts 94.7 vs 85.9 samples/s, speech 87.6 vs "
+            "79.5, embeddings 80.2 vs 73.2, images, DPO, text-to-image; level on long texts "
+            "(46.6 vs 47.0); the tiny VLM ran fastest compiled in fp32. Autocast bf16 itself "
+            "ran 1.48x torch fp32 on short texts (87.4 vs 59.0, 2026-12-04)",
+            f"{INTEL_AMX}, torch 2.13, 2026-12-07",
+            PEERS,
             "Intel",
         ),
     },

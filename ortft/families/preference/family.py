@@ -50,6 +50,7 @@ class PreferenceTask(Task):
         self.rows = PairRows(options)
         self._splits: list[tuple[str, Any]] = []  # the splits whose reference prepare fills
         self.shares_prefix = False  # task.share_prefix, resolved for the model (prepare_model)
+        self._route = "torch"  # the route that trains the model (use_route)
         # summary.json's data.share_prefix: the data report is taken before the model is built,
         # and prepare_model adds whether the run shares to this same dict
         self._share_report: dict[str, Any] = {}
@@ -181,19 +182,27 @@ class PreferenceTask(Task):
 
         return saved.evaluate(self, model, encoded, loaded, batch_size)
 
+    def use_route(self, route: str) -> None:
+        """The route that trains the model: pairs share their prefix on the torch route."""
+        self._route = route
+
     def _shares_prefix(self, model: Any) -> bool:
-        """``task.share_prefix`` resolved for ``model``."""
+        """``task.share_prefix`` resolved for ``model`` and the route. Not on ORT: a resumed
+        run's losses there differed from the uninterrupted run's in the last bits now and then
+        (tests/test_preference.py, under load), which two rows a pair never did."""
         from ortft.families.preference import sharing
 
         setting = self.options.share_prefix
-        kind = getattr(model.config, "model_type", None)
-        if setting is True and kind not in sharing.MODEL_TYPES:
+        why_not = sharing.applies(model.config)
+        if why_not is None and self._route != "torch":
+            why_not = f"the {self._route} route runs two rows a pair"
+        if setting is True and why_not:
             raise InputError(
-                f"task.share_prefix=true: a {kind} model's forward is not known to take the "
-                f"shared rows' mask and positions as given (it applies to "
-                f"{', '.join(sorted(sharing.MODEL_TYPES))}; set it to auto or false)"
+                f"task.share_prefix=true: {why_not} (it applies on the torch route to "
+                f"{', '.join(sorted(sharing.MODEL_TYPES))} without a sliding window; set it "
+                "to auto or false)"
             )
-        return setting is not False and kind in sharing.MODEL_TYPES
+        return setting is not False and why_not is None
 
     # ---- the reference (DPO, IPO)
     def with_reference(self, train: Any, evals: Any, data: Any) -> tuple[Any, Any]:
@@ -219,7 +228,7 @@ class PreferenceTask(Task):
                 "preference: %s",
                 "each pair runs as one sequence, its shared prefix once (task.share_prefix)"
                 if self.shares_prefix
-                else "two rows a pair (task.share_prefix)",
+                else f"two rows a pair (task.share_prefix={self.options.share_prefix})",
             )
         self._share_report["on"] = self.shares_prefix
         for name, split in self._splits:

@@ -35,8 +35,9 @@ def token_logps(
     and a gather: ORT 1.19 builds no gradient for a ReduceLogSumExp); with ``index``
     (``lm_head.next_positions``) only those positions', flat, the head run at them alone
     where the model allows (``lm_head.split``). ``task.share_prefix``'s rows
-    (``sharing.shared``) come with a 3D ``attention_mask`` (query by key), their ``position_ids`` and the
-    ``targets`` each position of ``index`` predicts (not the next token of its row)."""
+    (``sharing.shared``) come with a 3D ``attention_mask`` (query by key), their
+    ``position_ids`` and the ``targets`` each position of ``index`` predicts (not the next
+    token of its row)."""
     extra = {} if position_ids is None else {"position_ids": position_ids}
     if attention_mask.dim() == 3:  # shared rows: [rows, length, length]
         attention_mask = sharing.attention_for(model, attention_mask)

@@ -12,18 +12,19 @@ The rejected rest's tokens take the positions they have in the rejected sequence
 restart at the prefix's length), and an attention mask keeps them from seeing the chosen rest.
 So each token attends to exactly the tokens it attends to in its own sequence, and each
 log-probability the loss reads is the one the two-row batch gives (tests/test_preference_share.py
-checks losses and gradients against it).
+checks the log-probs and the gradients against it).
 
 The mask is a boolean ``[pairs, length, length]`` (True: may attend; ONNX Runtime's shape
 inference would tie a head axis given as an input to the heads' count), made 4D inside the
 wrapped module: transformers' decoders take a 4D mask as it is. Eager attention adds it, so
-``attention_for`` turns it into zeros and a large negative there. A padded position may attend to every real token before it,
-so that no row of the softmax is all masked (``backend.unpad`` finds the real positions of a 4D
-mask as the keys some query may attend to).
+``attention_for`` turns it into zeros and a large negative there. A padded position may attend
+to every real token before it, so that no row of the softmax is all masked (``backend.unpad``
+finds the real positions of a 4D mask as the keys some query may attend to).
 
 The log-probs come back in the order ``read_positions`` gives for the two-row batch, so the
-losses read them as they do there. The models whose forward takes position ids and a 4D mask
-as they are: ``MODEL_TYPES``.
+losses read them as they do there. Where it applies (``applies``): the models whose forward
+takes position ids and a 4D mask as they are (``MODEL_TYPES``), with no sliding window, whose
+mask a given one would replace.
 """
 
 from __future__ import annotations
@@ -35,9 +36,23 @@ import torch
 
 from ortft.tasks import lm_head
 
-# causal LMs whose forward takes a 4D mask and position ids as given (no sliding window that a
-# given mask would replace: Mistral's and Gemma's build their own there)
+# causal LMs whose forward takes a 4D mask and position ids as given (Mistral and Gemma are
+# left out: their sliding windows are on in the released configs)
 MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "llama", "qwen2", "qwen3", "phi3"})
+
+
+def applies(config: Any) -> str | None:
+    """None where a model of ``config`` takes the shared rows, else why not."""
+    kind = getattr(config, "model_type", None)
+    if kind not in MODEL_TYPES:
+        return f"a {kind} model's forward is not known to take the shared rows' mask as given"
+    if hasattr(config, "use_sliding_window"):  # Qwen2, Qwen3: a window only where switched on
+        windowed = bool(config.use_sliding_window)
+    else:  # Phi-3's released configs set one
+        windowed = getattr(config, "sliding_window", None) is not None
+    if windowed:
+        return f"this {kind} model attends within a sliding window, which the mask would replace"
+    return None
 
 
 @dataclass
@@ -59,7 +74,7 @@ def prefix_lengths(both: dict[str, torch.Tensor]) -> torch.Tensor:
     return same.long().cumprod(1).sum(1)
 
 
-def shared(both: dict[str, torch.Tensor], index: torch.Tensor, pad: int = 0) -> Layout:
+def shared(both: dict[str, torch.Tensor], index: torch.Tensor) -> Layout:
     """The pairs of ``both`` (``losses.concatenated``: chosen rows then rejected rows, each
     right-padded) as one row each; ``index``: the flat positions the loss reads in ``both``
     (``losses.read_positions``), given here in the one-row layout with their targets."""
@@ -76,7 +91,7 @@ def shared(both: dict[str, torch.Tensor], index: torch.Tensor, pad: int = 0) -> 
     tokens = torch.where(
         in_chosen,
         ids[:pairs].gather(1, t.clamp(max=width - 1).expand(pairs, -1)),
-        torch.where(in_rejected, ids[pairs:].gather(1, from_rejected), pad),
+        torch.where(in_rejected, ids[pairs:].gather(1, from_rejected), 0),  # 0: padding
     )
     positions = torch.where(in_chosen, t, torch.where(in_rejected, from_rejected, 0))
     real = in_chosen | in_rejected
