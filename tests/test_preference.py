@@ -60,7 +60,8 @@ def dpo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]
 def test_dpo_on_ort_resumes_exactly_and_exports(dpo_run, tmp_path: Path) -> None:
     recipe, run, summary = dpo_run
     assert summary["backend"]["used"] == "ort" and not summary["backend"]["fallback"]
-    assert summary["data"]["share_prefix"]["on"] is False  # two rows a pair on ORT
+    share = summary["data"]["share_prefix"]
+    assert share["on"] is False and share["why"] == "the ort route runs two rows a pair", share
     metrics = summary["metrics"]
     for name in ("rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin"):
         assert f"eval_{name}" in metrics, metrics

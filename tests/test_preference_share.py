@@ -168,6 +168,8 @@ def test_a_shared_run_has_the_losses_of_two_rows(tmp_path: Path) -> None:
     shared, two = summary(runs["auto"]), summary(runs["false"])
     assert shared["data"]["share_prefix"]["on"] is True
     assert two["data"]["share_prefix"]["on"] is False
+    assert two["data"]["share_prefix"]["why"] == "task.share_prefix=false"
+    assert shared["data"]["share_prefix"]["why"] is None
     report = shared["data"]["share_prefix"]
     assert 0 < report["tokens_shared"] < report["tokens_two_rows"]
     assert shared["backend"]["unpad"]["gathered_forwards"] > 0

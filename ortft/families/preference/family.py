@@ -144,7 +144,8 @@ class PreferenceTask(Task):
 
     def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
         """summary.json's data.share_prefix: the training pairs' real tokens as two rows a
-        pair and as one (``task.share_prefix``); ``on`` is added when the model is built."""
+        pair and as one (``task.share_prefix``); ``on`` (and ``why`` not) is added when the
+        model is built."""
         encoded = splits["train"][1]
         tokens = [encoded.column(f"{p}attention_mask") for p in ("", "rejected_")]
         ids = [encoded.column(f"{p}input_ids") for p in ("", "rejected_")]
@@ -202,6 +203,7 @@ class PreferenceTask(Task):
                 f"{', '.join(sorted(sharing.MODEL_TYPES))} without a sliding window; set it "
                 "to auto or false)"
             )
+        self._share_report["why"] = why_not if setting is not False else "task.share_prefix=false"
         return setting is not False and why_not is None
 
     # ---- the reference (DPO, IPO)
@@ -228,7 +230,7 @@ class PreferenceTask(Task):
                 "preference: %s",
                 "each pair runs as one sequence, its shared prefix once (task.share_prefix)"
                 if self.shares_prefix
-                else f"two rows a pair (task.share_prefix={self.options.share_prefix})",
+                else f"two rows a pair ({self._share_report['why']})",
             )
         self._share_report["on"] = self.shares_prefix
         for name, split in self._splits:
