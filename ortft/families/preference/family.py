@@ -188,9 +188,9 @@ class PreferenceTask(Task):
         self._route = route
 
     def _shares_prefix(self, model: Any) -> bool:
-        """``task.share_prefix`` resolved for ``model`` and the route. Not on ORT: a resumed
-        run's losses there differed from the uninterrupted run's in the last bits now and then
-        (tests/test_preference.py, under load), which two rows a pair never did."""
+        """``task.share_prefix`` resolved for ``model`` and the route. Not on ORT for now: its
+        resumed DPO runs differ from uninterrupted ones in the last bits now and then under load
+        (with two rows too; docs/preference.md, "How a step runs")."""
         from ortft.families.preference import sharing
 
         setting = self.options.share_prefix
