@@ -188,9 +188,14 @@ class PreferenceTask(Task):
         self._route = route
 
     def _shares_prefix(self, model: Any) -> bool:
-        """``task.share_prefix`` resolved for ``model`` and the route. Not on ORT for now: its
-        resumed DPO runs differ from uninterrupted ones in the last bits now and then under load
-        (with two rows too; docs/preference.md, "How a step runs")."""
+        """``task.share_prefix`` resolved for ``model`` and the route (``_two_rows_why``)."""
+        return self._two_rows_why(model) is None
+
+    def _two_rows_why(self, model: Any) -> str | None:
+        """Why pairs run two rows with ``model`` on this route; None: they share their prefix.
+        Not on ORT for now: its resumed DPO runs differ from uninterrupted ones in the last
+        bits now and then under load (with two rows too; docs/preference.md, "How a step
+        runs"). ``true`` where sharing cannot apply is an input error."""
         from ortft.families.preference import sharing
 
         setting = self.options.share_prefix
@@ -203,8 +208,7 @@ class PreferenceTask(Task):
                 f"{', '.join(sorted(sharing.MODEL_TYPES))} without a sliding window; set it "
                 "to auto or false)"
             )
-        self._share_report["why"] = why_not if setting is not False else "task.share_prefix=false"
-        return setting is not False and why_not is None
+        return "task.share_prefix=false" if setting is False else why_not
 
     # ---- the reference (DPO, IPO)
     def with_reference(self, train: Any, evals: Any, data: Any) -> tuple[Any, Any]:
@@ -224,15 +228,16 @@ class PreferenceTask(Task):
         model being the reference, each split's log-probs from it."""
         from ortft.families.preference.reference import fill
 
-        self.shares_prefix = self._shares_prefix(model)
+        why = self._two_rows_why(model)
+        self.shares_prefix = why is None
         if "on" not in self._share_report:  # once (the auto probe builds several models)
             log.info(
                 "preference: %s",
                 "each pair runs as one sequence, its shared prefix once (task.share_prefix)"
                 if self.shares_prefix
-                else f"two rows a pair ({self._share_report['why']})",
+                else f"two rows a pair ({why})",
             )
-        self._share_report["on"] = self.shares_prefix
+        self._share_report.update(on=self.shares_prefix, why=why)
         for name, split in self._splits:
             if split.reference is None:
                 fill(model, split, name)
