@@ -48,7 +48,9 @@ Runners, alternating (trl, trl-fast, trl-fp32-fast, torch, torch-bf16, ort, auto
   ``backend.name=auto precision.dtype=auto precision.weights=auto`` (its probe picks the route).
   ``torch-bf16-padded``: ``torch-bf16`` with ``backend.unpad=false``, the step before unpad
   reached decoders (``--runners trl,trl-fast,torch-bf16,torch-bf16-padded``; not in the peer
-  table).
+  table). ``ort-two-rows`` and ``torch-bf16w-two-rows``: ``ort`` and ``torch-bf16w`` with
+  ``task.share_prefix=false``, each pair as two rows (``--runners ort,ort-two-rows``; not in
+  the peer table).
 
 Timing (peer_common): ``--warmup`` steps (default 4), then ``--steps`` timed steps (default 20),
 each from the end of the step before to its own end. Neither side's reference pass is in the
@@ -96,7 +98,15 @@ ORTFT_RUNNERS = {
     },
     "ort": {"backend.name": "ort", "precision.dtype": "fp32"},
     "auto": common.AUTO,
+    # each pair as two rows, as before task.share_prefix (not in the peer table)
+    "ort-two-rows": {
+        "backend.name": "ort",
+        "precision.dtype": "fp32",
+        "task.share_prefix": "false",
+    },
+    "torch-bf16w-two-rows": {**common.BF16_WEIGHTS, "task.share_prefix": "false"},
 }
+NOT_IN_TABLE = ("torch-bf16-padded", "ort-two-rows", "torch-bf16w-two-rows")
 REFERENCE_LINE = re.compile(r"reference log-probs: \d+ train pairs \(computed in ([\d.]+)s\)")
 
 
@@ -294,7 +304,7 @@ def task_peers() -> list[common.TaskPeer]:
     """This bench's rows of the one peer table (benchmarks/peers.py): the default model, each
     measurement with the environment this script's command line sets (and only those)."""
     name = model_name()
-    runners = {k: v for k, v in ORTFT_RUNNERS.items() if k != "torch-bf16-padded"}
+    runners = {k: v for k, v in ORTFT_RUNNERS.items() if k not in NOT_IN_TABLE}
     peer = common.task_peer(dataclasses.replace(bench(name), ortft_runners=runners), "dpo")
     own = {MODEL_ENV: name}
 

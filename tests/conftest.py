@@ -14,6 +14,7 @@ import json
 import os
 import random
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -181,12 +182,15 @@ def matrix_key() -> str:
     return digest.hexdigest()[:16]
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Tokenized-data cache per test session, never the user's ~/.cache/ortft."""
-    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path_factory.getbasetemp() / "ortft-cache"))
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tokenized-data cache per test session, never the user's ~/.cache/ortft. Session-scoped,
+    so that module and session fixtures' runs (set up before any function fixture) use it too:
+    a module fixture's run that read ~/.cache/ortft beside a test's run that read this cache
+    made a DPO resume test compare runs whose cached reference log-probs other runs had filled."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ORTFT_CACHE", str(tmp_path_factory.getbasetemp() / "ortft-cache"))
+        yield
 
 
 def write_classification_csv(path: Path, n: int = 160, seed: int = 0) -> Path:

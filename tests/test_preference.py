@@ -61,7 +61,7 @@ def test_dpo_on_ort_resumes_exactly_and_exports(dpo_run, tmp_path: Path) -> None
     recipe, run, summary = dpo_run
     assert summary["backend"]["used"] == "ort" and not summary["backend"]["fallback"]
     share = summary["data"]["share_prefix"]
-    assert share["on"] is False and share["why"] == "the ort route runs two rows a pair", share
+    assert share["on"] is True and share["why"] is None, share
     metrics = summary["metrics"]
     for name in ("rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin"):
         assert f"eval_{name}" in metrics, metrics
@@ -160,6 +160,31 @@ def test_reference_is_cached_and_recomputed_when_the_weights_change(tmp_path, mo
     assert not reference.fill(model, changed, "train")
     assert not np.array_equal(changed.reference, first.reference)
     np.testing.assert_allclose(changed.reference, reference.compute(model, encoded), rtol=1e-6)
+
+
+def test_another_attention_kernel_or_padding_computes_its_own_reference(tmp_path, monkeypatch):
+    """Each moves the log-probs' last bits: a run never reads an entry that another attention
+    kernel or padding computed, so its losses do not depend on which recipe filled the cache."""
+    from ortft.data import tokenized
+    from ortft.data.batches import Padding
+    from ortft.families.preference import reference
+
+    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path / "cache"))
+    encoded, model = _pairs_and_model(tmp_path, 6, 24)
+    model.set_attn_implementation("sdpa")
+    sdpa = reference.WithReference(encoded)
+    assert not reference.fill(model, sdpa, "train")
+    model.set_attn_implementation("eager")
+    eager = reference.WithReference(encoded)
+    assert not reference.fill(model, eager, "train")  # its own entry, not sdpa's
+    assert reference.fill(model, reference.WithReference(encoded), "train")
+    longest = reference.WithReference(encoded, Padding("longest", 24, 8))
+    assert not reference.fill(model, longest, "train")
+    np.testing.assert_allclose(eager.reference, sdpa.reference, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(longest.reference, sdpa.reference, rtol=1e-5, atol=1e-5)
+    entries = list((tmp_path / "cache" / "tokenized").glob(f"reference-*/{tokenized.META}"))
+    kernels = {json.loads(e.read_text())["computed_with"].split("|")[0] for e in entries}
+    assert len(entries) == 3 and kernels == {"sdpa", "eager"}, entries
 
 
 def test_the_reference_pass_pads_as_training_does(tmp_path, monkeypatch):

@@ -3,8 +3,7 @@
 
 The two-row batch is the reference: on tiny models of every listed type, the log-probs the
 losses read and every gradient must equal it. Then the layout of one pair by hand, where the
-option applies, a torch-route run with the losses of ``task.share_prefix=false``, and the ort
-route's two rows.
+option applies, and runs on both routes with the losses of ``task.share_prefix=false``.
 """
 
 from __future__ import annotations
@@ -123,10 +122,8 @@ def test_share_prefix_applies_by_model_type() -> None:
         def __init__(self, kind: str, **window: object) -> None:
             self.config = type("Config", (), {"model_type": kind, **window})()
 
-    def resolved(setting: object, kind: str, route: str = "torch", **window: object) -> bool:
-        task = family.build(Options(share_prefix=setting))
-        task.use_route(route)
-        return task._shares_prefix(Model(kind, **window))
+    def resolved(setting: object, kind: str, **window: object) -> bool:
+        return family.build(Options(share_prefix=setting))._shares_prefix(Model(kind, **window))
 
     assert resolved("auto", "gpt2") and resolved(True, "llama")
     assert resolved("auto", "qwen2", use_sliding_window=False, sliding_window=4096)
@@ -141,9 +138,6 @@ def test_share_prefix_applies_by_model_type() -> None:
     assert not resolved("auto", "mistral") and not resolved(False, "gpt2")
     with pytest.raises(InputError, match=r"task\.share_prefix=true: a mistral model"):
         resolved(True, "mistral")
-    assert not resolved("auto", "gpt2", route="ort")  # ORT: two rows a pair
-    with pytest.raises(InputError, match=r"task\.share_prefix=true: the ort route runs two"):
-        resolved(True, "gpt2", route="ort")
 
 
 def _dpo_recipe(tmp_path: Path, backend: str) -> Path:
@@ -155,10 +149,11 @@ def _dpo_recipe(tmp_path: Path, backend: str) -> Path:
     return write_recipe(tmp_path / "dpo.yaml", r)
 
 
-def test_a_shared_run_has_the_losses_of_two_rows(tmp_path: Path) -> None:
-    """A DPO run on the torch route (unpadded too) shares by default, with the train and eval
-    losses of ``task.share_prefix=false``; summary.json says which ran, on how many tokens."""
-    recipe = _dpo_recipe(tmp_path, "torch")
+@pytest.mark.parametrize("backend", ["torch", pytest.param("ort", marks=pytest.mark.ort)])
+def test_a_shared_run_has_the_losses_of_two_rows(tmp_path: Path, backend: str) -> None:
+    """A DPO run (torch: unpadded too) shares by default, with the train and eval losses of
+    ``task.share_prefix=false``; summary.json says which ran, and on how many tokens."""
+    recipe = _dpo_recipe(tmp_path, backend)
     runs = {}
     for setting in ("auto", "false"):
         runs[setting] = tmp_path / setting
@@ -172,17 +167,9 @@ def test_a_shared_run_has_the_losses_of_two_rows(tmp_path: Path) -> None:
     assert shared["data"]["share_prefix"]["why"] is None
     report = shared["data"]["share_prefix"]
     assert 0 < report["tokens_shared"] < report["tokens_two_rows"]
-    assert shared["backend"]["unpad"]["gathered_forwards"] > 0
+    assert shared["backend"]["used"] == backend and not shared["backend"]["fallback"]
+    if backend == "torch":
+        assert shared["backend"]["unpad"]["gathered_forwards"] > 0
     assert losses(runs["auto"]) == pytest.approx(losses(runs["false"]), rel=1e-4)
     eval_loss = shared["metrics"]["eval_loss"]
     assert eval_loss == pytest.approx(two["metrics"]["eval_loss"], rel=1e-4)
-
-
-@pytest.mark.ort
-def test_the_ort_route_runs_two_rows_and_refuses_true(tmp_path: Path) -> None:
-    """On ORT, ``auto`` runs two rows a pair (stderr says so) and ``true`` is one line, exit 2."""
-    recipe = _dpo_recipe(tmp_path, "ort")
-    res = run_cli("train", recipe, "task.share_prefix=true", "--output-dir", tmp_path / "true")
-    assert res.returncode == 2, res.stderr[-2000:]
-    assert "task.share_prefix=true: the ort route runs two rows a pair" in res.stderr
-    assert "Traceback" not in res.stderr

@@ -187,14 +187,6 @@ class PreparesModel(Protocol):
 
 
 @runtime_checkable
-class TakesRoute(Protocol):
-    """A task whose module inputs depend on the route that trains the model: told before
-    ``prepare_model`` (preference: pairs share their prefix on the torch route only)."""
-
-    def use_route(self, route: str) -> None: ...
-
-
-@runtime_checkable
 class ComposesConfig(Protocol):
     """A task whose ``from_config`` model has a config of several parts that the family puts
     together (vision-language: a vision tower's config, the language model's from

@@ -133,7 +133,6 @@ def _build_model(
     labels: Any,
     device: torch.device,
     attn: str,
-    route: str,
 ) -> Any:
     """The same model the PyTorch engine builds (keep the two in step)."""
     if isinstance(task, protocols.BuildsModel):  # the family's own (text-to-image: a UNet)
@@ -147,8 +146,6 @@ def _build_model(
         attn=attn,
         config=hf_config.composed_config(loaded, task, vocab),
     )
-    if isinstance(task, protocols.TakesRoute):
-        task.use_route(route)
     if isinstance(task, protocols.PreparesModel):
         task.prepare_model(model, tokenizer)
     if loaded.recipe.adapter is not None:
@@ -173,7 +170,7 @@ def _time_route(
     r = loaded.recipe
     backend = wrapper(route.backend, r.backend, compile=route.compile)
     attn = backend.attn_implementation(device, route.dtype)
-    model = _build_model(loaded, task, tokenizer, labels, device, attn, route.backend)
+    model = _build_model(loaded, task, tokenizer, labels, device, attn)
     module = models.TaskModule(model, task).to(device)
     # precision.weights: a bf16 copy trains, the optimizer steps the masters (as the engine)
     copy = master_weights.Bf16Copy(model) if route.weights == "bf16" else None

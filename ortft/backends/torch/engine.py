@@ -304,8 +304,6 @@ class PyTorchEngine:
         vocab = hf_config.vocabulary(task, tokenizer)
         config = hf_config.composed_config(loaded, task, vocab)
         model = models.build_model(loaded, task.auto_class, vocab, labels, attn=attn, config=config)
-        if isinstance(task, protocols.TakesRoute):
-            task.use_route(self.wrapper.name)
         if isinstance(task, protocols.PreparesModel):
             task.prepare_model(model, tokenizer)
         self.head = load_checks.head_record(model)  # a pretrained head: kept, reordered or new

@@ -50,7 +50,6 @@ class PreferenceTask(Task):
         self.rows = PairRows(options)
         self._splits: list[tuple[str, Any]] = []  # the splits whose reference prepare fills
         self.shares_prefix = False  # task.share_prefix, resolved for the model (prepare_model)
-        self._route = "torch"  # the route that trains the model (use_route)
         # summary.json's data.share_prefix: the data report is taken before the model is built,
         # and prepare_model adds whether the run shares to this same dict
         self._share_report: dict[str, Any] = {}
@@ -183,28 +182,20 @@ class PreferenceTask(Task):
 
         return saved.evaluate(self, model, encoded, loaded, batch_size)
 
-    def use_route(self, route: str) -> None:
-        """The route that trains the model: pairs share their prefix on the torch route."""
-        self._route = route
-
     def _shares_prefix(self, model: Any) -> bool:
-        """``task.share_prefix`` resolved for ``model`` and the route (``_two_rows_why``)."""
+        """``task.share_prefix`` resolved for ``model`` (``_two_rows_why``)."""
         return self._two_rows_why(model) is None
 
     def _two_rows_why(self, model: Any) -> str | None:
-        """Why pairs run two rows with ``model`` on this route; None: they share their prefix.
-        Not on ORT for now: its resumed DPO runs differ from uninterrupted ones in the last
-        bits now and then under load (with two rows too; docs/preference.md, "How a step
-        runs"). ``true`` where sharing cannot apply is an input error."""
+        """Why pairs run two rows with ``model``; None: they share their prefix. ``true``
+        where sharing cannot apply is an input error."""
         from ortft.families.preference import sharing
 
         setting = self.options.share_prefix
         why_not = sharing.applies(model.config)
-        if why_not is None and self._route != "torch":
-            why_not = f"the {self._route} route runs two rows a pair"
         if setting is True and why_not:
             raise InputError(
-                f"task.share_prefix=true: {why_not} (it applies on the torch route to "
+                f"task.share_prefix=true: {why_not} (it applies to "
                 f"{', '.join(sorted(sharing.MODEL_TYPES))} without a sliding window; set it "
                 "to auto or false)"
             )

@@ -2,13 +2,16 @@
 under the policy before training, computed once and cached with the tokenized data.
 
 An entry is ``<ORTFT_CACHE>/tokenized/<key>/`` (``ortft cache`` lists and prunes it with the
-token arrays), its key a hash of the reference's weights and of the split's token arrays: a
-changed base model, or changed data, computes afresh. The pass runs in eager PyTorch on the
-freshly built model, before any wrapper (never through ORTModule's graph) and before a resumed
-run loads its checkpoint, so a resumed run reads the entry its first start wrote. Each
-chunk of pairs is cut as training's batches are (``data.padding``: by default its longest row
-rounded up to ``data.pad_to_multiple_of``), not run at ``data.max_length``: the trailing padding
-changes no real token's log-prob under the causal mask, only the time the pass takes.
+token arrays), its key a hash of the reference's weights, of the split's token arrays and of
+how the pass runs (``pass_settings``): a changed base model, or changed data, computes afresh,
+and so does another attention kernel, padding, device or torch, since each moves the
+log-probs' last bits and a run's losses must not depend on which recipe or venv filled the
+cache first. The pass runs in eager PyTorch on the freshly built model, before any wrapper
+(never through ORTModule's graph) and before a resumed run loads its checkpoint, so a resumed
+run reads the entry its first start wrote. Each chunk of pairs is cut as training's batches
+are (``data.padding``: by default its longest row rounded up to ``data.pad_to_multiple_of``),
+not run at ``data.max_length``: the trailing padding changes no real token's log-prob under
+the causal mask, only the time the pass takes.
 """
 
 from __future__ import annotations
@@ -87,6 +90,17 @@ def data_hash(encoded: Encoded) -> str:
     return h.hexdigest()
 
 
+def pass_settings(model: Any, padding: batches.Padding) -> str:
+    """What besides the weights and the tokens decides the log-probs' bits: the attention
+    kernel, the chunks' padding, the device and torch's version (a resumed run builds its model
+    as its first start did, so it reads that start's entry)."""
+    import torch
+
+    attention = getattr(model.config, "_attn_implementation", None)
+    device = next(model.parameters()).device.type
+    return f"{attention}|{padding}|{ROWS} rows|{device}|torch {torch.__version__}"
+
+
 def compute(model: Any, encoded: Encoded, padding: batches.Padding | None = None) -> np.ndarray:
     """[pairs, 2]: each pair's chosen and rejected summed response log-probs under ``model``
     (eval mode, no gradient, one forward for both sequences, each chunk cut by ``padding``)."""
@@ -113,7 +127,8 @@ def compute(model: Any, encoded: Encoded, padding: batches.Padding | None = None
 
 def fill(model: Any, split: WithReference, name: str) -> bool:
     """Fill ``split``'s reference from its cache entry, or compute and store it; True on a hit."""
-    key = hashlib.sha256(f"{weights_hash(model)}|{data_hash(split.base)}".encode()).hexdigest()
+    recipe = f"{weights_hash(model)}|{data_hash(split.base)}|{pass_settings(model, split.padding)}"
+    key = hashlib.sha256(recipe.encode()).hexdigest()
     entry = tokenized.root() / f"reference-{key[:24]}"
     t0 = time.perf_counter()
 
@@ -124,6 +139,7 @@ def fill(model: Any, split: WithReference, name: str) -> bool:
             "source": f"reference log-probs of the {name} split",
             "task": "preference",
             "rows": len(values),
+            "computed_with": pass_settings(model, split.padding),
             "created": time.time(),
             "compute_s": round(time.perf_counter() - t0, 3),
         }

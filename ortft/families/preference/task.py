@@ -98,10 +98,9 @@ class Options(PairOptions):
         description="preference: each pair runs as one sequence: the tokens its chosen and "
         "rejected sequences share (the prompt, and their responses' common start) once, then "
         "each response's rest, the rejected one's masked from the chosen one's: the same "
-        "log-probs from fewer tokens (docs/preference.md#speed). auto: on the torch route, where "
-        "the model's type takes it (gpt2, gpt_neox, llama, qwen2, qwen3, phi3, without a "
-        "sliding window); true: the same, an error elsewhere; false: two rows a pair, as "
-        "TRL's DPOTrainer.",
+        "log-probs from fewer tokens (docs/preference.md#speed). auto: where the model's "
+        "type takes it (gpt2, gpt_neox, llama, qwen2, qwen3, phi3, without a sliding window); "
+        "true: the same, an error elsewhere; false: two rows a pair, as TRL's DPOTrainer.",
     )
 
     @model_validator(mode="after")
