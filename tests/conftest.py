@@ -193,6 +193,20 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _environ_object_kept() -> Iterator[None]:
+    """``datasets``' ``map(num_proc=...)`` replaces ``os.environ`` with a deep copy of it
+    (arrow_dataset.py: ``os.environ = prev_env``). A test's monkeypatch then restores its
+    variables in the old object, and every later test and module fixture of the process saw
+    the test's values (test_data_arrow's ``other-cache`` as the session's ORTFT_CACHE). Set up
+    before the test's monkeypatch, so torn down after its undo: the old object, restored, is
+    ``os.environ`` again."""
+    environ = os.environ
+    yield
+    if os.environ is not environ:
+        os.environ = environ  # noqa: B003 (the object itself, with its contents, is put back)
+
+
 def write_classification_csv(path: Path, n: int = 160, seed: int = 0) -> Path:
     rng = random.Random(seed)
     with open(path, "w", newline="") as fh:

@@ -1,7 +1,9 @@
 """Every run a test starts uses the test session's own ortft cache, never the user's
 ~/.cache/ortft: module and session fixtures too, which pytest sets up before any
 function-scoped fixture (a module fixture's DPO run once read the user's cache while the test's
-own runs read the session's, and their reference log-probs came from different runs)."""
+own runs read the session's, and their reference log-probs came from different runs), and
+after a test whose ``datasets.map(num_proc=...)`` replaced ``os.environ`` (conftest's
+``_environ_object_kept``)."""
 
 from __future__ import annotations
 

@@ -127,8 +127,8 @@ def compute(model: Any, encoded: Encoded, padding: batches.Padding | None = None
 
 def fill(model: Any, split: WithReference, name: str) -> bool:
     """Fill ``split``'s reference from its cache entry, or compute and store it; True on a hit."""
-    recipe = f"{weights_hash(model)}|{data_hash(split.base)}|{pass_settings(model, split.padding)}"
-    key = hashlib.sha256(recipe.encode()).hexdigest()
+    inputs = f"{weights_hash(model)}|{data_hash(split.base)}|{pass_settings(model, split.padding)}"
+    key = hashlib.sha256(inputs.encode()).hexdigest()
     entry = tokenized.root() / f"reference-{key[:24]}"
     t0 = time.perf_counter()
 
