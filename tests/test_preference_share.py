@@ -123,7 +123,8 @@ def test_share_prefix_applies_by_model_type() -> None:
             self.config = type("Config", (), {"model_type": kind, **window})()
 
     def resolved(setting: object, kind: str, **window: object) -> bool:
-        return family.build(Options(share_prefix=setting))._shares_prefix(Model(kind, **window))
+        task = family.build(Options(share_prefix=setting))
+        return task._two_rows_why(Model(kind, **window)) is None
 
     assert resolved("auto", "gpt2") and resolved(True, "llama")
     assert resolved("auto", "qwen2", use_sliding_window=False, sliding_window=4096)

@@ -127,12 +127,7 @@ def follow(route: Route, result: dict[str, Any], candidates: list[Route]) -> Rou
 
 
 def _build_model(
-    loaded: LoadedRecipe,
-    task: Any,
-    tokenizer: Any,
-    labels: Any,
-    device: torch.device,
-    attn: str,
+    loaded: LoadedRecipe, task: Any, tokenizer: Any, labels: Any, device: torch.device, attn: str
 ) -> Any:
     """The same model the PyTorch engine builds (keep the two in step)."""
     if isinstance(task, protocols.BuildsModel):  # the family's own (text-to-image: a UNet)

@@ -143,8 +143,8 @@ class PreferenceTask(Task):
 
     def data_report(self, splits: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
         """summary.json's data.share_prefix: the training pairs' real tokens as two rows a
-        pair and as one (``task.share_prefix``); ``on`` (and ``why`` not) is added when the
-        model is built."""
+        pair and as one (``task.share_prefix``); ``on`` and ``why`` are added when the model
+        is built."""
         encoded = splits["train"][1]
         tokens = [encoded.column(f"{p}attention_mask") for p in ("", "rejected_")]
         ids = [encoded.column(f"{p}input_ids") for p in ("", "rejected_")]
@@ -182,10 +182,6 @@ class PreferenceTask(Task):
 
         return saved.evaluate(self, model, encoded, loaded, batch_size)
 
-    def _shares_prefix(self, model: Any) -> bool:
-        """``task.share_prefix`` resolved for ``model`` (``_two_rows_why``)."""
-        return self._two_rows_why(model) is None
-
     def _two_rows_why(self, model: Any) -> str | None:
         """Why pairs run two rows with ``model``; None: they share their prefix. ``true``
         where sharing cannot apply is an input error."""
@@ -217,7 +213,7 @@ class PreferenceTask(Task):
     def prepare_model(self, model: Any, processor: Any) -> None:
         """Whether pairs share their prefix (by the model's type), and, the freshly built
         model being the reference, each split's log-probs from it."""
-        from ortft.families.preference.reference import fill
+        from ortft.families.preference.reference import fill, weights_hash
 
         why = self._two_rows_why(model)
         self.shares_prefix = why is None
@@ -229,9 +225,11 @@ class PreferenceTask(Task):
                 else f"two rows a pair ({why})",
             )
         self._share_report.update(on=self.shares_prefix, why=why)
+        weights = None  # hashed once for both splits (every parameter's bytes)
         for name, split in self._splits:
             if split.reference is None:
-                fill(model, split, name)
+                weights = weights or weights_hash(model)
+                fill(model, split, name, weights)
 
 
 class PreferenceDecoder(PreferenceTask, DecoderHooks):

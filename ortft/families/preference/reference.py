@@ -125,9 +125,11 @@ def compute(model: Any, encoded: Encoded, padding: batches.Padding | None = None
     return np.concatenate(out).astype(np.float32)
 
 
-def fill(model: Any, split: WithReference, name: str) -> bool:
-    """Fill ``split``'s reference from its cache entry, or compute and store it; True on a hit."""
-    inputs = f"{weights_hash(model)}|{data_hash(split.base)}|{pass_settings(model, split.padding)}"
+def fill(model: Any, split: WithReference, name: str, weights: str | None = None) -> bool:
+    """Fill ``split``'s reference from its cache entry, or compute and store it; True on a hit.
+    ``weights``: ``weights_hash(model)``, where the caller has it already."""
+    settings = pass_settings(model, split.padding)
+    inputs = f"{weights or weights_hash(model)}|{data_hash(split.base)}|{settings}"
     key = hashlib.sha256(inputs.encode()).hexdigest()
     entry = tokenized.root() / f"reference-{key[:24]}"
     t0 = time.perf_counter()
@@ -139,7 +141,7 @@ def fill(model: Any, split: WithReference, name: str) -> bool:
             "source": f"reference log-probs of the {name} split",
             "task": "preference",
             "rows": len(values),
-            "computed_with": pass_settings(model, split.padding),
+            "computed_with": settings,
             "created": time.time(),
             "compute_s": round(time.perf_counter() - t0, 3),
         }
