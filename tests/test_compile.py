@@ -151,6 +151,28 @@ def test_lora_compiles(work: Path) -> None:
     assert summary(out)["backend"]["compile"]["graphs"] >= 1
 
 
+def test_a_compiled_run_tells_the_next_probe_its_compile_time(work: Path, tmp_path: Path) -> None:
+    """backend.compile=true remembers its first step (the compile) in compile-times.json under
+    the probe's key, so a later auto run weighs the measured time, not the 120 s assumed for
+    an unmeasured model."""
+    import torch
+
+    from ortft.backends.torch import compiled
+    from ortft.recipe import io
+
+    env = {**AOT, "ORTFT_CACHE": str(tmp_path / "cache")}  # empty: nothing measured yet
+    out = train(
+        work, "remember", "backend.compile=true", "training.max_steps=2",
+        "checkpoint.save_every=2", env=env,
+    )  # fmt: skip
+    first = summary(out)["backend"]["compile"]["first_step_s"]
+    key = compiled.route_key(io.load(work / "r.yaml", []).recipe, torch.device("cpu"), "fp32")
+    times = json.loads((tmp_path / "cache" / "compile-times.json").read_text())
+    assert times == {key: pytest.approx(first, abs=1e-3)}
+    skipped = _auto(work, "remember-auto", env)["summary"]["backend"]["probe"]["backends"]
+    assert f"~{first:.0f} s (measured last time)" in skipped["torch+compile"]["skipped"]
+
+
 def test_ddp_compiles_in_two_processes(work: Path) -> None:
     """torch.compile(DDP(module)) under torchrun (gloo): the losses of one eager process with
     the global batch."""

@@ -457,6 +457,26 @@ CLASSES = {
 }
 
 
+def test_the_compiled_torch_route_trains_as_eager(tmp_path):
+    """backend.compile=true on the recipe's LLaVA (aot_eager: dynamo's tracing without
+    inductor's minutes; on torch 2.6 it failed at a graph break in transformers' output
+    capturing, which imports torch for typing only): eager torch's losses over 3 steps."""
+    short = [
+        "backend.name=torch", "training.max_steps=3", "training.eval_every=null",
+        "export.enabled=false", "task.generate_samples=0", "checkpoint.save_every=null",
+    ]  # fmt: skip
+    eager = train(tmp_path / "eager", *short)
+    assert eager.returncode == 0, eager.stderr[-3000:]
+    res = run_cli(
+        "train", RECIPE, *TINY, *short, "backend.compile=true", "--output-dir",
+        tmp_path / "compiled", env={"ORTFT_COMPILE_BACKEND": "aot_eager"},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    compiled = json.loads((tmp_path / "compiled" / "summary.json").read_text())
+    assert compiled["backend"]["compile"]["graphs"] >= 1
+    assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "eager"), rel=1e-4)
+
+
 def load_processor(final: Path):
     """AutoProcessor of final/; a Qwen2-VL's through ortft's loader (without torchvision,
     transformers 5.24's AutoProcessor cannot build its video processor)."""

@@ -14,8 +14,9 @@ and recompiles once the length changes: two compiles where one does.
 
 Inductor's on-disk cache lives under ``${ORTFT_CACHE:-~/.cache/ortft}/inductor`` (unless
 ``TORCHINDUCTOR_CACHE_DIR`` is set): a second run of the same model reuses the generated
-kernels and pays dynamo's tracing only. The ``auto`` probe keeps each compile time it measures
-in ``compile-times.json`` beside it, to know a compile's cost before paying it (``auto.py``).
+kernels and pays dynamo's tracing only. Each compile time measured (the ``auto`` probe's, and a
+compiled run's first step: ``CompileClock``) is kept in ``compile-times.json`` beside it, so
+the probe knows a compile's cost before paying it (``auto.py``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ def prepare() -> None:
         # of taking the except (InternalTorchDynamoError). False is what eager mode gets, so
         # the compiled model masks as the eager one does.
         torch.compiler.is_exporting = lambda: False  # type: ignore[attr-defined]
+        _torch_in_output_capturing()
+
+
+def _torch_in_output_capturing() -> None:
+    """torch 2.6's dynamo resumes a function after a graph break in code that reads ``torch``
+    from the function's module; transformers' ``utils/output_capturing.py`` (the wrapper around
+    every model's forward) imports torch for typing only, so a graph break there (the LLaVA's
+    language model) failed with ``NameError: name 'torch' is not defined``."""
+    try:
+        from transformers.utils import output_capturing
+    except ImportError:  # an older transformers: no such module
+        return
+    if not hasattr(output_capturing, "torch"):
+        output_capturing.torch = torch  # type: ignore[attr-defined]
 
 
 # ORTFT_COMPILE_BACKEND=aot_eager: dynamo + AOTAutograd without inductor's code generation, a
@@ -80,9 +95,12 @@ def graphs_compiled() -> int:
 
 
 class CompileClock:
-    """The first step's wall time (forward + backward: both graphs compile there), logged once."""
+    """The first step's wall time (forward + backward: both graphs compile there), logged once
+    and remembered under ``key`` (``route_key``) for the ``auto`` probe: a run the user
+    compiled tells the next ``auto`` run what this model's compile costs."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: str | None = None) -> None:
+        self.key = key
         self.seconds: float | None = None
         self._t0: float | None = None
         self._graphs0 = 0
@@ -101,6 +119,8 @@ class CompileClock:
                 self.seconds,
                 os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
             )
+            if self.key is not None:  # the compile plus one step's work: a slight overestimate
+                remember_compile_s(self.key, self.seconds)
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {

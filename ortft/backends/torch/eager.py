@@ -65,12 +65,17 @@ class TorchBackend:
     name = "torch"
 
     def __init__(
-        self, compile: bool = False, unpad: Any = False, dropout_masks: str = "torch"
+        self,
+        compile: bool = False,
+        unpad: Any = False,
+        dropout_masks: str = "torch",
+        compile_key: str | None = None,
     ) -> None:
         self.attention: str | None = None  # the model's (attn_implementation, _eager_for_masks)
         self.attention_note: str | None = None  # why the model's attention is not sdpa
         self.compile = compile
         self.clock: Any = None  # compiled: the first step's time (compiled.CompileClock)
+        self.compile_key = compile_key  # what the clock remembers it under (None: nothing)
         self.unpad_setting = unpad  # backend.unpad: true, false or auto
         self.unpadder: Any = None  # unpad.Unpadder, where the run unpads
         self.unpad_reason: str | None = None
@@ -136,7 +141,7 @@ class TorchBackend:
             return forward
         from ortft.backends.torch import compiled
 
-        self.clock = compiled.CompileClock()
+        self.clock = compiled.CompileClock(self.compile_key)
         return compiled.compile_forward(forward)
 
     def before_forward(self, seed: int, micro_step: int) -> None:

@@ -232,12 +232,14 @@ class PyTorchEngine:
     ) -> TrainState:
         r, t = self.recipe, self.recipe.training
         self.task, self._tokenizer = task, tokenizer
-        wrapper_name, compiled = self.name, None
+        wrapper_name, compiles = self.name, None
         if self._probes():  # time a few steps of each route on the first batches
-            wrapper_name, compiled = self._probe(
+            wrapper_name, compiles = self._probe(
                 loaded, task, tokenizer, labels, train, total_steps
             )
-        self.wrapper = wrapper(wrapper_name, r.backend, compile=compiled)
+        # a compiled run remembers its compile's cost under this key, for a later auto probe
+        key = compiled.route_key(r, self.device, self.dtype)
+        self.wrapper = wrapper(wrapper_name, r.backend, compile=compiles, compile_key=key)
         # a transformers PreTrainedModel (or a family's own): its save_pretrained, peft methods
         self.model: Any = self._build_model(loaded, task, tokenizer, labels)
         self.module = models.TaskModule(self.model, task)

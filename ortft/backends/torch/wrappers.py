@@ -8,15 +8,22 @@ from __future__ import annotations
 from typing import Any
 
 
-def wrapper(name: str, options: Any, compile: bool | None = None) -> Any:
+def wrapper(
+    name: str, options: Any, compile: bool | None = None, compile_key: str | None = None
+) -> Any:
     """The module wrapper for ``name`` (eager.py, ortmodule/wrapper.py); ``compile``: the torch
-    route's, where the probe chose it (default: ``backend.compile: true``)."""
+    route's, where the probe chose it (default: ``backend.compile: true``); ``compile_key``:
+    what a compiled route remembers its compile time under (``compiled.route_key``; the probe
+    records its own)."""
     if name == "torch":
         from ortft.backends.torch.eager import TorchBackend
 
         compiled = options.compile is True if compile is None else compile
         return TorchBackend(
-            compile=compiled, unpad=options.unpad, dropout_masks=options.dropout_masks
+            compile=compiled,
+            unpad=options.unpad,
+            dropout_masks=options.dropout_masks,
+            compile_key=compile_key,
         )
     if name == "ort":
         from ortft.backends.ortmodule.wrapper import OrtBackend
