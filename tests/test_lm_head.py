@@ -108,5 +108,50 @@ def test_the_causal_lm_forward_is_transformers_loss_with_the_head_at_the_labels(
     hook.remove()
     torch.testing.assert_close(outside, want)
     torch.testing.assert_close(inside, want)
-    if build is _gpt2:  # 9 labelled positions of 27
-        assert rows[1:] == [9, 9] and logits.shape == (9, 50)
+    if build is _gpt2:  # 9 labelled positions of 27, run as 16 rows (lm_head.HEAD_ROWS)
+        assert rows[1:] == [16, 16] and logits.shape == (9, 50)
+
+
+def test_the_head_runs_on_whole_blocks_of_rows_with_the_values_and_gradients_of_the_positions():
+    """``project`` pads the positions to a multiple of HEAD_ROWS rows (oneDNN builds a bf16
+    kernel per matrix height) and drops the padding's logits: the logits and the gradients of
+    the head and the hidden states are those of the head at the positions alone (to float32's
+    rounding: a GEMM of another height may round its last bit otherwise)."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 11, bias=False)
+    hidden = torch.randn(3, 7, 8, requires_grad=True)
+    for index in (torch.tensor([0, 4, 9, 20]), torch.arange(16), torch.arange(17)):
+        weights = torch.randn(len(index), 11)
+        got = lm_head.project(head, hidden, index)
+        (got * weights).sum().backward()
+        grads = hidden.grad.clone(), head.weight.grad.clone()
+        hidden.grad, head.weight.grad = None, None
+        want = head(lm_head.at(hidden, index))
+        (want * weights).sum().backward()
+        torch.testing.assert_close(got, want)  # another matrix height: the last bit may differ
+        torch.testing.assert_close(grads, (hidden.grad, head.weight.grad))
+        hidden.grad, head.weight.grad = None, None
+    seen: list[int] = []
+    hook = head.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+    for n in (1, 4, 16, 17):
+        lm_head.project(head, hidden, torch.arange(n))
+    hook.remove()
+    assert seen == [16, 16, 16, 32]
+
+
+def test_a_compiled_head_serves_every_count_of_positions_with_one_graph() -> None:
+    """Under torch.compile (dynamic shapes) the head runs unpadded: padding to HEAD_ROWS made
+    dynamo specialize the padding's length and compile again for some counts."""
+    from ortft.backends.torch import compiled
+
+    torch._dynamo.reset()
+    head = torch.nn.Linear(8, 11, bias=False)
+    hidden = torch.randn(3, 7, 8)
+    step = torch.compile(
+        lambda h, i: lm_head.project(head, h, i), backend="aot_eager", dynamic=True
+    )
+    before = compiled.graphs_compiled()
+    for n in (5, 16, 17, 15, 6):
+        torch.testing.assert_close(step(hidden, torch.arange(n)), head(hidden.reshape(21, 8)[:n]))
+    assert compiled.graphs_compiled() - before == 1
+    torch._dynamo.reset()

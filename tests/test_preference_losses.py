@@ -15,6 +15,7 @@ from ortft.families.preference.family import PreferenceTask
 from ortft.families.preference.losses import concatenated, preference_loss, token_logps
 from ortft.families.preference.task import Options, PairRows
 from ortft.tasks.base import Encoded
+from ortft.tasks.lm_head import HEAD_ROWS
 
 ROWS = [
     {"prompt": "the cat", "chosen": "sat on the mat", "rejected": "ran"},
@@ -58,8 +59,10 @@ def _ortft(kind: str, model, batch, beta: float = 0.1, sft_weight: float = 0.0):
     hook.remove()
     loss, _ = task.outside_loss(output, full)
     loss.backward()
-    # the head ran once, at the positions read only (ORPO's: every attended token's)
-    assert rows == [len(inputs["index"])] and rows[0] < inputs["input_ids"].numel(), rows
+    # the head ran once, at the positions read only (ORPO's: every attended token's), in
+    # whole blocks of rows (lm_head.HEAD_ROWS)
+    read = len(inputs["index"])
+    assert rows == [-(-read // HEAD_ROWS) * HEAD_ROWS] and rows[0] < inputs["input_ids"].numel()
     return loss
 
 

@@ -19,6 +19,13 @@ import torch.nn.functional as F
 
 from ortft.core.constants import IGNORE_INDEX
 
+# The head runs on a multiple of this many rows (``project``): the positions a batch reads vary
+# from batch to batch, and on a CPU's bf16 route oneDNN builds its kernels for each matrix height
+# it has not seen. On the image-text-to-text peer (the head at 96-108 answer positions a batch,
+# bf16 weights, Intel Xeon with AMX) every new height cost about 8 ms, in 12 of the first 30 steps
+# of 25 ms (docs/vision-language.md#speed).
+HEAD_ROWS = 16
+
 # Model types whose causal LM's logits are the head applied to the body's last hidden state, with
 # nothing after it (Gemma 2's final soft-capping, Cohere's logit scale and Granite's logit
 # divisor are after it: those models run transformers' own forward).
@@ -67,6 +74,20 @@ def at(hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
 
 
+def project(head: Any, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``head`` at the flat positions ``index`` of the hidden states [B, L, H]: [positions,
+    vocabulary]. The head runs on ``index`` padded with repeats of its first position to a
+    multiple of ``HEAD_ROWS`` rows, whose logits are then dropped (their gradient is zero). Not
+    in a graph: ORTModule's export would fix the padding's length at the first batch's (ORT's
+    CPU kernels build nothing per shape), and dynamo compiled a graph per remainder (torch 2.13)
+    or failed in inductor (torch 2.6)."""
+    if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
+        return head(at(hidden, index))
+    n = index.shape[0]
+    rows = torch.cat([index, index[:1].expand((-n) % HEAD_ROWS)])
+    return head(at(hidden, rows))[:n]
+
+
 def next_token_loss(
     head: Any, hidden: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +96,7 @@ def next_token_loss(
     (``label_positions``; computed here where the caller has not)."""
     if index is None:
         index = label_positions(labels)
-    logits = head(at(hidden, index))
+    logits = project(head, hidden, index)
     targets = following(labels, IGNORE_INDEX).index_select(0, index)
     return F.cross_entropy(logits.float(), targets), logits
 

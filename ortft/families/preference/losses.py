@@ -47,7 +47,7 @@ def token_logps(
     if parts is not None:
         body, head = parts
         hidden = lm_head.hidden_states(body, input_ids, attention_mask, **extra)
-        logps = torch.log_softmax(head(lm_head.at(hidden, index)).float(), dim=-1)
+        logps = torch.log_softmax(lm_head.project(head, hidden, index).float(), dim=-1)
         return logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     logits = model(
         input_ids=input_ids,
