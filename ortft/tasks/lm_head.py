@@ -79,8 +79,8 @@ def project(head: Any, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tenso
     vocabulary]. The head runs on ``index`` padded with repeats of its first position to a
     multiple of ``HEAD_ROWS`` rows, whose logits are then dropped (their gradient is zero). Not
     in a graph: ORTModule's export would fix the padding's length at the first batch's (ORT's
-    CPU kernels build nothing per shape), and dynamo compiled a graph per remainder (torch 2.13)
-    or failed in inductor (torch 2.6)."""
+    CPU kernels build nothing per shape), and dynamo specialized the padding's length and
+    compiled again for some counts (torch 2.13) or failed in inductor (torch 2.6)."""
     if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
         return head(at(hidden, index))
     n = index.shape[0]
