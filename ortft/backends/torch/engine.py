@@ -145,7 +145,7 @@ class PyTorchEngine:
         """The route the probe chose (backend, compile), its precision taken (auto.py)."""
         from ortft.backends.torch import auto
 
-        (name, compiled), self.probe = auto.choose(
+        (name, compiles), self.probe = auto.choose(
             loaded, task, tokenizer, labels, train, self.device, build_optimizer, steps
         )
         if self.name == "auto":
@@ -154,7 +154,7 @@ class PyTorchEngine:
         if reason is not None:  # it weighed an alternative to the native dtype, and chose it
             self.dtype, self.dtype_reason = self.probe["dtype"], reason
             log.info("precision: %s", reason)
-        return name, compiled
+        return name, compiles
 
     def _weights(self) -> str:
         """precision.weights, with auto made concrete: the probe's choice (fp32 where none ran)."""
