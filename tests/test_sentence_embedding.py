@@ -166,6 +166,62 @@ def test_cutting_each_text_kind_to_its_own_length_keeps_the_loss():
     assert torch.allclose(vectors, full_vectors, atol=1e-5)
 
 
+def _lookups(loss: torch.Tensor, weight: torch.Tensor) -> int:
+    """How many lookups of the table ``weight`` the loss's backward runs (each makes a dense
+    gradient of the whole table)."""
+    seen, todo, found = set(), [loss.grad_fn], 0
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == "EmbeddingBackward0":
+            found += any(getattr(n, "variable", None) is weight for n, _ in node.next_functions)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta"])
+def test_every_text_kind_is_looked_up_in_the_word_table_once(arch, monkeypatch):
+    """One lookup of the word table for anchors, positives and negatives together (one dense
+    gradient of the table a step, not one a kind), with the loss and every gradient as with a
+    lookup per call. RoBERTa derives its position ids from the ids it is called with (they
+    count the non-padding tokens), which the model still gets."""
+    from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
+
+    from ortft.families.embedding import lookup
+
+    build, make = {"bert": (BertModel, BertConfig), "roberta": (RobertaModel, RobertaConfig)}[arch]
+    torch.manual_seed(0)
+    config = make(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=37, max_position_embeddings=40, pad_token_id=1,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    model = build(config, add_pooling_layer=False)
+    table = model.get_input_embeddings()
+    task = tasks.get("sentence-embedding", {"negative_column": "neg"})
+    ids = {"input_ids": torch.tensor([[5, 6, 1], [7, 1, 1]]),
+           "positive_input_ids": torch.tensor([[8, 9, 10, 11], [12, 13, 1, 1]]),
+           "negative_input_ids": torch.tensor([[14, 15], [16, 1]])}  # fmt: skip
+    masks = {k.replace("input_ids", "attention_mask"): (v != 1).long() for k, v in ids.items()}
+
+    def step() -> tuple[float, int, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        loss, _ = task.forward(model, labels=torch.zeros(2, dtype=torch.long), **ids, **masks)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return float(loss), _lookups(loss, table.weight), grads
+
+    loss, lookups, grads = step()
+    assert "forward" not in vars(table)  # the table is left as it was
+    monkeypatch.setattr(lookup, "applies", lambda: False)  # a lookup per call, as under export
+    per_call_loss, per_call_lookups, per_call_grads = step()
+    assert (lookups, per_call_lookups) == (1, 3)
+    assert loss == pytest.approx(per_call_loss, rel=1e-6)
+    assert grads.keys() == per_call_grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, per_call_grads[name], rtol=1e-5, atol=1e-7), name
+
+
 @pytest.mark.parametrize("mode", ["mean", "cls", "max"])
 def test_training_and_the_export_pool_as_sentence_transformers_does(mode):
     """ortft.families.embedding.pooling.pool_tokens (the task's and the export's one

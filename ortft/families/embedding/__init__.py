@@ -1,5 +1,6 @@
 """Sentence embedding, one family: the task's options, rows, loss and retrieval metrics
-(``task``), the sentence-transformers pooling files (``pooling``), what the core calls on it
+(``task``), one lookup of the word table for every text kind (``lookup``), the
+sentence-transformers pooling files (``pooling``), what the core calls on it
 (``family``), the export and its model card (``graphs``), ``ortft predict`` (``predict``) and
 ``ortft eval`` (``eval_retrieval``) on a model that embeds, and ``ortft export`` of a text
 encoder without a task head (``family.FeatureExtraction``). Reached through the task registry

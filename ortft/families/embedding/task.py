@@ -8,8 +8,9 @@ stored in its own arrays: ``input_ids`` / ``attention_mask`` (the anchor), ``pos
 anchor is not padded to a passage's length; ``_length`` (a row's longest text) groups rows.
 
 Loss: one model call per text kind (anchors, positives, negatives), all in one forward, so
-ORTModule exports one graph that holds the encoder once per kind with its weights shared;
-pooled as ``task.pooling`` says (``pooling``: auto reads
+ORTModule exports one graph that holds the encoder once per kind with its weights shared; in
+eager PyTorch their words are looked up in the table once for all kinds (``lookup``); pooled as
+``task.pooling`` says (``pooling``: auto reads
 the model folder's modules.json, else mean). Each anchor's cosine similarity to every positive
 and negative in the batch, times ``task.scale``, then cross-entropy against its own positive.
 So the loss depends on who shares a batch: the other rows' positives are the negatives. Under
@@ -234,20 +235,18 @@ class SentenceEmbedding(Task):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
+        from ortft.families.embedding import lookup
+
         ids = [input_ids] + [extra[f"{p}input_ids"] for p in self.texts_per_row[1:]]
         masks = [attention_mask] + [extra[f"{p}attention_mask"] for p in self.texts_per_row[1:]]
         k, b = len(ids), input_ids.shape[0]
-        # one call per text kind, each at its own length (``cut``)
-        pooled = torch.cat(
-            [
-                pool_tokens(
-                    model(input_ids=i, attention_mask=m, return_dict=True).last_hidden_state,
-                    m,
-                    self.pooling.mode,
-                )
-                for i, m in zip(ids, masks, strict=True)
-            ]
-        )
+        # one call per text kind, each at its own length (``cut``), its words looked up already
+        each = []
+        for i, m, words in zip(ids, masks, lookup.one_lookup(model, ids), strict=True):
+            with words:
+                hidden = model(input_ids=i, attention_mask=m, return_dict=True).last_hidden_state
+            each.append(pool_tokens(hidden, m, self.pooling.mode))
+        pooled = torch.cat(each)
         unit = torch.nn.functional.normalize(pooled, p=2, dim=1)
         anchors, candidates = unit[:b], unit[b:]  # candidates: the positives, then negatives
         scores = anchors @ candidates.T * self.scale  # [b, (k - 1) * b]
