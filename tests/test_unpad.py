@@ -147,6 +147,34 @@ def test_gradient_checkpointing_and_lora_unpad_to_the_same_step() -> None:
     assert any("lora_A" in name for name in state.patched)
 
 
+def test_the_scatter_puts_zeros_where_it_skipped_whatever_memory_it_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scatter writes into uninitialised memory: the skipped positions must come out as
+    zeros (attention would turn a NaN there into NaN scores), the others as the gathered rows,
+    and the gradient must reach the gathered rows only."""
+    state = unpad.Unpadder()
+    mask = batch(rows=4, length=40)["attention_mask"]  # 55 real of 160; 9 padded ride along
+    encoder = torch.nn.Linear(1, 1)  # any module in training mode: the hook reads the mask
+    state.arm(encoder, (), {"attention_mask": mask})
+    assert state.idx is not None and state.skipped is not None
+    assert len(state.idx) == unpad.ROUND and len(state.skipped) == mask.numel() - unpad.ROUND
+    real = mask.reshape(-1).nonzero().squeeze(1)
+    poisoned = torch.Tensor.new_empty
+    monkeypatch.setattr(
+        torch.Tensor, "new_empty", lambda t, *a, **k: poisoned(t, *a, **k).fill_(float("nan"))
+    )
+    rows = torch.randn(len(state.idx), 3, requires_grad=True)
+    full = state.scatter(rows, state.idx)
+    assert full.shape == (4, 40, 3)
+    flat = full.reshape(-1, 3)
+    assert torch.equal(flat[state.idx], rows.detach())
+    assert torch.equal(flat[state.skipped], torch.zeros(len(state.skipped), 3))
+    assert torch.equal(flat[real], rows.detach()[: len(real)])
+    (full * 2).sum().backward()
+    assert torch.equal(rows.grad, torch.full_like(rows, 2.0))
+
+
 def test_eval_and_unpadded_batches_run_the_model_as_it_is() -> None:
     model = tiny("bert")
     names = [n for n, _ in model.named_parameters()]

@@ -97,6 +97,7 @@ class Unpadder:
         # in_graph: traced into ORTModule's graph (``arm_in_graph``), not run eagerly
         self.in_graph = in_graph
         self.idx: torch.Tensor | None = None  # flat indices of the real positions
+        self.skipped: torch.Tensor | None = None  # flat indices of the others (zeros, scatter)
         self.inverse: torch.Tensor | None = None  # in_graph: each position's packed row
         self.keep: torch.Tensor | None = None  # in_graph: [positions, 1], whether it is real
         self.shape: tuple[int, int] | None = None  # (batch, length) of the padded batch
@@ -113,7 +114,7 @@ class Unpadder:
     def arm(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         """The encoder's forward pre-hook: the positions to gather, from its attention mask,
         in a training forward of a batch that has padding; none otherwise."""
-        self.idx, self.inverse, self.shape, self._last = None, None, None, None
+        self.idx, self.skipped, self.inverse, self.shape, self._last = (None,) * 5
         self._sources.clear()
         mask = kwargs.get("attention_mask")
         if mask is None or not module.training or mask.dim() not in (2, 4):
@@ -135,8 +136,9 @@ class Unpadder:
         # ROUND: oneDNN builds a kernel for each new matrix shape it sees, and a count new
         # every batch cost more than the skipped padding saved (ROUND's comment)
         extra = min(-len(real) % ROUND, len(flat) - len(real))
-        pads = (flat == 0).nonzero().squeeze(1)[:extra]
-        self.idx = torch.cat([real, pads]) if extra else real
+        pads = (flat == 0).nonzero().squeeze(1)
+        self.idx = torch.cat([real, pads[:extra]]) if extra else real
+        self.skipped = pads[extra:]
         self.shape = (mask.shape[0], mask.shape[1])
 
     def arm_in_graph(self, mask: torch.Tensor) -> None:
@@ -178,8 +180,12 @@ class Unpadder:
             rows = out.index_select(0, self.inverse) * self.keep.to(out.dtype)
             full = rows.view(b, n, out.shape[-1])
         else:
-            full = out.new_zeros(b * n, out.shape[-1]).index_copy(0, idx, out)
-            full = full.view(b, n, out.shape[-1])
+            # written once: the positions skipped are zeroed and the others copied into an
+            # empty tensor, not copied over a zeroed one (a fill, a clone and a copy before)
+            full = out.new_empty(b * n, out.shape[-1])
+            if self.skipped is not None:
+                full.index_fill_(0, self.skipped, 0)
+            full = full.index_copy_(0, idx, out).view(b, n, out.shape[-1])
         if self.memo:
             self._sources[id(full)] = (full, full._version, out)
         return full
