@@ -252,6 +252,53 @@ def test_an_fp16_overflow_skips_that_step_only_and_is_counted(device: str) -> No
     assert moved[2] == pytest.approx(0.05, rel=1e-5)
 
 
+@pytest.mark.parametrize("max_norm", [0.5, 1e6])  # clipped; above the norm: not clipped
+def test_the_fused_adamw_step_clips_as_clip_grad_norm_does(
+    max_norm: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With torch's fused AdamW and no scaler, the clipping factor goes to the fused step
+    (amp.fold_clip): three steps move the weights as clip_grad_norm_ then the step does, to
+    fp32 rounding (a division by the factor's inverse instead of a product), without a pass
+    of clip_grad_norm_ over the gradients, and leave no grad_scale on the optimizer."""
+
+    def run(fold: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+        params = list(model.parameters())
+        optimizer = torch.optim.AdamW(params, lr=0.1, eps=1.0, fused=True)  # eps: scale-sensitive
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        for _ in range(3):
+            (model(torch.randn(4, 8)) * 30).pow(2).mean().backward()
+            if fold:
+                assert amp.folds_clip(optimizer, scaler)
+                assert amp.optimizer_step(optimizer, scheduler, scaler, params, max_norm)
+                assert "grad_scale" not in vars(optimizer)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, max_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        return torch.cat([p.detach().flatten() for p in params])
+
+    clipped = run(fold=False)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: pytest.fail("a pass"))
+    torch.testing.assert_close(run(fold=True), clipped, rtol=1e-6, atol=1e-7)
+
+
+def test_without_a_fused_step_the_gradients_are_clipped_before_it() -> None:
+    """An optimizer without the fused kernel (SGD here, foreach AdamW), or a running scaler,
+    does not take the factor: clip_grad_norm_ clips the gradients before the step."""
+    param = torch.nn.Parameter(torch.zeros(3))
+    off = torch.amp.GradScaler("cpu", enabled=False)
+    assert not amp.folds_clip(torch.optim.AdamW([param], foreach=True), off)
+    assert not amp.folds_clip(torch.optim.AdamW([param], fused=True), torch.amp.GradScaler("cpu"))
+    sgd = torch.optim.SGD([param], lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(sgd, lambda step: 1.0)
+    param.grad = torch.tensor([30.0, 40.0, 0.0])  # norm 50, clipped to 1
+    assert amp.optimizer_step(sgd, scheduler, off, [param], 1.0)
+    torch.testing.assert_close(param.detach(), torch.tensor([-0.6, -0.8, 0.0]))
+
+
 def _scaler_step(scaler: torch.amp.GradScaler, overflow: bool = False) -> bool:
     """One optimizer step of a throwaway model under ``scaler`` (optionally overflowing)."""
     model = torch.nn.Linear(2, 1)
