@@ -35,42 +35,27 @@ import peer_common as common  # benchmarks/: the script's folder is on sys.path
 SIDES = ("after", "before")
 
 
-def imported_from(env: dict[str, str], cwd: str) -> str:
-    """The folder ``python -m ortft`` would import ortft from, in ``env`` and ``cwd``."""
+def imported_from(cwd: str) -> str:
+    """The folder ``python -m ortft`` imports ortft from, in this environment and ``cwd``."""
     code = "import ortft, pathlib; print(pathlib.Path(ortft.__file__).parent.parent)"
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=True
     )
     return out.stdout.strip()
 
 
-def before_env(before: Path) -> dict[str, str]:
-    """This process's environment with ``before`` first on PYTHONPATH."""
+def first_on_path(before: Path) -> dict[str, str]:
+    """The environment update that puts ``before`` first on PYTHONPATH."""
     paths = [str(before), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    return {"PYTHONPATH": os.pathsep.join(paths)}
 
 
 def one_run(
     before: Path, recipe: Path, settings: dict[str, str], side: str, out: Path
 ) -> dict[str, Any]:
-    """One ``ortft train`` of ``side``'s checkout in a fresh process: its median timed step."""
-    saved = dict(os.environ)
-    if side == "before":
-        os.environ.update(before_env(before))  # the child process inherits it
-    try:
-        _, train, shared = common.ortft_run(
-            f"ab_commits {side}", recipe, settings, out, dropout_masks.TIMEOUT
-        )
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    steps, warm = dropout_masks.STEPS, dropout_masks.WARM
-    timing = common.timing([r["time_s"] for r in train], steps - warm, warm, 1)
-    return {
-        "ms_per_step": timing["ms_per_step"],
-        "losses": [r["loss"] for r in train][:3],
-        **shared,
-    }
+    """``dropout_masks.one_run`` (masks as the recipe says) of ``side``'s checkout."""
+    with common.environ(**(first_on_path(before) if side == "before" else {})):
+        return dropout_masks.one_run(recipe, settings, "auto", out)
 
 
 def main() -> None:
@@ -84,10 +69,9 @@ def main() -> None:
     before, out = a.before.resolve(), a.out.resolve() if a.out else None
     outside = tempfile.mkdtemp(prefix="ab-commits-")
     os.chdir(outside)  # ``python -m`` puts the working folder first on sys.path
-    sources = {
-        "after": imported_from(dict(os.environ), outside),
-        "before": imported_from(before_env(before), outside),
-    }
+    with common.environ(**first_on_path(before)):
+        sources = {"before": imported_from(outside)}
+    sources["after"] = imported_from(outside)
     if sources["after"] == sources["before"] or sources["before"] != str(before):
         raise SystemExit(f"ab_commits: both sides would not run the checkouts meant: {sources}")
     print(f"ab_commits: after = {sources['after']}, before = {sources['before']}", flush=True)

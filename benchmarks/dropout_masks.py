@@ -75,15 +75,8 @@ def attention_run(
     recipe: Path, settings: dict[str, str], attention: str, out: Path
 ) -> dict[str, Any]:
     """``one_run`` in fp32 with the masks drawn and ``attention`` fixed (``--attention``)."""
-    before = os.environ.get("ORTFT_TORCH_ATTN")
-    os.environ["ORTFT_TORCH_ATTN"] = attention  # the child process inherits it
-    try:
-        fp32 = {**settings, "precision.dtype": "fp32"}
-        return one_run(recipe, fp32, "int16", out)
-    finally:
-        os.environ.pop("ORTFT_TORCH_ATTN")
-        if before is not None:
-            os.environ["ORTFT_TORCH_ATTN"] = before
+    with common.environ(ORTFT_TORCH_ATTN=attention):  # the child process inherits it
+        return one_run(recipe, {**settings, "precision.dtype": "fp32"}, "int16", out)
 
 
 def micro_shape(shape: tuple[int, ...]) -> tuple[float, float]:

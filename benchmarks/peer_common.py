@@ -39,7 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -338,6 +339,22 @@ def ortft_train(recipe: Path, overrides: dict[str, str], run_dir: Path) -> list[
     return [sys.executable, "-m", "ortft", "train", str(recipe),
             *[f"{k}={v}" for k, v in overrides.items()],
             "--output-dir", str(run_dir), "--json"]  # fmt: skip
+
+
+@contextmanager
+def environ(**updates: str) -> Iterator[None]:
+    """This process's environment with ``updates`` set, for the processes started inside (a
+    measured run inherits it: ``process_env``); as it was again after."""
+    saved = {k: os.environ.get(k) for k in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def process_env(threads: int = 0) -> dict[str, str]:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ortft.core.constants import IGNORE_INDEX
+from ortft.tasks import tracing
 
 # The head runs on a multiple of this many rows (``project``): the positions a batch reads vary
 # from batch to batch, and on a CPU's bf16 route oneDNN builds its kernels for each matrix height
@@ -81,7 +82,7 @@ def project(head: Any, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tenso
     in a graph: ORTModule's export would fix the padding's length at the first batch's (ORT's
     CPU kernels build nothing per shape), and dynamo specialized the padding's length and
     compiled again for some counts (torch 2.13) or failed in inductor (torch 2.6)."""
-    if torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
+    if tracing.traced():
         return head(at(hidden, index))
     n = index.shape[0]
     rows = torch.cat([index, index[:1].expand((-n) % HEAD_ROWS)])

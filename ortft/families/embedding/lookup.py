@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ortft.tasks import tracing
+
 
 def table_of(model: Any) -> nn.Module | None:
     """The model's input-embedding module (transformers' ``get_input_embeddings``), or None."""
@@ -39,7 +41,7 @@ def table_of(model: Any) -> nn.Module | None:
 def applies() -> bool:
     """Not while ORTModule exports the forward or dynamo traces it: those graphs keep a lookup
     per call (the override below is Python the graph would not see again)."""
-    return not (torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling())
+    return not tracing.traced()
 
 
 def one_lookup(model: Any, ids: list[torch.Tensor]) -> list[AbstractContextManager[None]]:
