@@ -151,6 +151,22 @@ def test_lora_compiles(work: Path) -> None:
     assert summary(out)["backend"]["compile"]["graphs"] >= 1
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_rank_0_alone_remembers_a_compile_time(
+    rank: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under torchrun every rank times the same compile; rank 0 alone rewrites the file."""
+    from ortft.backends.torch import compiled
+
+    monkeypatch.setenv("ORTFT_CACHE", str(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    (tmp_path / "compile-times.json").write_text(json.dumps({"other": 2.0}))
+    compiled.remember_compile_s("this", 1.5)
+    kept = json.loads((tmp_path / "compile-times.json").read_text())
+    assert kept == ({"other": 2.0, "this": 1.5} if rank == "0" else {"other": 2.0})
+
+
 def test_a_compiled_run_tells_the_next_probe_its_compile_time(work: Path, tmp_path: Path) -> None:
     """backend.compile=true remembers its first step (the compile) in compile-times.json under
     the probe's key, so a later auto run weighs the measured time, not the 120 s assumed for

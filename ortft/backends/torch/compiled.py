@@ -155,6 +155,12 @@ def known_compile_s(key: str) -> float | None:
 
 
 def remember_compile_s(key: str, seconds: float) -> None:
+    """Keep ``seconds`` under ``key``; under torchrun rank 0 alone writes (every rank measured
+    the same compile, and one writer loses no other key to a concurrent rewrite)."""
+    from ortft.backends.torch import distributed
+
+    if not distributed.is_main():
+        return
     path = _times_file()
     try:
         times = json.loads(path.read_text())
