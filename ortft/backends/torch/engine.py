@@ -7,8 +7,8 @@ fastest (``auto.py``) — then by DDP (under torchrun) or a DeepSpeed engine (``
 around the forward plus a GradScaler for fp16. The run's lifecycle (``ortft.run``) calls the
 ``Engine`` methods; everything that touches torch is here.
 
-Over 450 lines: one class, every ``Engine`` method of the torch-based routes; the per-modality
-loading it still holds belongs with the task families.
+What it writes besides its steps (checkpoints, final/, the export) is in ``outputs.py``; the
+run's tokenizer or processor in ``preprocessors.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from ortft.backends.torch import (
     load_checks,
     master_weights,
     models,
+    outputs,
+    preprocessors,
 )
 from ortft.backends.torch import device as runtime
 from ortft.backends.torch.wrappers import wrapper
@@ -39,16 +41,10 @@ from ortft.checkpoint import store as checkpoint
 from ortft.checkpoint.store import TrainState
 from ortft.core.errors import InputError
 from ortft.core.reports import ExportReport
-from ortft.data import checks
 from ortft.recipe.io import LoadedRecipe
 from ortft.tasks import Encoded, Task, protocols, traits
-from ortft.tasks.protocols import pairs_of
 
 log = logging.getLogger("ortft")
-
-CHECKPOINT_KIND = "ortft-checkpoint"
-# optimizer and scheduler in DeepSpeed's format (deepspeed/), partitioned over the processes
-DEEPSPEED_CHECKPOINT_KIND = "ortft-deepspeed-checkpoint"
 
 
 def build_optimizer(params: list[torch.nn.Parameter], recipe: Any, device: torch.device) -> Any:
@@ -172,51 +168,7 @@ class PyTorchEngine:
     def tokenizer(
         self, loaded: LoadedRecipe, run_dir: Path, task: Any, train_rows: list, labels: Any
     ) -> Any:
-        """The model's tokenizer or processor, else one trained here; rank 0 saves it."""
-        if isinstance(task, protocols.LoadsTokenizer):  # the family's own (text-to-image's CLIP)
-            return task.load_tokenizer(loaded, run_dir)
-        models.check_fits(loaded, task)  # a folder of another kind: why, before its files load
-        if isinstance(task, protocols.ReadsFiles):  # its processor, where text has a tokenizer
-            return self._processor(loaded, run_dir, task, train_rows)
-        r = loaded.recipe
-        tok_dir = run_dir / "tokenizer"
-        if not distributed.is_main():
-            distributed.barrier()
-        saved = tok_dir if tok_dir.exists() else None
-        sample = (
-            checks.texts(task, load_checks.sample_rows(train_rows), r.data) if not saved else []
-        )
-        tokenizer = models.load_tokenizer(loaded, saved_dir=saved, sample_texts=sample)
-        if tokenizer is None:  # the recipe's rules: no tokenizer to load means train: is set
-            spec: Any = r.model.tokenizer.train
-            tokenizer = models.train_tokenizer(checks.texts(task, train_rows, r.data), spec)
-            log.info("trained a %s tokenizer: %d tokens", spec.kind, len(tokenizer))
-        if not tok_dir.exists():
-            tokenizer.save_pretrained(tok_dir)
-        if distributed.is_main():
-            distributed.barrier()  # the saved tokenizer is there for the other ranks
-        return tokenizer
-
-    def _processor(self, loaded: LoadedRecipe, run_dir: Path, task: Any, rows: Any) -> Any:
-        """The processor of a task whose rows are files: the family's own
-        (``protocols.LoadsProcessor``: the model's, or one for a from_config model); saved in
-        the run as the tokenizer is."""
-        if not isinstance(task, protocols.LoadsProcessor):  # before the ranks wait on each other
-            raise TypeError(
-                f"task {task.name} reads {task.modality} files: it needs a load_processor "
-                "(ortft.tasks.protocols.LoadsProcessor)"
-            )
-        spec, proc_dir = loaded.recipe.model, run_dir / "processor"
-        if not distributed.is_main():
-            distributed.barrier()
-        saved = proc_dir if proc_dir.exists() else None
-        source = models.model_source(loaded, spec.name_or_path) if spec.name_or_path else None
-        processor = task.load_processor(loaded, source, saved, rows)
-        if not proc_dir.exists():
-            processor.save_pretrained(proc_dir)
-        if distributed.is_main():
-            distributed.barrier()
-        return processor
+        return preprocessors.load(loaded, run_dir, task, train_rows)
 
     # ---- prepare: model, wrapper, optimizer, schedule, resume
     def prepare(
@@ -412,48 +364,26 @@ class PyTorchEngine:
     def extra_metrics(self, task: Any, tokenizer: Any, encoded: Any) -> dict[str, float]:
         return protocols.generated_metrics(task, self.model, tokenizer, encoded)
 
-    # ---- files
+    # ---- files (outputs.py)
     def save(
         self, run_dir: Path, state: TrainState, recipe_yaml: str, keep_last: int
     ) -> Path | None:
-        folders = None
-        if self.deepspeed is not None:  # every rank writes its ZeRO partition (DeepSpeed's)
-            from ortft.backends.torch import deepspeed
-
-            folders = {
-                deepspeed.FOLDER: deepspeed.save_partitions(self.deepspeed, run_dir, state.step)
-            }
-        if not distributed.is_main():  # one writer; every rank resumes from the same folder
-            return None
-        return checkpoint.save(
+        return outputs.save_checkpoint(
             run_dir,
             state,
-            self.model,
-            None if folders else self.optimizer,
-            None if folders else self.scheduler,
-            recipe_yaml,
-            keep_last,
-            scaler=amp.scaler_state(self.scaler),
-            kind=self._checkpoint_kind(),
-            folders=folders,
-            task_state=self._task_state(),
+            recipe=self.recipe,
+            recipe_yaml=recipe_yaml,
+            keep_last=keep_last,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
+            task=self.task,
+            deepspeed_engine=self.deepspeed,
         )
 
-    def _task_state(self) -> dict[str, Any] | None:
-        """What the checkpoint keeps of the task besides the model (text-to-image's EMA)."""
-        task = self.task
-        return task.state_dict() if isinstance(task, protocols.TrainsState) else None
-
-    def _checkpoint_kind(self) -> str:
-        return CHECKPOINT_KIND if self.recipe.deepspeed is None else DEEPSPEED_CHECKPOINT_KIND
-
     def checkpoint_problem(self, path: Path) -> str | None:
-        problem = checkpoint.kind_problem(path, self._checkpoint_kind())
-        if problem is None and self.recipe.deepspeed is not None:
-            from ortft.backends.torch import deepspeed
-
-            problem = deepspeed.partition_problem(path, distributed.world_size())
-        return problem
+        return outputs.checkpoint_problem(path, self.recipe)
 
     def save_best(self, run_dir: Path, state: TrainState) -> None:
         if distributed.is_main():
@@ -465,52 +395,17 @@ class PyTorchEngine:
         selector.load_final(run_dir, self.model, state)
 
     def write_final(self, folder: Path) -> None:
-        """A Hugging Face model folder. A LoRA run's holds the base model (frozen weights,
-        trained head) and, in adapter/, the adapter in PEFT's format (`ortft export
-        --merge-adapters` merges them); then the task's own files (``protocols.WritesExtras``:
-        a sentence-embedding run's sentence-transformers modules). A family with a layout of
-        its own writes it (``protocols.SavesFinal``)."""
-        if isinstance(self.task, protocols.SavesFinal):  # text-to-image: a diffusers folder
-            self.task.save_final(folder, self.model)
-            return
-        if models.is_adapted(self.model):
-            import copy
-
-            copy.deepcopy(self.model).unload().save_pretrained(folder)
-            self.model.save_pretrained(folder / "adapter")
-        else:
-            self.model.save_pretrained(folder)
-        if isinstance(self.task, protocols.WritesExtras):  # sentence-transformers' modules
-            self.task.write_extras(folder, self.model)
+        outputs.write_final(folder, self.model, self.task)
 
     def export(self, run_dir: Path, final_dir: Path, samples: Any) -> ExportReport | None:
-        spec, task = self.recipe.export, self.task
-        if not spec.enabled:
-            return None
-        if isinstance(task, protocols.OwnsFolders):  # exported from final/, its own folder
-            return task.export_folder(final_dir, run_dir / "onnx", spec.opset, spec.tolerance)
-        skip = traits.export_skip(task)
-        if skip:  # a task the exporter cannot write: say so, do not fail
-            log.info("ONNX export skipped for %s: %s", task.name, skip)
-            return {"skipped": skip}
-        from ortft.export import exporter
-
-        # a LoRA model is exported merged: the adapter folded into the base weights
-        return exporter.export_model(
-            models.merged_copy(self.model),
-            self._tokenizer,
-            task.name,
-            run_dir / "onnx",
-            opset=spec.opset,
-            tolerance=spec.tolerance,
-            samples=samples,
-            options=exporter.ExportOptions(
-                max_length=self.recipe.data.max_length,
-                kv_cache=spec.kv_cache,
-                task_options=self.recipe.task,
-                pooling=getattr(task, "pooling", None),
-                text_pair=pairs_of(task, self.recipe.data),
-            ),
+        return outputs.export(
+            run_dir,
+            final_dir,
+            samples,
+            recipe=self.recipe,
+            model=self.model,
+            tokenizer=self._tokenizer,
+            task=self.task,
         )
 
     # ---- what ran
