@@ -248,12 +248,12 @@ def test_final_loads_in_the_transformers_pipeline(run: Path) -> None:
 def test_a_failed_preprocess_check_fails_the_run_as_a_gate() -> None:
     """`ortft train` turns export.json's preprocess check into a gate (exit 3 on failure), as
     it does parity and the generation check."""
-    from ortft.run.lifecycle import _preprocess_gate
+    from ortft.run.gates import export_checks
 
     bad = {"exported": True, "passed": False, "max_abs_diff": 1.6e-2, "tolerance": 7.8e-3}
-    (result,) = _preprocess_gate({"preprocess": bad})
+    (result,) = export_checks({"preprocess": bad})
     assert not result.passed and "1.60e-02 > 7.80e-03" in (result.reason or "")
-    (result,) = _preprocess_gate({"preprocess": {**bad, "passed": True}})
+    (result,) = export_checks({"preprocess": {**bad, "passed": True}})
     assert result.passed
-    assert _preprocess_gate({"preprocess": {"exported": False, "reason": "LANCZOS"}}) == []
-    assert _preprocess_gate({}) == []  # a text export has no preprocess graph
+    assert export_checks({"preprocess": {"exported": False, "reason": "LANCZOS"}}) == []
+    assert export_checks({}) == []  # a text export has no preprocess graph

@@ -6,20 +6,35 @@ A gate names a metric, a comparison and a threshold. Metric names:
   throughput.<m>  summary.throughput.<m>     (samples_per_s, tokens_per_s, first_step_s)
   export.<m>      summary.export.parity.<m>  (max_abs_diff, prediction_agreement)
   <dotted path>   any other number in summary.json (e.g. wall_time_s, steps)
-A failed gate makes the command exit 3; the results are recorded in summary.json.
+A failed gate makes the command exit 3; the results are recorded in summary.json. The export's
+own generation and preprocess checks are gate results too (``export_checks``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ortft.core.errors import GateError
+from ortft.core.reports import ExportReport
 from ortft.recipe.gates import OPS, Gate, parse
 from ortft.run.summary import RunSummary
 
-__all__ = ["Gate", "GateResult", "as_dicts", "check", "lookup", "parse"]
+__all__ = [
+    "Gate",
+    "GateResult",
+    "as_dicts",
+    "check",
+    "export_checks",
+    "lookup",
+    "parse",
+    "raise_failed",
+]
+
+log = logging.getLogger("ortft")
 
 
 @dataclass(frozen=True)
@@ -90,3 +105,56 @@ def check(gates: list[Gate], summary: RunSummary | Mapping[str, Any]) -> list[Ga
 
 def as_dicts(results: list[GateResult]) -> list[dict[str, Any]]:
     return [asdict(r) for r in results]
+
+
+# ---- the export's own checks as gate results, and the verdict
+
+
+def export_checks(export: ExportReport) -> list[GateResult]:
+    """The export's generation and preprocess checks as gate results (those it ran)."""
+    return _generation(export) + _preprocess(export)
+
+
+def _generation(export: ExportReport) -> list[GateResult]:
+    """The export's generation check as a gate result (none when the export has no such check):
+    the ONNX loop against PyTorch's ``generate`` with the model's generation config."""
+    gen = export.get("generation")
+    if gen is None:
+        return []
+    why = None
+    if not gen["passed"]:
+        why = (
+            f"{gen['mismatches']} prompt(s) diverged from generate, max |diff| "
+            f"{gen['max_abs_diff']:.2e}, {gen['steps_compared']} steps compared"
+        )
+    value = 1.0 if gen["passed"] else 0.0
+    metric = "export.generation.passed"
+    return [GateResult(f"{metric}==1", metric, "==", 1.0, value, bool(gen["passed"]), why)]
+
+
+def _preprocess(export: ExportReport) -> list[GateResult]:
+    """An image export's preprocess.onnx check as a gate result (none without that graph): the
+    graph against the image processor on the held-out images."""
+    pre = export.get("preprocess")
+    if pre is None or not pre.get("exported"):
+        return []
+    ok, why = bool(pre["passed"]), None
+    if not ok:
+        why = pre.get("problem") or (
+            f"max |diff| {pre['max_abs_diff']:.2e} > {pre['tolerance']:.2e} from the image processor"
+        )
+    metric = "export.preprocess.passed"
+    return [GateResult(f"{metric}==1", metric, "==", 1.0, float(ok), ok, why)]
+
+
+def raise_failed(results: list[GateResult], summary: RunSummary) -> None:
+    """One line per gate on stderr; GateError (exit 3) if any failed."""
+    for res in results:
+        (log.info if res.passed else log.error)("%s", res.line())
+    failed = [res for res in results if not res.passed]
+    if failed:
+        raise GateError(
+            f"{len(failed)} of {len(results)} quality gate(s) failed: "
+            + ", ".join(res.gate for res in failed),
+            summary=summary,
+        )

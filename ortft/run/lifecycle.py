@@ -24,9 +24,8 @@ from typing import Any
 from ortft import backends, tasks
 from ortft.checkpoint import store as checkpoint
 from ortft.core import devenv, fsutil
-from ortft.core.errors import GateError, InputError, Interrupted, OrtftError, RunError, first_line
+from ortft.core.errors import InputError, Interrupted, OrtftError, RunError, first_line
 from ortft.core.progress import Progress
-from ortft.core.reports import ExportReport
 from ortft.data import batches, rows, splits, streaming
 from ortft.env import unused
 from ortft.recipe.backends import check_installed
@@ -92,7 +91,7 @@ def _already_finished(
     if extra_gates:  # a CI re-run still gets its verdict, from the recorded summary
         results = gates.check([gates.parse(g) for g in extra_gates], previous)
         previous.gates = [*previous.gates, *gates.as_dicts(results)]
-        _raise_failed_gates(results, previous)
+        gates.raise_failed(results, previous)
     return previous
 
 
@@ -326,7 +325,7 @@ class _Run:
             )
         results = gates.check(gate_list, self.finish("completed", write=False))
         if checked and r.export.required:  # the generation (decoders, seq2seq) and image
-            results += _generation_gate(s.export) + _preprocess_gate(s.export)  # preprocess checks
+            results += gates.export_checks(s.export)  # the export's generation, preprocess checks
         s.gates = gates.as_dicts(results)
         self.finish("stopped" if self.stop_reason == "max_time" else "completed")
         final.describe(final_dir, s, r)
@@ -341,7 +340,7 @@ class _Run:
             b.ort_exports,
             s.throughput["samples_per_s"],
         )
-        _raise_failed_gates(results, s)
+        gates.raise_failed(results, s)
         return s
 
     def _open_tracker(self) -> Tracker:
@@ -438,48 +437,3 @@ class _NoTracker:
 
     def report(self) -> dict[str, Any]:
         return {}
-
-
-def _generation_gate(export: ExportReport) -> list[gates.GateResult]:
-    """The export's generation check as a gate result (none when the export has no such check):
-    the ONNX loop against PyTorch's ``generate`` with the model's generation config."""
-    gen = export.get("generation")
-    if gen is None:
-        return []
-    why = None
-    if not gen["passed"]:
-        why = (
-            f"{gen['mismatches']} prompt(s) diverged from generate, max |diff| "
-            f"{gen['max_abs_diff']:.2e}, {gen['steps_compared']} steps compared"
-        )
-    value = 1.0 if gen["passed"] else 0.0
-    metric = "export.generation.passed"
-    return [gates.GateResult(f"{metric}==1", metric, "==", 1.0, value, bool(gen["passed"]), why)]
-
-
-def _preprocess_gate(export: ExportReport) -> list[gates.GateResult]:
-    """An image export's preprocess.onnx check as a gate result (none without that graph): the
-    graph against the image processor on the held-out images."""
-    pre = export.get("preprocess")
-    if pre is None or not pre.get("exported"):
-        return []
-    ok, why = bool(pre["passed"]), None
-    if not ok:
-        why = pre.get("problem") or (
-            f"max |diff| {pre['max_abs_diff']:.2e} > {pre['tolerance']:.2e} from the image processor"
-        )
-    metric = "export.preprocess.passed"
-    return [gates.GateResult(f"{metric}==1", metric, "==", 1.0, float(ok), ok, why)]
-
-
-def _raise_failed_gates(results: list[gates.GateResult], summary: RunSummary) -> None:
-    """One line per gate on stderr; GateError (exit 3) if any failed."""
-    for res in results:
-        (log.info if res.passed else log.error)("%s", res.line())
-    failed = [res for res in results if not res.passed]
-    if failed:
-        raise GateError(
-            f"{len(failed)} of {len(results)} quality gate(s) failed: "
-            + ", ".join(res.gate for res in failed),
-            summary=summary,
-        )
