@@ -168,6 +168,7 @@ class PyTorchEngine:
     def tokenizer(
         self, loaded: LoadedRecipe, run_dir: Path, task: Any, train_rows: list, labels: Any
     ) -> Any:
+        """The run's tokenizer or processor, saved in the run (``preprocessors.load``)."""
         return preprocessors.load(loaded, run_dir, task, train_rows)
 
     # ---- prepare: model, wrapper, optimizer, schedule, resume
