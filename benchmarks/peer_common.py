@@ -39,11 +39,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from ortft.tools.processes import run_to_end
 
@@ -341,20 +341,11 @@ def ortft_train(recipe: Path, overrides: dict[str, str], run_dir: Path) -> list[
             "--output-dir", str(run_dir), "--json"]  # fmt: skip
 
 
-@contextmanager
-def environ(**updates: str) -> Iterator[None]:
+def environ(**updates: str) -> Any:
     """This process's environment with ``updates`` set, for the processes started inside (a
-    measured run inherits it: ``process_env``); as it was again after."""
-    saved = {k: os.environ.get(k) for k in updates}
-    os.environ.update(updates)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    measured run inherits it: ``process_env``); as it was again after (stdlib's
+    ``mock.patch.dict``, a context manager)."""
+    return mock.patch.dict(os.environ, updates)
 
 
 def process_env(threads: int = 0) -> dict[str, str]:

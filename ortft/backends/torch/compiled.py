@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ortft.backends.torch import distributed
 from ortft.core.fsutil import write_json_atomic
 
 log = logging.getLogger("ortft")
@@ -157,8 +158,6 @@ def known_compile_s(key: str) -> float | None:
 def remember_compile_s(key: str, seconds: float) -> None:
     """Keep ``seconds`` under ``key``; under torchrun rank 0 alone writes (every rank measured
     the same compile, and one writer loses no other key to a concurrent rewrite)."""
-    from ortft.backends.torch import distributed
-
     if not distributed.is_main():
         return
     path = _times_file()
