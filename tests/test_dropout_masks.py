@@ -55,10 +55,25 @@ def test_masks_come_from_torchs_generator_in_every_layout() -> None:
     assert torch.equal(out, torch.where(out == 0, 0.0, t * scale))
     b = dropout.dropout(x.bfloat16().requires_grad_(), 0.3)
     assert b.dtype == torch.bfloat16
-    # the backward keeps one tensor, the scaled mask in the input's dtype: torch's CPU dropout
-    # keeps its noise so, hence the same memory
-    (kept,) = b.grad_fn.saved_tensors
-    assert kept.dtype == torch.bfloat16 and kept.shape == x.shape
+    # the backward keeps one tensor, the mask in the input's dtype: torch's CPU dropout keeps
+    # its noise so, hence the same memory
+    (keep,) = b.grad_fn.saved_tensors
+    assert keep.dtype == torch.bfloat16 and keep.shape == x.shape
+    assert torch.equal(keep, (b != 0).bfloat16())
+
+
+def test_bf16_inputs_are_scaled_by_the_exact_inverse_not_a_rounded_one() -> None:
+    # 1/0.9 in bf16 is 1.109: a mask holding the scale would shrink every kept value by 0.16%
+    torch.manual_seed(2)
+    x = (torch.rand(1 << 20) + 0.5).bfloat16().requires_grad_()
+    out = dropout.dropout(x, 0.1)
+    kept = out != 0
+    scale = dropout.LEVELS / dropout.kept_levels(0.1)
+    ratio = (out.float()[kept] / x.detach().float()[kept]).mean().item()
+    assert ratio == pytest.approx(scale, rel=1e-4)
+    out.backward(torch.ones_like(out))
+    assert x.grad is not None
+    assert torch.equal(x.grad, torch.where(kept, torch.tensor(scale).bfloat16(), 0.0))
 
 
 def tiny_bert(rate: float) -> torch.nn.Module:

@@ -11,8 +11,11 @@ most 7.6e-6 off), with the kept values scaled by the inverse of that rounded pro
 the expectation is the input's, as torch's dropout keeps it. The words come from numpy's SFC64
 generator (twice the rate of torch's serial 64-bit ``random_`` on a CPU), seeded for each call
 by one draw of torch's default CPU generator, which every checkpoint saves: a resumed run draws
-the masks the uninterrupted one did. The forward saves the scaled mask in the input's dtype, as
-torch's CPU dropout saves its noise, so the backward is one product.
+the masks the uninterrupted one did. The comparison writes the mask as ones and zeros in the
+input's dtype (the memory torch's CPU dropout keeps for its noise), and forward and backward
+are each one ``addcmul``: the product with the mask and the scale in one pass, the scale
+applied in float before the result is rounded (a bf16 mask holding the scale would round
+1/0.9 to 1.109).
 
 ``Masks`` is a ``TorchFunctionMode`` around the training forward (``Forward``), so it reaches
 ``nn.Dropout`` modules and the functional dropout a model's attention calls alike; every other
@@ -48,25 +51,32 @@ def random_words(n: int) -> torch.Tensor:
     return torch.from_numpy(np.random.SFC64(seed).random_raw(n).view(np.int64))
 
 
-def keep_mask(shape: torch.Size, p: float) -> torch.Tensor:
-    """Booleans of ``shape``, each True with probability ``kept_levels(p) / 2^16``."""
+def keep_mask(shape: torch.Size, p: float, dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """``shape`` elements of ``dtype``, each 1 (kept) with probability ``kept_levels(p) / 2^16``
+    and 0 otherwise."""
     n = shape.numel()
     lanes = random_words((n + 3) // 4).view(torch.int16)[:n].view(shape)
-    return lanes >= (LEVELS // 2 - kept_levels(p))  # int16 runs from -2^15 to 2^15 - 1
+    # int16 runs from -2^15 to 2^15 - 1; the comparison writes the dtype itself (no cast pass)
+    return torch.ge(lanes, LEVELS // 2 - kept_levels(p), out=torch.empty(shape, dtype=dtype))
+
+
+def scaled_product(a: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    """``a * keep * scale`` in one pass, the scale applied before rounding to ``a``'s dtype."""
+    return torch.addcmul(torch.zeros((), dtype=a.dtype), a, keep, value=scale)
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, p: float) -> torch.Tensor:
-        keep = keep_mask(x.shape, p).view(torch.uint8)  # uint8 casts to floats vectorised, bool not
-        kept = keep.to(x.dtype).mul_(LEVELS / kept_levels(p))
-        ctx.save_for_backward(kept)
-        return x * kept
+        keep = keep_mask(x.shape, p, x.dtype)
+        ctx.save_for_backward(keep)
+        ctx.scale = LEVELS / kept_levels(p)
+        return scaled_product(x, keep, ctx.scale)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (kept,) = ctx.saved_tensors
-        return grad * kept, None
+        (keep,) = ctx.saved_tensors
+        return scaled_product(grad, keep, ctx.scale), None
 
 
 def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
