@@ -112,7 +112,8 @@ test-current:
 	$(MAKE) setup STACK=current
 	.venv-current/bin/pytest -m "not gpu and not ort" -n $(TEST_JOBS) --dist loadgroup \
 	  tests/test_task_matrix.py tests/test_consumer.py tests/test_consumer_genai.py \
-	  tests/test_consumer_int4.py tests/test_profiles.py tests/test_dropout_masks.py
+	  tests/test_consumer_int4.py tests/test_profiles.py tests/test_dropout_masks.py \
+	  tests/test_compile.py::test_a_models_float_attributes_are_traced_once
 	LEARN_OVERRIDES=backend.name=auto .venv-current/bin/pytest -m learn -n 0 \
 	  -k "quickstart.yaml" tests/test_shipped_recipes.py
 

@@ -167,10 +167,12 @@ def test_rank_0_alone_remembers_a_compile_time(
     assert kept == ({"other": 2.0, "this": 1.5} if rank == "0" else {"other": 2.0})
 
 
-def test_a_compiled_run_tells_the_next_probe_its_compile_time(work: Path, tmp_path: Path) -> None:
+def test_a_compiled_run_tells_the_next_probe_its_compile_time(
+    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """backend.compile=true remembers its first step (the compile) in compile-times.json under
     the probe's key, so a later auto run weighs the measured time, not the 120 s assumed for
-    an unmeasured model."""
+    an unmeasured model; inductor's probe does not read the aot_eager run's time."""
     import torch
 
     from ortft.backends.torch import compiled
@@ -182,7 +184,11 @@ def test_a_compiled_run_tells_the_next_probe_its_compile_time(work: Path, tmp_pa
         "checkpoint.save_every=2", env=env,
     )  # fmt: skip
     first = summary(out)["backend"]["compile"]["first_step_s"]
-    key = compiled.route_key(io.load(work / "r.yaml", []).recipe, torch.device("cpu"), "fp32")
+    recipe = io.load(work / "r.yaml", []).recipe
+    monkeypatch.setenv("ORTFT_COMPILE_BACKEND", "aot_eager")  # the key the run wrote under
+    key = compiled.route_key(recipe, torch.device("cpu"), "fp32")
+    monkeypatch.delenv("ORTFT_COMPILE_BACKEND")
+    assert key != compiled.route_key(recipe, torch.device("cpu"), "fp32")  # inductor's
     times = json.loads((tmp_path / "cache" / "compile-times.json").read_text())
     assert times == {key: pytest.approx(first, abs=1e-3)}
     skipped = _auto(work, "remember-auto", env)["summary"]["backend"]["probe"]["backends"]
@@ -245,7 +251,7 @@ def test_auto_skips_the_compiled_route_on_a_short_run(work: Path, tmp_path: Path
 
 
 def test_auto_probes_the_compiled_route_when_its_compile_is_known_cheap(
-    work: Path, tmp_path: Path
+    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A compile measured at 1 ms for this model (compile-times.json): the probe times it and
     counts its one-off cost in the estimate, per candidate, in summary.json. backend.name
@@ -258,6 +264,7 @@ def test_auto_probes_the_compiled_route_when_its_compile_is_known_cheap(
     import torch
 
     # precision.dtype fp32 (the default): the compiled route's dtype is fp32 on any device
+    monkeypatch.setenv("ORTFT_COMPILE_BACKEND", "aot_eager")  # the probe's compiler
     key = compiled.route_key(recipe, torch.device("cpu"), "fp32")
     cache.mkdir()
     (cache / "compile-times.json").write_text(json.dumps({key: 0.001}))
@@ -324,3 +331,31 @@ def test_a_classifier_s_config_is_not_changed_by_its_first_forward() -> None:
     before = model.config.problem_type
     model(input_ids=torch.randint(1, 50, (2, 5)), labels=torch.tensor([0, 2]))
     assert before == model.config.problem_type == "single_label_classification"
+
+
+def test_a_models_float_attributes_are_traced_once(tmp_path: Path) -> None:
+    """A Llama's norm epsilons and attention scaling are traced as constants: torch 2.13 traced
+    them as symbols under ``dynamic=True``, then specialized them and restarted the whole trace,
+    about half of every compiled run's first step (each shipped recipe, aot_eager)."""
+    import torch
+    from torch._dynamo.utils import compile_times
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ortft.backends.torch import compiled
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    ids = torch.randint(0, 64, (2, 6))
+    env = {**AOT, "ORTFT_CACHE": str(tmp_path)}
+    with pytest.MonkeyPatch.context() as mp, torch._dynamo.config.patch(specialize_float=False):
+        for key, value in env.items():
+            mp.setenv(key, value)
+        mp.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        torch._dynamo.reset()
+        forward = compiled.compile_forward(model)
+        forward(input_ids=ids, labels=ids).loss.backward()
+        names, _ = compile_times(repr="csv")
+        torch._dynamo.reset()
+    assert "_compile.compile_inner" in names  # it compiled (torch 2.6 names no attempts)
+    assert "compile_attempt_1" not in names

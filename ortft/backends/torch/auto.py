@@ -27,8 +27,8 @@ one-off cost it cannot earn back.
 The compiled candidate's compile is paid before it can be measured, so under
 ``backend.compile: auto`` it is probed only when its expected compile time is at most
 ``MAX_COMPILE_SHARE`` of the eager torch run's estimate: the compile time measured last time
-for this model, task, device and dtype (``compiled.known_compile_s``; every probe that
-compiles records it, and every ``backend.compile: true`` run its first step), else
+for this model, task, device, dtype, torch and compiler (``compiled.known_compile_s``; every
+probe that compiles records it, and every ``backend.compile: true`` run its first step), else
 ``UNKNOWN_COMPILE_S``. Numbers (docs/backends.md, "Compiled PyTorch"): on the busy 2-core dev
 CPU the tiny 2-layer test model's first compiled step took 230 s from an empty inductor cache
 and 51 s from a warm one, bert-cls's 77 s, MiniLM's 115 s; a compile costing more than a

@@ -50,9 +50,13 @@ def use_ortft_cache() -> None:
 
 
 def prepare() -> None:
-    """Before the first compile: the cache directory, and torch 2.6's missing
-    ``torch.compiler.is_exporting``."""
+    """Before the first compile: the cache directory, floats specialized, and torch 2.6's
+    missing ``torch.compiler.is_exporting``."""
     use_ortft_cache()
+    # the model's float attributes (norm epsilons, attention scalings) as constants: traced as
+    # symbols under dynamic=True (torch 2.13), then specialized by guards, which restarts the
+    # whole trace once (torch 2.6 specializes them anyway)
+    torch._dynamo.config.specialize_float = True
     if not hasattr(torch.compiler, "is_exporting"):
         # torch 2.6 lacks it; transformers 5.24's masking_utils calls it inside a try/except
         # that returns False in eager mode, but dynamo fails on the missing attribute instead
@@ -80,9 +84,13 @@ def _torch_in_output_capturing() -> None:
 COMPILE_BACKENDS = ("inductor", "aot_eager")
 
 
+def compiler() -> str:
+    return os.environ.get("ORTFT_COMPILE_BACKEND", "inductor")
+
+
 def compile_forward(forward: Any) -> Any:
     prepare()
-    backend = os.environ.get("ORTFT_COMPILE_BACKEND", "inductor")
+    backend = compiler()
     if backend not in COMPILE_BACKENDS:
         raise ValueError(f"ORTFT_COMPILE_BACKEND={backend}: use inductor or aot_eager")
     return torch.compile(forward, backend=backend, dynamic=True)
@@ -125,7 +133,7 @@ class CompileClock:
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "compiler": os.environ.get("ORTFT_COMPILE_BACKEND", "inductor"),
+            "compiler": compiler(),
             "dynamic": True,
             "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
         }
@@ -141,11 +149,13 @@ def _times_file() -> Path:
 
 
 def route_key(recipe: Any, device: torch.device, dtype: str) -> str:
-    """What a compile's cost depends on: the model, the task, the device and the dtype."""
+    """What a compile's cost depends on: the model, the task, the device, the dtype, torch and
+    the compiler (an aot_eager debugging run's time says nothing of inductor's)."""
     m = recipe.model
     model = m.name_or_path or json.dumps(m.from_config.model_dump(), sort_keys=True)
     adapter = "+lora" if recipe.adapter is not None else ""
-    return f"{model}{adapter}|{recipe.task.name}|{device.type}|{dtype}|torch {torch.__version__}"
+    route = f"{recipe.task.name}|{device.type}|{dtype}|torch {torch.__version__}|{compiler()}"
+    return f"{model}{adapter}|{route}"
 
 
 def known_compile_s(key: str) -> float | None:
