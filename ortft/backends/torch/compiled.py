@@ -122,11 +122,12 @@ class CompileClock:
     def stop(self) -> None:
         if self.seconds is None and self._t0 is not None:
             self.seconds = time.perf_counter() - self._t0
+            where = f"kernels cached in {os.environ.get('TORCHINDUCTOR_CACHE_DIR')}"
             log.info(
-                "torch.compile: the first step took %.1f s (inductor compiling forward and "
-                "backward; kernels cached in %s)",
+                "torch.compile: the first step took %.1f s (%s compiling forward and backward%s)",
                 self.seconds,
-                os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+                compiler(),
+                f"; {where}" if compiler() == "inductor" else "",
             )
             if self.key is not None:  # the compile plus one step's work: a slight overestimate
                 remember_compile_s(self.key, self.seconds)
