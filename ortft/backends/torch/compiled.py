@@ -85,6 +85,7 @@ COMPILE_BACKENDS = ("inductor", "aot_eager")
 
 
 def compiler() -> str:
+    """inductor, unless ``ORTFT_COMPILE_BACKEND`` names another of ``COMPILE_BACKENDS``."""
     return os.environ.get("ORTFT_COMPILE_BACKEND", "inductor")
 
 
