@@ -123,12 +123,14 @@ class CompileClock:
     def stop(self) -> None:
         if self.seconds is None and self._t0 is not None:
             self.seconds = time.perf_counter() - self._t0
-            where = f"kernels cached in {os.environ.get('TORCHINDUCTOR_CACHE_DIR')}"
+            cached = ""  # aot_eager generates no kernels
+            if compiler() == "inductor":
+                cached = f"; kernels cached in {os.environ.get('TORCHINDUCTOR_CACHE_DIR')}"
             log.info(
                 "torch.compile: the first step took %.1f s (%s compiling forward and backward%s)",
                 self.seconds,
                 compiler(),
-                f"; {where}" if compiler() == "inductor" else "",
+                cached,
             )
             if self.key is not None:  # the compile plus one step's work: a slight overestimate
                 remember_compile_s(self.key, self.seconds)
