@@ -121,15 +121,13 @@ def _generation(export: ExportReport) -> list[GateResult]:
     gen = export.get("generation")
     if gen is None:
         return []
-    why = None
-    if not gen["passed"]:
+    ok, why = bool(gen["passed"]), None
+    if not ok:
         why = (
             f"{gen['mismatches']} prompt(s) diverged from generate, max |diff| "
             f"{gen['max_abs_diff']:.2e}, {gen['steps_compared']} steps compared"
         )
-    value = 1.0 if gen["passed"] else 0.0
-    metric = "export.generation.passed"
-    return [GateResult(f"{metric}==1", metric, "==", 1.0, value, bool(gen["passed"]), why)]
+    return [_passed("export.generation.passed", ok, why)]
 
 
 def _preprocess(export: ExportReport) -> list[GateResult]:
@@ -143,8 +141,12 @@ def _preprocess(export: ExportReport) -> list[GateResult]:
         why = pre.get("problem") or (
             f"max |diff| {pre['max_abs_diff']:.2e} > {pre['tolerance']:.2e} from the image processor"
         )
-    metric = "export.preprocess.passed"
-    return [GateResult(f"{metric}==1", metric, "==", 1.0, float(ok), ok, why)]
+    return [_passed("export.preprocess.passed", ok, why)]
+
+
+def _passed(metric: str, ok: bool, why: str | None) -> GateResult:
+    """A pass/fail check as the gate ``<metric> == 1``."""
+    return GateResult(f"{metric}==1", metric, "==", 1.0, float(ok), ok, why)
 
 
 def raise_failed(results: list[GateResult], summary: RunSummary) -> None:

@@ -324,8 +324,8 @@ class _Run:
                 "; ".join(s.export["failures"]),
             )
         results = gates.check(gate_list, self.finish("completed", write=False))
-        if checked and r.export.required:  # the generation (decoders, seq2seq) and image
-            results += gates.export_checks(s.export)  # the export's generation, preprocess checks
+        if checked and r.export.required:  # generation (decoders, seq2seq), image preprocess
+            results += gates.export_checks(s.export)
         s.gates = gates.as_dicts(results)
         self.finish("stopped" if self.stop_reason == "max_time" else "completed")
         final.describe(final_dir, s, r)

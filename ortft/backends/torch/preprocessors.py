@@ -6,6 +6,7 @@ or one trained on the training rows; saved in the run (``tokenizer/``, ``process
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +26,19 @@ def load(loaded: LoadedRecipe, run_dir: Path, task: Any, train_rows: list) -> An
     if isinstance(task, protocols.ReadsFiles):  # its processor, where text has a tokenizer
         return processor(loaded, run_dir, task, train_rows)
     r = loaded.recipe
-    tok_dir = run_dir / "tokenizer"
-    if not distributed.is_main():
-        distributed.barrier()
-    saved = tok_dir if tok_dir.exists() else None
-    sample = checks.texts(task, load_checks.sample_rows(train_rows), r.data) if not saved else []
-    tokenizer = models.load_tokenizer(loaded, saved_dir=saved, sample_texts=sample)
-    if tokenizer is None:  # the recipe's rules: no tokenizer to load means train: is set
+
+    def tokenizer(saved: Path | None) -> Any:
+        sample = [] if saved else checks.texts(task, load_checks.sample_rows(train_rows), r.data)
+        loaded_tok = models.load_tokenizer(loaded, saved_dir=saved, sample_texts=sample)
+        if loaded_tok is not None:
+            return loaded_tok
+        # the recipe's rules: no tokenizer to load means train: is set
         spec: Any = r.model.tokenizer.train
-        tokenizer = models.train_tokenizer(checks.texts(task, train_rows, r.data), spec)
-        log.info("trained a %s tokenizer: %d tokens", spec.kind, len(tokenizer))
-    if not tok_dir.exists():
-        tokenizer.save_pretrained(tok_dir)
-    if distributed.is_main():
-        distributed.barrier()  # the saved tokenizer is there for the other ranks
-    return tokenizer
+        trained = models.train_tokenizer(checks.texts(task, train_rows, r.data), spec)
+        log.info("trained a %s tokenizer: %d tokens", spec.kind, len(trained))
+        return trained
+
+    return _saved_in_run(run_dir / "tokenizer", tokenizer)
 
 
 def processor(loaded: LoadedRecipe, run_dir: Path, task: Any, rows: Any) -> Any:
@@ -51,14 +50,21 @@ def processor(loaded: LoadedRecipe, run_dir: Path, task: Any, rows: Any) -> Any:
             f"task {task.name} reads {task.modality} files: it needs a load_processor "
             "(ortft.tasks.protocols.LoadsProcessor)"
         )
-    spec, proc_dir = loaded.recipe.model, run_dir / "processor"
+    spec = loaded.recipe.model
+    source = models.model_source(loaded, spec.name_or_path) if spec.name_or_path else None
+    return _saved_in_run(
+        run_dir / "processor", lambda saved: task.load_processor(loaded, source, saved, rows)
+    )
+
+
+def _saved_in_run(folder: Path, make: Callable[[Path | None], Any]) -> Any:
+    """``make(folder if it was saved before, else None)``, saved to ``folder`` if it is not yet:
+    rank 0 first, the other ranks after it, so they load what it saved."""
     if not distributed.is_main():
         distributed.barrier()
-    saved = proc_dir if proc_dir.exists() else None
-    source = models.model_source(loaded, spec.name_or_path) if spec.name_or_path else None
-    out = task.load_processor(loaded, source, saved, rows)
-    if not proc_dir.exists():
-        out.save_pretrained(proc_dir)
+    made = make(folder if folder.exists() else None)
+    if not folder.exists():
+        made.save_pretrained(folder)
     if distributed.is_main():
-        distributed.barrier()
-    return out
+        distributed.barrier()  # the saved folder is there for the other ranks
+    return made
