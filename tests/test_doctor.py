@@ -401,7 +401,8 @@ def test_doctor_names_the_faster_route_for_an_avx512_bf16_cpu(faked_cpu):
     assert fp32.startswith("info") and "backend.name=auto (no single answer):" in fp32
     assert "1.59x" in fp32 and "2026-12-01 (CPU model not recorded)" in fp32
     bf16 = _line(text, "cpu bf16 route")
-    assert "backend.name=torch precision.dtype=bf16:" in bf16 and "AMD EPYC (Zen 4" in bf16
+    pick = "backend.name=torch precision.dtype=bf16 precision.weights=bf16:"
+    assert pick in bf16 and "AMD EPYC (Zen 4" in bf16
     assert "not on this vendor's" not in bf16
 
 

@@ -65,26 +65,28 @@ MEASURED: dict[str, dict[str, Measured]] = {
         ),
     },
     AVX512_BF16: {
-        # the VMs and the tasks disagree, so the advice is the probe that measures the run's own
+        # the routes and the tasks disagree, so the advice is the probe that measures the run's own
         "fp32": Measured(
             "backend.name=auto (no single answer)",
-            "on a Zen 4, one table of every task: ortft's torch fp32 (padding skipped) 1.69x ort "
-            "fp32 on short texts (47.2 vs 28.0 samples/s), ort fp32 ahead on long texts "
-            "(1.08x), images (1.06x), speech (1.10x), DPO (1.16x) and the tiny VLM (1.34x), "
-            "level on embeddings and text-to-image; on an older AVX-512 VM ort fp32 ran 1.59x "
-            "torch fp32 on short texts (55.5 vs 34.9, before backend.unpad)",
-            f"{AMD_ZEN4}, quiet, 2026-12-06; an AMD EPYC VM with AVX-512, 2026-12-01 (CPU model "
+            "on a Zen 4, one round of every task (torch 2.6): ortft's torch fp32 (padding "
+            "skipped) 1.66x ort fp32 on short texts (49.9 vs 30.1 samples/s), ort fp32 with "
+            "backend.unpad 1.84x (55.3); elsewhere within 0.96-1.12x of each other (ort ahead on "
+            "long texts, images, speech, DPO, text-to-image and the tiny VLM, behind on "
+            "embeddings), inside the spread between processes; on an older AVX-512 VM ort fp32 "
+            "ran 1.59x torch fp32 on short texts (55.5 vs 34.9, before backend.unpad)",
+            f"{AMD_ZEN4}, quiet, 2026-12-07; an AMD EPYC VM with AVX-512, 2026-12-01 (CPU model "
             "not recorded)",
             f"{PEERS} and {PEER}",
             "AMD",
         ),
         "bf16": Measured(
-            "backend.name=torch precision.dtype=bf16",
-            "torch bf16 the fastest route on 7 of 8 tasks: 2.46x ort fp32 on short texts (69.0 "
-            "vs 28.0 samples/s), 1.63x on long ones (25.7 vs 15.8), 1.32-1.83x on images, "
-            "speech, embeddings, DPO and text-to-image; the tiny VLM (64-wide) ran faster on "
-            "ort fp32 (torch bf16 0.68x)",
-            f"{AMD_ZEN4}, quiet, 2026-12-06",
+            "backend.name=torch precision.dtype=bf16 precision.weights=bf16",
+            "torch bf16 ran 1.17-2.92x ort fp32 on every task (torch 2.6, one round); a bf16 "
+            "copy of the weights (fp32 masters) 1.07-1.13x torch autocast bf16 on short and "
+            "long texts, embeddings, DPO and text-to-image (torch 2.13, 2 rounds: short texts "
+            "86.3 vs 80.3 samples/s, long 30.9 vs 27.4); autocast ahead on images (1.09x), "
+            "speech (1.03x) and the tiny VLM (1.13x, 1086.3 vs 960.7)",
+            f"{AMD_ZEN4}, quiet, 2026-12-07",
             PEERS,
             "AMD",
         ),
