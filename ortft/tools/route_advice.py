@@ -69,11 +69,12 @@ MEASURED: dict[str, dict[str, Measured]] = {
         "fp32": Measured(
             "backend.name=auto (no single answer)",
             "on a Zen 4, one round of every task (torch 2.6): ortft's torch fp32 (padding "
-            "skipped) 1.66x ort fp32 on short texts (49.9 vs 30.1 samples/s), ort fp32 with "
-            "backend.unpad 1.84x (55.3); elsewhere within 0.96-1.12x of each other (ort ahead on "
-            "long texts, images, speech, DPO, text-to-image and the tiny VLM, behind on "
-            "embeddings), inside the spread between processes; on an older AVX-512 VM ort fp32 "
-            "ran 1.59x torch fp32 on short texts (55.5 vs 34.9, before backend.unpad)",
+            "skipped) 1.66x ort fp32 on short texts (49.9 vs 30.1 samples/s), and ort with "
+            "backend.unpad 1.84x itself padded (55.3: 1.11x torch fp32); elsewhere within "
+            "0.96-1.12x of each other (ort ahead on long texts, images, speech, DPO, "
+            "text-to-image and the tiny VLM, behind on embeddings), inside the spread between "
+            "processes; on an older AVX-512 VM ort fp32 ran 1.59x torch fp32 on short texts "
+            "(55.5 vs 34.9, before backend.unpad)",
             f"{AMD_ZEN4}, quiet, 2026-12-07; an AMD EPYC VM with AVX-512, 2026-12-01 (CPU model "
             "not recorded)",
             f"{PEERS} and {PEER}",
