@@ -41,6 +41,8 @@ PEER = "benchmarks/peer.py (MiniLM, batch 16, max_length 128)"
 PEERS = "benchmarks/peers.py (make bench-peers: every task's peer bench)"
 INTEL_AMX = "2 cores of an Intel Xeon with AMX, quiet"
 AMD_ZEN4 = "2 cores of an AMD EPYC (Zen 4, avx512_bf16)"
+# the bf16 pick on both measured classes: a bf16 copy of the weights, fp32 masters
+BF16_WEIGHTS = "backend.name=torch precision.dtype=bf16 precision.weights=bf16"
 
 MEASURED: dict[str, dict[str, Measured]] = {
     AMX: {
@@ -53,7 +55,7 @@ MEASURED: dict[str, dict[str, Measured]] = {
             "Intel",
         ),
         "bf16": Measured(
-            "backend.name=torch precision.dtype=bf16 precision.weights=bf16",
+            BF16_WEIGHTS,
             "a bf16 copy of the weights (fp32 masters) the fastest fixed route on 6 of 8 tasks, "
             "1.04-1.10x torch autocast bf16: short texts 94.7 vs 85.9 samples/s, speech 87.6 vs "
             "79.5, embeddings 80.2 vs 73.2, images, DPO, text-to-image; level on long texts "
@@ -81,7 +83,7 @@ MEASURED: dict[str, dict[str, Measured]] = {
             "AMD",
         ),
         "bf16": Measured(
-            "backend.name=torch precision.dtype=bf16 precision.weights=bf16",
+            BF16_WEIGHTS,
             "torch bf16 ran 1.17-2.92x ort fp32 on every task (torch 2.6, one round); a bf16 "
             "copy of the weights (fp32 masters) 1.07-1.13x torch autocast bf16 on short and "
             "long texts, embeddings, DPO and text-to-image (torch 2.13, 2 rounds: short texts "
