@@ -173,8 +173,9 @@ bench-peers: setup
 # auto against the fastest fixed route of the table above, per task, for as many rounds as its
 # measured spread needs to tell a 10% difference (at most 30). Not in CI.
 AUTO_ARGS ?=
+AUTO_PROFILE ?= ort
 bench-auto-vs-fixed: setup
-	$(BIN)/python benchmarks/peers.py --auto-vs-fixed --profile ort --table benchmarks/results/peers.json $(AUTO_ARGS) --out benchmarks/results/auto-vs-fixed
+	$(BIN)/python benchmarks/peers.py --auto-vs-fixed --profile $(AUTO_PROFILE) --profiles $(PEERS_PROFILES) --table benchmarks/results/peers.json $(AUTO_ARGS) --out benchmarks/results/auto-vs-fixed
 
 # The same for image classification: a ViT from a config (32x32, hidden 192, 4 layers) on the
 # digits, Trainer fp32 and bf16 against ortft torch and ort, alternating, 5 pairs. Not in CI.

@@ -35,7 +35,9 @@ the rounds that fit in an hour and the spread they leave.
 ``--merge`` writes tables run apart (a profile each) as one, running nothing.
 ``--auto-vs-fixed`` is the targeted bench: per task, ``auto`` against the table's fastest fixed
 ortft route, alternating, for as many rounds as tell a 10% difference at the spread the table
-measured (``peers_table.rounds_needed``); it gives the ratio's 95% interval and a verdict.
+measured (``peers_table.rounds_needed``); it gives the ratio's 95% interval and a verdict. It
+runs under the interpreter ``--profiles`` names for ``--profile`` (the table's profile), as the
+table's rows did.
 """
 
 from __future__ import annotations
@@ -277,14 +279,29 @@ def auto_vs_fixed(a: argparse.Namespace, limits: table.Limits) -> dict[str, Any]
             **table.auto_verdict(ratios),
             "rounds": rounds,
         }
+    import torch
+
     return {
         "format_version": 1,
         "table": str(a.table),
         "profile": a.profile,
+        "python": sys.executable,
+        "torch": torch.__version__,
         "machine": common.cpu(),
         "allow_busy": a.allow_busy,
         "tasks": out,
     }
+
+
+def profile_python(a: argparse.Namespace, p: argparse.ArgumentParser) -> str:
+    """The interpreter of ``--profile`` (``--auto-vs-fixed``), from ``--profiles``: its runs
+    are ortft and the peers under that profile's torch, as the table's were."""
+    python = a.profiles.get(a.profile)
+    if python is None:
+        p.error(f"--profile {a.profile}: not in --profiles ({', '.join(a.profiles)})")
+    if not Path(python).exists():
+        p.error(f"--profiles: {python} does not exist")
+    return os.path.abspath(python)
 
 
 def merge(paths: list[Path], a: argparse.Namespace) -> dict[str, Any]:
@@ -394,6 +411,12 @@ def main() -> None:
         result = merge(a.merge, a)
         text = table.markdown(result)
     elif a.auto_vs_fixed:
+        python = profile_python(a, p)
+        if python != os.path.abspath(sys.executable):  # the profile's torch runs the bench
+            cmd = [python, __file__, *sys.argv[1:]]
+            sys.exit(
+                subprocess.run(cmd, check=False, env={**os.environ, **common.OFFLINE}).returncode
+            )
         result = auto_vs_fixed(a, limits)
         text = table.auto_markdown(result)
     else:

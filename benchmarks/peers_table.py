@@ -358,7 +358,8 @@ def auto_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# auto against the fastest fixed route ({result['profile']}; {result['table']})",
         "",
-        f"CPU: {result['machine']['cpu']}",
+        f"CPU: {result['machine']['cpu']}; torch {result.get('torch', '?')} "
+        f"({result.get('python', '?')})",
         "",
         "| task | fixed route | rounds planned / kept | auto / fixed | 95% interval | verdict |",
         "|---|---|---|---|---|---|",

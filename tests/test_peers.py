@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -290,3 +291,27 @@ def test_runners_refuse_a_row_no_task_has() -> None:
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     assert bad.stderr.splitlines()[-1].startswith("peers.py: error: --runners: nope (known: ")
     assert "torch-bf16w" in bad.stderr.splitlines()[-1]
+
+
+def test_auto_vs_fixed_runs_under_the_profiles_own_interpreter(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The targeted bench times auto under the table's profile (--profile), whose interpreter
+    --profiles names; a profile it does not name is a usage error, not this interpreter's run."""
+    peers = helpers.load_benchmark("peers", monkeypatch)
+    p = peers.options()
+
+    def python_of(*argv: str) -> str:
+        a = p.parse_args(["--auto-vs-fixed", *argv])
+        a.profiles = dict(x.split("=", 1) for x in a.profiles.split(","))
+        return peers.profile_python(a, p)
+
+    other = tmp_path / "bin" / "python"
+    other.parent.mkdir()
+    other.touch()
+    assert python_of("--profile", "current", "--profiles", f"ort=/x,current={other}") == str(other)
+    assert python_of() == os.path.abspath(sys.executable)  # the defaults: this=<this Python>
+    for argv in (["--profile", "current"], ["--profile", "ort", "--profiles", "ort=/no/python"]):
+        with pytest.raises(SystemExit) as exit_:
+            python_of(*argv)
+        assert exit_.value.code == 2

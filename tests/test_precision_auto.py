@@ -126,9 +126,10 @@ def test_the_probe_weighs_fp32_and_bf16_weights_and_the_run_trains_what_it_chose
 
     monkeypatch.setattr(hardware, "cpu_bf16", lambda: ["avx512_bf16"])
     monkeypatch.setenv("ORTFT_CACHE", str(tmp_path / "cache"))  # no compile time known
-    timed = auto._time_route
+    timed, warmed = auto._time_route, {}
 
     def _time_route(route, *args, **kwargs):
+        warmed[route.label] = kwargs["warm"]
         times = timed(route, *args, **kwargs)
         return [t / 100 for t in times] if route.tag == fastest else times
 
@@ -144,6 +145,10 @@ def test_the_probe_weighs_fp32_and_bf16_weights_and_the_run_trains_what_it_chose
     assert set(probe["backends"]) == {"torch", "torch-fp32", "torch-bf16w", compiled}
     assert "too short" in probe["backends"][compiled]["skipped"]
     assert probe["route"] == f"torch-{fastest}"
+    # the first eager candidate in each precision warmed its kernels on the same batches first
+    assert warmed == {"torch": True, "torch-fp32": True, "torch-bf16w": False}
+    for label in ("torch", "torch-fp32", "torch-bf16w"):  # each timed its 4 batches once
+        assert len(probe["backends"][label]["sequence_lengths"]) == auto.PROBE_STEPS
     weights = "bf16" if fastest == "bf16w" else "fp32"
     assert (precision["dtype"], precision.get("weights", "fp32")) == (probe["dtype"], weights)
     assert (
@@ -204,3 +209,22 @@ def test_the_candidates_on_a_cpu_and_on_a_gpu(recipe, monkeypatch):
     assert labels["cuda"] == ["torch", "torch-bf16w", "torch+compile", "ort"]
     r = io.load(recipe, [*sets[:2], "backend.compile=true"]).recipe
     assert [c.label for c in auto.routes(r, CPU)] == ["torch+compile", "ort"]
+
+
+def test_the_probe_charges_a_one_off_only_where_the_run_pays_it_again():
+    """An eager torch candidate's slow first step is the process warming a precision's kernels,
+    paid by whichever candidate runs first: not charged, so two level candidates tie in either
+    order. ORT's export and a compile are the route's own and are charged."""
+    from ortft.backends.torch import auto
+
+    autocast = auto.Route("torch", False, "bf16")
+    bf16w = auto.Route("torch", False, "bf16", weights="bf16", tag="bf16w")
+    warming, level = [0.065, 0.031, 0.030, 0.031], [0.030, 0.031, 0.030, 0.031]
+    for first, later in ((autocast, bf16w), (bf16w, autocast)):
+        a, b = (auto._figures(first, warming, [], 24), auto._figures(later, level, [], 24))
+        assert (a["first_step_s"], a["one_off_s"]) == (0.065, 0.0)
+        assert a["estimated_total_s"] == b["estimated_total_s"] == pytest.approx(0.031 * 24)
+    for route in (auto.Route("torch", True, "bf16"), auto.Route("ort", False, "fp32")):
+        figures = auto._figures(route, [2.0, 0.031, 0.030, 0.031], [], 24)
+        assert figures["one_off_s"] == pytest.approx(1.969)
+        assert figures["estimated_total_s"] == pytest.approx(1.969 + 0.031 * 24)

@@ -19,10 +19,17 @@ Each candidate gets its own freshly built model and optimizer, which are thrown 
 the probe; every RNG is saved before and restored after, so the run that follows is exactly
 the run ``backend.name=<chosen>`` (with its compile and dtype) would have been.
 
+The first eager torch candidate in each precision runs its batches once untimed before its
+timed pass: a fresh process's first steps in a precision (oneDNN's primitives for each new
+shape, the allocator's growth) are slower, and whichever candidate ran first in that precision
+paid it for the later ones, so the probe's order picked between two bf16 candidates whose steps
+were level (docs/backends.md, "A warm process for every eager candidate").
+
 The estimate: ``one_off_s + median_step_s x run steps``, where the median is over the probe
-steps after the first and ``one_off_s`` is the first step's excess over that median (ORT's
-export, inductor's compile) — the run pays it again, so a short run does not pick a route whose
-one-off cost it cannot earn back.
+steps after the first and ``one_off_s`` is the first step's excess over that median where the
+route does work of its own there (ORT's export, inductor's compile) — the run pays it again, so
+a short run does not pick a route whose one-off cost it cannot earn back. An eager torch
+candidate is charged none: the run after the probe does not warm its process again.
 
 The compiled candidate's compile is paid before it can be measured, so under
 ``backend.compile: auto`` it is probed only when its expected compile time is at most
@@ -160,9 +167,11 @@ def _time_route(
     build_optimizer: Callable[..., Any],
     scratch: Path,
     widths: list[int],
+    warm: bool = False,
 ) -> list[float]:
     """Wall time of each of ``PROBE_STEPS`` optimizer steps (one micro-batch each); the width
-    of each batch (tokens per row after padding) is appended to ``widths``."""
+    of each batch (tokens per row after padding) is appended to ``widths``. ``warm``: the same
+    batches run once untimed first (``choose``)."""
     r = loaded.recipe
     backend = wrapper(route.backend, r.backend, compile=route.compile)
     attn = backend.attn_implementation(device, route.dtype)
@@ -177,23 +186,11 @@ def _time_route(
     forward = outer(wrapped) if outer is not None else wrapped
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, r, device)
-    # the batches the run will see: the task's collate, then cut to data.padding (a probe of
-    # max_length batches would time a 3x longer step on short texts than the run then takes)
-    rows = batches.train_batches(
-        encoded,
-        r.training.batch_size,
-        r.training.seed,
-        r.data.shuffle,
-        group_by_length=r.data.group_by_length,
-    )
     padding = batches.Padding.of(r.data)
-    times = []
-    for _ in range(PROBE_STEPS):
-        t0 = time.perf_counter()
-        epoch, batch = next(rows)
-        batch = task.cut(task.collate(batch, epoch, r.training.seed), padding)
-        ids = batch.get("input_ids")  # an image or a clip is one "token", as the loop counts
-        widths.append(int(ids.shape[1]) if ids is not None else 1)
+
+    def step(epoch: int, rows: Any) -> int:
+        """One optimizer step on the task's collate of ``rows``; the batch's width."""
+        batch = task.cut(task.collate(rows, epoch, r.training.seed), padding)
         inputs = {
             k: torch.from_numpy(v).to(device) for k, v in batch.items() if not k.startswith("_")
         }
@@ -215,13 +212,33 @@ def _time_route(
         if copy is not None:
             copy.update()
         float(loss)  # wait for the step to finish (a no-op on CPU)
-        times.append(time.perf_counter() - t0)
+        ids = batch.get("input_ids")  # an image or a clip is one "token", as the loop counts
+        return int(ids.shape[1]) if ids is not None else 1
+
+    times: list[float] = []
+    for timed in (False, True) if warm else (True,):
+        # the batches the run will see, the same each pass: the task's collate, then cut to
+        # data.padding (a probe of max_length batches would time a 3x longer step on short
+        # texts than the run then takes)
+        rows = batches.train_batches(
+            encoded,
+            r.training.batch_size,
+            r.training.seed,
+            r.data.shuffle,
+            group_by_length=r.data.group_by_length,
+        )
+        for _ in range(PROBE_STEPS):
+            t0 = time.perf_counter()
+            width = step(*next(rows))
+            if timed:
+                times.append(time.perf_counter() - t0)
+                widths.append(width)
     return times
 
 
 def _figures(route: Route, times: list[float], widths: list[int], steps: int) -> dict[str, Any]:
     median = statistics.median(times[1:])
-    one_off = max(times[0] - median, 0.0)
+    one_off = max(times[0] - median, 0.0) if pays_once(route) else 0.0
     return {
         **_entry(route),
         "first_step_s": round(times[0], 4),
@@ -231,6 +248,12 @@ def _figures(route: Route, times: list[float], widths: list[int], steps: int) ->
         "estimated_total_s": round(one_off + median * steps, 3),
         "sequence_lengths": widths,
     }
+
+
+def pays_once(route: Route) -> bool:
+    """Whether the route's first step does work the run pays again: ORT's export, a compile
+    (an eager torch first step only warms the process: module docstring)."""
+    return route.backend != "torch" or route.compile
 
 
 def _entry(route: Route) -> dict[str, Any]:
@@ -265,8 +288,11 @@ def _skip(route: Route, recipe: Any, result: dict[str, Any], steps: int, key: st
     return None
 
 
-def _probe_one(route: Route, args: tuple, result: dict[str, Any], steps: int, key: str) -> None:
-    """Time one route into ``result["backends"][label]`` (or record why it did not run)."""
+def _probe_one(
+    route: Route, args: tuple, result: dict[str, Any], steps: int, key: str, warm: bool
+) -> None:
+    """Time one route into ``result["backends"][label]`` (or record why it did not run);
+    ``warm``: after a pass over the same batches (``_time_route``)."""
     entry = _entry(route)
     skip = _skip(route, args[0].recipe, result, steps, key)
     if skip is not None:
@@ -275,7 +301,7 @@ def _probe_one(route: Route, args: tuple, result: dict[str, Any], steps: int, ke
         return
     widths: list[int] = []
     try:
-        times = _time_route(route, *args, widths=widths)  # type: ignore[misc]  # args: 8 items
+        times = _time_route(route, *args, widths=widths, warm=warm)  # type: ignore[misc]
     except (BackendError, torch.OutOfMemoryError) as err:  # ORT cannot run it; it does not fit
         why = str(err).partition("\n")[0]
         result["backends"][route.label] = {**entry, "error": why}
@@ -312,10 +338,14 @@ def choose(
     try:
         with tempfile.TemporaryDirectory(prefix="ortft-probe-") as scratch:
             args = (loaded, task, tokenizer, labels, encoded, device, build_optimizer)
+            warmed: set[str] = set()  # the precisions an eager candidate warmed (docstring)
             for candidate in candidates:
                 route = follow(candidate, result, candidates)
                 key = compiled.route_key(loaded.recipe, device, route.dtype)
-                _probe_one(route, (*args, Path(scratch)), result, steps, key)
+                warm = not pays_once(route) and route.dtype not in warmed
+                if warm:
+                    warmed.add(route.dtype)
+                _probe_one(route, (*args, Path(scratch)), result, steps, key, warm)
     finally:
         checkpoint.set_rng_state(rng)
     timed = {n: b for n, b in result["backends"].items() if "estimated_total_s" in b}
