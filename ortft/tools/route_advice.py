@@ -88,8 +88,12 @@ MEASURED: dict[str, dict[str, Measured]] = {
             "copy of the weights (fp32 masters) 1.07-1.13x torch autocast bf16 on short and "
             "long texts, embeddings, DPO and text-to-image (torch 2.13, 2 rounds: short texts "
             "86.3 vs 80.3 samples/s, long 30.9 vs 27.4); autocast ahead on images (1.09x), "
-            "speech (1.03x) and the tiny VLM (1.13x, 1086.3 vs 960.7)",
-            f"{AMD_ZEN4}, quiet, 2026-12-07",
+            "speech (1.03x) and the tiny VLM (1.13x, 1086.3 vs 960.7); a second table that "
+            "night flipped images (bf16 weights 1.12x) and embeddings (autocast 1.09x): across "
+            "the two, bf16 weights held on long texts (1.12-1.13x), autocast on the tiny VLM "
+            "(1.13-1.25x), the rest moved inside this CPU's level changes (backend.name=auto "
+            "precision.weights=auto times both on your model)",
+            f"{AMD_ZEN4}, quiet, 2026-12-07 evening and night",
             PEERS,
             "AMD",
         ),
