@@ -413,10 +413,8 @@ def main() -> None:
     elif a.auto_vs_fixed:
         python = profile_python(a, p)
         if python != os.path.abspath(sys.executable):  # the profile's torch runs the bench
-            cmd = [python, __file__, *sys.argv[1:]]
-            sys.exit(
-                subprocess.run(cmd, check=False, env={**os.environ, **common.OFFLINE}).returncode
-            )
+            # os.environ carries OFFLINE already (above)
+            sys.exit(subprocess.run([python, __file__, *sys.argv[1:]], check=False).returncode)
         result = auto_vs_fixed(a, limits)
         text = table.auto_markdown(result)
     else:
